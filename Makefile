@@ -1,0 +1,40 @@
+# hotcount's one entry point for building, testing and measuring.
+#   make test    every test, with the race detector, against real NATS and dynalite
+#   make lint    go vet, gofmt, staticcheck, go.mod tidiness
+#   make bench   the benchmarks (compare runs with benchstat)
+
+GO          ?= go
+STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
+DYNALITE    := test/dynalite/node_modules/.bin/dynalite
+VERSION     ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+
+.PHONY: all build test lint bench deps image clean
+
+all: lint test
+
+build:
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s -w -X main.version=$(VERSION)" -o bin/hotcount ./cmd/hotcount
+
+# dynalite (the DynamoDB API the tests run against), pinned by its lock file.
+$(DYNALITE): test/dynalite/package.json test/dynalite/package-lock.json
+	npm ci --prefix test/dynalite --no-audit --no-fund
+	touch $@
+
+deps: $(DYNALITE)
+	$(GO) mod download
+
+test: deps
+	$(GO) test -race -count=1 ./...
+
+lint:
+	$(GO) vet ./...
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	$(GO) run $(STATICCHECK) ./...
+	$(GO) mod tidy -diff
+
+BENCH ?= .
+bench: deps
+	$(GO) test -run '^$$' -bench '$(BENCH)' -benchmem -count 6 ./... | tee bench.out
+
+clean:
+	rm -rf bin bench.out

@@ -1,0 +1,47 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"path/filepath"
+
+	"github.com/hotcount/hotcount/config"
+	"github.com/hotcount/hotcount/internal/embeddednats"
+)
+
+// defaultNATSPort is the embedded NATS server's port in dev mode: NATS's own.
+const defaultNATSPort = 4222
+
+// cmdDev runs an in-process NATS server (JetStream on, stored under
+// --data-dir) and the sidecar on the embedded store, all on localhost.
+func cmdDev(ctx context.Context, args, environ []string, stdout, stderr io.Writer) error {
+	cfg := config.Dev()
+	fs := cfg.FlagSet("hotcount dev", func(s string) bool { return s != "nats-url" })
+	port := fs.Int("nats-port", defaultNATSPort, "port of the embedded NATS server, on 127.0.0.1")
+	if err := parse(&cfg, fs, args, environ, stderr); err != nil {
+		return err
+	}
+	ns, err := embeddednats.Start(*port, filepath.Join(cfg.DataDir, "jetstream"))
+	if err != nil {
+		return err
+	}
+	defer func() {
+		ns.Shutdown()
+		ns.WaitForShutdown()
+	}()
+	cfg.NATSURL = ns.ClientURL()
+
+	prefix := cfg.Subject[:len(cfg.Subject)-1] // "mentions.>" -> "mentions."
+	fmt.Fprintf(stdout, `hotcount dev: NATS at %s, counts in %s (store %s)
+  publish:  nats --server %s pub %sgolang ''            (+1)
+            nats --server %s pub %sgolang '{"count":5}' (+5)
+            go run ./cmd/hotcount load --nats-url %s --duration 5s
+  query:    curl http://%s/v1/topics/golang
+            curl http://%s/v1/topics/golang/shards
+  metrics:  curl http://%s/metrics
+Ctrl-C stops it; counts stay in %s.
+`, cfg.NATSURL, cfg.DataDir, cfg.Store, cfg.NATSURL, prefix, cfg.NATSURL, prefix, cfg.NATSURL,
+		cfg.HTTPAddr, cfg.HTTPAddr, cfg.AdminAddr, cfg.DataDir)
+	return runSidecar(ctx, cfg, stderr)
+}

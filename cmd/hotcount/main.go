@@ -1,0 +1,161 @@
+// Command hotcount is a write-buffering sidecar that keeps hot counters in
+// DynamoDB without melting a partition. See README.md.
+//
+//	hotcount run            the sidecar
+//	hotcount dev            everything embedded: NATS, the store, the APIs
+//	hotcount table create   create the DynamoDB table (idempotent)
+//	hotcount load           publish synthetic mentions
+//	hotcount check-config   validate settings and print them
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/spf13/pflag"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+
+	"github.com/hotcount/hotcount/config"
+)
+
+// version is stamped at build time: -ldflags "-X main.version=v1.2.3".
+var version = "dev"
+
+// Exit codes.
+const (
+	exitOK    = 0
+	exitError = 1 // the command ran and failed
+	exitUsage = 2 // bad command line or configuration
+)
+
+const usage = `hotcount: hot counters in DynamoDB without a hot partition.
+
+Usage:
+  hotcount run [flags]            run the sidecar
+  hotcount dev [flags]            run with everything embedded (no outside service)
+  hotcount table create [flags]   create the DynamoDB table if absent
+  hotcount load [flags]           publish synthetic mentions
+  hotcount check-config [flags]   validate the settings and print them
+  hotcount version                print the version
+
+Every command takes --help. Settings are flags, HOTCOUNT_* variables or
+keys of a YAML file given by --config.
+`
+
+// usageError marks errors that exit with exitUsage.
+type usageError struct{ error }
+
+func (e usageError) Unwrap() error { return e.error }
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	err := dispatch(ctx, os.Args[1:], os.Environ(), os.Stdout, os.Stderr)
+	stop()
+	os.Exit(exitCode(err, os.Stderr))
+}
+
+func exitCode(err error, stderr io.Writer) int {
+	var ue usageError
+	switch {
+	case err == nil, errors.Is(err, pflag.ErrHelp):
+		return exitOK
+	case errors.As(err, &ue):
+		fmt.Fprintln(stderr, "hotcount:", err)
+		return exitUsage
+	default:
+		fmt.Fprintln(stderr, "hotcount:", err)
+		return exitError
+	}
+}
+
+// dispatch runs the command args name.
+func dispatch(ctx context.Context, args, environ []string, stdout, stderr io.Writer) error {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return usageError{errors.New("no command")}
+	}
+	cmd, rest := args[0], args[1:]
+	switch cmd {
+	case "run":
+		return cmdRun(ctx, rest, environ, stderr)
+	case "dev":
+		return cmdDev(ctx, rest, environ, stdout, stderr)
+	case "table":
+		if len(rest) == 0 || rest[0] != "create" {
+			return usageError{errors.New(`"table" takes one subcommand: create`)}
+		}
+		return cmdTableCreate(ctx, rest[1:], environ, stdout, stderr)
+	case "load":
+		return cmdLoad(ctx, rest, environ, stdout, stderr)
+	case "check-config":
+		return cmdCheckConfig(rest, environ, stdout, stderr)
+	case "version", "--version":
+		fmt.Fprintln(stdout, "hotcount", version)
+		return nil
+	case "help", "--help", "-h":
+		fmt.Fprint(stdout, usage)
+		return nil
+	default:
+		fmt.Fprint(stderr, usage)
+		return usageError{fmt.Errorf("unknown command %q", cmd)}
+	}
+}
+
+// parse parses and validates the settings of a command.
+func parse(cfg *config.Config, fs *pflag.FlagSet, args, environ []string, stderr io.Writer) error {
+	fs.SetOutput(stderr)
+	if err := config.Parse(fs, args, environ); err != nil {
+		if errors.Is(err, pflag.ErrHelp) {
+			return err
+		}
+		return usageError{err}
+	}
+	if err := cfg.Validate(); err != nil {
+		return usageError{err}
+	}
+	return nil
+}
+
+// newLogger builds the logger the settings ask for: JSON (sampled, for
+// production) or console (for people).
+func newLogger(cfg config.Config, stderr io.Writer) (*zap.Logger, error) {
+	level, err := zapcore.ParseLevel(cfg.LogLevel)
+	if err != nil {
+		return nil, err
+	}
+	var enc zapcore.Encoder
+	if cfg.LogFormat == "console" {
+		ec := zap.NewDevelopmentEncoderConfig()
+		ec.EncodeLevel = zapcore.CapitalColorLevelEncoder
+		enc = zapcore.NewConsoleEncoder(ec)
+	} else {
+		enc = zapcore.NewJSONEncoder(zap.NewProductionEncoderConfig())
+	}
+	core := zapcore.NewCore(enc, zapcore.Lock(zapcore.AddSync(stderr)), level)
+	return zap.New(core, zap.AddCaller()).With(zap.String("version", version)), nil
+}
+
+func cmdRun(ctx context.Context, args, environ []string, stderr io.Writer) error {
+	cfg := config.Default()
+	fs := cfg.FlagSet("hotcount run", nil)
+	if err := parse(&cfg, fs, args, environ, stderr); err != nil {
+		return err
+	}
+	return runSidecar(ctx, cfg, stderr)
+}
+
+func cmdCheckConfig(args, environ []string, stdout, stderr io.Writer) error {
+	cfg := config.Default()
+	fs := cfg.FlagSet("hotcount check-config", nil)
+	if err := parse(&cfg, fs, args, environ, stderr); err != nil {
+		return err
+	}
+	fmt.Fprintln(stdout, "# configuration is valid; effective settings:")
+	return config.Print(stdout, fs)
+}

@@ -1,0 +1,385 @@
+// Package config is hotcount's configuration: one struct, every setting a
+// command-line flag, a HOTCOUNT_* environment variable and a key of the YAML
+// file given by --config. The command line wins over the environment, which
+// wins over the file, which wins over the defaults. Unknown keys and unknown
+// HOTCOUNT_* variables are errors, and Validate names the setting and its
+// allowed range.
+package config
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"regexp"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/knadh/koanf/parsers/yaml"
+	"github.com/knadh/koanf/providers/env/v2"
+	"github.com/knadh/koanf/providers/file"
+	"github.com/knadh/koanf/v2"
+	"github.com/spf13/pflag"
+	"go.uber.org/zap/zapcore"
+
+	"github.com/hotcount/hotcount/admin"
+	"github.com/hotcount/hotcount/aggregator"
+	"github.com/hotcount/hotcount/flusher"
+	"github.com/hotcount/hotcount/ingest"
+	"github.com/hotcount/hotcount/lookup"
+	"github.com/hotcount/hotcount/store"
+)
+
+// Defaults that belong to no stage.
+const (
+	// DefaultNATSURL is the NATS server the sidecar connects to.
+	DefaultNATSURL = "nats://127.0.0.1:4222"
+	// DefaultStore is the store of `hotcount run`.
+	DefaultStore = StoreDynamoDB
+	// DefaultTable is the DynamoDB table.
+	DefaultTable = "hotcount"
+	// DefaultDataDir is the embedded store's folder.
+	DefaultDataDir = "hotcount-data"
+	// DefaultShutdownTimeout is the whole shutdown budget: the NATS drain,
+	// the final flush and the HTTP shutdown. It fits inside Kubernetes'
+	// default 30 s termination grace period with 5 s to spare.
+	DefaultShutdownTimeout = 25 * time.Second
+	// DefaultLogFormat is the log encoding of `hotcount run`.
+	DefaultLogFormat = "json"
+	// DefaultLogLevel is the lowest level logged.
+	DefaultLogLevel = "info"
+	// EnvPrefix starts every environment variable hotcount reads.
+	EnvPrefix = "HOTCOUNT_"
+)
+
+// Store kinds.
+const (
+	StoreDynamoDB = "dynamodb"
+	StoreBolt     = "bolt"
+)
+
+// Config is every setting of the sidecar.
+type Config struct {
+	NATSURL           string
+	Subject           string
+	QueueGroup        string
+	DeadLetterSubject string
+	DrainTimeout      time.Duration
+
+	Store            string
+	Table            string
+	DynamoDBEndpoint string
+	DataDir          string
+
+	Shards           int
+	FlushInterval    time.Duration
+	FlushTimeout     time.Duration
+	FlushConcurrency int
+	MaxTopics        int
+	MaxCount         int64
+	MaxTopicBytes    int
+
+	CacheTTL  time.Duration
+	CacheSize int
+
+	HTTPAddr        string
+	AdminAddr       string
+	HealthFlushAge  time.Duration
+	ShutdownTimeout time.Duration
+
+	LogFormat string
+	LogLevel  string
+
+	// File is the YAML file the settings were read from, if any.
+	File string
+}
+
+// Default returns the defaults of `hotcount run`.
+func Default() Config {
+	return Config{
+		NATSURL:           DefaultNATSURL,
+		Subject:           ingest.DefaultSubject,
+		QueueGroup:        ingest.DefaultQueueGroup,
+		DeadLetterSubject: ingest.DefaultDeadLetterSubject,
+		DrainTimeout:      ingest.DefaultDrainTimeout,
+		Store:             DefaultStore,
+		Table:             DefaultTable,
+		DataDir:           DefaultDataDir,
+		Shards:            flusher.DefaultShards,
+		FlushInterval:     flusher.DefaultInterval,
+		FlushTimeout:      flusher.DefaultTimeout,
+		FlushConcurrency:  flusher.DefaultConcurrency,
+		MaxTopics:         aggregator.DefaultMaxTopics,
+		MaxCount:          ingest.DefaultMaxCount,
+		MaxTopicBytes:     ingest.DefaultMaxTopicBytes,
+		CacheTTL:          lookup.DefaultCacheTTL,
+		CacheSize:         lookup.DefaultCacheSize,
+		HTTPAddr:          lookup.DefaultAddr,
+		AdminAddr:         admin.DefaultAddr,
+		ShutdownTimeout:   DefaultShutdownTimeout,
+		LogFormat:         DefaultLogFormat,
+		LogLevel:          DefaultLogLevel,
+	}
+}
+
+// Dev returns the defaults of `hotcount dev`: the embedded store, both
+// listeners on localhost, console logs.
+func Dev() Config {
+	c := Default()
+	c.Store = StoreBolt
+	c.AdminAddr = "127.0.0.1:9091"
+	c.LogFormat = "console"
+	return c
+}
+
+// setting describes one setting. Its flag name is also its YAML key.
+type setting struct {
+	name  string
+	env   string // empty: EnvPrefix + NAME_IN_CAPS
+	usage string
+	bind  func(fs *pflag.FlagSet, c *Config, name, usage string)
+}
+
+func str(field func(*Config) *string) func(*pflag.FlagSet, *Config, string, string) {
+	return func(fs *pflag.FlagSet, c *Config, name, usage string) {
+		p := field(c)
+		fs.StringVar(p, name, *p, usage)
+	}
+}
+
+func integer(field func(*Config) *int) func(*pflag.FlagSet, *Config, string, string) {
+	return func(fs *pflag.FlagSet, c *Config, name, usage string) {
+		p := field(c)
+		fs.IntVar(p, name, *p, usage)
+	}
+}
+
+func dur(field func(*Config) *time.Duration) func(*pflag.FlagSet, *Config, string, string) {
+	return func(fs *pflag.FlagSet, c *Config, name, usage string) {
+		p := field(c)
+		fs.DurationVar(p, name, *p, usage)
+	}
+}
+
+// settings lists every setting, in the order --help shows them.
+var settings = []setting{
+	{name: "nats-url", usage: "NATS server URL(s), comma-separated", bind: str(func(c *Config) *string { return &c.NATSURL })},
+	{name: "subject", usage: "subject to subscribe to, <prefix>.>; the topic is what follows the prefix", bind: str(func(c *Config) *string { return &c.Subject })},
+	{name: "queue-group", usage: "NATS queue group shared by the sidecars", bind: str(func(c *Config) *string { return &c.QueueGroup })},
+	{name: "dead-letter-subject", usage: "subject that rejected messages are republished to (empty: none)", bind: str(func(c *Config) *string { return &c.DeadLetterSubject })},
+	{name: "drain-timeout", usage: "at shutdown, how long the NATS drain may take", bind: dur(func(c *Config) *time.Duration { return &c.DrainTimeout })},
+	{name: "store", usage: "store: dynamodb, or bolt (embedded, in --data-dir)", bind: str(func(c *Config) *string { return &c.Store })},
+	{name: "table", usage: "DynamoDB table", bind: str(func(c *Config) *string { return &c.Table })},
+	{name: "dynamodb-endpoint", usage: "DynamoDB endpoint URL (empty: AWS's own; set for dynalite, DynamoDB Local, LocalStack)", bind: str(func(c *Config) *string { return &c.DynamoDBEndpoint })},
+	{name: "data-dir", usage: "folder of the embedded store (--store bolt)", bind: str(func(c *Config) *string { return &c.DataDir })},
+	{name: "shards", usage: fmt.Sprintf("shards per topic, 1..%d (changing it hides counts under the old keys: see README)", store.MaxShards), bind: integer(func(c *Config) *int { return &c.Shards })},
+	{name: "flush-interval", usage: "how often buffered deltas are written (±10% jitter)", bind: dur(func(c *Config) *time.Duration { return &c.FlushInterval })},
+	{name: "flush-timeout", usage: "how long one flush may go on starting writes; the rest wait for the next flush", bind: dur(func(c *Config) *time.Duration { return &c.FlushTimeout })},
+	{name: "flush-concurrency", usage: "writes in flight at once during a flush", bind: integer(func(c *Config) *int { return &c.FlushConcurrency })},
+	{name: "max-topics", usage: "distinct topics in one window before an early flush", bind: integer(func(c *Config) *int { return &c.MaxTopics })},
+	{name: "max-count", usage: "largest count one message may add", bind: func(fs *pflag.FlagSet, c *Config, name, usage string) { fs.Int64Var(&c.MaxCount, name, c.MaxCount, usage) }},
+	{name: "max-topic-bytes", usage: "longest topic accepted, in bytes", bind: integer(func(c *Config) *int { return &c.MaxTopicBytes })},
+	{name: "cache-ttl", usage: "how long a gathered total is served from the cache", bind: dur(func(c *Config) *time.Duration { return &c.CacheTTL })},
+	{name: "cache-size", usage: "topics whose totals the cache holds", bind: integer(func(c *Config) *int { return &c.CacheSize })},
+	{name: "http", env: EnvPrefix + "HTTP_ADDR", usage: "listen address of the lookup API", bind: str(func(c *Config) *string { return &c.HTTPAddr })},
+	{name: "admin", env: EnvPrefix + "ADMIN_ADDR", usage: "listen address of /healthz, /readyz and /metrics", bind: str(func(c *Config) *string { return &c.AdminAddr })},
+	{name: "health-flush-age", usage: "/healthz fails when the last good flush is older than this (0: 5 flush intervals)", bind: dur(func(c *Config) *time.Duration { return &c.HealthFlushAge })},
+	{name: "shutdown-timeout", usage: "whole shutdown budget: NATS drain, final flush, HTTP shutdown", bind: dur(func(c *Config) *time.Duration { return &c.ShutdownTimeout })},
+	{name: "log-format", usage: "log encoding: json or console", bind: str(func(c *Config) *string { return &c.LogFormat })},
+	{name: "log-level", usage: "lowest level logged: debug, info, warn, error", bind: str(func(c *Config) *string { return &c.LogLevel })},
+	{name: "config", usage: "YAML file of settings, keyed by flag name", bind: str(func(c *Config) *string { return &c.File })},
+}
+
+func (s setting) envName() string {
+	if s.env != "" {
+		return s.env
+	}
+	return EnvPrefix + strings.ToUpper(strings.ReplaceAll(s.name, "-", "_"))
+}
+
+// FlagSet returns a flag set for command name bound to c's fields, whose
+// current values are the defaults. With take set, only the settings it
+// accepts are in it. Each flag's help names its environment variable.
+func (c *Config) FlagSet(name string, take func(setting string) bool) *pflag.FlagSet {
+	fs := pflag.NewFlagSet(name, pflag.ContinueOnError)
+	fs.SortFlags = false
+	for _, s := range settings {
+		if take != nil && !take(s.name) {
+			continue
+		}
+		s.bind(fs, c, s.name, s.usage+" ($"+s.envName()+")")
+	}
+	return fs
+}
+
+// Parse fills fs's settings from args, environ (os.Environ's form) and the
+// YAML file named by --config or HOTCOUNT_CONFIG. Flags of fs that are not
+// settings (a command's own) are parsed from args only.
+func Parse(fs *pflag.FlagSet, args, environ []string) error {
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	byEnv := make(map[string]string, len(settings))
+	for _, s := range settings {
+		byEnv[s.envName()] = s.name
+	}
+	k := koanf.New(".") // no setting's name has a dot: a nested key is unknown
+
+	path := ""
+	if f := fs.Lookup("config"); f != nil {
+		path = f.Value.String()
+		if !f.Changed {
+			for _, kv := range environ {
+				if v, ok := strings.CutPrefix(kv, EnvPrefix+"CONFIG="); ok {
+					path = v
+				}
+			}
+		}
+	}
+	if path != "" {
+		if err := k.Load(file.Provider(path), yaml.Parser()); err != nil {
+			return fmt.Errorf("config: read %s: %w", path, err)
+		}
+		for _, key := range k.Keys() {
+			if f := fs.Lookup(key); f == nil || key == "config" {
+				return fmt.Errorf("config: %s: unknown setting %q", path, key)
+			}
+		}
+	}
+
+	var unknown []string
+	if err := k.Load(env.Provider(".", env.Opt{
+		Prefix:      EnvPrefix,
+		EnvironFunc: func() []string { return environ },
+		TransformFunc: func(key, v string) (string, any) {
+			name, ok := byEnv[key]
+			if !ok {
+				unknown = append(unknown, key)
+				return "", nil
+			}
+			if fs.Lookup(name) == nil || name == "config" {
+				return "", nil // a setting this command does not take
+			}
+			return name, v
+		},
+	}), nil); err != nil {
+		return fmt.Errorf("config: environment: %w", err)
+	}
+	if len(unknown) > 0 {
+		slices.Sort(unknown)
+		return fmt.Errorf("config: unknown environment variable(s) %s", strings.Join(unknown, ", "))
+	}
+
+	for key, v := range k.All() {
+		f := fs.Lookup(key)
+		if f.Changed {
+			continue // the command line wins
+		}
+		if err := fs.Set(key, fmt.Sprint(v)); err != nil {
+			return fmt.Errorf("config: %s: %w", key, err)
+		}
+	}
+	return nil
+}
+
+// tableName is DynamoDB's rule for table names.
+var tableName = regexp.MustCompile(`^[a-zA-Z0-9_.-]{3,255}$`)
+
+// Validate checks every setting and reports all problems at once, each
+// naming the setting and what it allows.
+func (c *Config) Validate() error {
+	var errs []error
+	bad := func(name, format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%s: "+format, append([]any{name}, args...)...))
+	}
+	durIn := func(name string, d, lo, hi time.Duration) {
+		if d < lo || d > hi {
+			bad(name, "%s is outside %s..%s", d, lo, hi)
+		}
+	}
+	intIn := func(name string, v, lo, hi int64) {
+		if v < lo || v > hi {
+			bad(name, "%d is outside %d..%d", v, lo, hi)
+		}
+	}
+	addr := func(name, v string) {
+		if _, _, err := net.SplitHostPort(v); err != nil {
+			bad(name, "%q is not host:port: %v", v, err)
+		}
+	}
+
+	if c.NATSURL == "" {
+		bad("nats-url", "must not be empty")
+	}
+	prefix, err := ingest.Prefix(c.Subject)
+	if err != nil {
+		bad("subject", "%v", err)
+	}
+	if c.QueueGroup == "" {
+		bad("queue-group", "must not be empty (every sidecar would get every mention)")
+	}
+	if c.DeadLetterSubject != "" && prefix != "" && strings.HasPrefix(c.DeadLetterSubject, prefix) {
+		bad("dead-letter-subject", "%q is under the subscription %q: rejects would come back as mentions", c.DeadLetterSubject, c.Subject)
+	}
+	durIn("drain-timeout", c.DrainTimeout, 0, time.Minute)
+	switch c.Store {
+	case StoreDynamoDB:
+		if !tableName.MatchString(c.Table) {
+			bad("table", "%q is not a DynamoDB table name (3..255 of a-z A-Z 0-9 _ . -)", c.Table)
+		}
+	case StoreBolt:
+		if c.DataDir == "" {
+			bad("data-dir", "must not be empty with --store bolt")
+		}
+	default:
+		bad("store", "%q is not %s or %s", c.Store, StoreDynamoDB, StoreBolt)
+	}
+	intIn("shards", int64(c.Shards), 1, store.MaxShards)
+	durIn("flush-interval", c.FlushInterval, 10*time.Millisecond, time.Hour)
+	durIn("flush-timeout", c.FlushTimeout, time.Millisecond, time.Hour)
+	intIn("flush-concurrency", int64(c.FlushConcurrency), 1, 1024)
+	intIn("max-topics", int64(c.MaxTopics), 1, 100_000_000)
+	intIn("max-count", c.MaxCount, 1, 1<<53)
+	intIn("max-topic-bytes", int64(c.MaxTopicBytes), 1, 1024)
+	durIn("cache-ttl", c.CacheTTL, time.Millisecond, time.Hour)
+	intIn("cache-size", int64(c.CacheSize), 1, 100_000_000)
+	addr("http", c.HTTPAddr)
+	addr("admin", c.AdminAddr)
+	durIn("health-flush-age", c.HealthFlushAge, 0, 24*time.Hour)
+	durIn("shutdown-timeout", c.ShutdownTimeout, time.Second, 10*time.Minute)
+	if c.ShutdownTimeout <= c.DrainTimeout {
+		bad("shutdown-timeout", "%s must be longer than drain-timeout %s, to leave time for the final flush", c.ShutdownTimeout, c.DrainTimeout)
+	}
+	if c.LogFormat != "json" && c.LogFormat != "console" {
+		bad("log-format", "%q is not json or console", c.LogFormat)
+	}
+	if _, err := zapcore.ParseLevel(c.LogLevel); err != nil {
+		bad("log-level", "%q is not debug, info, warn or error", c.LogLevel)
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("config: %w", errors.Join(errs...))
+	}
+	return nil
+}
+
+// HealthAge is the age of the last good flush past which /healthz fails.
+func (c *Config) HealthAge() time.Duration {
+	if c.HealthFlushAge > 0 {
+		return c.HealthFlushAge
+	}
+	return 5 * c.FlushInterval
+}
+
+// Print writes the effective settings of fs as YAML, the form --config
+// reads.
+func Print(w io.Writer, fs *pflag.FlagSet) error {
+	var err error
+	fs.VisitAll(func(f *pflag.Flag) {
+		if err != nil || f.Name == "config" {
+			return
+		}
+		_, err = fmt.Fprintf(w, "%s: %q\n", f.Name, f.Value.String())
+	})
+	return err
+}

@@ -1,0 +1,292 @@
+// Package flusher drains the aggregator's window on a jittered interval (or
+// early, when the window is full) and writes one increment per topic to a
+// random shard, in parallel with a bounded number of writes in flight.
+// Deltas it cannot write go back into the aggregator: a store failure delays
+// mentions, it never loses them.
+package flusher
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/hotcount/hotcount/store"
+)
+
+// Defaults, used by the config package.
+const (
+	// DefaultInterval is how often the window is flushed (before jitter).
+	DefaultInterval = time.Second
+	// DefaultTimeout is how long a flush may go on starting writes; writes
+	// not started by then wait for the next flush.
+	DefaultTimeout = 5 * time.Second
+	// DefaultConcurrency is the number of writes in flight at once.
+	DefaultConcurrency = 16
+	// DefaultShards is the number of shards a topic's count is spread over.
+	DefaultShards = 4
+)
+
+// writeTimeout bounds one write once started. A started write is not cut off
+// at the flush deadline, because a write cancelled after it was sent may
+// still have been applied, and putting its delta back would count it twice.
+const writeTimeout = 10 * time.Second
+
+// maxReroutes is how many other shards a throttled write tries within one
+// flush before its delta waits for the next flush.
+const maxReroutes = 2
+
+// jitter is the fraction of the interval by which each wait varies, so that
+// a fleet of sidecars started together does not flush in lockstep.
+const jitter = 0.1
+
+// Buffer is the aggregator as the flusher uses it.
+type Buffer interface {
+	// Drain takes the current window; the caller owns the map.
+	Drain() map[string]int64
+	// Merge puts deltas back into the window.
+	Merge(map[string]int64)
+	// Full is signalled when the window reaches its topic bound.
+	Full() <-chan struct{}
+}
+
+// Store is what the flusher writes to. Add must be safe for concurrent use
+// and return an error wrapping store.ErrThrottled when the write was refused
+// for throughput (and so not applied).
+type Store interface {
+	Add(ctx context.Context, topic string, shard int, delta int64, now time.Time) error
+}
+
+// Config is the flusher's part of the configuration.
+type Config struct {
+	Shards      int
+	Interval    time.Duration
+	Timeout     time.Duration
+	Concurrency int
+}
+
+// Flusher owns the periodic flush. Run starts it; Final flushes what is left
+// at shutdown. Flush, Final and LastSuccess are safe to call concurrently
+// with Run, but flushes never overlap: one holds flushMu.
+type Flusher struct {
+	cfg     Config
+	buf     Buffer
+	store   Store
+	log     *zap.Logger
+	metrics *Metrics
+	now     func() time.Time
+
+	flushMu     sync.Mutex
+	lastSuccess atomic.Int64 // Unix nanoseconds of the last flush that wrote everything
+}
+
+// New returns a flusher of buf into st. now is the clock (time.Now in
+// production). Nothing starts until Run.
+func New(cfg Config, buf Buffer, st Store, log *zap.Logger, m *Metrics, now func() time.Time) *Flusher {
+	f := &Flusher{cfg: cfg, buf: buf, store: st, log: log.Named("flusher"), metrics: m, now: now}
+	f.lastSuccess.Store(now().UnixNano())
+	return f
+}
+
+// Run flushes every interval (±10% jitter) and whenever the buffer signals
+// that it is full, until ctx ends. A flush in progress when ctx ends runs to
+// its own deadline. Run does not do the final flush: call Final after the
+// ingest has stopped, so that nothing arrives behind it.
+func (f *Flusher) Run(ctx context.Context) error {
+	for {
+		wait := time.Duration(float64(f.cfg.Interval) * (1 - jitter + 2*jitter*rand.Float64()))
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil
+		case <-t.C:
+		case <-f.buf.Full():
+			t.Stop()
+			f.metrics.early.Inc()
+		}
+		if err := f.Flush(context.WithoutCancel(ctx)); err != nil {
+			f.log.Warn("flush incomplete, deltas kept for the next flush", zap.Error(err))
+		}
+	}
+}
+
+// Flush drains the window once and writes every non-zero delta to a random
+// shard. Writes that fail (after the SDK's retries, and after trying other
+// shards when throttled) or that were not started before the flush deadline
+// are merged back into the buffer; the error says how many.
+func (f *Flusher) Flush(ctx context.Context) error {
+	f.flushMu.Lock()
+	defer f.flushMu.Unlock()
+	start := f.now()
+	defer func() { f.metrics.duration.Observe(f.now().Sub(start).Seconds()) }()
+
+	window := f.buf.Drain()
+	deadline := start.Add(f.cfg.Timeout)
+	var (
+		mu       sync.Mutex
+		failed   = make(map[string]int64)
+		firstErr error
+		written  int64
+	)
+	g := new(errgroup.Group)
+	g.SetLimit(f.cfg.Concurrency)
+	for topic, delta := range window {
+		if delta == 0 {
+			continue
+		}
+		if f.now().After(deadline) {
+			failed[topic] = delta // not started: no ambiguity, try next flush
+			continue
+		}
+		g.Go(func() error {
+			err := f.write(ctx, topic, delta)
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				failed[topic] = delta
+				if firstErr == nil {
+					firstErr = err
+				}
+				return nil
+			}
+			written += delta
+			return nil
+		})
+	}
+	_ = g.Wait() // the writes report through failed, never through the group
+	f.metrics.flushed.Add(float64(written))
+
+	if len(failed) > 0 {
+		f.buf.Merge(failed)
+		var kept int64
+		for _, d := range failed {
+			kept += d
+		}
+		f.metrics.requeued.Add(float64(kept))
+		f.metrics.flushes.WithLabelValues("error").Inc()
+		if firstErr == nil {
+			firstErr = errors.New("flush deadline passed")
+		}
+		return fmt.Errorf("flusher: %d of %d topics not written (%d mentions kept): %w", len(failed), len(window), kept, firstErr)
+	}
+	f.metrics.flushes.WithLabelValues("ok").Inc()
+	f.lastSuccess.Store(f.now().UnixNano())
+	f.metrics.lastSuccess.Set(float64(f.now().UnixNano()) / 1e9)
+	return nil
+}
+
+// write adds delta to a random shard of topic; when the shard is throttled
+// it tries up to maxReroutes other shards, since the throttle is per
+// partition and the other shards are other partitions.
+func (f *Flusher) write(ctx context.Context, topic string, delta int64) error {
+	n := f.cfg.Shards
+	shard := rand.IntN(n)
+	for attempt := 0; ; attempt++ {
+		wctx, cancel := context.WithTimeout(ctx, writeTimeout)
+		err := f.store.Add(wctx, topic, shard, delta, f.now())
+		cancel()
+		if err == nil || !errors.Is(err, store.ErrThrottled) || n == 1 || attempt == maxReroutes {
+			return err
+		}
+		f.metrics.rerouted.Inc()
+		shard = (shard + 1 + rand.IntN(n-1)) % n
+	}
+}
+
+// Final flushes until the buffer is empty or ctx ends, for shutdown, after
+// ingest has stopped. What is still buffered when ctx ends is taken out of
+// the buffer, counted in hotcount_flusher_unflushed_total and reported in
+// the error: in core NATS mode those mentions are lost.
+func (f *Flusher) Final(ctx context.Context) error {
+	backoff := 50 * time.Millisecond
+	for {
+		err := f.Flush(ctx)
+		if err == nil {
+			return nil
+		}
+		f.log.Warn("final flush incomplete, retrying", zap.Error(err))
+		t := time.NewTimer(backoff)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			var topics, mentions int64
+			for _, d := range f.buf.Drain() {
+				topics++
+				mentions += d
+			}
+			f.metrics.unflushed.Add(float64(mentions))
+			return fmt.Errorf("flusher: shutdown deadline passed with %d mentions over %d topics unwritten: %w", mentions, topics, err)
+		case <-t.C:
+		}
+		backoff = min(2*backoff, time.Second)
+	}
+}
+
+// LastSuccess is the time of the last flush that wrote everything it
+// drained (an empty flush counts), or of New when none has yet.
+func (f *Flusher) LastSuccess() time.Time {
+	return time.Unix(0, f.lastSuccess.Load())
+}
+
+// Metrics are the flusher's metrics.
+type Metrics struct {
+	flushes     *prometheus.CounterVec
+	duration    prometheus.Histogram
+	flushed     prometheus.Counter
+	requeued    prometheus.Counter
+	rerouted    prometheus.Counter
+	early       prometheus.Counter
+	unflushed   prometheus.Counter
+	lastSuccess prometheus.Gauge
+}
+
+// NewMetrics registers the flusher's metrics with reg.
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		flushes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "hotcount_flusher_flushes_total",
+			Help: "Flushes, by result: ok (everything written) or error (some deltas kept for the next flush).",
+		}, []string{"result"}),
+		duration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "hotcount_flusher_flush_seconds",
+			Help:    "Time one flush took.",
+			Buckets: prometheus.ExponentialBuckets(0.001, 4, 8),
+		}),
+		flushed: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "hotcount_flusher_flushed_mentions_total",
+			Help: "Mentions written to the store (the sum of the deltas of successful writes).",
+		}),
+		requeued: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "hotcount_flusher_requeued_mentions_total",
+			Help: "Mentions whose write failed or was not started in time and went back into the buffer.",
+		}),
+		rerouted: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "hotcount_flusher_rerouted_total",
+			Help: "Throttled writes retried on another shard.",
+		}),
+		early: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "hotcount_flusher_early_total",
+			Help: "Flushes started before the interval because the window reached --max-topics.",
+		}),
+		unflushed: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "hotcount_flusher_unflushed_total",
+			Help: "Mentions still buffered when the shutdown deadline passed (lost in core NATS mode).",
+		}),
+		lastSuccess: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "hotcount_flusher_last_success_timestamp_seconds",
+			Help: "Unix time of the last flush that wrote everything it drained.",
+		}),
+	}
+	reg.MustRegister(m.flushes, m.duration, m.flushed, m.requeued, m.rerouted, m.early, m.unflushed, m.lastSuccess)
+	m.flushes.WithLabelValues("ok")
+	m.flushes.WithLabelValues("error")
+	return m
+}

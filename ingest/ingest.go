@@ -1,0 +1,275 @@
+// Package ingest takes mention events from NATS, checks them, and adds them
+// to the aggregator. Several sidecars share one stream of mentions through a
+// NATS queue group. A message it cannot use is rejected: counted, logged at a
+// sampled rate and republished to the dead-letter subject with its reason.
+package ingest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+)
+
+// Defaults, used by the config package.
+const (
+	// DefaultSubject is the subscription subject; the topic follows the prefix.
+	DefaultSubject = "mentions.>"
+	// DefaultQueueGroup is the queue group the sidecars share.
+	DefaultQueueGroup = "hotcount"
+	// DefaultDeadLetterSubject receives rejected messages.
+	DefaultDeadLetterSubject = "hotcount.dlq"
+	// DefaultDrainTimeout bounds the drain of the subscription at shutdown.
+	DefaultDrainTimeout = 5 * time.Second
+)
+
+// Pending limits of the subscription: how far nats.go may buffer ahead of
+// the handler before it drops (and reports a slow consumer). A handler that
+// keeps up holds a handful; these absorb a flush-sized pause.
+const (
+	pendingMsgs  = 1 << 20
+	pendingBytes = 256 << 20
+)
+
+// ErrorHeader is the header on a dead-lettered message that gives the reason.
+const ErrorHeader = "Hotcount-Error"
+
+// Sink receives accepted mentions. The aggregator is one.
+type Sink interface {
+	Add(topic string, delta int64)
+}
+
+// Config is the ingest's part of the configuration.
+type Config struct {
+	Subject           string
+	QueueGroup        string
+	DeadLetterSubject string
+	DrainTimeout      time.Duration
+	Limits            Limits
+}
+
+// Prefix returns the topic prefix of a subscription subject, which must be
+// `<prefix>.>`: `mentions.>` gives `mentions.`.
+func Prefix(subject string) (string, error) {
+	p, ok := strings.CutSuffix(subject, ">")
+	if !ok || !strings.HasSuffix(p, ".") || len(p) < 2 || strings.ContainsAny(p, "* \t\r\n") {
+		return "", fmt.Errorf("ingest: subject %q must be a literal prefix followed by .> (like mentions.>)", subject)
+	}
+	return p, nil
+}
+
+// Subscriber is the core NATS ingest: a queue subscription whose handler
+// parses each message and adds it to the sink. Run owns the subscription.
+type Subscriber struct {
+	nc      *nats.Conn
+	cfg     Config
+	prefix  string
+	sink    Sink
+	log     *zap.Logger // for events of the subscription
+	sampled *zap.Logger // for rejected messages: at most one line a second per reason
+	metrics *Metrics
+
+	sub atomic.Pointer[nats.Subscription]
+}
+
+// NewSubscriber returns a subscriber on nc. Nothing is subscribed until Run.
+func NewSubscriber(nc *nats.Conn, cfg Config, sink Sink, log *zap.Logger, m *Metrics) (*Subscriber, error) {
+	prefix, err := Prefix(cfg.Subject)
+	if err != nil {
+		return nil, err
+	}
+	log = log.Named("ingest")
+	return &Subscriber{
+		nc: nc, cfg: cfg, prefix: prefix, sink: sink, log: log, metrics: m,
+		sampled: log.WithOptions(zap.WrapCore(func(c zapcore.Core) zapcore.Core {
+			return zapcore.NewSamplerWithOptions(c, time.Second, 1, 0)
+		})),
+	}, nil
+}
+
+// Run subscribes and takes messages until ctx ends, then drains: it stops
+// taking new messages and handles those already received, for at most the
+// drain timeout. Messages still pending after it are counted as dropped.
+func (s *Subscriber) Run(ctx context.Context) error {
+	sub, err := s.nc.QueueSubscribe(s.cfg.Subject, s.cfg.QueueGroup, s.handle)
+	if err != nil {
+		return fmt.Errorf("ingest: subscribe %s: %w", s.cfg.Subject, err)
+	}
+	if err := sub.SetPendingLimits(pendingMsgs, pendingBytes); err != nil {
+		return fmt.Errorf("ingest: set pending limits: %w", err)
+	}
+	s.sub.Store(sub)
+	s.log.Info("subscribed", zap.String("subject", s.cfg.Subject), zap.String("queue", s.cfg.QueueGroup))
+
+	<-ctx.Done()
+	return s.drain(sub)
+}
+
+func (s *Subscriber) drain(sub *nats.Subscription) error {
+	drained := sub.StatusChanged(nats.SubscriptionClosed)
+	if err := sub.Drain(); err != nil {
+		return fmt.Errorf("ingest: drain: %w", err)
+	}
+	t := time.NewTimer(s.cfg.DrainTimeout)
+	defer t.Stop()
+	select {
+	case <-drained:
+		s.log.Info("drained")
+		return nil
+	case <-t.C:
+		pending, _, _ := sub.Pending()
+		_ = sub.Unsubscribe()
+		s.metrics.dropped.WithLabelValues("shutdown").Add(float64(pending))
+		return fmt.Errorf("ingest: drain timed out after %s with %d messages unhandled", s.cfg.DrainTimeout, pending)
+	}
+}
+
+// Ready reports whether messages can arrive: subscribed, connected.
+func (s *Subscriber) Ready() error {
+	sub := s.sub.Load()
+	switch {
+	case sub == nil || !sub.IsValid():
+		return errors.New("ingest: not subscribed")
+	case !s.nc.IsConnected():
+		return fmt.Errorf("ingest: NATS connection is %s", s.nc.Status())
+	}
+	return nil
+}
+
+// handle runs on the subscription's goroutine, one message at a time.
+func (s *Subscriber) handle(msg *nats.Msg) {
+	topic, err := Topic(s.prefix, msg.Subject, s.cfg.Limits)
+	var delta int64
+	if err == nil {
+		delta, err = Count(msg.Data, s.cfg.Limits.MaxCount)
+	}
+	if err != nil {
+		s.reject(msg, err)
+		return
+	}
+	s.sink.Add(topic, delta)
+	s.metrics.events.Inc()
+	s.metrics.mentions.Add(float64(delta))
+}
+
+// reject counts, logs (sampled) and dead-letters a message. A dead-letter
+// publish that fails is counted too: the message is then gone.
+func (s *Subscriber) reject(msg *nats.Msg, err error) {
+	reason := ReasonPayload
+	var inv *InvalidError
+	if errors.As(err, &inv) {
+		reason = inv.Reason
+	}
+	s.metrics.invalid.WithLabelValues(reason).Inc()
+	s.sampled.Warn("message rejected", zap.String("reason", reason), zap.String("subject", msg.Subject), zap.Error(err))
+	if s.cfg.DeadLetterSubject == "" {
+		return
+	}
+	dl := nats.NewMsg(s.cfg.DeadLetterSubject)
+	dl.Data = msg.Data
+	for k, v := range msg.Header {
+		dl.Header[k] = v
+	}
+	dl.Header.Set(ErrorHeader, reason)
+	dl.Header.Set("Hotcount-Subject", msg.Subject)
+	if err := s.nc.PublishMsg(dl); err != nil {
+		s.metrics.dropped.WithLabelValues("dead_letter").Inc()
+		s.sampled.Warn("dead-letter publish failed", zap.Error(err))
+	}
+}
+
+// Metrics are the ingest metrics.
+type Metrics struct {
+	events   prometheus.Counter
+	mentions prometheus.Counter
+	invalid  *prometheus.CounterVec
+	dropped  *prometheus.CounterVec
+
+	mu          sync.Mutex
+	seenDropped map[*nats.Subscription]int
+}
+
+// NewMetrics registers the ingest metrics with reg.
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		events: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "hotcount_ingest_events_total",
+			Help: "Mention messages accepted.",
+		}),
+		mentions: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "hotcount_ingest_mentions_total",
+			Help: "Mentions accepted: the sum of the accepted messages' counts.",
+		}),
+		invalid: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "hotcount_ingest_invalid_total",
+			Help: "Messages rejected, by reason (topic, payload, count).",
+		}, []string{"reason"}),
+		dropped: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "hotcount_ingest_dropped_total",
+			Help: "Messages lost before the handler saw them, by cause: slow_consumer (nats.go's pending buffer overflowed), shutdown (pending when the drain timed out), dead_letter (rejected and the dead-letter publish failed).",
+		}, []string{"cause"}),
+		seenDropped: make(map[*nats.Subscription]int),
+	}
+	reg.MustRegister(m.events, m.mentions, m.invalid, m.dropped)
+	for _, r := range []string{ReasonTopic, ReasonPayload, ReasonCount} {
+		m.invalid.WithLabelValues(r)
+	}
+	for _, c := range []string{"slow_consumer", "shutdown", "dead_letter"} {
+		m.dropped.WithLabelValues(c)
+	}
+	return m
+}
+
+// slowConsumer adds the messages nats.go dropped on sub since last seen.
+func (m *Metrics) slowConsumer(sub *nats.Subscription) {
+	n, err := sub.Dropped()
+	if err != nil {
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if d := n - m.seenDropped[sub]; d > 0 {
+		m.dropped.WithLabelValues("slow_consumer").Add(float64(d))
+		m.seenDropped[sub] = n
+	}
+}
+
+// Connect opens the NATS connection the ingest uses: it retries the first
+// connection and reconnects forever (a sidecar may start before NATS is
+// reachable; readiness says so meanwhile), and counts slow-consumer drops.
+func Connect(url string, log *zap.Logger, m *Metrics, opts ...nats.Option) (*nats.Conn, error) {
+	log = log.Named("nats")
+	base := []nats.Option{
+		nats.Name("hotcount"),
+		nats.RetryOnFailedConnect(true),
+		nats.MaxReconnects(-1),
+		nats.ReconnectWait(time.Second),
+		nats.DisconnectErrHandler(func(nc *nats.Conn, err error) {
+			if !nc.IsClosed() { // closing at shutdown is no news
+				log.Warn("disconnected", zap.Error(err))
+			}
+		}),
+		nats.ReconnectHandler(func(nc *nats.Conn) {
+			log.Info("reconnected", zap.String("url", nc.ConnectedUrlRedacted()))
+		}),
+		nats.ErrorHandler(func(_ *nats.Conn, sub *nats.Subscription, err error) {
+			if errors.Is(err, nats.ErrSlowConsumer) && sub != nil {
+				m.slowConsumer(sub)
+			}
+			log.Warn("async error", zap.Error(err))
+		}),
+	}
+	nc, err := nats.Connect(url, append(base, opts...)...)
+	if err != nil {
+		return nil, fmt.Errorf("ingest: connect %s: %w", url, err)
+	}
+	return nc, nil
+}

@@ -1,0 +1,36 @@
+// Package embeddednats runs a NATS server inside the process, with
+// JetStream, for `hotcount dev` and for tests.
+package embeddednats
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+)
+
+// Start starts a NATS server on 127.0.0.1:port (-1: a free port) with
+// JetStream storing in storeDir (empty: a temporary folder, removed by the
+// server on shutdown only if the caller removes it). Shutdown is the
+// caller's: call Shutdown and WaitForShutdown.
+func Start(port int, storeDir string) (*server.Server, error) {
+	opts := &server.Options{
+		ServerName: "hotcount-dev",
+		Host:       "127.0.0.1",
+		Port:       port,
+		JetStream:  true,
+		StoreDir:   storeDir,
+		NoSigs:     true, // the process's signals are hotcount's to handle
+		NoLog:      true,
+	}
+	s, err := server.NewServer(opts)
+	if err != nil {
+		return nil, fmt.Errorf("embeddednats: %w", err)
+	}
+	s.Start()
+	if !s.ReadyForConnections(10 * time.Second) {
+		s.Shutdown()
+		return nil, fmt.Errorf("embeddednats: server on port %d not ready within 10s", port)
+	}
+	return s, nil
+}

@@ -1,0 +1,211 @@
+// Package testenv starts the real services hotcount's tests run against: an
+// in-process NATS server and a dynalite process (a real implementation of the
+// DynamoDB API, from test/dynalite). Under CI=true a service that cannot
+// start fails the test; elsewhere the test is skipped with the reason.
+package testenv
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/credentials"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+
+	"github.com/hotcount/hotcount/internal/embeddednats"
+	"github.com/hotcount/hotcount/store"
+)
+
+// unavailable fails the test under CI=true, where every service must be
+// there, and skips it elsewhere.
+func unavailable(t testing.TB, format string, args ...any) {
+	t.Helper()
+	msg := fmt.Sprintf(format, args...)
+	if os.Getenv("CI") == "true" {
+		t.Fatalf("%s (CI=true: a missing service is a failure)", msg)
+	}
+	t.Skipf("%s; run `make test`, which installs it", msg)
+}
+
+// NATS starts an in-process NATS server with JetStream on a free port and
+// stops it when the test ends.
+func NATS(t testing.TB) *server.Server {
+	t.Helper()
+	s, err := embeddednats.Start(-1, t.TempDir())
+	if err != nil {
+		t.Fatalf("start NATS: %v", err)
+	}
+	t.Cleanup(func() {
+		s.Shutdown()
+		s.WaitForShutdown()
+	})
+	return s
+}
+
+// Connect connects to the NATS server at url and closes the connection when
+// the test ends.
+func Connect(t testing.TB, url string) *nats.Conn {
+	t.Helper()
+	nc, err := nats.Connect(url)
+	if err != nil {
+		t.Fatalf("connect NATS: %v", err)
+	}
+	t.Cleanup(nc.Close)
+	return nc
+}
+
+// Dynalite is a running dynalite process.
+type Dynalite struct {
+	// Endpoint is its URL, for --dynamodb-endpoint.
+	Endpoint string
+	port     int
+	dir      string
+	cmd      *exec.Cmd
+	t        testing.TB
+}
+
+// binary finds test/dynalite's dynalite from the module root.
+func binary() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			break
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", fmt.Errorf("no go.mod above the test's folder")
+		}
+		dir = parent
+	}
+	bin := filepath.Join(dir, "test", "dynalite", "node_modules", ".bin", "dynalite")
+	if _, err := os.Stat(bin); err != nil {
+		return "", fmt.Errorf("dynalite is not installed at %s", bin)
+	}
+	return bin, nil
+}
+
+// StartDynalite starts dynalite on a free port, persisting to a folder of
+// the test's (so that Restart keeps the data), and stops it when the test
+// ends.
+func StartDynalite(t testing.TB) *Dynalite {
+	t.Helper()
+	d := &Dynalite{t: t, dir: t.TempDir()}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("free port: %v", err)
+	}
+	d.port = ln.Addr().(*net.TCPAddr).Port
+	ln.Close()
+	d.Endpoint = "http://127.0.0.1:" + strconv.Itoa(d.port)
+	d.start()
+	t.Cleanup(d.Stop)
+	return d
+}
+
+func (d *Dynalite) start() {
+	d.t.Helper()
+	bin, err := binary()
+	if err != nil {
+		unavailable(d.t, "dynalite: %v", err)
+	}
+	cmd := exec.Command(bin, "--host", "127.0.0.1", "--port", strconv.Itoa(d.port), "--path", d.dir,
+		"--createTableMs", "0", "--deleteTableMs", "0", "--updateTableMs", "0")
+	cmd.Stderr = os.Stderr // its stdout only says where it listens
+	if err := cmd.Start(); err != nil {
+		unavailable(d.t, "dynalite: start %s: %v", bin, err)
+	}
+	d.cmd = cmd
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		c, err := net.DialTimeout("tcp", "127.0.0.1:"+strconv.Itoa(d.port), 200*time.Millisecond)
+		if err == nil {
+			c.Close()
+			return
+		}
+		if time.Now().After(deadline) {
+			d.Stop()
+			unavailable(d.t, "dynalite did not listen on port %d within 20s: %v", d.port, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// Stop kills dynalite (the data stays in its folder). Stopping a stopped
+// dynalite does nothing.
+func (d *Dynalite) Stop() {
+	if d.cmd == nil {
+		return
+	}
+	d.cmd.Process.Kill() //nolint:errcheck // it may have exited
+	d.cmd.Wait()         //nolint:errcheck // killed: the error says so
+	d.cmd = nil
+}
+
+// Restart starts a stopped dynalite again on the same port and data.
+func (d *Dynalite) Restart() {
+	d.t.Helper()
+	d.Stop()
+	d.start()
+}
+
+// Client returns an SDK client for d with static test credentials and no
+// retries, so that tests see each call's own result.
+func (d *Dynalite) Client() *dynamodb.Client {
+	return dynamodb.New(dynamodb.Options{
+		Region:           "us-east-1",
+		BaseEndpoint:     aws.String(d.Endpoint),
+		Credentials:      credentials.NewStaticCredentialsProvider("test", "test", ""),
+		RetryMaxAttempts: 1,
+	})
+}
+
+// Table creates a table with the hotcount schema and returns its name.
+func (d *Dynalite) Table(t testing.TB, name string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := store.CreateTable(ctx, d.Client(), name); err != nil {
+		t.Fatalf("create table %s: %v", name, err)
+	}
+	return name
+}
+
+// AWSEnv sets the environment the SDK's default chain reads, for code that
+// builds its own client (the sidecar), to static test credentials.
+func AWSEnv(t testing.TB) {
+	t.Setenv("AWS_ACCESS_KEY_ID", "test")
+	t.Setenv("AWS_SECRET_ACCESS_KEY", "test")
+	t.Setenv("AWS_REGION", "us-east-1")
+	t.Setenv("AWS_EC2_METADATA_DISABLED", "true")
+	t.Setenv("AWS_CONFIG_FILE", filepath.Join(t.TempDir(), "none"))
+	t.Setenv("AWS_SHARED_CREDENTIALS_FILE", filepath.Join(t.TempDir(), "none"))
+}
+
+// Eventually polls cond every 10 ms until it returns nil or timeout passes,
+// then fails the test with cond's last error.
+func Eventually(t testing.TB, timeout time.Duration, cond func() error) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		err := cond()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("not within %s: %v", timeout, err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

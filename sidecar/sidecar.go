@@ -1,0 +1,236 @@
+// Package sidecar wires the stages into the running sidecar: NATS ingest
+// into the aggregator, the flusher into the store, the lookup API and the
+// admin listener, and the shutdown that drains, flushes and stops them in
+// that order.
+package sidecar
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"go.uber.org/zap"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/hotcount/hotcount/admin"
+	"github.com/hotcount/hotcount/aggregator"
+	"github.com/hotcount/hotcount/config"
+	"github.com/hotcount/hotcount/flusher"
+	"github.com/hotcount/hotcount/ingest"
+	"github.com/hotcount/hotcount/lookup"
+	"github.com/hotcount/hotcount/store"
+)
+
+// Store is a store as the sidecar uses it: both implementations satisfy it.
+type Store interface {
+	flusher.Store
+	lookup.Store
+	Ping(ctx context.Context) error
+	Close() error
+}
+
+// Sidecar is one running hotcount. New builds it; Run runs it until its
+// context ends, then shuts it down.
+type Sidecar struct {
+	cfg config.Config
+	log *zap.Logger
+	reg *prometheus.Registry
+
+	started             chan struct{}
+	httpAddr, adminAddr net.Addr
+}
+
+// New returns a sidecar for cfg, which must have passed Validate.
+func New(cfg config.Config, log *zap.Logger) *Sidecar {
+	return &Sidecar{cfg: cfg, log: log, reg: prometheus.NewRegistry(), started: make(chan struct{})}
+}
+
+// Started is closed once the listeners are bound and the pipeline runs.
+func (s *Sidecar) Started() <-chan struct{} { return s.started }
+
+// HTTPAddr is the lookup API's bound address, once Started.
+func (s *Sidecar) HTTPAddr() string { return s.httpAddr.String() }
+
+// AdminAddr is the admin listener's bound address, once Started.
+func (s *Sidecar) AdminAddr() string { return s.adminAddr.String() }
+
+// Registry is the sidecar's metrics registry, served on /metrics.
+func (s *Sidecar) Registry() *prometheus.Registry { return s.reg }
+
+// OpenStore opens the store cfg names.
+func OpenStore(ctx context.Context, cfg config.Config, m *store.Metrics) (Store, error) {
+	if cfg.Store == config.StoreBolt {
+		return store.OpenBolt(cfg.DataDir, m)
+	}
+	client, err := store.NewDynamoDBClient(ctx, cfg.DynamoDBEndpoint)
+	if err != nil {
+		return nil, err
+	}
+	return store.NewDynamoDB(client, cfg.Table, m), nil
+}
+
+// Run runs the sidecar until ctx ends (SIGTERM) or a part fails, then shuts
+// down within --shutdown-timeout: stop taking messages and drain the NATS
+// subscription (at most --drain-timeout), stop the flush loop, flush what is
+// buffered (retrying until the budget ends), close NATS, stop the HTTP
+// listeners. The lookup API keeps answering until the final flush is done.
+func (s *Sidecar) Run(ctx context.Context) error {
+	cfg, log, reg := s.cfg, s.log, s.reg
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+
+	st, err := OpenStore(ctx, cfg, store.NewMetrics(reg))
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	pingCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	if err := st.Ping(pingCtx); err != nil {
+		log.Warn("store not reachable at start; not ready until it is", zap.Error(err))
+	}
+	cancel()
+
+	agg := aggregator.New(cfg.MaxTopics, reg)
+	fl := flusher.New(flusher.Config{
+		Shards:      cfg.Shards,
+		Interval:    cfg.FlushInterval,
+		Timeout:     cfg.FlushTimeout,
+		Concurrency: cfg.FlushConcurrency,
+	}, agg, st, log, flusher.NewMetrics(reg), time.Now)
+
+	im := ingest.NewMetrics(reg)
+	nc, err := ingest.Connect(cfg.NATSURL, log, im)
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	sub, err := ingest.NewSubscriber(nc, ingest.Config{
+		Subject:           cfg.Subject,
+		QueueGroup:        cfg.QueueGroup,
+		DeadLetterSubject: cfg.DeadLetterSubject,
+		DrainTimeout:      cfg.DrainTimeout,
+		Limits:            ingest.Limits{MaxCount: cfg.MaxCount, MaxTopicBytes: cfg.MaxTopicBytes},
+	}, agg, log, im)
+	if err != nil {
+		return err
+	}
+	lk := lookup.New(lookup.Config{
+		Shards:        cfg.Shards,
+		CacheTTL:      cfg.CacheTTL,
+		CacheSize:     cfg.CacheSize,
+		MaxTopicBytes: cfg.MaxTopicBytes,
+	}, st, reg, time.Now)
+
+	health := func(context.Context) error {
+		if age := time.Since(fl.LastSuccess()); age > cfg.HealthAge() {
+			return fmt.Errorf("last complete flush %s ago, more than %s", age.Round(time.Millisecond), cfg.HealthAge())
+		}
+		return nil
+	}
+	ready := func(ctx context.Context) error {
+		if err := sub.Ready(); err != nil {
+			return err
+		}
+		return st.Ping(ctx)
+	}
+
+	servers, err := s.listen(map[string]http.Handler{
+		"http":  lk.Handler(log),
+		"admin": admin.Handler(reg, health, ready),
+	})
+	if err != nil {
+		return err
+	}
+	serveErr := make(chan error, len(servers))
+	var serving sync.WaitGroup
+	for _, srv := range servers {
+		serving.Go(func() {
+			if err := srv.serve(); !errors.Is(err, http.ErrServerClosed) {
+				serveErr <- fmt.Errorf("sidecar: serve %s: %w", srv.name, err)
+			}
+		})
+	}
+
+	// The pipeline runs on its own context: the shutdown below stops it
+	// step by step rather than all at once.
+	pipeCtx, stopPipe := context.WithCancel(context.Background())
+	defer stopPipe()
+	pipe, pctx := errgroup.WithContext(pipeCtx)
+	pipe.Go(func() error { return sub.Run(pctx) })
+	pipe.Go(func() error { return fl.Run(pctx) })
+
+	close(s.started)
+	log.Info("started",
+		zap.String("http", s.HTTPAddr()), zap.String("admin", s.AdminAddr()),
+		zap.String("nats", nc.ConnectedUrlRedacted()), zap.String("subject", cfg.Subject),
+		zap.String("store", cfg.Store), zap.Int("shards", cfg.Shards))
+
+	var cause error
+	select {
+	case <-ctx.Done():
+		log.Info("shutting down", zap.Duration("budget", cfg.ShutdownTimeout))
+	case <-pctx.Done():
+		log.Error("pipeline stopped; shutting down")
+	case cause = <-serveErr:
+		log.Error("listener failed; shutting down", zap.Error(cause))
+	}
+	budget, cancelBudget := context.WithTimeout(context.Background(), cfg.ShutdownTimeout)
+	defer cancelBudget()
+
+	stopPipe()
+	pipeErr := pipe.Wait()
+	finalErr := fl.Final(budget)
+	if finalErr != nil {
+		log.Error("final flush incomplete", zap.Error(finalErr))
+	} else {
+		log.Info("final flush done")
+	}
+	nc.Close()
+	for _, srv := range servers {
+		if err := srv.Shutdown(budget); err != nil {
+			srv.Close()
+		}
+	}
+	serving.Wait()
+	return errors.Join(cause, pipeErr, finalErr)
+}
+
+type server struct {
+	*http.Server
+	name string
+	ln   net.Listener
+}
+
+func (s *server) serve() error { return s.Serve(s.ln) }
+
+// listen binds both listeners before anything starts, so that a port in use
+// fails the start rather than a goroutine later.
+func (s *Sidecar) listen(handlers map[string]http.Handler) ([]*server, error) {
+	addrs := map[string]string{"http": s.cfg.HTTPAddr, "admin": s.cfg.AdminAddr}
+	var out []*server
+	for _, name := range []string{"http", "admin"} {
+		ln, err := net.Listen("tcp", addrs[name])
+		if err != nil {
+			for _, srv := range out {
+				srv.ln.Close()
+			}
+			return nil, fmt.Errorf("sidecar: listen --%s %s: %w", name, addrs[name], err)
+		}
+		out = append(out, &server{name: name, ln: ln, Server: &http.Server{
+			Handler:           handlers[name],
+			ReadHeaderTimeout: 5 * time.Second,
+			ReadTimeout:       10 * time.Second,
+			WriteTimeout:      30 * time.Second,
+			IdleTimeout:       2 * time.Minute,
+			MaxHeaderBytes:    16 << 10,
+			ErrorLog:          zap.NewStdLog(s.log.Named(name)),
+		}})
+	}
+	s.httpAddr, s.adminAddr = out[0].ln.Addr(), out[1].ln.Addr()
+	return out, nil
+}

@@ -1,0 +1,277 @@
+package sidecar_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/hotcount/hotcount/config"
+	"github.com/hotcount/hotcount/internal/testenv"
+	"github.com/hotcount/hotcount/loadgen"
+	"github.com/hotcount/hotcount/sidecar"
+	"github.com/hotcount/hotcount/store"
+)
+
+// env is one sidecar against a real NATS server and a real dynalite.
+type env struct {
+	t      *testing.T
+	cfg    config.Config
+	dyn    *testenv.Dynalite
+	sc     *sidecar.Sidecar
+	cancel context.CancelFunc
+	done   chan error
+	nats   string
+}
+
+func newEnv(t *testing.T, tune func(*config.Config)) *env {
+	ns := testenv.NATS(t)
+	d := testenv.StartDynalite(t)
+	testenv.AWSEnv(t)
+	cfg := config.Default()
+	cfg.NATSURL = ns.ClientURL()
+	cfg.DynamoDBEndpoint = d.Endpoint
+	cfg.Table = d.Table(t, "hotcount")
+	cfg.HTTPAddr = "127.0.0.1:0"
+	cfg.AdminAddr = "127.0.0.1:0"
+	cfg.FlushInterval = 100 * time.Millisecond
+	if tune != nil {
+		tune(&cfg)
+	}
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	e := &env{t: t, cfg: cfg, dyn: d, nats: ns.ClientURL(), done: make(chan error, 1)}
+	e.sc = sidecar.New(cfg, zaptest.NewLogger(t))
+	ctx, cancel := context.WithCancel(context.Background())
+	e.cancel = cancel
+	go func() { e.done <- e.sc.Run(ctx) }()
+	t.Cleanup(func() { e.stop() })
+	select {
+	case <-e.sc.Started():
+	case err := <-e.done:
+		t.Fatalf("sidecar did not start: %v", err)
+	}
+	testenv.Eventually(t, 10*time.Second, func() error { return e.probe("/readyz") })
+	return e
+}
+
+// stop is SIGTERM: it returns Run's error.
+func (e *env) stop() error {
+	if e.cancel == nil {
+		return nil
+	}
+	e.cancel()
+	e.cancel = nil
+	select {
+	case err := <-e.done:
+		return err
+	case <-time.After(e.cfg.ShutdownTimeout + 10*time.Second):
+		e.t.Fatal("sidecar did not stop within its shutdown budget")
+		return nil
+	}
+}
+
+func (e *env) probe(path string) error {
+	resp, err := http.Get("http://" + e.sc.AdminAddr() + path)
+	if err != nil {
+		return err
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("%s: %s", path, resp.Status)
+	}
+	return nil
+}
+
+// metric sums every series of the named metric.
+func metric(t *testing.T, reg *prometheus.Registry, name string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		var sum float64
+		for _, m := range mf.GetMetric() {
+			sum += m.GetCounter().GetValue() + m.GetGauge().GetValue()
+		}
+		return sum
+	}
+	t.Fatalf("no metric %s", name)
+	return 0
+}
+
+// tableCounts scans the whole table: topic -> summed count, plus the number
+// of items, so that a count under an unexpected key cannot hide.
+func tableCounts(t *testing.T, d *testenv.Dynalite, table string) (map[string]int64, int) {
+	t.Helper()
+	counts := make(map[string]int64)
+	items := 0
+	p := dynamodb.NewScanPaginator(d.Client(), &dynamodb.ScanInput{TableName: &table})
+	for p.HasMorePages() {
+		page, err := p.NextPage(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, it := range page.Items {
+			items++
+			pk := it[store.AttrPK].(*types.AttributeValueMemberS).Value
+			topic, shard, ok := splitKey(pk)
+			if !ok {
+				t.Fatalf("item with a key outside the schema: %q", pk)
+			}
+			if shard < 0 || shard >= 4 {
+				t.Errorf("item %q: shard outside 0..3", pk)
+			}
+			n, err := strconv.ParseInt(it[store.AttrCount].(*types.AttributeValueMemberN).Value, 10, 64)
+			if err != nil {
+				t.Fatal(err)
+			}
+			counts[topic] += n
+		}
+	}
+	return counts, items
+}
+
+func splitKey(pk string) (topic string, shard int, ok bool) {
+	if len(pk) < len(store.KeyPrefix) || pk[:len(store.KeyPrefix)] != store.KeyPrefix {
+		return "", 0, false
+	}
+	rest := pk[len(store.KeyPrefix):]
+	for i := len(rest) - 1; i >= 0; i-- {
+		if rest[i] == '#' {
+			n, err := strconv.Atoi(rest[i+1:])
+			return rest[:i], n, err == nil
+		}
+	}
+	return "", 0, false
+}
+
+func publish(t *testing.T, url string, c loadgen.Config) loadgen.Report {
+	t.Helper()
+	nc := testenv.Connect(t, url)
+	rep, err := loadgen.Run(context.Background(), nc, c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rep
+}
+
+func sum(m map[string]int64) (s int64) {
+	for _, v := range m {
+		s += v
+	}
+	return s
+}
+
+// TestConservation publishes mentions over many topics (Zipf-skewed, empty
+// and {"count": n} payloads, topics with dots), sends SIGTERM while deltas
+// are still buffered, and finds exactly what was published in the table,
+// topic by topic, in far fewer writes than mentions.
+func TestConservation(t *testing.T) {
+	e := newEnv(t, func(c *config.Config) {
+		c.FlushInterval = time.Hour // nothing flushes before SIGTERM but the final flush
+	})
+	ones := publish(t, e.nats, loadgen.Config{Prefix: "mentions.", Topics: 300, Zipf: 1.2, Messages: 40_000, Count: 1, Seed: 1})
+	sevens := publish(t, e.nats, loadgen.Config{Prefix: "mentions.", Topics: 50, Messages: 2_000, Count: 7, Seed: 2})
+	dotted := publish(t, e.nats, loadgen.Config{Prefix: "mentions.eu.west.", Topics: 3, Messages: 500, Count: 1, Seed: 3})
+
+	if w := metric(t, e.sc.Registry(), "hotcount_store_writes_total"); w != 0 {
+		t.Fatalf("%v writes before SIGTERM; the test needs the deltas buffered", w)
+	}
+	if err := e.stop(); err != nil {
+		t.Fatalf("shutdown: %v", err)
+	}
+
+	want := make(map[string]int64)
+	for _, rep := range []loadgen.Report{ones, sevens} {
+		for topic, n := range rep.PerTopic {
+			want[topic] += n
+		}
+	}
+	for topic, n := range dotted.PerTopic {
+		want["eu.west."+topic] += n
+	}
+	got, items := tableCounts(t, e.dyn, e.cfg.Table)
+	if sum(got) != sum(want) {
+		t.Errorf("table holds %d mentions, published %d", sum(got), sum(want))
+	}
+	for topic, n := range want {
+		if got[topic] != n {
+			t.Errorf("topic %s: table %d, published %d", topic, got[topic], n)
+		}
+	}
+	if len(got) != len(want) {
+		t.Errorf("table has %d topics, published %d", len(got), len(want))
+	}
+	msgs := ones.Messages + sevens.Messages + dotted.Messages
+	writes := metric(t, e.sc.Registry(), "hotcount_store_writes_total")
+	if writes != float64(items) || writes != float64(len(want)) {
+		t.Errorf("%v writes for %d topics (%d items): want one write per topic", writes, len(want), items)
+	}
+	t.Logf("%d messages, %d mentions, %d topics -> %v UpdateItem calls", msgs, sum(want), len(want), writes)
+}
+
+// TestOutageLosesNothing stops dynalite while mentions keep arriving: the
+// sidecar stays up, readiness fails, health fails once the last good flush
+// is older than --health-flush-age, deltas keep merging, and after dynalite
+// comes back every mention is in the table.
+func TestOutageLosesNothing(t *testing.T) {
+	e := newEnv(t, func(c *config.Config) {
+		c.HealthFlushAge = 500 * time.Millisecond
+	})
+	first := publish(t, e.nats, loadgen.Config{Prefix: "mentions.", Topics: 100, Messages: 5_000, Count: 1, Seed: 4})
+	testenv.Eventually(t, 10*time.Second, func() error {
+		if f := metric(t, e.sc.Registry(), "hotcount_flusher_flushed_mentions_total"); f != float64(first.Mentions) {
+			return fmt.Errorf("%v of %d mentions flushed", f, first.Mentions)
+		}
+		return nil
+	})
+
+	e.dyn.Stop()
+	second := publish(t, e.nats, loadgen.Config{Prefix: "mentions.", Topics: 100, Messages: 5_000, Count: 3, Seed: 5})
+	testenv.Eventually(t, 10*time.Second, func() error {
+		if e.probe("/readyz") == nil {
+			return errors.New("ready while the store is down")
+		}
+		if e.probe("/healthz") == nil {
+			return errors.New("healthy while no flush succeeds")
+		}
+		if metric(t, e.sc.Registry(), "hotcount_flusher_requeued_mentions_total") == 0 {
+			return errors.New("no failed write has put its delta back yet")
+		}
+		return nil
+	})
+
+	e.dyn.Restart()
+	testenv.Eventually(t, 20*time.Second, func() error {
+		if err := e.probe("/healthz"); err != nil {
+			return err
+		}
+		return e.probe("/readyz")
+	})
+	if err := e.stop(); err != nil {
+		t.Fatalf("shutdown: %v", err)
+	}
+	got, _ := tableCounts(t, e.dyn, e.cfg.Table)
+	for topic := range got {
+		if want := first.PerTopic[topic] + second.PerTopic[topic]; got[topic] != want {
+			t.Errorf("topic %s: table %d, published %d", topic, got[topic], want)
+		}
+	}
+	if total := sum(got); total != first.Mentions+second.Mentions {
+		t.Errorf("table holds %d mentions, published %d", total, first.Mentions+second.Mentions)
+	}
+}

@@ -1,0 +1,267 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/aws/ratelimit"
+	"github.com/aws/aws-sdk-go-v2/aws/retry"
+	awshttp "github.com/aws/aws-sdk-go-v2/aws/transport/http"
+	awsconfig "github.com/aws/aws-sdk-go-v2/config"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+	"github.com/aws/smithy-go"
+)
+
+// maxBatchGetKeys is DynamoDB's limit of keys in one BatchGetItem call.
+const maxBatchGetKeys = 100
+
+// DynamoAPI is the part of the DynamoDB client the store calls. The SDK's
+// *dynamodb.Client satisfies it.
+type DynamoAPI interface {
+	UpdateItem(ctx context.Context, in *dynamodb.UpdateItemInput, opts ...func(*dynamodb.Options)) (*dynamodb.UpdateItemOutput, error)
+	BatchGetItem(ctx context.Context, in *dynamodb.BatchGetItemInput, opts ...func(*dynamodb.Options)) (*dynamodb.BatchGetItemOutput, error)
+	DescribeTable(ctx context.Context, in *dynamodb.DescribeTableInput, opts ...func(*dynamodb.Options)) (*dynamodb.DescribeTableOutput, error)
+	CreateTable(ctx context.Context, in *dynamodb.CreateTableInput, opts ...func(*dynamodb.Options)) (*dynamodb.CreateTableOutput, error)
+}
+
+// DynamoDB is the store on an Amazon DynamoDB table (or anything that speaks
+// its API: dynalite, DynamoDB Local, LocalStack). It is safe for concurrent
+// use; it holds no state of its own beyond the client.
+type DynamoDB struct {
+	client  DynamoAPI
+	table   string
+	metrics *Metrics
+}
+
+// NewDynamoDB returns a store on table through client.
+func NewDynamoDB(client DynamoAPI, table string, m *Metrics) *DynamoDB {
+	return &DynamoDB{client: client, table: table, metrics: m}
+}
+
+// Add increments one shard of topic by delta with
+// `ADD #count :delta SET #updatedAt = :now`. ADD is atomic on the item and
+// creates it when absent. It is not idempotent: if DynamoDB applied an attempt
+// whose response was lost, the SDK's retry applies it again.
+func (d *DynamoDB) Add(ctx context.Context, topic string, shard int, delta int64, now time.Time) error {
+	d.metrics.writes.Inc()
+	_, err := d.client.UpdateItem(ctx, &dynamodb.UpdateItemInput{
+		TableName: &d.table,
+		Key: map[string]types.AttributeValue{
+			AttrPK: &types.AttributeValueMemberS{Value: ShardKey(topic, shard)},
+		},
+		UpdateExpression: aws.String("ADD #count :delta SET #updatedAt = :now"),
+		ExpressionAttributeNames: map[string]string{
+			"#count":     AttrCount,
+			"#updatedAt": AttrUpdatedAt,
+		},
+		ExpressionAttributeValues: map[string]types.AttributeValue{
+			":delta": &types.AttributeValueMemberN{Value: strconv.FormatInt(delta, 10)},
+			":now":   &types.AttributeValueMemberN{Value: strconv.FormatInt(UnixMilli(now), 10)},
+		},
+	})
+	if err != nil {
+		err = classify(fmt.Errorf("store: update %s: %w", ShardKey(topic, shard), err))
+		d.metrics.failed("write", err)
+		return err
+	}
+	return nil
+}
+
+// Gather reads shards 0..n-1 of topic in one BatchGetItem round trip (more
+// only when n > 100 or DynamoDB returns UnprocessedKeys, which are retried
+// with backoff until ctx ends). It returns one entry per shard, in shard
+// order, zero for a shard never written. consistent asks for strongly
+// consistent reads (twice the read units).
+func (d *DynamoDB) Gather(ctx context.Context, topic string, n int, consistent bool) ([]Shard, error) {
+	d.metrics.gathers.Inc()
+	d.metrics.reads.Add(float64(n))
+	shards := make([]Shard, n)
+	index := make(map[string]int, n)
+	keys := make([]map[string]types.AttributeValue, 0, n)
+	for i := range shards {
+		shards[i].Shard = i
+		k := ShardKey(topic, i)
+		index[k] = i
+		keys = append(keys, map[string]types.AttributeValue{AttrPK: &types.AttributeValueMemberS{Value: k}})
+	}
+	for start := 0; start < len(keys); start += maxBatchGetKeys {
+		chunk := keys[start:min(start+maxBatchGetKeys, len(keys))]
+		err := d.batchGet(ctx, chunk, consistent, func(item map[string]types.AttributeValue) error {
+			pk, ok := item[AttrPK].(*types.AttributeValueMemberS)
+			if !ok {
+				return fmt.Errorf("store: item without a string %s", AttrPK)
+			}
+			i, ok := index[pk.Value]
+			if !ok {
+				return fmt.Errorf("store: unexpected item %q in gather of %q", pk.Value, topic)
+			}
+			var err error
+			if shards[i].Count, err = numberAttr(item, AttrCount); err != nil {
+				return fmt.Errorf("store: item %s: %w", pk.Value, err)
+			}
+			if shards[i].UpdatedAt, err = numberAttr(item, AttrUpdatedAt); err != nil {
+				return fmt.Errorf("store: item %s: %w", pk.Value, err)
+			}
+			return nil
+		})
+		if err != nil {
+			err = classify(fmt.Errorf("store: gather %q: %w", topic, err))
+			d.metrics.failed("read", err)
+			return nil, err
+		}
+	}
+	return shards, nil
+}
+
+// batchGet runs one BatchGetItem over keys (at most 100), retrying the
+// UnprocessedKeys DynamoDB hands back (under load it returns part of a batch
+// rather than fail it) with jittered exponential backoff.
+func (d *DynamoDB) batchGet(ctx context.Context, keys []map[string]types.AttributeValue, consistent bool, each func(map[string]types.AttributeValue) error) error {
+	req := map[string]types.KeysAndAttributes{
+		d.table: {Keys: keys, ConsistentRead: aws.Bool(consistent)},
+	}
+	backoff := 10 * time.Millisecond
+	for {
+		out, err := d.client.BatchGetItem(ctx, &dynamodb.BatchGetItemInput{RequestItems: req})
+		if err != nil {
+			return err
+		}
+		for _, item := range out.Responses[d.table] {
+			if err := each(item); err != nil {
+				return err
+			}
+		}
+		if len(out.UnprocessedKeys[d.table].Keys) == 0 {
+			return nil
+		}
+		req = out.UnprocessedKeys
+		t := time.NewTimer(backoff/2 + rand.N(backoff/2+1))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("unprocessed keys left: %w", ctx.Err())
+		case <-t.C:
+		}
+		backoff = min(2*backoff, time.Second)
+	}
+}
+
+// numberAttr reads a number attribute as int64; absent is 0. A value that is
+// not an int64 (DynamoDB numbers go to 38 digits) is an error, not a wrap.
+func numberAttr(item map[string]types.AttributeValue, name string) (int64, error) {
+	av, ok := item[name]
+	if !ok {
+		return 0, nil
+	}
+	n, ok := av.(*types.AttributeValueMemberN)
+	if !ok {
+		return 0, fmt.Errorf("attribute %s is not a number", name)
+	}
+	v, err := strconv.ParseInt(n.Value, 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("attribute %s = %s is not an int64: %w", name, n.Value, err)
+	}
+	return v, nil
+}
+
+// Ping checks that the table exists and answers.
+func (d *DynamoDB) Ping(ctx context.Context) error {
+	out, err := d.client.DescribeTable(ctx, &dynamodb.DescribeTableInput{TableName: &d.table})
+	if err != nil {
+		return fmt.Errorf("store: describe table %s: %w", d.table, err)
+	}
+	if s := out.Table.TableStatus; s != types.TableStatusActive && s != types.TableStatusUpdating {
+		return fmt.Errorf("store: table %s is %s", d.table, s)
+	}
+	return nil
+}
+
+// Close does nothing: the SDK client holds no resources that need releasing.
+func (d *DynamoDB) Close() error { return nil }
+
+// CreateTable creates table with pk as its only (HASH) key and on-demand
+// billing, and waits until it is active. An existing table is left as it is:
+// calling it twice is safe.
+func CreateTable(ctx context.Context, client DynamoAPI, table string) (created bool, err error) {
+	_, err = client.CreateTable(ctx, &dynamodb.CreateTableInput{
+		TableName: &table,
+		AttributeDefinitions: []types.AttributeDefinition{
+			{AttributeName: aws.String(AttrPK), AttributeType: types.ScalarAttributeTypeS},
+		},
+		KeySchema: []types.KeySchemaElement{
+			{AttributeName: aws.String(AttrPK), KeyType: types.KeyTypeHash},
+		},
+		BillingMode: types.BillingModePayPerRequest,
+	})
+	var inUse *types.ResourceInUseException
+	switch {
+	case errors.As(err, &inUse):
+		// Exists already (or is being created): wait for it below.
+	case err != nil:
+		return false, fmt.Errorf("store: create table %s: %w", table, err)
+	default:
+		created = true
+	}
+	w := dynamodb.NewTableExistsWaiter(client, func(o *dynamodb.TableExistsWaiterOptions) {
+		o.MinDelay = 100 * time.Millisecond
+		o.MaxDelay = 2 * time.Second
+	})
+	if err := w.Wait(ctx, &dynamodb.DescribeTableInput{TableName: &table}, 2*time.Minute); err != nil {
+		return created, fmt.Errorf("store: wait for table %s: %w", table, err)
+	}
+	return created, nil
+}
+
+// classify marks throughput refusals with ErrThrottled so callers can branch
+// on them without knowing the SDK's error types.
+func classify(err error) error {
+	var api smithy.APIError
+	if errors.As(err, &api) {
+		switch api.ErrorCode() {
+		case "ProvisionedThroughputExceededException", "ThrottlingException", "RequestLimitExceeded":
+			return fmt.Errorf("%w: %w", ErrThrottled, err)
+		}
+	}
+	return err
+}
+
+// NewDynamoDBClient builds the SDK client from the standard AWS chain
+// (environment, shared files, IRSA web identity, instance role). endpoint,
+// when set, replaces AWS's own (dynalite, DynamoDB Local, LocalStack); a
+// region is then optional. The SDK's retries stay on (3 attempts, jittered
+// backoff), but without its client-side retry quota: under a long outage the
+// quota turns every call into a local "retry quota exceeded" error, and the
+// flusher already backs off by keeping deltas for the next flush.
+func NewDynamoDBClient(ctx context.Context, endpoint string) (*dynamodb.Client, error) {
+	cfg, err := awsconfig.LoadDefaultConfig(ctx,
+		awsconfig.WithRetryer(func() aws.Retryer {
+			return retry.NewStandard(func(o *retry.StandardOptions) {
+				o.RateLimiter = ratelimit.None
+			})
+		}),
+		awsconfig.WithHTTPClient(awshttp.NewBuildableClient().WithTransportOptions(func(t *http.Transport) {
+			// The flusher keeps up to --flush-concurrency requests in
+			// flight; the default of 10 idle connections per host would
+			// close and reopen connections every flush.
+			t.MaxIdleConnsPerHost = 256
+		})),
+	)
+	if err != nil {
+		return nil, fmt.Errorf("store: AWS config: %w", err)
+	}
+	if endpoint != "" && cfg.Region == "" {
+		cfg.Region = "us-east-1" // a local endpoint ignores it, the signer needs one
+	}
+	return dynamodb.NewFromConfig(cfg, func(o *dynamodb.Options) {
+		if endpoint != "" {
+			o.BaseEndpoint = aws.String(endpoint)
+		}
+	}), nil
+}

@@ -1,0 +1,146 @@
+// Package store keeps hotcount's sharded counters: the key schema in one
+// place, and two implementations of the same semantics, DynamoDB (production)
+// and bbolt (the embedded store of `hotcount dev`).
+//
+// A topic's count lives in N shard items whose partition keys differ only by
+// the shard id, TREND#<topic>#<shardId>. An increment goes to one shard; a
+// total is the sum of all N. The shard id sits in the partition key because a
+// sort key would leave all N items on one partition, with none of the
+// headroom that sharding is for.
+package store
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"strconv"
+	"time"
+	"unicode"
+	"unicode/utf8"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Key schema. Every reader and writer of the table goes through these names.
+const (
+	// KeyPrefix starts every shard item's partition key.
+	KeyPrefix = "TREND#"
+	// AttrPK is the table's only key attribute (string, HASH).
+	AttrPK = "pk"
+	// AttrCount is the shard's count (number).
+	AttrCount = "count"
+	// AttrUpdatedAt is the time of the shard's last increment (number, Unix ms).
+	AttrUpdatedAt = "updatedAt"
+)
+
+// MaxShards bounds the shard count of one topic. It keeps a gather within one
+// BatchGetItem call (100 keys) and the read cost of a total visible.
+const MaxShards = 100
+
+// ErrThrottled marks a write or read that DynamoDB refused for throughput
+// (ProvisionedThroughputExceeded, Throttling, RequestLimitExceeded): nothing
+// was applied, so the caller may retry it, preferably on another shard.
+var ErrThrottled = errors.New("store: throttled")
+
+// ErrOverflow marks an increment that would take a shard past the int64
+// range. Nothing is applied.
+var ErrOverflow = errors.New("store: count would overflow int64")
+
+// ShardKey returns the partition key of one shard of a topic.
+func ShardKey(topic string, shard int) string {
+	return KeyPrefix + topic + "#" + strconv.Itoa(shard)
+}
+
+// Shard is one shard item as read back.
+type Shard struct {
+	// Shard is the shard id, 0..N-1.
+	Shard int `json:"shard"`
+	// Count is the shard's count; 0 for a shard never written.
+	Count int64 `json:"count"`
+	// UpdatedAt is the Unix time in milliseconds of the last increment; 0 for
+	// a shard never written.
+	UpdatedAt int64 `json:"updatedAt"`
+}
+
+// Sum adds up the counts of shards. Counts are never negative (increments
+// are positive), so the sum can only overflow upward; it saturates at
+// math.MaxInt64 rather than wrap, and says so.
+func Sum(shards []Shard) (total int64, saturated bool) {
+	for _, s := range shards {
+		if s.Count > math.MaxInt64-total {
+			return math.MaxInt64, true
+		}
+		total += s.Count
+	}
+	return total, false
+}
+
+// UnixMilli is the updatedAt encoding of t.
+func UnixMilli(t time.Time) int64 { return t.UnixMilli() }
+
+// Metrics counts what the stores do. Both implementations take one.
+type Metrics struct {
+	writes    prometheus.Counter
+	reads     prometheus.Counter
+	throttled prometheus.Counter
+	errors    *prometheus.CounterVec
+	gathers   prometheus.Counter
+}
+
+// NewMetrics registers the store metrics with reg.
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		writes: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "hotcount_store_writes_total",
+			Help: "Increment calls made to the store (DynamoDB UpdateItem calls), each carrying one coalesced delta.",
+		}),
+		reads: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "hotcount_store_reads_total",
+			Help: "Shard items read from the store (keys asked for, found or not).",
+		}),
+		throttled: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "hotcount_store_throttled_total",
+			Help: "Store calls refused for throughput after the SDK's own retries.",
+		}),
+		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "hotcount_store_errors_total",
+			Help: "Store calls that failed, by operation (write, read).",
+		}, []string{"op"}),
+		gathers: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "hotcount_store_gathers_total",
+			Help: "Gathers of a topic's shards (one or more BatchGetItem round trips each).",
+		}),
+	}
+	reg.MustRegister(m.writes, m.reads, m.throttled, m.errors, m.gathers)
+	m.errors.WithLabelValues("write")
+	m.errors.WithLabelValues("read")
+	return m
+}
+
+func (m *Metrics) failed(op string, err error) {
+	if errors.Is(err, ErrThrottled) {
+		m.throttled.Inc()
+	}
+	m.errors.WithLabelValues(op).Inc()
+}
+
+// ValidateTopic checks a topic before it becomes part of a key: not empty, at
+// most maxBytes long, valid UTF-8, no control characters. DynamoDB allows
+// partition keys up to 2048 bytes; maxBytes keeps well inside that. Both the
+// ingest and the lookup API apply it.
+func ValidateTopic(topic string, maxBytes int) error {
+	switch {
+	case topic == "":
+		return errors.New("topic is empty")
+	case len(topic) > maxBytes:
+		return fmt.Errorf("topic is %d bytes, longer than %d", len(topic), maxBytes)
+	case !utf8.ValidString(topic):
+		return errors.New("topic is not valid UTF-8")
+	}
+	for _, r := range topic {
+		if unicode.IsControl(r) {
+			return fmt.Errorf("topic contains control character %U", r)
+		}
+	}
+	return nil
+}

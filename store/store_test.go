@@ -1,0 +1,325 @@
+package store_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+	"github.com/aws/smithy-go"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/hotcount/hotcount/internal/testenv"
+	"github.com/hotcount/hotcount/store"
+)
+
+// counter is the part of a store the conformance tests exercise.
+type counter interface {
+	Add(ctx context.Context, topic string, shard int, delta int64, now time.Time) error
+	Gather(ctx context.Context, topic string, n int, consistent bool) ([]store.Shard, error)
+	Ping(ctx context.Context) error
+}
+
+// stores returns both implementations, each fresh, with their metrics.
+func stores(t *testing.T) map[string]func(t *testing.T) (counter, *store.Metrics) {
+	return map[string]func(t *testing.T) (counter, *store.Metrics){
+		"dynamodb": func(t *testing.T) (counter, *store.Metrics) {
+			d := testenv.StartDynalite(t)
+			m := store.NewMetrics(prometheus.NewRegistry())
+			return store.NewDynamoDB(d.Client(), d.Table(t, "hotcount"), m), m
+		},
+		"bolt": func(t *testing.T) (counter, *store.Metrics) {
+			m := store.NewMetrics(prometheus.NewRegistry())
+			b, err := store.OpenBolt(t.TempDir(), m)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { b.Close() })
+			return b, m
+		},
+	}
+}
+
+// TestConformance runs the same semantics against both stores: atomic adds
+// under concurrency, gathers in shard order with zeros for unwritten shards,
+// updatedAt in Unix ms, unknown topics as zeros, topics that share a prefix
+// kept apart.
+func TestConformance(t *testing.T) {
+	for name, open := range stores(t) {
+		t.Run(name, func(t *testing.T) {
+			st, m := open(t)
+			ctx := context.Background()
+			if err := st.Ping(ctx); err != nil {
+				t.Fatalf("Ping: %v", err)
+			}
+			now := time.UnixMilli(1796198815543)
+
+			// 8 goroutines × 25 adds of 3 to shard 1, and one add to shard 3.
+			var wg sync.WaitGroup
+			for range 8 {
+				wg.Go(func() {
+					for range 25 {
+						if err := st.Add(ctx, "golang", 1, 3, now); err != nil {
+							t.Errorf("Add: %v", err)
+						}
+					}
+				})
+			}
+			wg.Wait()
+			if err := st.Add(ctx, "golang", 3, 7, now.Add(time.Second)); err != nil {
+				t.Fatal(err)
+			}
+			if err := st.Add(ctx, "golang.eu", 1, 100, now); err != nil {
+				t.Fatal(err)
+			}
+
+			got, err := st.Gather(ctx, "golang", 4, false)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := []store.Shard{
+				{Shard: 0},
+				{Shard: 1, Count: 600, UpdatedAt: now.UnixMilli()},
+				{Shard: 2},
+				{Shard: 3, Count: 7, UpdatedAt: now.Add(time.Second).UnixMilli()},
+			}
+			if fmt.Sprint(got) != fmt.Sprint(want) {
+				t.Errorf("Gather(golang) = %v, want %v", got, want)
+			}
+			if sum, sat := store.Sum(got); sum != 607 || sat {
+				t.Errorf("Sum = %d, %v; want 607, false", sum, sat)
+			}
+
+			unknown, err := st.Gather(ctx, "nobody-said-this", 4, true)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if sum, _ := store.Sum(unknown); sum != 0 || len(unknown) != 4 {
+				t.Errorf("unknown topic: %v, want 4 zero shards", unknown)
+			}
+
+			if w := testutil.ToFloat64(m.Writes()); w != 202 {
+				t.Errorf("writes metric = %v, want 202", w)
+			}
+			if r := testutil.ToFloat64(m.Reads()); r != 8 {
+				t.Errorf("reads metric = %v, want 8 (two gathers of 4 shards)", r)
+			}
+		})
+	}
+}
+
+// TestRawItemShape reads an item back from dynalite without the store, to
+// pin the data model others (dashboards, migrations) rely on.
+func TestRawItemShape(t *testing.T) {
+	d := testenv.StartDynalite(t)
+	table := d.Table(t, "raw")
+	st := store.NewDynamoDB(d.Client(), table, store.NewMetrics(prometheus.NewRegistry()))
+	ctx := context.Background()
+	now := time.UnixMilli(1796198815543)
+	for _, delta := range []int64{5, 37} {
+		if err := st.Add(ctx, "eu.west.k8s", 2, delta, now); err != nil {
+			t.Fatal(err)
+		}
+	}
+	out, err := d.Client().GetItem(ctx, &dynamodb.GetItemInput{
+		TableName: aws.String(table),
+		Key:       map[string]types.AttributeValue{"pk": &types.AttributeValueMemberS{Value: "TREND#eu.west.k8s#2"}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{"pk": "S:TREND#eu.west.k8s#2", "count": "N:42", "updatedAt": "N:1796198815543"}
+	if len(out.Item) != len(want) {
+		t.Errorf("item has %d attributes, want %d: %v", len(out.Item), len(want), out.Item)
+	}
+	for k, w := range want {
+		var got string
+		switch v := out.Item[k].(type) {
+		case *types.AttributeValueMemberS:
+			got = "S:" + v.Value
+		case *types.AttributeValueMemberN:
+			got = "N:" + v.Value
+		default:
+			got = fmt.Sprintf("%T", v)
+		}
+		if got != w {
+			t.Errorf("attribute %s = %s, want %s", k, got, w)
+		}
+	}
+
+	desc, err := d.Client().DescribeTable(ctx, &dynamodb.DescribeTableInput{TableName: aws.String(table)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ks := desc.Table.KeySchema
+	if len(ks) != 1 || *ks[0].AttributeName != "pk" || ks[0].KeyType != types.KeyTypeHash {
+		t.Errorf("key schema = %+v, want pk HASH only", ks)
+	}
+}
+
+func TestCreateTableIsIdempotent(t *testing.T) {
+	d := testenv.StartDynalite(t)
+	ctx := context.Background()
+	created, err := store.CreateTable(ctx, d.Client(), "idem")
+	if err != nil || !created {
+		t.Fatalf("first CreateTable = %v, %v; want true, nil", created, err)
+	}
+	created, err = store.CreateTable(ctx, d.Client(), "idem")
+	if err != nil || created {
+		t.Fatalf("second CreateTable = %v, %v; want false, nil", created, err)
+	}
+}
+
+// TestGatherManyShards covers a read set larger than one BatchGetItem.
+func TestGatherManyShards(t *testing.T) {
+	d := testenv.StartDynalite(t)
+	st := store.NewDynamoDB(d.Client(), d.Table(t, "many"), store.NewMetrics(prometheus.NewRegistry()))
+	ctx := context.Background()
+	const n = 150
+	for _, s := range []int{0, 99, 100, 149} {
+		if err := st.Add(ctx, "wide", s, int64(s+1), time.Now()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got, err := st.Gather(ctx, "wide", n, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != n {
+		t.Fatalf("got %d shards, want %d", len(got), n)
+	}
+	if sum, _ := store.Sum(got); sum != 1+100+101+150 {
+		t.Errorf("sum = %d, want %d", sum, 1+100+101+150)
+	}
+}
+
+// TestCountBeyondInt64 plants a count that DynamoDB holds (38 digits) but an
+// int64 cannot: the gather fails with a clear error rather than wrap.
+func TestCountBeyondInt64(t *testing.T) {
+	d := testenv.StartDynalite(t)
+	table := d.Table(t, "big")
+	st := store.NewDynamoDB(d.Client(), table, store.NewMetrics(prometheus.NewRegistry()))
+	ctx := context.Background()
+	_, err := d.Client().PutItem(ctx, &dynamodb.PutItemInput{
+		TableName: aws.String(table),
+		Item: map[string]types.AttributeValue{
+			"pk":    &types.AttributeValueMemberS{Value: store.ShardKey("huge", 0)},
+			"count": &types.AttributeValueMemberN{Value: "99999999999999999999"},
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Gather(ctx, "huge", 2, false); err == nil {
+		t.Fatal("Gather of a count beyond int64 succeeded; want an error")
+	}
+}
+
+func TestBoltOverflowAndPersistence(t *testing.T) {
+	dir := t.TempDir()
+	m := store.NewMetrics(prometheus.NewRegistry())
+	b, err := store.OpenBolt(dir, m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := b.Add(ctx, "x", 0, math.MaxInt64-1, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Add(ctx, "x", 0, 2, time.Now()); !errors.Is(err, store.ErrOverflow) {
+		t.Fatalf("Add past MaxInt64 = %v, want ErrOverflow", err)
+	}
+	if err := b.Add(ctx, "x", 1, 5, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	b.Close()
+
+	b, err = store.OpenBolt(dir, m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	got, err := b.Gather(ctx, "x", 2, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got[0].Count != math.MaxInt64-1 || got[1].Count != 5 {
+		t.Errorf("after reopen: %v, want shard 0 = MaxInt64-1, shard 1 = 5", got)
+	}
+	if sum, sat := store.Sum(got); sum != math.MaxInt64 || !sat {
+		t.Errorf("Sum = %d, %v; want MaxInt64, saturated", sum, sat)
+	}
+}
+
+func TestShardKey(t *testing.T) {
+	tests := []struct {
+		topic string
+		shard int
+		want  string
+	}{
+		{"golang", 0, "TREND#golang#0"},
+		{"eu.west.k8s", 3, "TREND#eu.west.k8s#3"},
+		{"a#1", 2, "TREND#a#1#2"},
+	}
+	for _, tt := range tests {
+		if got := store.ShardKey(tt.topic, tt.shard); got != tt.want {
+			t.Errorf("ShardKey(%q, %d) = %q, want %q", tt.topic, tt.shard, got, tt.want)
+		}
+	}
+}
+
+func TestValidateTopic(t *testing.T) {
+	tests := []struct {
+		name  string
+		topic string
+		ok    bool
+	}{
+		{"plain", "golang", true},
+		{"dots", "eu.west.k8s", true},
+		{"unicode", "café-☕", true},
+		{"at limit", "abcdefghijkl", true},
+		{"empty", "", false},
+		{"too long", "abcdefghijklm", false},
+		{"invalid utf8", "a\xffb", false},
+		{"newline", "a\nb", false},
+		{"nul", "a\x00b", false},
+		{"del", "a\x7fb", false},
+		{"c1 control", "a\u0085b", false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := store.ValidateTopic(tt.topic, 12)
+			if (err == nil) != tt.ok {
+				t.Errorf("ValidateTopic(%q) = %v, want ok=%v", tt.topic, err, tt.ok)
+			}
+		})
+	}
+}
+
+// TestThrottleClassification pins which DynamoDB errors count as throttles,
+// the branch the flusher takes to move a write to another shard.
+func TestThrottleClassification(t *testing.T) {
+	tests := []struct {
+		code      string
+		throttled bool
+	}{
+		{"ProvisionedThroughputExceededException", true},
+		{"ThrottlingException", true},
+		{"RequestLimitExceeded", true},
+		{"ValidationException", false},
+		{"InternalServerError", false},
+	}
+	for _, tt := range tests {
+		err := store.Classify(&smithy.GenericAPIError{Code: tt.code, Message: "x"})
+		if got := errors.Is(err, store.ErrThrottled); got != tt.throttled {
+			t.Errorf("%s: throttled = %v, want %v", tt.code, got, tt.throttled)
+		}
+	}
+}
