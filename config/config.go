@@ -178,7 +178,9 @@ var settings = []setting{
 	{name: "flush-timeout", usage: "how long one flush may go on starting writes; the rest wait for the next flush", bind: dur(func(c *Config) *time.Duration { return &c.FlushTimeout })},
 	{name: "flush-concurrency", usage: "writes in flight at once during a flush", bind: integer(func(c *Config) *int { return &c.FlushConcurrency })},
 	{name: "max-topics", usage: "distinct topics in one window before an early flush", bind: integer(func(c *Config) *int { return &c.MaxTopics })},
-	{name: "max-count", usage: "largest count one message may add", bind: func(fs *pflag.FlagSet, c *Config, name, usage string) { fs.Int64Var(&c.MaxCount, name, c.MaxCount, usage) }},
+	{name: "max-count", usage: "largest count one message may add", bind: func(fs *pflag.FlagSet, c *Config, name, usage string) {
+		fs.Int64Var(&c.MaxCount, name, c.MaxCount, usage)
+	}},
 	{name: "max-topic-bytes", usage: "longest topic accepted, in bytes", bind: integer(func(c *Config) *int { return &c.MaxTopicBytes })},
 	{name: "cache-ttl", usage: "how long a gathered total is served from the cache", bind: dur(func(c *Config) *time.Duration { return &c.CacheTTL })},
 	{name: "cache-size", usage: "topics whose totals the cache holds", bind: integer(func(c *Config) *int { return &c.CacheSize })},

@@ -11,7 +11,6 @@ import (
 
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
-	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap/zaptest"
 
 	"github.com/hotcount/hotcount/config"
@@ -92,27 +91,6 @@ func (e *env) probe(path string) error {
 	return nil
 }
 
-// metric sums every series of the named metric.
-func metric(t *testing.T, reg *prometheus.Registry, name string) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		var sum float64
-		for _, m := range mf.GetMetric() {
-			sum += m.GetCounter().GetValue() + m.GetGauge().GetValue()
-		}
-		return sum
-	}
-	t.Fatalf("no metric %s", name)
-	return 0
-}
-
 // tableCounts scans the whole table: topic -> summed count, plus the number
 // of items, so that a count under an unexpected key cannot hide.
 func tableCounts(t *testing.T, d *testenv.Dynalite, table string) (map[string]int64, int) {
@@ -188,7 +166,7 @@ func TestConservation(t *testing.T) {
 	sevens := publish(t, e.nats, loadgen.Config{Prefix: "mentions.", Topics: 50, Messages: 2_000, Count: 7, Seed: 2})
 	dotted := publish(t, e.nats, loadgen.Config{Prefix: "mentions.eu.west.", Topics: 3, Messages: 500, Count: 1, Seed: 3})
 
-	if w := metric(t, e.sc.Registry(), "hotcount_store_writes_total"); w != 0 {
+	if w := testenv.Metric(t, e.sc.Registry(), "hotcount_store_writes_total"); w != 0 {
 		t.Fatalf("%v writes before SIGTERM; the test needs the deltas buffered", w)
 	}
 	if err := e.stop(); err != nil {
@@ -217,7 +195,7 @@ func TestConservation(t *testing.T) {
 		t.Errorf("table has %d topics, published %d", len(got), len(want))
 	}
 	msgs := ones.Messages + sevens.Messages + dotted.Messages
-	writes := metric(t, e.sc.Registry(), "hotcount_store_writes_total")
+	writes := testenv.Metric(t, e.sc.Registry(), "hotcount_store_writes_total")
 	if writes != float64(items) || writes != float64(len(want)) {
 		t.Errorf("%v writes for %d topics (%d items): want one write per topic", writes, len(want), items)
 	}
@@ -234,7 +212,7 @@ func TestOutageLosesNothing(t *testing.T) {
 	})
 	first := publish(t, e.nats, loadgen.Config{Prefix: "mentions.", Topics: 100, Messages: 5_000, Count: 1, Seed: 4})
 	testenv.Eventually(t, 10*time.Second, func() error {
-		if f := metric(t, e.sc.Registry(), "hotcount_flusher_flushed_mentions_total"); f != float64(first.Mentions) {
+		if f := testenv.Metric(t, e.sc.Registry(), "hotcount_flusher_flushed_mentions_total"); f != float64(first.Mentions) {
 			return fmt.Errorf("%v of %d mentions flushed", f, first.Mentions)
 		}
 		return nil
@@ -249,7 +227,7 @@ func TestOutageLosesNothing(t *testing.T) {
 		if e.probe("/healthz") == nil {
 			return errors.New("healthy while no flush succeeds")
 		}
-		if metric(t, e.sc.Registry(), "hotcount_flusher_requeued_mentions_total") == 0 {
+		if testenv.Metric(t, e.sc.Registry(), "hotcount_flusher_requeued_mentions_total") == 0 {
 			return errors.New("no failed write has put its delta back yet")
 		}
 		return nil

@@ -1,0 +1,158 @@
+package aggregator_test
+
+import (
+	"math"
+	"strconv"
+	"sync"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/hotcount/hotcount/aggregator"
+	"github.com/hotcount/hotcount/internal/testenv"
+)
+
+func TestAddDrainMerge(t *testing.T) {
+	a := aggregator.New(100, prometheus.NewRegistry())
+	a.Add("golang", 1)
+	a.Add("golang", 4)
+	a.Add("rust", 2)
+	if p := a.Pending("golang"); p != 5 {
+		t.Errorf("Pending(golang) = %d, want 5", p)
+	}
+	if n, m := a.Stats(); n != 2 || m != 7 {
+		t.Errorf("Stats = %d topics, %d mentions; want 2, 7", n, m)
+	}
+	w := a.Drain()
+	if len(w) != 2 || w["golang"] != 5 || w["rust"] != 2 {
+		t.Errorf("Drain = %v, want golang:5 rust:2", w)
+	}
+	if w := a.Drain(); w != nil {
+		t.Errorf("second Drain = %v, want nil", w)
+	}
+	a.Add("golang", 1)
+	a.Merge(map[string]int64{"golang": 5, "zig": 3})
+	if w := a.Drain(); w["golang"] != 6 || w["zig"] != 3 {
+		t.Errorf("Drain after Merge = %v, want golang:6 zig:3", w)
+	}
+}
+
+func TestFullSignalsOnceAtBound(t *testing.T) {
+	a := aggregator.New(3, prometheus.NewRegistry())
+	a.Add("a", 1)
+	a.Add("b", 1)
+	select {
+	case <-a.Full():
+		t.Fatal("Full signalled below the bound")
+	default:
+	}
+	a.Add("b", 1) // an existing topic does not count
+	a.Add("c", 1)
+	select {
+	case <-a.Full():
+	default:
+		t.Fatal("Full not signalled at the bound")
+	}
+	a.Add("d", 1) // past the bound: accepted, never dropped
+	if w := a.Drain(); len(w) != 4 {
+		t.Errorf("window holds %d topics, want 4: the bound is soft", len(w))
+	}
+}
+
+func TestSaturatesInsteadOfWrapping(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	a := aggregator.New(10, reg)
+	a.Add("x", math.MaxInt64-1)
+	a.Add("x", 5)
+	if p := a.Pending("x"); p != math.MaxInt64 {
+		t.Errorf("Pending = %d, want MaxInt64", p)
+	}
+	if n := testenv.Metric(t, reg, "hotcount_aggregator_saturated_total"); n != 1 {
+		t.Errorf("saturated_total = %v, want 1", n)
+	}
+}
+
+// TestConcurrentAddsAndDrains checks conservation under -race: what the
+// writers add equals what the drains take out.
+func TestConcurrentAddsAndDrains(t *testing.T) {
+	a := aggregator.New(1000, prometheus.NewRegistry())
+	const writers, perWriter = 4, 20_000
+	var wg sync.WaitGroup
+	for w := range writers {
+		wg.Go(func() {
+			for i := range perWriter {
+				a.Add("t"+strconv.Itoa((w+i)%50), 1)
+			}
+		})
+	}
+	done := make(chan struct{})
+	var drained int64
+	var dwg sync.WaitGroup
+	dwg.Go(func() {
+		for {
+			for _, d := range a.Drain() {
+				drained += d
+			}
+			select {
+			case <-done:
+				return
+			default:
+			}
+		}
+	})
+	wg.Wait()
+	close(done)
+	dwg.Wait()
+	for _, d := range a.Drain() {
+		drained += d
+	}
+	if drained != writers*perWriter {
+		t.Errorf("drained %d, added %d", drained, writers*perWriter)
+	}
+}
+
+// TestAddDoesNotAllocate pins the hot path: adding to a topic already in
+// the window allocates nothing.
+func TestAddDoesNotAllocate(t *testing.T) {
+	a := aggregator.New(100, prometheus.NewRegistry())
+	a.Add("golang", 1)
+	if n := testing.AllocsPerRun(1000, func() { a.Add("golang", 1) }); n != 0 {
+		t.Errorf("Add of a known topic allocates %v times, want 0", n)
+	}
+}
+
+// BenchmarkAdd measures Add over 1,000 topics already in the window, the
+// steady state of a busy sidecar.
+func BenchmarkAdd(b *testing.B) {
+	a := aggregator.New(aggregator.DefaultMaxTopics, prometheus.NewRegistry())
+	topics := make([]string, 1000)
+	for i := range topics {
+		topics[i] = "topic-" + strconv.Itoa(i)
+		a.Add(topics[i], 1)
+	}
+	b.ReportAllocs()
+	i := 0
+	for b.Loop() {
+		a.Add(topics[i%len(topics)], 1)
+		i++
+	}
+}
+
+// BenchmarkAddParallel is BenchmarkAdd from every core at once: the lock's
+// contention, which decides whether it needs sharding.
+func BenchmarkAddParallel(b *testing.B) {
+	a := aggregator.New(aggregator.DefaultMaxTopics, prometheus.NewRegistry())
+	topics := make([]string, 1000)
+	for i := range topics {
+		topics[i] = "topic-" + strconv.Itoa(i)
+		a.Add(topics[i], 1)
+	}
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		i := 0
+		for pb.Next() {
+			a.Add(topics[i%len(topics)], 1)
+			i++
+		}
+	})
+}

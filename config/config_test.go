@@ -1,0 +1,156 @@
+package config_test
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hotcount/hotcount/config"
+)
+
+func writeFile(t *testing.T, body string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "hotcount.yaml")
+	if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// TestPrecedence: flag over environment over file over default.
+func TestPrecedence(t *testing.T) {
+	file := writeFile(t, "shards: 8\nflush-interval: 3s\ntable: from-file\nhttp: 127.0.0.1:1111\n")
+	cfg := config.Default()
+	fs := cfg.FlagSet("run", nil)
+	err := config.Parse(fs,
+		[]string{"--config", file, "--shards", "16"},
+		[]string{"HOTCOUNT_SHARDS=12", "HOTCOUNT_FLUSH_INTERVAL=2s", "HOTCOUNT_HTTP_ADDR=127.0.0.1:2222", "PATH=/bin"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Shards != 16 {
+		t.Errorf("shards = %d, want 16 (flag)", cfg.Shards)
+	}
+	if cfg.FlushInterval != 2*time.Second {
+		t.Errorf("flush-interval = %s, want 2s (env over file)", cfg.FlushInterval)
+	}
+	if cfg.HTTPAddr != "127.0.0.1:2222" {
+		t.Errorf("http = %s, want 127.0.0.1:2222 (HOTCOUNT_HTTP_ADDR)", cfg.HTTPAddr)
+	}
+	if cfg.Table != "from-file" {
+		t.Errorf("table = %s, want from-file", cfg.Table)
+	}
+	if cfg.CacheTTL != time.Second {
+		t.Errorf("cache-ttl = %s, want the 1s default", cfg.CacheTTL)
+	}
+	if err := cfg.Validate(); err != nil {
+		t.Error(err)
+	}
+}
+
+func TestConfigFromEnvironment(t *testing.T) {
+	file := writeFile(t, "table: via-env-file\n")
+	cfg := config.Default()
+	if err := config.Parse(cfg.FlagSet("run", nil), nil, []string{"HOTCOUNT_CONFIG=" + file}); err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Table != "via-env-file" {
+		t.Errorf("table = %s, want via-env-file", cfg.Table)
+	}
+}
+
+func TestStrictness(t *testing.T) {
+	tests := []struct {
+		name    string
+		file    string
+		args    []string
+		env     []string
+		wantErr string
+	}{
+		{"unknown file key", "shard: 4\n", nil, nil, `unknown setting "shard"`},
+		{"nested file key", "nats:\n  url: x\n", nil, nil, `unknown setting "nats.url"`},
+		{"file type", "shards: many\n", nil, nil, `shards`},
+		{"unknown env", "", nil, []string{"HOTCOUNT_SHARD=4"}, "HOTCOUNT_SHARD"},
+		{"env type", "", nil, []string{"HOTCOUNT_FLUSH_INTERVAL=soon"}, "flush-interval"},
+		{"unknown flag", "", []string{"--shard", "4"}, nil, "shard"},
+		{"missing file", "", []string{"--config", "/nonexistent/x.yaml"}, nil, "/nonexistent/x.yaml"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			args := tt.args
+			if tt.file != "" {
+				args = append(args, "--config", writeFile(t, tt.file))
+			}
+			cfg := config.Default()
+			fs := cfg.FlagSet("run", nil)
+			fs.SetOutput(&bytes.Buffer{})
+			err := config.Parse(fs, args, tt.env)
+			if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+				t.Errorf("Parse = %v, want an error naming %q", err, tt.wantErr)
+			}
+		})
+	}
+}
+
+// TestValidate: each bad value is reported with the setting's name and what
+// it allows.
+func TestValidate(t *testing.T) {
+	tests := []struct {
+		name    string
+		mutate  func(*config.Config)
+		wantErr string
+	}{
+		{"shards zero", func(c *config.Config) { c.Shards = 0 }, "shards: 0 is outside 1..100"},
+		{"shards too many", func(c *config.Config) { c.Shards = 101 }, "shards: 101 is outside 1..100"},
+		{"subject", func(c *config.Config) { c.Subject = "mentions.*" }, "subject:"},
+		{"dead letter loop", func(c *config.Config) { c.DeadLetterSubject = "mentions.dlq" }, "dead-letter-subject:"},
+		{"store", func(c *config.Config) { c.Store = "redis" }, `store: "redis" is not dynamodb or bolt`},
+		{"table", func(c *config.Config) { c.Table = "x" }, "table:"},
+		{"flush interval", func(c *config.Config) { c.FlushInterval = time.Millisecond }, "flush-interval: 1ms is outside 10ms..1h0m0s"},
+		{"cache ttl", func(c *config.Config) { c.CacheTTL = 0 }, "cache-ttl:"},
+		{"http addr", func(c *config.Config) { c.HTTPAddr = "8080" }, "http:"},
+		{"shutdown budget", func(c *config.Config) { c.ShutdownTimeout = 3 * time.Second }, "shutdown-timeout: 3s must be longer than drain-timeout"},
+		{"log level", func(c *config.Config) { c.LogLevel = "loud" }, "log-level:"},
+		{"queue group", func(c *config.Config) { c.QueueGroup = "" }, "queue-group:"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg := config.Default()
+			tt.mutate(&cfg)
+			err := cfg.Validate()
+			if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+				t.Errorf("Validate = %v, want %q", err, tt.wantErr)
+			}
+		})
+	}
+	for _, c := range []config.Config{config.Default(), config.Dev()} {
+		if err := c.Validate(); err != nil {
+			t.Errorf("defaults do not validate: %v", err)
+		}
+	}
+}
+
+// TestPrintRoundTrips: check-config's output is a config file that gives
+// the same settings back.
+func TestPrintRoundTrips(t *testing.T) {
+	cfg := config.Default()
+	fs := cfg.FlagSet("run", nil)
+	if err := config.Parse(fs, []string{"--shards", "7", "--dynamodb-endpoint", "http://127.0.0.1:8000"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	if err := config.Print(&out, fs); err != nil {
+		t.Fatal(err)
+	}
+	again := config.Default()
+	if err := config.Parse(again.FlagSet("run", nil), []string{"--config", writeFile(t, out.String())}, nil); err != nil {
+		t.Fatalf("printed config does not parse: %v\n%s", err, out.String())
+	}
+	again.File = ""
+	if again != cfg {
+		t.Errorf("round trip: %+v, want %+v", again, cfg)
+	}
+}

@@ -1,0 +1,256 @@
+package flusher_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/hotcount/hotcount/aggregator"
+	"github.com/hotcount/hotcount/flusher"
+	"github.com/hotcount/hotcount/internal/testenv"
+	"github.com/hotcount/hotcount/store"
+)
+
+// faulty wraps the real embedded store with injected faults: down fails
+// every write, throttleFirst refuses each topic's first write for
+// throughput. It records the shards each topic's writes went to.
+type faulty struct {
+	*store.Bolt
+	mu            sync.Mutex
+	down          bool
+	throttleFirst bool
+	tried         map[string][]int
+}
+
+var errDown = errors.New("injected: store down")
+
+func (f *faulty) Add(ctx context.Context, topic string, shard int, delta int64, now time.Time) error {
+	f.mu.Lock()
+	f.tried[topic] = append(f.tried[topic], shard)
+	first := len(f.tried[topic]) == 1
+	down, throttle := f.down, f.throttleFirst && first
+	f.mu.Unlock()
+	switch {
+	case down:
+		return errDown
+	case throttle:
+		return fmt.Errorf("injected: %w", store.ErrThrottled)
+	}
+	return f.Bolt.Add(ctx, topic, shard, delta, now)
+}
+
+func (f *faulty) set(down bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.down = down
+}
+
+type fixture struct {
+	agg *aggregator.Aggregator
+	st  *faulty
+	fl  *flusher.Flusher
+	reg *prometheus.Registry
+}
+
+func newFixture(t *testing.T, cfg flusher.Config, now func() time.Time) *fixture {
+	reg := prometheus.NewRegistry()
+	b, err := store.OpenBolt(t.TempDir(), store.NewMetrics(reg))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	if now == nil {
+		now = time.Now
+	}
+	fx := &fixture{agg: aggregator.New(1000, reg), st: &faulty{Bolt: b, tried: map[string][]int{}}, reg: reg}
+	fx.fl = flusher.New(cfg, fx.agg, fx.st, zaptest.NewLogger(t), flusher.NewMetrics(reg), now)
+	return fx
+}
+
+func (fx *fixture) total(t *testing.T, topic string, shards int) int64 {
+	t.Helper()
+	got, err := fx.st.Gather(context.Background(), topic, shards, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum, _ := store.Sum(got)
+	return sum
+}
+
+var cfg = flusher.Config{Shards: 4, Interval: time.Hour, Timeout: time.Minute, Concurrency: 4}
+
+// TestFailedFlushLosesNothing: while the store fails, flushes put every
+// delta back; when it recovers, one flush writes them all, once.
+func TestFailedFlushLosesNothing(t *testing.T) {
+	fx := newFixture(t, cfg, nil)
+	ctx := context.Background()
+	fx.st.set(true)
+	for i := range 30 {
+		fx.agg.Add(fmt.Sprintf("t%d", i%10), 1)
+	}
+	for range 3 {
+		err := fx.fl.Flush(ctx)
+		if !errors.Is(err, errDown) {
+			t.Fatalf("Flush while down = %v, want the store's error", err)
+		}
+		fx.agg.Add("t0", 1) // mentions keep arriving during the outage
+	}
+	if _, n := fx.agg.Stats(); n != 33 {
+		t.Fatalf("buffer holds %d mentions after failed flushes, want 33", n)
+	}
+	fx.st.set(false)
+	if err := fx.fl.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var sum int64
+	for i := range 10 {
+		sum += fx.total(t, fmt.Sprintf("t%d", i), 4)
+	}
+	if sum != 33 || fx.total(t, "t0", 4) != 6 {
+		t.Errorf("store holds %d (t0: %d), want 33 (t0: 6)", sum, fx.total(t, "t0", 4))
+	}
+	if _, n := fx.agg.Stats(); n != 0 {
+		t.Errorf("buffer holds %d after a good flush, want 0", n)
+	}
+	if r := testenv.Metric(t, fx.reg, "hotcount_flusher_requeued_mentions_total"); r != 30+31+32 {
+		t.Errorf("requeued = %v, want %d", r, 30+31+32)
+	}
+}
+
+// TestThrottleMovesToAnotherShard: a throttled write is retried at once on
+// a different shard, in the same flush.
+func TestThrottleMovesToAnotherShard(t *testing.T) {
+	fx := newFixture(t, cfg, nil)
+	fx.st.throttleFirst = true
+	for i := range 20 {
+		fx.agg.Add(fmt.Sprintf("hot%d", i), 5)
+	}
+	if err := fx.fl.Flush(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	for topic, shards := range fx.st.tried {
+		if len(shards) != 2 || shards[0] == shards[1] {
+			t.Errorf("%s: shards tried %v, want two different", topic, shards)
+		}
+		if n := fx.total(t, topic, 4); n != 5 {
+			t.Errorf("%s: store holds %d, want 5", topic, n)
+		}
+	}
+	if n := testenv.Metric(t, fx.reg, "hotcount_flusher_rerouted_total"); n != 20 {
+		t.Errorf("rerouted = %v, want 20", n)
+	}
+}
+
+// TestDeadlineKeepsUnstartedWrites: past the flush deadline no write
+// starts; the deltas stay buffered, not lost and not half-written.
+func TestDeadlineKeepsUnstartedWrites(t *testing.T) {
+	base := time.Unix(1_800_000_000, 0)
+	var mu sync.Mutex
+	tick := 0
+	clock := func() time.Time { // every reading is a second later
+		mu.Lock()
+		defer mu.Unlock()
+		tick++
+		return base.Add(time.Duration(tick) * time.Second)
+	}
+	c := cfg
+	c.Timeout = 500 * time.Millisecond
+	fx := newFixture(t, c, clock)
+	fx.agg.Add("a", 1)
+	fx.agg.Add("b", 2)
+	err := fx.fl.Flush(context.Background())
+	if err == nil || !strings.Contains(err.Error(), "deadline") {
+		t.Fatalf("Flush = %v, want a deadline error", err)
+	}
+	if len(fx.st.tried) != 0 {
+		t.Errorf("writes started after the deadline: %v", fx.st.tried)
+	}
+	if a, b := fx.agg.Pending("a"), fx.agg.Pending("b"); a != 1 || b != 2 {
+		t.Errorf("buffer a=%d b=%d, want 1 and 2", a, b)
+	}
+}
+
+// TestEveryShardGetsWrites: flushes of one topic spread over all shards.
+func TestEveryShardGetsWrites(t *testing.T) {
+	fx := newFixture(t, cfg, nil)
+	for range 200 {
+		fx.agg.Add("spread", 1)
+		if err := fx.fl.Flush(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	shards, err := fx.st.Gather(context.Background(), "spread", 4, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sum int64
+	for _, s := range shards {
+		if s.Count == 0 {
+			t.Errorf("shard %d never written in 200 flushes: %v", s.Shard, shards)
+		}
+		sum += s.Count
+	}
+	if sum != 200 {
+		t.Errorf("sum %d, want 200", sum)
+	}
+}
+
+// TestFullWindowFlushesEarly: reaching --max-topics flushes before the
+// interval (here an hour).
+func TestFullWindowFlushesEarly(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	b, err := store.OpenBolt(t.TempDir(), store.NewMetrics(reg))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	agg := aggregator.New(5, reg)
+	fl := flusher.New(cfg, agg, b, zaptest.NewLogger(t), flusher.NewMetrics(reg), time.Now)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- fl.Run(ctx) }()
+	for i := range 5 {
+		agg.Add(fmt.Sprintf("t%d", i), 1)
+	}
+	testenv.Eventually(t, 5*time.Second, func() error {
+		if n := testenv.Metric(t, reg, "hotcount_flusher_flushed_mentions_total"); n != 5 {
+			return fmt.Errorf("%v of 5 flushed", n)
+		}
+		return nil
+	})
+	if n := testenv.Metric(t, reg, "hotcount_flusher_early_total"); n != 1 {
+		t.Errorf("early flushes = %v, want 1", n)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestFinalGivesUpAtDeadline: with the store down, Final retries until its
+// context ends, then reports and counts what it could not write.
+func TestFinalGivesUpAtDeadline(t *testing.T) {
+	fx := newFixture(t, cfg, nil)
+	fx.st.set(true)
+	fx.agg.Add("x", 7)
+	fx.agg.Add("y", 3)
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	err := fx.fl.Final(ctx)
+	if err == nil || !strings.Contains(err.Error(), "10 mentions over 2 topics") {
+		t.Fatalf("Final = %v, want it to name 10 mentions over 2 topics", err)
+	}
+	if n := testenv.Metric(t, fx.reg, "hotcount_flusher_unflushed_total"); n != 10 {
+		t.Errorf("unflushed = %v, want 10", n)
+	}
+	if len(fx.st.tried["x"]) < 2 {
+		t.Errorf("Final tried %d times, want retries until the deadline", len(fx.st.tried["x"]))
+	}
+}
