@@ -1,0 +1,155 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/hotcount/hotcount/internal/testenv"
+)
+
+func TestExitCodes(t *testing.T) {
+	tests := []struct {
+		name string
+		args []string
+		env  []string
+		code int
+		out  string
+	}{
+		{"no command", nil, nil, exitUsage, "no command"},
+		{"unknown command", []string{"frobnicate"}, nil, exitUsage, `unknown command "frobnicate"`},
+		{"help", []string{"help"}, nil, exitOK, ""},
+		{"version", []string{"version"}, nil, exitOK, ""},
+		{"valid config", []string{"check-config"}, nil, exitOK, ""},
+		{"invalid setting", []string{"check-config", "--shards", "0"}, nil, exitUsage, "shards: 0 is outside 1..100"},
+		{"unknown env", []string{"check-config"}, []string{"HOTCOUNT_SHARDZ=3"}, exitUsage, "HOTCOUNT_SHARDZ"},
+		{"table without create", []string{"table"}, nil, exitUsage, "create"},
+		{"run --help", []string{"run", "--help"}, nil, exitOK, ""},
+		{"load bad zipf", []string{"load", "--zipf", "0.5"}, nil, exitUsage, "zipf"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var stdout, stderr bytes.Buffer
+			err := dispatch(context.Background(), tt.args, tt.env, &stdout, &stderr)
+			if code := exitCode(err, &stderr); code != tt.code {
+				t.Errorf("exit %d, want %d (%v)", code, tt.code, err)
+			}
+			if !strings.Contains(stderr.String(), tt.out) {
+				t.Errorf("stderr %q does not say %q", stderr.String(), tt.out)
+			}
+		})
+	}
+}
+
+func TestCheckConfigPrintsEffectiveSettings(t *testing.T) {
+	var stdout, stderr bytes.Buffer
+	err := dispatch(context.Background(), []string{"check-config", "--shards", "9"}, []string{"HOTCOUNT_TABLE=trends"}, &stdout, &stderr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{`shards: "9"`, `table: "trends"`, `flush-interval: "1s"`} {
+		if !strings.Contains(stdout.String(), want) {
+			t.Errorf("output lacks %s:\n%s", want, stdout.String())
+		}
+	}
+}
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// TestDev runs `hotcount dev` as the README's first command does, publishes
+// mentions, reads them back over HTTP, stops it, starts it again on the same
+// data and finds the counts still there.
+func TestDev(t *testing.T) {
+	dataDir := t.TempDir()
+	_, natsPort, _ := net.SplitHostPort(freeAddr(t))
+	httpAddr, adminAddr := freeAddr(t), freeAddr(t)
+	start := func() (stop func()) {
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		var stdout, stderr bytes.Buffer
+		go func() {
+			done <- dispatch(ctx, []string{"dev", "--nats-port", natsPort, "--http", httpAddr, "--admin", adminAddr,
+				"--data-dir", dataDir, "--flush-interval", "50ms", "--log-level", "warn"}, nil, &stdout, &stderr)
+		}()
+		testenv.Eventually(t, 20*time.Second, func() error {
+			select {
+			case err := <-done:
+				t.Fatalf("dev exited: %v\n%s", err, stderr.String())
+			default:
+			}
+			resp, err := http.Get("http://" + adminAddr + "/readyz")
+			if err != nil {
+				return err
+			}
+			resp.Body.Close()
+			if resp.StatusCode != 200 {
+				return fmt.Errorf("readyz %d", resp.StatusCode)
+			}
+			return nil
+		})
+		return func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Fatalf("dev: %v\n%s", err, stderr.String())
+			}
+			if !strings.Contains(stdout.String(), "curl http://"+httpAddr+"/v1/topics/golang") {
+				t.Errorf("dev did not print how to query:\n%s", stdout.String())
+			}
+		}
+	}
+	total := func() int64 {
+		resp, err := http.Get("http://" + httpAddr + "/v1/topics/golang")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var body struct{ Count int64 }
+		if err := json.NewDecoder(resp.Body).Decode(&body); err != nil {
+			t.Fatal(err)
+		}
+		return body.Count
+	}
+
+	stop := start()
+	nc, err := nats.Connect("nats://127.0.0.1:" + natsPort)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 10 {
+		nc.Publish("mentions.golang", nil)                    //nolint:errcheck // flushed below
+		nc.Publish("mentions.golang", []byte(`{"count": 5}`)) //nolint:errcheck // flushed below
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	nc.Close()
+	testenv.Eventually(t, 10*time.Second, func() error {
+		if n := total(); n != 60 {
+			return fmt.Errorf("count %d, want 60", n)
+		}
+		return nil
+	})
+	stop()
+
+	stop = start()
+	defer stop()
+	if n := total(); n != 60 {
+		t.Errorf("after restart: count %d, want 60", n)
+	}
+}
