@@ -2,6 +2,10 @@
 // delta for the current window. The flusher drains the window and writes one
 // increment per topic, which is how a million mentions a second become a few
 // thousand store writes.
+//
+// In JetStream mode a window also holds, per topic, the messages whose counts
+// make up the topic's delta, so that each message is acknowledged exactly
+// when its topic's write has succeeded, and not before.
 package aggregator
 
 import (
@@ -14,17 +18,48 @@ import (
 // DefaultMaxTopics is the default bound on distinct topics in one window.
 const DefaultMaxTopics = 100_000
 
-// Aggregator holds the current window of per-topic deltas. It is safe for
-// concurrent use. Its lock is held only to add to the map or to swap it out:
-// no I/O and no allocation-heavy work happens under it.
+// Acker is a durable message waiting for its delta to be stored. A
+// jetstream.Msg is one.
+type Acker interface {
+	// Ack tells the server the message is done with.
+	Ack() error
+	// Nak asks the server to redeliver the message now.
+	Nak() error
+	// InProgress resets the server's redelivery timer.
+	InProgress() error
+}
+
+// Window is a drained window: the per-topic deltas and, in JetStream mode,
+// the messages behind each topic's delta. The receiver owns both maps.
+type Window struct {
+	Deltas map[string]int64
+	Acks   map[string][]Acker
+}
+
+// Len is the number of topics in w.
+func (w Window) Len() int { return len(w.Deltas) }
+
+// Mentions is the sum of w's deltas.
+func (w Window) Mentions() int64 {
+	var n int64
+	for _, d := range w.Deltas {
+		n = satAdd(n, d)
+	}
+	return n
+}
+
+// Aggregator holds the current window. It is safe for concurrent use. Its
+// lock is held only to add to the window or to swap it out: no I/O and no
+// allocation-heavy work happens under it.
 type Aggregator struct {
 	maxTopics int
 	full      chan struct{} // capacity 1: "the window reached maxTopics"
 	saturated prometheus.Counter
 
-	mu     sync.Mutex
-	window map[string]int64
-	total  int64 // sum of the window's deltas, for the buffered gauge
+	mu    sync.Mutex
+	cur   Window
+	total int64 // sum of the window's deltas, for the buffered gauge
+	held  int   // messages in cur.Acks
 }
 
 // New returns an empty aggregator. When a window reaches maxTopics distinct
@@ -35,7 +70,7 @@ func New(maxTopics int, reg prometheus.Registerer) *Aggregator {
 	a := &Aggregator{
 		maxTopics: maxTopics,
 		full:      make(chan struct{}, 1),
-		window:    make(map[string]int64),
+		cur:       Window{Deltas: make(map[string]int64)},
 	}
 	a.saturated = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "hotcount_aggregator_saturated_total",
@@ -46,11 +81,15 @@ func New(maxTopics int, reg prometheus.Registerer) *Aggregator {
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "hotcount_aggregator_buffered_topics",
 			Help: "Distinct topics in the current window, not yet flushed.",
-		}, func() float64 { n, _ := a.Stats(); return float64(n) }),
+		}, func() float64 { n, _, _ := a.Stats(); return float64(n) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "hotcount_aggregator_buffered_mentions",
 			Help: "Mentions in the current window, not yet flushed.",
-		}, func() float64 { _, n := a.Stats(); return float64(n) }),
+		}, func() float64 { _, n, _ := a.Stats(); return float64(n) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "hotcount_aggregator_held_messages",
+			Help: "JetStream messages held unacknowledged in the current window.",
+		}, func() float64 { _, _, n := a.Stats(); return float64(n) }),
 	)
 	return a
 }
@@ -63,16 +102,41 @@ func New(maxTopics int, reg prometheus.Registerer) *Aggregator {
 // so it is a guard, not a path.
 func (a *Aggregator) Add(topic string, delta int64) {
 	a.mu.Lock()
-	v, ok := a.window[topic]
+	isNew := a.add(topic, delta)
+	n := len(a.cur.Deltas)
+	a.mu.Unlock()
+	a.signalIfFull(isNew, n)
+}
+
+// AddAcked is Add for a durable message: m is acknowledged by the flusher
+// once topic's delta, m's count included, is in the store.
+func (a *Aggregator) AddAcked(topic string, delta int64, m Acker) {
+	a.mu.Lock()
+	isNew := a.add(topic, delta)
+	if a.cur.Acks == nil {
+		a.cur.Acks = make(map[string][]Acker)
+	}
+	a.cur.Acks[topic] = append(a.cur.Acks[topic], m)
+	a.held++
+	n := len(a.cur.Deltas)
+	a.mu.Unlock()
+	a.signalIfFull(isNew, n)
+}
+
+// add must be called with mu held.
+func (a *Aggregator) add(topic string, delta int64) (isNew bool) {
+	v, ok := a.cur.Deltas[topic]
 	if v > math.MaxInt64-delta {
 		a.saturated.Inc() // an atomic add: cheap enough under the lock
 		delta = math.MaxInt64 - v
 	}
-	a.window[topic] = v + delta
+	a.cur.Deltas[topic] = v + delta
 	a.total = satAdd(a.total, delta)
-	n := len(a.window)
-	a.mu.Unlock()
-	if !ok && n >= a.maxTopics {
+	return !ok
+}
+
+func (a *Aggregator) signalIfFull(isNew bool, n int) {
+	if isNew && n >= a.maxTopics {
 		select {
 		case a.full <- struct{}{}:
 		default:
@@ -88,27 +152,51 @@ func satAdd(x, y int64) int64 {
 	return x + y
 }
 
-// Drain swaps the current window for a fresh one and returns the old one.
-// The caller owns the returned map. It is nil when the window was empty.
-func (a *Aggregator) Drain() map[string]int64 {
+// Drain swaps the current window for a fresh one and returns the old one,
+// which the caller owns. An empty window has Len 0.
+func (a *Aggregator) Drain() Window {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if len(a.window) == 0 {
-		return nil
+	if len(a.cur.Deltas) == 0 {
+		return Window{}
 	}
-	w := a.window
+	w := a.cur
 	// Size the next window like the last one: busy topics come back.
-	a.window = make(map[string]int64, len(w))
-	a.total = 0
+	a.cur = Window{Deltas: make(map[string]int64, len(w.Deltas))}
+	a.total, a.held = 0, 0
 	return w
 }
 
-// Merge adds deltas back into the current window: the flusher returns what
-// it could not write, so a store failure delays mentions but never loses them.
-func (a *Aggregator) Merge(deltas map[string]int64) {
-	for topic, d := range deltas {
-		a.Add(topic, d)
+// Merge adds a window back into the current one: the flusher returns what
+// it could not write, so a store failure delays mentions but never loses
+// them, and their messages stay unacknowledged.
+func (a *Aggregator) Merge(w Window) {
+	a.mu.Lock()
+	for topic, d := range w.Deltas {
+		a.add(topic, d)
 	}
+	for topic, ms := range w.Acks {
+		if a.cur.Acks == nil {
+			a.cur.Acks = make(map[string][]Acker)
+		}
+		a.cur.Acks[topic] = append(a.cur.Acks[topic], ms...)
+		a.held += len(ms)
+	}
+	// No Full signal here: a window that failed to flush must wait for the
+	// next interval, not be retried at once against a failing store.
+	a.mu.Unlock()
+}
+
+// Held returns the messages held in the current window (a copy), for the
+// ingest to keep them from being redelivered while they wait.
+func (a *Aggregator) Held() []Acker {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	out := make([]Acker, 0, a.held)
+	for _, ms := range a.cur.Acks {
+		out = append(out, ms...)
+	}
+	return out
 }
 
 // Pending returns topic's delta in the current window: accepted by this
@@ -116,15 +204,15 @@ func (a *Aggregator) Merge(deltas map[string]int64) {
 func (a *Aggregator) Pending(topic string) int64 {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	return a.window[topic]
+	return a.cur.Deltas[topic]
 }
 
-// Stats returns the number of topics and the sum of the deltas in the
-// current window.
-func (a *Aggregator) Stats() (topics int, mentions int64) {
+// Stats returns the number of topics, the sum of the deltas and the number
+// of held messages in the current window.
+func (a *Aggregator) Stats() (topics int, mentions int64, held int) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	return len(a.window), a.total
+	return len(a.cur.Deltas), a.total, a.held
 }
 
 // Full is signalled (without blocking the sender) when the window reaches

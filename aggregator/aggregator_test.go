@@ -20,19 +20,19 @@ func TestAddDrainMerge(t *testing.T) {
 	if p := a.Pending("golang"); p != 5 {
 		t.Errorf("Pending(golang) = %d, want 5", p)
 	}
-	if n, m := a.Stats(); n != 2 || m != 7 {
+	if n, m, _ := a.Stats(); n != 2 || m != 7 {
 		t.Errorf("Stats = %d topics, %d mentions; want 2, 7", n, m)
 	}
-	w := a.Drain()
+	w := a.Drain().Deltas
 	if len(w) != 2 || w["golang"] != 5 || w["rust"] != 2 {
 		t.Errorf("Drain = %v, want golang:5 rust:2", w)
 	}
-	if w := a.Drain(); w != nil {
-		t.Errorf("second Drain = %v, want nil", w)
+	if w := a.Drain(); w.Len() != 0 {
+		t.Errorf("second Drain = %v, want empty", w)
 	}
 	a.Add("golang", 1)
-	a.Merge(map[string]int64{"golang": 5, "zig": 3})
-	if w := a.Drain(); w["golang"] != 6 || w["zig"] != 3 {
+	a.Merge(aggregator.Window{Deltas: map[string]int64{"golang": 5, "zig": 3}})
+	if w := a.Drain().Deltas; w["golang"] != 6 || w["zig"] != 3 {
 		t.Errorf("Drain after Merge = %v, want golang:6 zig:3", w)
 	}
 }
@@ -54,8 +54,8 @@ func TestFullSignalsOnceAtBound(t *testing.T) {
 		t.Fatal("Full not signalled at the bound")
 	}
 	a.Add("d", 1) // past the bound: accepted, never dropped
-	if w := a.Drain(); len(w) != 4 {
-		t.Errorf("window holds %d topics, want 4: the bound is soft", len(w))
+	if w := a.Drain(); w.Len() != 4 {
+		t.Errorf("window holds %d topics, want 4: the bound is soft", w.Len())
 	}
 }
 
@@ -90,9 +90,7 @@ func TestConcurrentAddsAndDrains(t *testing.T) {
 	var dwg sync.WaitGroup
 	dwg.Go(func() {
 		for {
-			for _, d := range a.Drain() {
-				drained += d
-			}
+			drained += a.Drain().Mentions()
 			select {
 			case <-done:
 				return
@@ -103,11 +101,41 @@ func TestConcurrentAddsAndDrains(t *testing.T) {
 	wg.Wait()
 	close(done)
 	dwg.Wait()
-	for _, d := range a.Drain() {
-		drained += d
-	}
+	drained += a.Drain().Mentions()
 	if drained != writers*perWriter {
 		t.Errorf("drained %d, added %d", drained, writers*perWriter)
+	}
+}
+
+// msg is a durable message that records what was done to it.
+type msg struct{ acked, naked, progressed int }
+
+func (m *msg) Ack() error        { m.acked++; return nil }
+func (m *msg) Nak() error        { m.naked++; return nil }
+func (m *msg) InProgress() error { m.progressed++; return nil }
+
+// TestAckedMessagesTravelWithTheirTopic: a window carries each topic's
+// messages; a merged-back window brings them back; Held lists them.
+func TestAckedMessagesTravelWithTheirTopic(t *testing.T) {
+	a := aggregator.New(100, prometheus.NewRegistry())
+	m1, m2, m3 := &msg{}, &msg{}, &msg{}
+	a.AddAcked("golang", 1, m1)
+	a.AddAcked("golang", 5, m2)
+	a.AddAcked("rust", 2, m3)
+	a.Add("core", 1) // a core-mode mention next to them has no message
+	if _, _, held := a.Stats(); held != 3 {
+		t.Errorf("held = %d, want 3", held)
+	}
+	w := a.Drain()
+	if len(w.Acks["golang"]) != 2 || len(w.Acks["rust"]) != 1 || len(w.Acks["core"]) != 0 || w.Deltas["golang"] != 6 {
+		t.Fatalf("window = %+v", w)
+	}
+	if len(a.Held()) != 0 {
+		t.Error("messages still held after Drain")
+	}
+	a.Merge(aggregator.Window{Deltas: map[string]int64{"rust": 2}, Acks: map[string][]aggregator.Acker{"rust": {m3}}})
+	if h := a.Held(); len(h) != 1 || h[0] != m3 {
+		t.Errorf("Held after Merge = %v, want [m3]", h)
 	}
 }
 

@@ -18,6 +18,7 @@ import (
 	"go.uber.org/zap"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/hotcount/hotcount/aggregator"
 	"github.com/hotcount/hotcount/store"
 )
 
@@ -49,10 +50,10 @@ const jitter = 0.1
 
 // Buffer is the aggregator as the flusher uses it.
 type Buffer interface {
-	// Drain takes the current window; the caller owns the map.
-	Drain() map[string]int64
-	// Merge puts deltas back into the window.
-	Merge(map[string]int64)
+	// Drain takes the current window; the caller owns it.
+	Drain() aggregator.Window
+	// Merge puts a window back.
+	Merge(aggregator.Window)
 	// Full is signalled when the window reaches its topic bound.
 	Full() <-chan struct{}
 }
@@ -85,6 +86,7 @@ type Flusher struct {
 
 	flushMu     sync.Mutex
 	lastSuccess atomic.Int64 // Unix nanoseconds of the last flush that wrote everything
+	failing     atomic.Bool  // the last flush left deltas unwritten
 }
 
 // New returns a flusher of buf into st. now is the clock (time.Now in
@@ -118,10 +120,12 @@ func (f *Flusher) Run(ctx context.Context) error {
 	}
 }
 
-// Flush drains the window once and writes every non-zero delta to a random
-// shard. Writes that fail (after the SDK's retries, and after trying other
+// Flush drains the window once and writes every delta to a random shard.
+// A topic's messages (JetStream mode) are acknowledged as soon as its write
+// succeeds. Writes that fail (after the SDK's retries, and after trying other
 // shards when throttled) or that were not started before the flush deadline
-// are merged back into the buffer; the error says how many.
+// are merged back into the buffer with their messages, whose redelivery timer
+// is reset; the error says how many.
 func (f *Flusher) Flush(ctx context.Context) error {
 	f.flushMu.Lock()
 	defer f.flushMu.Unlock()
@@ -132,26 +136,32 @@ func (f *Flusher) Flush(ctx context.Context) error {
 	deadline := start.Add(f.cfg.Timeout)
 	var (
 		mu       sync.Mutex
-		failed   = make(map[string]int64)
+		failed   = aggregator.Window{Deltas: make(map[string]int64), Acks: make(map[string][]aggregator.Acker)}
 		firstErr error
 		written  int64
 	)
+	keep := func(topic string, delta int64) { // with mu held, or before any goroutine
+		failed.Deltas[topic] = delta
+		if ms := window.Acks[topic]; len(ms) > 0 {
+			failed.Acks[topic] = ms
+		}
+	}
 	g := new(errgroup.Group)
 	g.SetLimit(f.cfg.Concurrency)
-	for topic, delta := range window {
-		if delta == 0 {
-			continue
-		}
+	for topic, delta := range window.Deltas {
 		if f.now().After(deadline) {
-			failed[topic] = delta // not started: no ambiguity, try next flush
+			keep(topic, delta) // not started: no ambiguity, try next flush
 			continue
 		}
 		g.Go(func() error {
 			err := f.write(ctx, topic, delta)
+			if err == nil {
+				f.ack(window.Acks[topic])
+			}
 			mu.Lock()
 			defer mu.Unlock()
 			if err != nil {
-				failed[topic] = delta
+				keep(topic, delta)
 				if firstErr == nil {
 					firstErr = err
 				}
@@ -164,24 +174,51 @@ func (f *Flusher) Flush(ctx context.Context) error {
 	_ = g.Wait() // the writes report through failed, never through the group
 	f.metrics.flushed.Add(float64(written))
 
-	if len(failed) > 0 {
+	if failed.Len() > 0 {
+		f.keepAlive(failed)
 		f.buf.Merge(failed)
-		var kept int64
-		for _, d := range failed {
-			kept += d
-		}
+		kept := failed.Mentions()
 		f.metrics.requeued.Add(float64(kept))
 		f.metrics.flushes.WithLabelValues("error").Inc()
+		f.failing.Store(true)
 		if firstErr == nil {
 			firstErr = errors.New("flush deadline passed")
 		}
-		return fmt.Errorf("flusher: %d of %d topics not written (%d mentions kept): %w", len(failed), len(window), kept, firstErr)
+		return fmt.Errorf("flusher: %d of %d topics not written (%d mentions kept): %w", failed.Len(), window.Len(), kept, firstErr)
 	}
 	f.metrics.flushes.WithLabelValues("ok").Inc()
+	f.failing.Store(false)
 	f.lastSuccess.Store(f.now().UnixNano())
 	f.metrics.lastSuccess.Set(float64(f.now().UnixNano()) / 1e9)
 	return nil
 }
+
+// ack acknowledges the messages of a written topic. An ack that cannot be
+// sent leaves its message to be redelivered and counted again (the
+// at-least-once over-count); it is counted.
+func (f *Flusher) ack(ms []aggregator.Acker) {
+	for _, m := range ms {
+		if err := m.Ack(); err != nil {
+			f.metrics.ackErrors.Inc()
+		}
+	}
+	f.metrics.acked.Add(float64(len(ms)))
+}
+
+// keepAlive resets the redelivery timer of the messages of a window that
+// goes back to wait: they stay this sidecar's, and are not handed to
+// another replica (which would count them twice) while this one holds them.
+func (f *Flusher) keepAlive(w aggregator.Window) {
+	for _, ms := range w.Acks {
+		for _, m := range ms {
+			m.InProgress() //nolint:errcheck // best effort: at worst a redelivery, counted twice
+		}
+	}
+}
+
+// Failing reports whether the last flush left deltas unwritten. The
+// JetStream ingest stops fetching while it does.
+func (f *Flusher) Failing() bool { return f.failing.Load() }
 
 // write adds delta to a random shard of topic; when the shard is throttled
 // it tries up to maxReroutes other shards, since the throttle is per
@@ -204,7 +241,8 @@ func (f *Flusher) write(ctx context.Context, topic string, delta int64) error {
 // Final flushes until the buffer is empty or ctx ends, for shutdown, after
 // ingest has stopped. What is still buffered when ctx ends is taken out of
 // the buffer, counted in hotcount_flusher_unflushed_total and reported in
-// the error: in core NATS mode those mentions are lost.
+// the error. In core NATS mode those mentions are lost; in JetStream mode
+// their messages are handed back (Nak) for redelivery, so nothing is lost.
 func (f *Flusher) Final(ctx context.Context) error {
 	backoff := 50 * time.Millisecond
 	for {
@@ -217,13 +255,18 @@ func (f *Flusher) Final(ctx context.Context) error {
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			var topics, mentions int64
-			for _, d := range f.buf.Drain() {
-				topics++
-				mentions += d
+			w := f.buf.Drain()
+			var handedBack int
+			for _, ms := range w.Acks {
+				for _, m := range ms {
+					if m.Nak() == nil {
+						handedBack++
+					}
+				}
 			}
-			f.metrics.unflushed.Add(float64(mentions))
-			return fmt.Errorf("flusher: shutdown deadline passed with %d mentions over %d topics unwritten: %w", mentions, topics, err)
+			f.metrics.unflushed.Add(float64(w.Mentions()))
+			return fmt.Errorf("flusher: shutdown deadline passed with %d mentions over %d topics unwritten (%d messages handed back for redelivery): %w",
+				w.Mentions(), w.Len(), handedBack, err)
 		case <-t.C:
 		}
 		backoff = min(2*backoff, time.Second)
@@ -246,6 +289,8 @@ type Metrics struct {
 	early       prometheus.Counter
 	unflushed   prometheus.Counter
 	lastSuccess prometheus.Gauge
+	acked       prometheus.Counter
+	ackErrors   prometheus.Counter
 }
 
 // NewMetrics registers the flusher's metrics with reg.
@@ -278,14 +323,22 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}),
 		unflushed: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "hotcount_flusher_unflushed_total",
-			Help: "Mentions still buffered when the shutdown deadline passed (lost in core NATS mode).",
+			Help: "Mentions still buffered when the shutdown deadline passed (lost in core NATS mode; handed back for redelivery in JetStream mode).",
+		}),
+		acked: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "hotcount_flusher_acked_total",
+			Help: "JetStream messages acknowledged after their delta was written.",
+		}),
+		ackErrors: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "hotcount_flusher_ack_errors_total",
+			Help: "JetStream acknowledgements that could not be sent; those messages will be redelivered and counted again.",
 		}),
 		lastSuccess: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "hotcount_flusher_last_success_timestamp_seconds",
 			Help: "Unix time of the last flush that wrote everything it drained.",
 		}),
 	}
-	reg.MustRegister(m.flushes, m.duration, m.flushed, m.requeued, m.rerouted, m.early, m.unflushed, m.lastSuccess)
+	reg.MustRegister(m.flushes, m.duration, m.flushed, m.requeued, m.rerouted, m.early, m.unflushed, m.lastSuccess, m.acked, m.ackErrors)
 	m.flushes.WithLabelValues("ok")
 	m.flushes.WithLabelValues("error")
 	return m

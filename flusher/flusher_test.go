@@ -102,7 +102,7 @@ func TestFailedFlushLosesNothing(t *testing.T) {
 		}
 		fx.agg.Add("t0", 1) // mentions keep arriving during the outage
 	}
-	if _, n := fx.agg.Stats(); n != 33 {
+	if _, n, _ := fx.agg.Stats(); n != 33 {
 		t.Fatalf("buffer holds %d mentions after failed flushes, want 33", n)
 	}
 	fx.st.set(false)
@@ -116,7 +116,7 @@ func TestFailedFlushLosesNothing(t *testing.T) {
 	if sum != 33 || fx.total(t, "t0", 4) != 6 {
 		t.Errorf("store holds %d (t0: %d), want 33 (t0: 6)", sum, fx.total(t, "t0", 4))
 	}
-	if _, n := fx.agg.Stats(); n != 0 {
+	if _, n, _ := fx.agg.Stats(); n != 0 {
 		t.Errorf("buffer holds %d after a good flush, want 0", n)
 	}
 	if r := testenv.Metric(t, fx.reg, "hotcount_flusher_requeued_mentions_total"); r != 30+31+32 {
