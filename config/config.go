@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/url"
 	"regexp"
 	"slices"
 	"strings"
@@ -53,6 +54,12 @@ const (
 	EnvPrefix = "HOTCOUNT_"
 )
 
+// NATS modes.
+const (
+	ModeCore      = "core"
+	ModeJetStream = "jetstream"
+)
+
 // Store kinds.
 const (
 	StoreDynamoDB = "dynamodb"
@@ -62,6 +69,17 @@ const (
 // Config is every setting of the sidecar.
 type Config struct {
 	NATSURL           string
+	NATSMode          string
+	NATSCreds         string
+	NATSNKey          string
+	NATSToken         string
+	NATSTLSCA         string
+	NATSTLSCert       string
+	NATSTLSKey        string
+	Stream            string
+	Consumer          string
+	AckWait           time.Duration
+	MaxAckPending     int
 	Subject           string
 	QueueGroup        string
 	DeadLetterSubject string
@@ -99,6 +117,11 @@ type Config struct {
 func Default() Config {
 	return Config{
 		NATSURL:           DefaultNATSURL,
+		NATSMode:          ModeCore,
+		Stream:            ingest.DefaultStream,
+		Consumer:          ingest.DefaultConsumer,
+		AckWait:           ingest.DefaultAckWait,
+		MaxAckPending:     ingest.DefaultMaxAckPending,
 		Subject:           ingest.DefaultSubject,
 		QueueGroup:        ingest.DefaultQueueGroup,
 		DeadLetterSubject: ingest.DefaultDeadLetterSubject,
@@ -123,10 +146,12 @@ func Default() Config {
 	}
 }
 
-// Dev returns the defaults of `hotcount dev`: the embedded store, both
-// listeners on localhost, console logs.
+// Dev returns the defaults of `hotcount dev`: JetStream on the embedded
+// server (a restart loses nothing), the embedded store, both listeners on
+// localhost, console logs.
 func Dev() Config {
 	c := Default()
+	c.NATSMode = ModeJetStream
 	c.Store = StoreBolt
 	c.AdminAddr = "127.0.0.1:9091"
 	c.LogFormat = "console"
@@ -135,10 +160,11 @@ func Dev() Config {
 
 // setting describes one setting. Its flag name is also its YAML key.
 type setting struct {
-	name  string
-	env   string // empty: EnvPrefix + NAME_IN_CAPS
-	usage string
-	bind  func(fs *pflag.FlagSet, c *Config, name, usage string)
+	name   string
+	env    string // empty: EnvPrefix + NAME_IN_CAPS
+	usage  string
+	bind   func(fs *pflag.FlagSet, c *Config, name, usage string)
+	secret bool // never printed
 }
 
 func str(field func(*Config) *string) func(*pflag.FlagSet, *Config, string, string) {
@@ -165,6 +191,17 @@ func dur(field func(*Config) *time.Duration) func(*pflag.FlagSet, *Config, strin
 // settings lists every setting, in the order --help shows them.
 var settings = []setting{
 	{name: "nats-url", usage: "NATS server URL(s), comma-separated", bind: str(func(c *Config) *string { return &c.NATSURL })},
+	{name: "nats-mode", usage: "core (at-most-once, a crash loses the buffer) or jetstream (durable pull consumer, at-least-once)", bind: str(func(c *Config) *string { return &c.NATSMode })},
+	{name: "nats-creds", usage: "NATS credentials file (JWT and NKey seed)", bind: str(func(c *Config) *string { return &c.NATSCreds })},
+	{name: "nats-nkey", usage: "NATS NKey seed file", bind: str(func(c *Config) *string { return &c.NATSNKey })},
+	{name: "nats-token", usage: "NATS authentication token (prefer the environment variable; never printed)", bind: str(func(c *Config) *string { return &c.NATSToken }), secret: true},
+	{name: "nats-tls-ca", usage: "CA certificate file that signed the NATS server's certificate", bind: str(func(c *Config) *string { return &c.NATSTLSCA })},
+	{name: "nats-tls-cert", usage: "client certificate file for NATS mutual TLS (with --nats-tls-key)", bind: str(func(c *Config) *string { return &c.NATSTLSCert })},
+	{name: "nats-tls-key", usage: "client key file for NATS mutual TLS (with --nats-tls-cert)", bind: str(func(c *Config) *string { return &c.NATSTLSKey })},
+	{name: "stream", usage: "JetStream stream of mentions (jetstream mode)", bind: str(func(c *Config) *string { return &c.Stream })},
+	{name: "consumer", usage: "durable pull consumer shared by the sidecars (jetstream mode)", bind: str(func(c *Config) *string { return &c.Consumer })},
+	{name: "ack-wait", usage: "how long JetStream waits for an ack before redelivering; held messages are kept alive every third of it", bind: dur(func(c *Config) *time.Duration { return &c.AckWait })},
+	{name: "max-ack-pending", usage: "messages delivered and not yet acknowledged, for all sidecars together: the buffer bound of jetstream mode", bind: integer(func(c *Config) *int { return &c.MaxAckPending })},
 	{name: "subject", usage: "subject to subscribe to, <prefix>.>; the topic is what follows the prefix", bind: str(func(c *Config) *string { return &c.Subject })},
 	{name: "queue-group", usage: "NATS queue group shared by the sidecars", bind: str(func(c *Config) *string { return &c.QueueGroup })},
 	{name: "dead-letter-subject", usage: "subject that rejected messages are republished to (empty: none)", bind: str(func(c *Config) *string { return &c.DeadLetterSubject })},
@@ -285,6 +322,9 @@ func Parse(fs *pflag.FlagSet, args, environ []string) error {
 	return nil
 }
 
+// jsName is the rule for JetStream stream and consumer names.
+var jsName = regexp.MustCompile(`^[a-zA-Z0-9_-]{1,255}$`)
+
 // tableName is DynamoDB's rule for table names.
 var tableName = regexp.MustCompile(`^[a-zA-Z0-9_.-]{3,255}$`)
 
@@ -313,6 +353,31 @@ func (c *Config) Validate() error {
 
 	if c.NATSURL == "" {
 		bad("nats-url", "must not be empty")
+	}
+	switch c.NATSMode {
+	case ModeCore:
+	case ModeJetStream:
+		if !jsName.MatchString(c.Stream) {
+			bad("stream", "%q is not a JetStream name (letters, digits, - and _)", c.Stream)
+		}
+		if !jsName.MatchString(c.Consumer) {
+			bad("consumer", "%q is not a JetStream name (letters, digits, - and _)", c.Consumer)
+		}
+		// A held message is kept alive every AckWait/3, and a flush may
+		// hold it for up to flush-timeout + the write timeout before it
+		// comes back to be kept alive: AckWait must cover both.
+		if minWait := (c.FlushTimeout + flusher.WriteTimeout) * 3 / 2; c.AckWait < minWait {
+			bad("ack-wait", "%s is shorter than 1.5 × (flush-timeout + %s) = %s: held messages would be redelivered and counted twice", c.AckWait, flusher.WriteTimeout, minWait)
+		}
+		intIn("max-ack-pending", int64(c.MaxAckPending), 1, 10_000_000)
+	default:
+		bad("nats-mode", "%q is not %s or %s", c.NATSMode, ModeCore, ModeJetStream)
+	}
+	if (c.NATSTLSCert == "") != (c.NATSTLSKey == "") {
+		bad("nats-tls-cert", "and nats-tls-key go together")
+	}
+	if c.NATSCreds != "" && c.NATSNKey != "" {
+		bad("nats-creds", "and nats-nkey are two ways to authenticate: choose one")
 	}
 	prefix, err := ingest.Prefix(c.Subject)
 	if err != nil {
@@ -374,14 +439,55 @@ func (c *Config) HealthAge() time.Duration {
 }
 
 // Print writes the effective settings of fs as YAML, the form --config
-// reads.
+// reads, with secrets (the token, a password in a URL) redacted.
 func Print(w io.Writer, fs *pflag.FlagSet) error {
+	secret := make(map[string]bool)
+	for _, s := range settings {
+		secret[s.name] = s.secret
+	}
 	var err error
 	fs.VisitAll(func(f *pflag.Flag) {
 		if err != nil || f.Name == "config" {
 			return
 		}
-		_, err = fmt.Fprintf(w, "%s: %q\n", f.Name, f.Value.String())
+		v := f.Value.String()
+		switch {
+		case secret[f.Name] && v != "":
+			v = Redacted
+		case f.Name == "nats-url":
+			v = RedactURLs(v)
+		}
+		_, err = fmt.Fprintf(w, "%s: %q\n", f.Name, v)
 	})
 	return err
+}
+
+// Redacted stands in for a secret in printed settings.
+const Redacted = "REDACTED"
+
+// RedactURLs replaces the passwords (and tokens given as the user) in a
+// comma-separated list of URLs.
+func RedactURLs(list string) string {
+	parts := strings.Split(list, ",")
+	for i, p := range parts {
+		u, err := url.Parse(strings.TrimSpace(p))
+		if err != nil || u.User == nil {
+			continue
+		}
+		if _, has := u.User.Password(); has {
+			u.User = url.UserPassword(u.User.Username(), Redacted)
+		} else {
+			u.User = url.User(Redacted) // a bare user part is a token
+		}
+		parts[i] = u.String()
+	}
+	return strings.Join(parts, ",")
+}
+
+// NATSAuth is the NATS authentication part of c.
+func (c *Config) NATSAuth() ingest.Auth {
+	return ingest.Auth{
+		Creds: c.NATSCreds, NKey: c.NATSNKey, Token: c.NATSToken,
+		TLSCA: c.NATSTLSCA, TLSCert: c.NATSTLSCert, TLSKey: c.NATSTLSKey,
+	}
 }

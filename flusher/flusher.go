@@ -35,10 +35,10 @@ const (
 	DefaultShards = 4
 )
 
-// writeTimeout bounds one write once started. A started write is not cut off
+// WriteTimeout bounds one write once started. A started write is not cut off
 // at the flush deadline, because a write cancelled after it was sent may
 // still have been applied, and putting its delta back would count it twice.
-const writeTimeout = 10 * time.Second
+const WriteTimeout = 10 * time.Second
 
 // maxReroutes is how many other shards a throttled write tries within one
 // flush before its delta waits for the next flush.
@@ -227,7 +227,7 @@ func (f *Flusher) write(ctx context.Context, topic string, delta int64) error {
 	n := f.cfg.Shards
 	shard := rand.IntN(n)
 	for attempt := 0; ; attempt++ {
-		wctx, cancel := context.WithTimeout(ctx, writeTimeout)
+		wctx, cancel := context.WithTimeout(ctx, WriteTimeout)
 		err := f.store.Add(wctx, topic, shard, delta, f.now())
 		cancel()
 		if err == nil || !errors.Is(err, store.ErrThrottled) || n == 1 || attempt == maxReroutes {

@@ -39,8 +39,13 @@ const (
 	pendingBytes = 256 << 20
 )
 
-// ErrorHeader is the header on a dead-lettered message that gives the reason.
-const ErrorHeader = "Hotcount-Error"
+// Headers on a dead-lettered message.
+const (
+	// ErrorHeader gives the reason the message was rejected.
+	ErrorHeader = "Hotcount-Error"
+	// SubjectHeader gives the subject it was published to.
+	SubjectHeader = "Hotcount-Subject"
+)
 
 // Sink receives accepted mentions. The aggregator is one.
 type Sink interface {
@@ -66,33 +71,88 @@ func Prefix(subject string) (string, error) {
 	return p, nil
 }
 
-// Subscriber is the core NATS ingest: a queue subscription whose handler
-// parses each message and adds it to the sink. Run owns the subscription.
-type Subscriber struct {
+// checker parses messages and rejects the bad ones; the core subscriber
+// and the JetStream consumer share it.
+type checker struct {
 	nc      *nats.Conn
 	cfg     Config
 	prefix  string
-	sink    Sink
 	log     *zap.Logger // for events of the subscription
 	sampled *zap.Logger // for rejected messages: at most one line a second per reason
 	metrics *Metrics
-
-	sub atomic.Pointer[nats.Subscription]
 }
 
-// NewSubscriber returns a subscriber on nc. Nothing is subscribed until Run.
-func NewSubscriber(nc *nats.Conn, cfg Config, sink Sink, log *zap.Logger, m *Metrics) (*Subscriber, error) {
+func newChecker(nc *nats.Conn, cfg Config, log *zap.Logger, m *Metrics) (*checker, error) {
 	prefix, err := Prefix(cfg.Subject)
 	if err != nil {
 		return nil, err
 	}
 	log = log.Named("ingest")
-	return &Subscriber{
-		nc: nc, cfg: cfg, prefix: prefix, sink: sink, log: log, metrics: m,
+	return &checker{
+		nc: nc, cfg: cfg, prefix: prefix, log: log, metrics: m,
 		sampled: log.WithOptions(zap.WrapCore(func(c zapcore.Core) zapcore.Core {
 			return zapcore.NewSamplerWithOptions(c, time.Second, 1, 0)
 		})),
 	}, nil
+}
+
+// check returns a message's topic and count, or the reason it is rejected
+// after rejecting it.
+func (c *checker) check(subject string, data []byte, hdr nats.Header) (topic string, delta int64, reason string) {
+	topic, err := Topic(c.prefix, subject, c.cfg.Limits)
+	if err == nil {
+		delta, err = Count(data, c.cfg.Limits.MaxCount)
+	}
+	if err != nil {
+		return "", 0, c.reject(subject, data, hdr, err)
+	}
+	c.metrics.events.Inc()
+	c.metrics.mentions.Add(float64(delta))
+	return topic, delta, ""
+}
+
+// reject counts, logs (sampled) and dead-letters a message, and returns the
+// reason. A dead-letter publish that fails is counted too.
+func (c *checker) reject(subject string, data []byte, hdr nats.Header, err error) string {
+	reason := ReasonPayload
+	var inv *InvalidError
+	if errors.As(err, &inv) {
+		reason = inv.Reason
+	}
+	c.metrics.invalid.WithLabelValues(reason).Inc()
+	c.sampled.Warn("message rejected", zap.String("reason", reason), zap.String("subject", subject), zap.Error(err))
+	if c.cfg.DeadLetterSubject == "" {
+		return reason
+	}
+	dl := nats.NewMsg(c.cfg.DeadLetterSubject)
+	dl.Data = data
+	for k, v := range hdr {
+		dl.Header[k] = v
+	}
+	dl.Header.Set(ErrorHeader, reason)
+	dl.Header.Set(SubjectHeader, subject)
+	if err := c.nc.PublishMsg(dl); err != nil {
+		c.metrics.dropped.WithLabelValues("dead_letter").Inc()
+		c.sampled.Warn("dead-letter publish failed", zap.Error(err))
+	}
+	return reason
+}
+
+// Subscriber is the core NATS ingest: a queue subscription whose handler
+// checks each message and adds it to the sink. Run owns the subscription.
+type Subscriber struct {
+	*checker
+	sink Sink
+	sub  atomic.Pointer[nats.Subscription]
+}
+
+// NewSubscriber returns a subscriber on nc. Nothing is subscribed until Run.
+func NewSubscriber(nc *nats.Conn, cfg Config, sink Sink, log *zap.Logger, m *Metrics) (*Subscriber, error) {
+	c, err := newChecker(nc, cfg, log, m)
+	if err != nil {
+		return nil, err
+	}
+	return &Subscriber{checker: c, sink: sink}, nil
 }
 
 // Run subscribes and takes messages until ctx ends, then drains: it stops
@@ -146,43 +206,8 @@ func (s *Subscriber) Ready() error {
 
 // handle runs on the subscription's goroutine, one message at a time.
 func (s *Subscriber) handle(msg *nats.Msg) {
-	topic, err := Topic(s.prefix, msg.Subject, s.cfg.Limits)
-	var delta int64
-	if err == nil {
-		delta, err = Count(msg.Data, s.cfg.Limits.MaxCount)
-	}
-	if err != nil {
-		s.reject(msg, err)
-		return
-	}
-	s.sink.Add(topic, delta)
-	s.metrics.events.Inc()
-	s.metrics.mentions.Add(float64(delta))
-}
-
-// reject counts, logs (sampled) and dead-letters a message. A dead-letter
-// publish that fails is counted too: the message is then gone.
-func (s *Subscriber) reject(msg *nats.Msg, err error) {
-	reason := ReasonPayload
-	var inv *InvalidError
-	if errors.As(err, &inv) {
-		reason = inv.Reason
-	}
-	s.metrics.invalid.WithLabelValues(reason).Inc()
-	s.sampled.Warn("message rejected", zap.String("reason", reason), zap.String("subject", msg.Subject), zap.Error(err))
-	if s.cfg.DeadLetterSubject == "" {
-		return
-	}
-	dl := nats.NewMsg(s.cfg.DeadLetterSubject)
-	dl.Data = msg.Data
-	for k, v := range msg.Header {
-		dl.Header[k] = v
-	}
-	dl.Header.Set(ErrorHeader, reason)
-	dl.Header.Set("Hotcount-Subject", msg.Subject)
-	if err := s.nc.PublishMsg(dl); err != nil {
-		s.metrics.dropped.WithLabelValues("dead_letter").Inc()
-		s.sampled.Warn("dead-letter publish failed", zap.Error(err))
+	if topic, delta, reason := s.check(msg.Subject, msg.Data, msg.Header); reason == "" {
+		s.sink.Add(topic, delta)
 	}
 }
 
@@ -192,6 +217,9 @@ type Metrics struct {
 	mentions prometheus.Counter
 	invalid  *prometheus.CounterVec
 	dropped  *prometheus.CounterVec
+	// JetStream mode
+	redelivered prometheus.Counter
+	paused      prometheus.Counter
 
 	mu          sync.Mutex
 	seenDropped map[*nats.Subscription]int
@@ -216,9 +244,17 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "hotcount_ingest_dropped_total",
 			Help: "Messages lost before the handler saw them, by cause: slow_consumer (nats.go's pending buffer overflowed), shutdown (pending when the drain timed out), dead_letter (rejected and the dead-letter publish failed).",
 		}, []string{"cause"}),
+		redelivered: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "hotcount_ingest_redelivered_total",
+			Help: "JetStream messages delivered more than once (after a crash or a lost acknowledgement): the at-least-once over-count, at most.",
+		}),
+		paused: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "hotcount_ingest_paused_total",
+			Help: "Times JetStream fetching waited 100 ms because the last flush failed (backpressure).",
+		}),
 		seenDropped: make(map[*nats.Subscription]int),
 	}
-	reg.MustRegister(m.events, m.mentions, m.invalid, m.dropped)
+	reg.MustRegister(m.events, m.mentions, m.invalid, m.dropped, m.redelivered, m.paused)
 	for _, r := range []string{ReasonTopic, ReasonPayload, ReasonCount} {
 		m.invalid.WithLabelValues(r)
 	}
@@ -272,4 +308,40 @@ func Connect(url string, log *zap.Logger, m *Metrics, opts ...nats.Option) (*nat
 		return nil, fmt.Errorf("ingest: connect %s: %w", url, err)
 	}
 	return nc, nil
+}
+
+// Auth is how hotcount authenticates to NATS and checks its certificate.
+// Every field is optional.
+type Auth struct {
+	Creds   string // credentials file (JWT + NKey seed)
+	NKey    string // NKey seed file
+	Token   string // token
+	TLSCA   string // CA certificate file
+	TLSCert string // client certificate file, with TLSKey
+	TLSKey  string
+}
+
+// Options turns a into nats.go connection options.
+func (a Auth) Options() ([]nats.Option, error) {
+	var opts []nats.Option
+	if a.Creds != "" {
+		opts = append(opts, nats.UserCredentials(a.Creds))
+	}
+	if a.NKey != "" {
+		o, err := nats.NkeyOptionFromSeed(a.NKey)
+		if err != nil {
+			return nil, fmt.Errorf("ingest: nkey seed %s: %w", a.NKey, err)
+		}
+		opts = append(opts, o)
+	}
+	if a.Token != "" {
+		opts = append(opts, nats.Token(a.Token))
+	}
+	if a.TLSCA != "" {
+		opts = append(opts, nats.RootCAs(a.TLSCA))
+	}
+	if a.TLSCert != "" {
+		opts = append(opts, nats.ClientCert(a.TLSCert, a.TLSKey))
+	}
+	return opts, nil
 }

@@ -13,6 +13,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"go.uber.org/zap"
@@ -104,18 +105,16 @@ func (s *Sidecar) Run(ctx context.Context) error {
 	}, agg, st, log, flusher.NewMetrics(reg), time.Now)
 
 	im := ingest.NewMetrics(reg)
-	nc, err := ingest.Connect(cfg.NATSURL, log, im)
+	auth, err := cfg.NATSAuth().Options()
+	if err != nil {
+		return err
+	}
+	nc, err := ingest.Connect(cfg.NATSURL, log, im, auth...)
 	if err != nil {
 		return err
 	}
 	defer nc.Close()
-	sub, err := ingest.NewSubscriber(nc, ingest.Config{
-		Subject:           cfg.Subject,
-		QueueGroup:        cfg.QueueGroup,
-		DeadLetterSubject: cfg.DeadLetterSubject,
-		DrainTimeout:      cfg.DrainTimeout,
-		Limits:            ingest.Limits{MaxCount: cfg.MaxCount, MaxTopicBytes: cfg.MaxTopicBytes},
-	}, agg, log, im)
+	sub, err := newSource(cfg, nc, agg, fl, log, im)
 	if err != nil {
 		return err
 	}
@@ -168,7 +167,7 @@ func (s *Sidecar) Run(ctx context.Context) error {
 	log.Info("started",
 		zap.String("http", s.HTTPAddr()), zap.String("admin", s.AdminAddr()),
 		zap.String("nats", nc.ConnectedUrlRedacted()), zap.String("subject", cfg.Subject),
-		zap.String("store", cfg.Store), zap.Int("shards", cfg.Shards))
+		zap.String("mode", cfg.NATSMode), zap.String("store", cfg.Store), zap.Int("shards", cfg.Shards))
 
 	var cause error
 	select {
@@ -190,6 +189,11 @@ func (s *Sidecar) Run(ctx context.Context) error {
 	} else {
 		log.Info("final flush done")
 	}
+	// Acknowledgements are asynchronous publishes: make sure they have left
+	// before the connection closes, or their messages come back.
+	if err := nc.FlushWithContext(budget); err != nil {
+		log.Warn("flushing acknowledgements to NATS", zap.Error(err))
+	}
 	nc.Close()
 	for _, srv := range servers {
 		if err := srv.Shutdown(budget); err != nil {
@@ -198,6 +202,31 @@ func (s *Sidecar) Run(ctx context.Context) error {
 	}
 	serving.Wait()
 	return errors.Join(cause, pipeErr, finalErr)
+}
+
+// source is the ingest, core or JetStream.
+type source interface {
+	Run(ctx context.Context) error
+	Ready() error
+}
+
+func newSource(cfg config.Config, nc *nats.Conn, agg *aggregator.Aggregator, fl *flusher.Flusher, log *zap.Logger, m *ingest.Metrics) (source, error) {
+	icfg := ingest.Config{
+		Subject:           cfg.Subject,
+		QueueGroup:        cfg.QueueGroup,
+		DeadLetterSubject: cfg.DeadLetterSubject,
+		DrainTimeout:      cfg.DrainTimeout,
+		Limits:            ingest.Limits{MaxCount: cfg.MaxCount, MaxTopicBytes: cfg.MaxTopicBytes},
+	}
+	if cfg.NATSMode == config.ModeJetStream {
+		return ingest.NewJetStreamConsumer(nc, icfg, ingest.JetStreamConfig{
+			Stream:        cfg.Stream,
+			Consumer:      cfg.Consumer,
+			AckWait:       cfg.AckWait,
+			MaxAckPending: cfg.MaxAckPending,
+		}, agg, fl.Failing, log, m)
+	}
+	return ingest.NewSubscriber(nc, icfg, agg, log, m)
 }
 
 type server struct {

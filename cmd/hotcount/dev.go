@@ -7,11 +7,23 @@ import (
 	"path/filepath"
 
 	"github.com/hotcount/hotcount/config"
+	"github.com/hotcount/hotcount/ingest"
 	"github.com/hotcount/hotcount/internal/embeddednats"
 )
 
 // defaultNATSPort is the embedded NATS server's port in dev mode: NATS's own.
 const defaultNATSPort = 4222
+
+// ensureStream creates the stream on the embedded server.
+func ensureStream(ctx context.Context, cfg config.Config) error {
+	nc, err := connect(cfg, "hotcount-dev")
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	_, err = ingest.EnsureStream(ctx, nc, cfg.Stream, cfg.Subject, ingest.DefaultDuplicateWindow)
+	return err
+}
 
 // cmdDev runs an in-process NATS server (JetStream on, stored under
 // --data-dir) and the sidecar on the embedded store, all on localhost.
@@ -31,9 +43,14 @@ func cmdDev(ctx context.Context, args, environ []string, stdout, stderr io.Write
 		ns.WaitForShutdown()
 	}()
 	cfg.NATSURL = ns.ClientURL()
+	if cfg.NATSMode == config.ModeJetStream {
+		if err := ensureStream(ctx, cfg); err != nil {
+			return err
+		}
+	}
 
 	prefix := cfg.Subject[:len(cfg.Subject)-1] // "mentions.>" -> "mentions."
-	fmt.Fprintf(stdout, `hotcount dev: NATS at %s, counts in %s (store %s)
+	fmt.Fprintf(stdout, `hotcount dev: NATS at %s (%s mode), counts in %s (store %s)
   publish:  nats --server %s pub %sgolang ''            (+1)
             nats --server %s pub %sgolang '{"count":5}' (+5)
             go run ./cmd/hotcount load --nats-url %s --duration 5s
@@ -41,7 +58,7 @@ func cmdDev(ctx context.Context, args, environ []string, stdout, stderr io.Write
             curl http://%s/v1/topics/golang/shards
   metrics:  curl http://%s/metrics
 Ctrl-C stops it; counts stay in %s.
-`, cfg.NATSURL, cfg.DataDir, cfg.Store, cfg.NATSURL, prefix, cfg.NATSURL, prefix, cfg.NATSURL,
+`, cfg.NATSURL, cfg.NATSMode, cfg.DataDir, cfg.Store, cfg.NATSURL, prefix, cfg.NATSURL, prefix, cfg.NATSURL,
 		cfg.HTTPAddr, cfg.HTTPAddr, cfg.AdminAddr, cfg.DataDir)
 	return runSidecar(ctx, cfg, stderr)
 }

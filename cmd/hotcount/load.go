@@ -8,8 +8,6 @@ import (
 	"os"
 	"time"
 
-	"github.com/nats-io/nats.go"
-
 	"github.com/hotcount/hotcount/config"
 	"github.com/hotcount/hotcount/loadgen"
 )
@@ -17,7 +15,7 @@ import (
 // cmdLoad publishes synthetic mentions and reports what it sent.
 func cmdLoad(ctx context.Context, args, environ []string, stdout, stderr io.Writer) error {
 	cfg := config.Default()
-	fs := cfg.FlagSet("hotcount load", func(s string) bool { return s == "nats-url" || s == "subject" || s == "config" })
+	fs := cfg.FlagSet("hotcount load", natsSettings)
 	var lc loadgen.Config
 	fs.IntVar(&lc.Topics, "topics", 1000, "distinct topics (topic-0, topic-1, ...)")
 	fs.Float64Var(&lc.Zipf, "zipf", 1.1, "Zipf skew s of the topic distribution, > 1; 0 is uniform")
@@ -34,9 +32,9 @@ func cmdLoad(ctx context.Context, args, environ []string, stdout, stderr io.Writ
 	if err := lc.Validate(); err != nil {
 		return usageError{err}
 	}
-	nc, err := nats.Connect(cfg.NATSURL, nats.Name("hotcount-load"))
+	nc, err := connect(cfg, "hotcount-load")
 	if err != nil {
-		return fmt.Errorf("connect %s: %w", cfg.NATSURL, err)
+		return err
 	}
 	defer nc.Close()
 	rep, err := loadgen.Run(ctx, nc, lc)

@@ -4,6 +4,7 @@
 //	hotcount run            the sidecar
 //	hotcount dev            everything embedded: NATS, the store, the APIs
 //	hotcount table create   create the DynamoDB table (idempotent)
+//	hotcount stream create  create the JetStream stream (idempotent)
 //	hotcount load           publish synthetic mentions
 //	hotcount check-config   validate settings and print them
 package main
@@ -40,6 +41,7 @@ Usage:
   hotcount run [flags]            run the sidecar
   hotcount dev [flags]            run with everything embedded (no outside service)
   hotcount table create [flags]   create the DynamoDB table if absent
+  hotcount stream create [flags]  create the JetStream stream of mentions if absent
   hotcount load [flags]           publish synthetic mentions
   hotcount check-config [flags]   validate the settings and print them
   hotcount version                print the version
@@ -91,6 +93,11 @@ func dispatch(ctx context.Context, args, environ []string, stdout, stderr io.Wri
 			return usageError{errors.New(`"table" takes one subcommand: create`)}
 		}
 		return cmdTableCreate(ctx, rest[1:], environ, stdout, stderr)
+	case "stream":
+		if len(rest) == 0 || rest[0] != "create" {
+			return usageError{errors.New(`"stream" takes one subcommand: create`)}
+		}
+		return cmdStreamCreate(ctx, rest[1:], environ, stdout, stderr)
 	case "load":
 		return cmdLoad(ctx, rest, environ, stdout, stderr)
 	case "check-config":

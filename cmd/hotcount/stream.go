@@ -1,0 +1,62 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/hotcount/hotcount/config"
+	"github.com/hotcount/hotcount/ingest"
+)
+
+// natsSettings are the settings a command needs to reach NATS.
+func natsSettings(s string) bool {
+	switch s {
+	case "nats-url", "nats-creds", "nats-nkey", "nats-token", "nats-tls-ca", "nats-tls-cert", "nats-tls-key", "subject", "config":
+		return true
+	}
+	return false
+}
+
+// connect opens a plain NATS connection with cfg's authentication.
+func connect(cfg config.Config, name string) (*nats.Conn, error) {
+	opts, err := cfg.NATSAuth().Options()
+	if err != nil {
+		return nil, err
+	}
+	nc, err := nats.Connect(cfg.NATSURL, append(opts, nats.Name(name))...)
+	if err != nil {
+		return nil, fmt.Errorf("connect %s: %w", config.RedactURLs(cfg.NATSURL), err)
+	}
+	return nc, nil
+}
+
+// cmdStreamCreate creates the stream of mentions if absent.
+func cmdStreamCreate(ctx context.Context, args, environ []string, stdout, stderr io.Writer) error {
+	cfg := config.Default()
+	fs := cfg.FlagSet("hotcount stream create", func(s string) bool { return natsSettings(s) || s == "stream" })
+	dup := fs.Duration("duplicate-window", ingest.DefaultDuplicateWindow, "window in which a repeated Nats-Msg-Id is dropped by the stream")
+	if err := parse(&cfg, fs, args, environ, stderr); err != nil {
+		return err
+	}
+	nc, err := connect(cfg, "hotcount-stream-create")
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	created, err := ingest.EnsureStream(ctx, nc, cfg.Stream, cfg.Subject, *dup)
+	if err != nil {
+		return err
+	}
+	if created {
+		fmt.Fprintf(stdout, "stream %s created (subjects %s, file storage, duplicate window %s)\n", cfg.Stream, cfg.Subject, *dup)
+	} else {
+		fmt.Fprintf(stdout, "stream %s exists; left as it is\n", cfg.Stream)
+	}
+	return nil
+}

@@ -1,0 +1,251 @@
+package ingest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/zap"
+
+	"github.com/hotcount/hotcount/aggregator"
+)
+
+// JetStream defaults, used by the config package.
+const (
+	// DefaultStream is the stream of mentions.
+	DefaultStream = "MENTIONS"
+	// DefaultConsumer is the durable pull consumer all replicas share.
+	DefaultConsumer = "hotcount"
+	// DefaultAckWait is how long the server waits for an acknowledgement
+	// before redelivering. Held messages are kept alive (InProgress) every
+	// third of it, so it only elapses for a sidecar that died.
+	DefaultAckWait = 30 * time.Second
+	// DefaultMaxAckPending bounds the messages delivered and not yet
+	// acknowledged, per consumer (so for all replicas together). It is the
+	// bound of the buffer in JetStream mode: at it the server stops
+	// delivering, which is the backpressure. A held message costs about
+	// 400 bytes.
+	DefaultMaxAckPending = 100_000
+	// DefaultDuplicateWindow is the stream's window for Nats-Msg-Id
+	// de-duplication, set by `hotcount stream create`.
+	DefaultDuplicateWindow = 2 * time.Minute
+)
+
+// pullBatch is how many messages one pull asks for: enough to keep the
+// handler busy between round trips.
+const pullBatch = 1000
+
+// JetStreamConfig is the JetStream part of the configuration.
+type JetStreamConfig struct {
+	Stream        string
+	Consumer      string
+	AckWait       time.Duration
+	MaxAckPending int
+}
+
+// AckSink receives accepted durable messages and gives back those it holds.
+// The aggregator is one.
+type AckSink interface {
+	AddAcked(topic string, delta int64, m aggregator.Acker)
+	Held() []aggregator.Acker
+}
+
+// JetStreamConsumer is the durable ingest: a pull consumer shared by every
+// replica, so each mention is handled by one sidecar. A message is not
+// acknowledged here: it goes into the aggregator's window with its delta,
+// and the flusher acknowledges it once that delta is in the store. Run owns
+// the consumer, the pull iterator and the keep-alive loop.
+type JetStreamConsumer struct {
+	*checker
+	js     jetstream.JetStream
+	jcfg   JetStreamConfig
+	sink   AckSink
+	paused func() bool
+	bound  atomic.Bool
+}
+
+// NewJetStreamConsumer returns a consumer on nc. paused is asked before each
+// message: while it says true (the store is failing), nothing is fetched.
+// Nothing starts until Run.
+func NewJetStreamConsumer(nc *nats.Conn, cfg Config, jcfg JetStreamConfig, sink AckSink, paused func() bool, log *zap.Logger, m *Metrics) (*JetStreamConsumer, error) {
+	c, err := newChecker(nc, cfg, log, m)
+	if err != nil {
+		return nil, err
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, fmt.Errorf("ingest: jetstream: %w", err)
+	}
+	return &JetStreamConsumer{checker: c, js: js, jcfg: jcfg, sink: sink, paused: paused}, nil
+}
+
+// Run binds the durable consumer (retrying until the stream exists and NATS
+// answers), takes messages until ctx ends, then drains: it stops pulling and
+// hands what was already delivered to the sink, so the final flush writes
+// and acknowledges it.
+func (c *JetStreamConsumer) Run(ctx context.Context) error {
+	cons := c.bind(ctx)
+	if cons == nil {
+		return nil // ctx ended first
+	}
+	it, err := cons.Messages(
+		jetstream.PullMaxMessages(pullBatch),
+		// A server restart is a pause, not an error: the iterator pulls
+		// again once the connection is back.
+		jetstream.WithMessagesErrOnMissingHeartbeat(false),
+	)
+	if err != nil {
+		return fmt.Errorf("ingest: consume %s/%s: %w", c.jcfg.Stream, c.jcfg.Consumer, err)
+	}
+	c.bound.Store(true)
+	defer c.bound.Store(false)
+	c.log.Info("consuming", zap.String("stream", c.jcfg.Stream), zap.String("consumer", c.jcfg.Consumer))
+
+	var wg sync.WaitGroup
+	kaCtx, stopKeepAlive := context.WithCancel(context.Background())
+	wg.Go(func() { c.keepAlive(kaCtx) })
+	defer func() {
+		stopKeepAlive()
+		wg.Wait()
+	}()
+	stopDrain := context.AfterFunc(ctx, it.Drain)
+	defer stopDrain()
+
+	for {
+		for ctx.Err() == nil && c.paused() {
+			c.metrics.paused.Inc()
+			sleep(ctx, 100*time.Millisecond)
+		}
+		msg, err := it.Next()
+		switch {
+		case errors.Is(err, jetstream.ErrMsgIteratorClosed):
+			c.log.Info("drained")
+			return nil
+		case err != nil:
+			c.sampled.Warn("next message", zap.Error(err))
+			continue
+		}
+		c.handle(msg)
+	}
+}
+
+func (c *JetStreamConsumer) handle(msg jetstream.Msg) {
+	if md, err := msg.Metadata(); err == nil && md.NumDelivered > 1 {
+		c.metrics.redelivered.Inc()
+	}
+	topic, delta, reason := c.check(msg.Subject(), msg.Data(), msg.Headers())
+	if reason != "" {
+		// Terminated, never redelivered: a bad message stays bad.
+		if err := msg.TermWithReason(reason); err != nil {
+			c.sampled.Warn("terminate rejected message", zap.Error(err))
+		}
+		return
+	}
+	c.sink.AddAcked(topic, delta, msg)
+}
+
+// bind creates or updates the durable consumer, retrying with backoff until
+// it succeeds or ctx ends (nil then). All replicas bind the same consumer.
+func (c *JetStreamConsumer) bind(ctx context.Context) jetstream.Consumer {
+	backoff := 100 * time.Millisecond
+	for {
+		cons, err := c.js.CreateOrUpdateConsumer(ctx, c.jcfg.Stream, jetstream.ConsumerConfig{
+			Durable:       c.jcfg.Consumer,
+			Description:   "hotcount sidecars: mentions coalesced into sharded DynamoDB counters",
+			FilterSubject: c.cfg.Subject,
+			AckPolicy:     jetstream.AckExplicitPolicy,
+			AckWait:       c.jcfg.AckWait,
+			MaxAckPending: c.jcfg.MaxAckPending,
+			MaxDeliver:    -1,
+			DeliverPolicy: jetstream.DeliverAllPolicy,
+		})
+		if err == nil {
+			return cons
+		}
+		if ctx.Err() != nil {
+			return nil
+		}
+		hint := ""
+		if errors.Is(err, jetstream.ErrStreamNotFound) {
+			hint = "create it with `hotcount stream create`"
+		}
+		c.log.Warn("cannot bind consumer; retrying", zap.String("stream", c.jcfg.Stream),
+			zap.String("consumer", c.jcfg.Consumer), zap.String("hint", hint), zap.Error(err))
+		sleep(ctx, backoff)
+		backoff = min(2*backoff, 5*time.Second)
+	}
+}
+
+// keepAlive resets the redelivery timer of every held message every third
+// of AckWait, so that the server redelivers a message only when the sidecar
+// holding it has died, not while its delta waits for a flush or a store
+// outage to end.
+func (c *JetStreamConsumer) keepAlive(ctx context.Context) {
+	t := time.NewTicker(c.jcfg.AckWait / 3)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		for _, m := range c.sink.Held() {
+			m.InProgress() //nolint:errcheck // best effort: at worst a redelivery
+		}
+	}
+}
+
+// Ready reports whether messages can arrive: consumer bound, connected.
+func (c *JetStreamConsumer) Ready() error {
+	switch {
+	case !c.bound.Load():
+		return fmt.Errorf("ingest: consumer %s/%s not bound", c.jcfg.Stream, c.jcfg.Consumer)
+	case !c.nc.IsConnected():
+		return fmt.Errorf("ingest: NATS connection is %s", c.nc.Status())
+	}
+	return nil
+}
+
+func sleep(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}
+
+// EnsureStream creates the stream of mentions (subjects: subject; file
+// storage; a duplicate window for Nats-Msg-Id de-duplication) unless a stream
+// of that name exists, which is then used as it is.
+func EnsureStream(ctx context.Context, nc *nats.Conn, name, subject string, duplicates time.Duration) (created bool, err error) {
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return false, fmt.Errorf("ingest: jetstream: %w", err)
+	}
+	if _, err := js.Stream(ctx, name); err == nil {
+		return false, nil
+	} else if !errors.Is(err, jetstream.ErrStreamNotFound) {
+		return false, fmt.Errorf("ingest: look up stream %s: %w", name, err)
+	}
+	_, err = js.CreateStream(ctx, jetstream.StreamConfig{
+		Name:        name,
+		Description: "mentions for hotcount",
+		Subjects:    []string{subject},
+		Storage:     jetstream.FileStorage,
+		Retention:   jetstream.LimitsPolicy,
+		Duplicates:  duplicates,
+	})
+	if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+		return false, nil // another replica created it first
+	}
+	if err != nil {
+		return false, fmt.Errorf("ingest: create stream %s: %w", name, err)
+	}
+	return true, nil
+}

@@ -1,0 +1,208 @@
+package ingest_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/hotcount/hotcount/aggregator"
+	"github.com/hotcount/hotcount/ingest"
+	"github.com/hotcount/hotcount/internal/testenv"
+)
+
+// holdingSink is the aggregator's part for the consumer: it holds messages
+// until the test releases (acks) them.
+type holdingSink struct {
+	mu     sync.Mutex
+	counts map[string]int64
+	held   []aggregator.Acker
+}
+
+func (s *holdingSink) AddAcked(topic string, delta int64, m aggregator.Acker) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.counts[topic] += delta
+	s.held = append(s.held, m)
+}
+
+func (s *holdingSink) Held() []aggregator.Acker {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]aggregator.Acker(nil), s.held...)
+}
+
+func (s *holdingSink) ackAll(t *testing.T) {
+	for _, m := range s.Held() {
+		if err := m.Ack(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s.mu.Lock()
+	s.held = nil
+	s.mu.Unlock()
+}
+
+func (s *holdingSink) count(topic string) int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.counts[topic]
+}
+
+type jsFixture struct {
+	js   jetstream.JetStream
+	reg  *prometheus.Registry
+	sink *holdingSink
+	stop context.CancelFunc
+	done chan error
+}
+
+func startConsumer(t *testing.T, ackWait time.Duration, paused func() bool) *jsFixture {
+	t.Helper()
+	ns := testenv.NATS(t)
+	pub := testenv.Connect(t, ns.ClientURL())
+	created, err := ingest.EnsureStream(context.Background(), pub, "MENTIONS", "mentions.>", time.Minute)
+	if err != nil || !created {
+		t.Fatalf("EnsureStream = %v, %v; want created", created, err)
+	}
+	if created, err := ingest.EnsureStream(context.Background(), pub, "MENTIONS", "mentions.>", time.Minute); err != nil || created {
+		t.Fatalf("second EnsureStream = %v, %v; want it left as it is", created, err)
+	}
+	js, err := jetstream.New(pub)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fx := &jsFixture{js: js, reg: prometheus.NewRegistry(), sink: &holdingSink{counts: map[string]int64{}}, done: make(chan error, 1)}
+	m := ingest.NewMetrics(fx.reg)
+	nc, err := ingest.Connect(ns.ClientURL(), zaptest.NewLogger(t), m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	if paused == nil {
+		paused = func() bool { return false }
+	}
+	c, err := ingest.NewJetStreamConsumer(nc, ingest.Config{
+		Subject: "mentions.>", DeadLetterSubject: "hotcount.dlq", DrainTimeout: time.Second,
+		Limits: ingest.Limits{MaxCount: 100, MaxTopicBytes: 32},
+	}, ingest.JetStreamConfig{Stream: "MENTIONS", Consumer: "hotcount", AckWait: ackWait, MaxAckPending: 10_000},
+		fx.sink, paused, zaptest.NewLogger(t), m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	fx.stop = cancel
+	go func() { fx.done <- c.Run(ctx) }()
+	testenv.Eventually(t, 5*time.Second, c.Ready)
+	t.Cleanup(func() { cancel(); <-fx.done })
+	return fx
+}
+
+func (fx *jsFixture) consumerInfo(t *testing.T) *jetstream.ConsumerInfo {
+	t.Helper()
+	c, err := fx.js.Consumer(context.Background(), "MENTIONS", "hotcount")
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := c.Info(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return info
+}
+
+// TestHeldMessagesAreNotRedelivered holds messages for three AckWaits
+// before acknowledging them: the keep-alive stops the server from handing
+// them out again, so nothing is counted twice.
+func TestHeldMessagesAreNotRedelivered(t *testing.T) {
+	fx := startConsumer(t, 600*time.Millisecond, nil)
+	ctx := context.Background()
+	for range 50 {
+		if _, err := fx.js.Publish(ctx, "mentions.held", nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	testenv.Eventually(t, 5*time.Second, func() error {
+		if n := fx.sink.count("held"); n != 50 {
+			return fmt.Errorf("%d of 50 received", n)
+		}
+		return nil
+	})
+	time.Sleep(1800 * time.Millisecond) // three AckWaits: the point of the test is the wait
+	if n := fx.sink.count("held"); n != 50 {
+		t.Errorf("after holding for 3 AckWaits: %d counted, want 50 (redelivered: %v)", n,
+			testenv.Metric(t, fx.reg, "hotcount_ingest_redelivered_total"))
+	}
+	if n := fx.consumerInfo(t).NumAckPending; n != 50 {
+		t.Errorf("ack pending = %d, want 50 held", n)
+	}
+	fx.sink.ackAll(t)
+	testenv.Eventually(t, 5*time.Second, func() error {
+		if n := fx.consumerInfo(t).NumAckPending; n != 0 {
+			return fmt.Errorf("ack pending %d after acks", n)
+		}
+		return nil
+	})
+}
+
+// TestBadMessagesAreTerminated: a rejected message is dead-lettered and
+// terminated, never redelivered; the valid ones around it are counted.
+func TestBadMessagesAreTerminated(t *testing.T) {
+	fx := startConsumer(t, 600*time.Millisecond, nil)
+	ctx := context.Background()
+	for _, p := range []string{`{"count": -1}`, ``, `garbage`, `{"count": 3}`} {
+		if _, err := fx.js.Publish(ctx, "mentions.mixed", []byte(p)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	testenv.Eventually(t, 5*time.Second, func() error {
+		if n := fx.consumerInfo(t).NumAckPending; n != 2 {
+			return fmt.Errorf("ack pending %d, want the 2 valid messages held", n)
+		}
+		return nil
+	})
+	time.Sleep(1200 * time.Millisecond) // two AckWaits: a terminated message would be back by now
+	if n := fx.sink.count("mixed"); n != 4 {
+		t.Errorf("counted %d, want 1 + 3", n)
+	}
+	if n := testenv.Metric(t, fx.reg, "hotcount_ingest_invalid_total"); n != 2 {
+		t.Errorf("invalid = %v, want 2 (each rejected once, not redelivered)", n)
+	}
+}
+
+// TestPausedFetchesNothing: while the flusher reports failure, no message is
+// taken; when it recovers, they all arrive.
+func TestPausedFetchesNothing(t *testing.T) {
+	var mu sync.Mutex
+	paused := true
+	fx := startConsumer(t, 5*time.Second, func() bool { mu.Lock(); defer mu.Unlock(); return paused })
+	ctx := context.Background()
+	for range 20 {
+		if _, err := fx.js.Publish(ctx, "mentions.wait", nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	testenv.Eventually(t, 5*time.Second, func() error {
+		if testenv.Metric(t, fx.reg, "hotcount_ingest_paused_total") < 3 {
+			return fmt.Errorf("not paused yet")
+		}
+		return nil
+	})
+	if n := fx.sink.count("wait"); n != 0 {
+		t.Errorf("%d handled while paused, want 0", n)
+	}
+	mu.Lock()
+	paused = false
+	mu.Unlock()
+	testenv.Eventually(t, 5*time.Second, func() error {
+		if n := fx.sink.count("wait"); n != 20 {
+			return fmt.Errorf("%d of 20 after resuming", n)
+		}
+		return nil
+	})
+}
