@@ -38,7 +38,7 @@ const (
 // WriteTimeout bounds one write once started. A started write is not cut off
 // at the flush deadline, because a write cancelled after it was sent may
 // still have been applied, and putting its delta back would count it twice.
-const WriteTimeout = 10 * time.Second
+const WriteTimeout = 5 * time.Second
 
 // maxReroutes is how many other shards a throttled write tries within one
 // flush before its delta waits for the next flush.

@@ -11,9 +11,11 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // Config says what to publish.
@@ -35,6 +37,10 @@ type Config struct {
 	Count int64
 	// Seed makes the topic sequence reproducible.
 	Seed uint64
+	// JetStream publishes with acknowledgements from the stream (up to 4096
+	// in flight): Run then reports only what the stream stored. Without it
+	// messages are plain core NATS publishes, fire and forget.
+	JetStream bool
 }
 
 // Validate checks c.
@@ -87,6 +93,28 @@ func Run(ctx context.Context, nc *nats.Conn, c Config) (Report, error) {
 		payload = []byte(`{"count":` + strconv.FormatInt(c.Count, 10) + `}`)
 	}
 
+	publish := func(subject string) error { return nc.Publish(subject, payload) }
+	var js jetstream.JetStream
+	var unacked atomic.Int64
+	if c.JetStream {
+		var err error
+		js, err = jetstream.New(nc,
+			jetstream.WithPublishAsyncMaxPending(4096),
+			jetstream.WithPublishAsyncErrHandler(func(jetstream.JetStream, *nats.Msg, error) { unacked.Add(1) }))
+		if err != nil {
+			return Report{}, fmt.Errorf("loadgen: %w", err)
+		}
+		publish = func(subject string) error {
+			for {
+				_, err := js.PublishAsync(subject, payload)
+				if !errors.Is(err, jetstream.ErrTooManyStalledMsgs) {
+					return err
+				}
+				<-js.PublishAsyncComplete() // the window is full: let it empty
+			}
+		}
+	}
+
 	sent := make([]int64, c.Topics)
 	start := time.Now()
 	var deadline time.Time
@@ -119,7 +147,7 @@ loop:
 				break loop
 			}
 			i := pick()
-			if err = nc.Publish(subjects[i], payload); err != nil {
+			if err = publish(subjects[i]); err != nil {
 				break loop
 			}
 			sent[i]++
@@ -128,6 +156,18 @@ loop:
 	}
 	if ferr := nc.FlushTimeout(30 * time.Second); ferr != nil && err == nil {
 		err = fmt.Errorf("loadgen: flush: %w", ferr)
+	}
+	if js != nil {
+		select {
+		case <-js.PublishAsyncComplete():
+		case <-time.After(30 * time.Second):
+			if err == nil {
+				err = errors.New("loadgen: stream acknowledgements still pending after 30s")
+			}
+		}
+		if n := unacked.Load(); n > 0 && err == nil {
+			err = fmt.Errorf("loadgen: %d publishes were not acknowledged by the stream; the report counts them as sent", n)
+		}
 	}
 	rep := Report{Messages: n, Mentions: n * c.Count, Elapsed: time.Since(start), PerTopic: make(map[string]int64)}
 	for i, k := range sent {

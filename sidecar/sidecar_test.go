@@ -11,9 +11,12 @@ import (
 
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/zap/zaptest"
 
 	"github.com/hotcount/hotcount/config"
+	"github.com/hotcount/hotcount/ingest"
 	"github.com/hotcount/hotcount/internal/testenv"
 	"github.com/hotcount/hotcount/loadgen"
 	"github.com/hotcount/hotcount/sidecar"
@@ -23,6 +26,7 @@ import (
 // env is one sidecar against a real NATS server and a real dynalite.
 type env struct {
 	t      *testing.T
+	ns     *server.Server
 	cfg    config.Config
 	dyn    *testenv.Dynalite
 	sc     *sidecar.Sidecar
@@ -33,6 +37,9 @@ type env struct {
 
 func newEnv(t *testing.T, tune func(*config.Config)) *env {
 	ns := testenv.NATS(t)
+	if _, err := ingest.EnsureStream(context.Background(), testenv.Connect(t, ns.ClientURL()), "MENTIONS", "mentions.>", time.Minute); err != nil {
+		t.Fatal(err)
+	}
 	d := testenv.StartDynalite(t)
 	testenv.AWSEnv(t)
 	cfg := config.Default()
@@ -48,7 +55,7 @@ func newEnv(t *testing.T, tune func(*config.Config)) *env {
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	e := &env{t: t, cfg: cfg, dyn: d, nats: ns.ClientURL(), done: make(chan error, 1)}
+	e := &env{t: t, ns: ns, cfg: cfg, dyn: d, nats: ns.ClientURL(), done: make(chan error, 1)}
 	e.sc = sidecar.New(cfg, zaptest.NewLogger(t))
 	ctx, cancel := context.WithCancel(context.Background())
 	e.cancel = cancel
@@ -251,5 +258,98 @@ func TestOutageLosesNothing(t *testing.T) {
 	}
 	if total := sum(got); total != first.Mentions+second.Mentions {
 		t.Errorf("table holds %d mentions, published %d", total, first.Mentions+second.Mentions)
+	}
+}
+
+// consumerIdle waits until the JetStream consumer has nothing left to
+// deliver and nothing unacknowledged.
+func consumerIdle(t *testing.T, url string) {
+	t.Helper()
+	js, err := jetstream.New(testenv.Connect(t, url))
+	if err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 30*time.Second, func() error {
+		c, err := js.Consumer(context.Background(), "MENTIONS", "hotcount")
+		if err != nil {
+			return err
+		}
+		info, err := c.Info(context.Background())
+		if err != nil {
+			return err
+		}
+		if info.NumPending != 0 || info.NumAckPending != 0 {
+			return fmt.Errorf("consumer: %d pending, %d unacknowledged", info.NumPending, info.NumAckPending)
+		}
+		return nil
+	})
+}
+
+// TestJetStreamConservation: in JetStream mode every published mention is
+// in the table after a SIGTERM, and every message is acknowledged.
+func TestJetStreamConservation(t *testing.T) {
+	e := newEnv(t, func(c *config.Config) {
+		c.NATSMode = config.ModeJetStream
+		c.FlushInterval = 200 * time.Millisecond
+	})
+	ones := publish(t, e.nats, loadgen.Config{Prefix: "mentions.", Topics: 200, Zipf: 1.3, Messages: 20_000, Count: 1, Seed: 6, JetStream: true})
+	fives := publish(t, e.nats, loadgen.Config{Prefix: "mentions.", Topics: 20, Messages: 1_000, Count: 5, Seed: 7, JetStream: true})
+	consumerIdle(t, e.nats)
+	if err := e.stop(); err != nil {
+		t.Fatalf("shutdown: %v", err)
+	}
+	got, _ := tableCounts(t, e.dyn, e.cfg.Table)
+	want := ones.Mentions + fives.Mentions
+	if sum(got) != want {
+		t.Errorf("table holds %d mentions, published %d", sum(got), want)
+	}
+	for topic, n := range ones.PerTopic {
+		if got[topic] != n+fives.PerTopic[topic] {
+			t.Errorf("topic %s: table %d, published %d", topic, got[topic], n+fives.PerTopic[topic])
+		}
+	}
+	if r := testenv.Metric(t, e.sc.Registry(), "hotcount_ingest_redelivered_total"); r != 0 {
+		t.Errorf("%v redeliveries without a crash", r)
+	}
+}
+
+// TestJetStreamSurvivesNATSRestart restarts the NATS server (same port,
+// same store) while the first burst's messages are held unacknowledged in
+// the window, then publishes a second burst: nothing is lost; what was
+// counted twice (acknowledgements lost with the old connection) is reported.
+func TestJetStreamSurvivesNATSRestart(t *testing.T) {
+	e := newEnv(t, func(c *config.Config) {
+		c.NATSMode = config.ModeJetStream
+		c.FlushInterval = 3 * time.Second
+	})
+	first := publish(t, e.nats, loadgen.Config{Prefix: "mentions.", Topics: 50, Messages: 10_000, Count: 1, Seed: 8, JetStream: true})
+	testenv.Eventually(t, 10*time.Second, func() error {
+		if h := testenv.Metric(t, e.sc.Registry(), "hotcount_aggregator_held_messages"); h == 0 {
+			return errors.New("no message held yet")
+		}
+		return nil
+	})
+	if w := testenv.Metric(t, e.sc.Registry(), "hotcount_store_writes_total"); w != 0 {
+		t.Fatalf("%v writes before the restart; the test needs messages held", w)
+	}
+	e.ns = testenv.RestartNATS(t, e.ns)
+	testenv.Eventually(t, 20*time.Second, func() error { return e.probe("/readyz") })
+	second := publish(t, e.nats, loadgen.Config{Prefix: "mentions.", Topics: 50, Messages: 10_000, Count: 1, Seed: 9, JetStream: true})
+	consumerIdle(t, e.nats)
+	if err := e.stop(); err != nil {
+		t.Fatalf("shutdown: %v", err)
+	}
+	got, _ := tableCounts(t, e.dyn, e.cfg.Table)
+	published := first.Mentions + second.Mentions
+	over := sum(got) - published
+	for topic := range first.PerTopic {
+		if got[topic] < first.PerTopic[topic]+second.PerTopic[topic] {
+			t.Errorf("topic %s: table %d < published %d: lost mentions", topic, got[topic], first.PerTopic[topic]+second.PerTopic[topic])
+		}
+	}
+	redelivered := testenv.Metric(t, e.sc.Registry(), "hotcount_ingest_redelivered_total")
+	t.Logf("NATS restart: published %d, table %d, over-count %d (redelivered messages %v)", published, sum(got), over, redelivered)
+	if over < 0 || float64(over) > redelivered {
+		t.Errorf("over-count %d outside 0..redelivered (%v)", over, redelivered)
 	}
 }

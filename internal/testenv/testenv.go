@@ -255,3 +255,23 @@ func MetricWith(t testing.TB, g prometheus.Gatherer, name, label, value string) 
 	t.Fatalf("no metric %s{%s=%q}", name, label, value)
 	return 0
 }
+
+// RestartNATS stops s and starts a new server on the same port with the
+// same JetStream store, as a NATS server restart does; the new server is
+// stopped when the test ends.
+func RestartNATS(t testing.TB, s *server.Server) *server.Server {
+	t.Helper()
+	port := s.Addr().(*net.TCPAddr).Port
+	dir := s.JetStreamConfig().StoreDir
+	s.Shutdown()
+	s.WaitForShutdown()
+	ns, err := embeddednats.Start(port, dir)
+	if err != nil {
+		t.Fatalf("restart NATS: %v", err)
+	}
+	t.Cleanup(func() {
+		ns.Shutdown()
+		ns.WaitForShutdown()
+	})
+	return ns
+}
