@@ -29,11 +29,20 @@ type Acker interface {
 	InProgress() error
 }
 
+// Message is a held durable message and the topic its count went to.
+type Message struct {
+	Topic string
+	Msg   Acker
+}
+
 // Window is a drained window: the per-topic deltas and, in JetStream mode,
-// the messages behind each topic's delta. The receiver owns both maps.
+// the messages behind them in the order they arrived, which is the stream's
+// order: acknowledging in that order lets the server's ack floor move
+// forward in one piece instead of tracking a scatter of acknowledged
+// messages. The receiver owns both.
 type Window struct {
 	Deltas map[string]int64
-	Acks   map[string][]Acker
+	Acks   []Message
 }
 
 // Len is the number of topics in w.
@@ -59,7 +68,6 @@ type Aggregator struct {
 	mu    sync.Mutex
 	cur   Window
 	total int64 // sum of the window's deltas, for the buffered gauge
-	held  int   // messages in cur.Acks
 }
 
 // New returns an empty aggregator. When a window reaches maxTopics distinct
@@ -113,11 +121,7 @@ func (a *Aggregator) Add(topic string, delta int64) {
 func (a *Aggregator) AddAcked(topic string, delta int64, m Acker) {
 	a.mu.Lock()
 	isNew := a.add(topic, delta)
-	if a.cur.Acks == nil {
-		a.cur.Acks = make(map[string][]Acker)
-	}
-	a.cur.Acks[topic] = append(a.cur.Acks[topic], m)
-	a.held++
+	a.cur.Acks = append(a.cur.Acks, Message{Topic: topic, Msg: m})
 	n := len(a.cur.Deltas)
 	a.mu.Unlock()
 	a.signalIfFull(isNew, n)
@@ -163,7 +167,10 @@ func (a *Aggregator) Drain() Window {
 	w := a.cur
 	// Size the next window like the last one: busy topics come back.
 	a.cur = Window{Deltas: make(map[string]int64, len(w.Deltas))}
-	a.total, a.held = 0, 0
+	if len(w.Acks) > 0 {
+		a.cur.Acks = make([]Message, 0, len(w.Acks))
+	}
+	a.total = 0
 	return w
 }
 
@@ -175,12 +182,10 @@ func (a *Aggregator) Merge(w Window) {
 	for topic, d := range w.Deltas {
 		a.add(topic, d)
 	}
-	for topic, ms := range w.Acks {
-		if a.cur.Acks == nil {
-			a.cur.Acks = make(map[string][]Acker)
-		}
-		a.cur.Acks[topic] = append(a.cur.Acks[topic], ms...)
-		a.held += len(ms)
+	// The merged-back messages are older than those that arrived since:
+	// they go first, to keep the window in stream order.
+	if len(w.Acks) > 0 {
+		a.cur.Acks = append(w.Acks, a.cur.Acks...)
 	}
 	// No Full signal here: a window that failed to flush must wait for the
 	// next interval, not be retried at once against a failing store.
@@ -192,9 +197,9 @@ func (a *Aggregator) Merge(w Window) {
 func (a *Aggregator) Held() []Acker {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	out := make([]Acker, 0, a.held)
-	for _, ms := range a.cur.Acks {
-		out = append(out, ms...)
+	out := make([]Acker, len(a.cur.Acks))
+	for i, m := range a.cur.Acks {
+		out[i] = m.Msg
 	}
 	return out
 }
@@ -212,7 +217,7 @@ func (a *Aggregator) Pending(topic string) int64 {
 func (a *Aggregator) Stats() (topics int, mentions int64, held int) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	return len(a.cur.Deltas), a.total, a.held
+	return len(a.cur.Deltas), a.total, len(a.cur.Acks)
 }
 
 // Full is signalled (without blocking the sender) when the window reaches

@@ -114,8 +114,9 @@ func (m *msg) Ack() error        { m.acked++; return nil }
 func (m *msg) Nak() error        { m.naked++; return nil }
 func (m *msg) InProgress() error { m.progressed++; return nil }
 
-// TestAckedMessagesTravelWithTheirTopic: a window carries each topic's
-// messages; a merged-back window brings them back; Held lists them.
+// TestAckedMessagesTravelWithTheirTopic: a window carries its messages in
+// arrival order with their topics; a merged-back window brings them back
+// ahead of newer ones; Held lists them.
 func TestAckedMessagesTravelWithTheirTopic(t *testing.T) {
 	a := aggregator.New(100, prometheus.NewRegistry())
 	m1, m2, m3 := &msg{}, &msg{}, &msg{}
@@ -127,15 +128,18 @@ func TestAckedMessagesTravelWithTheirTopic(t *testing.T) {
 		t.Errorf("held = %d, want 3", held)
 	}
 	w := a.Drain()
-	if len(w.Acks["golang"]) != 2 || len(w.Acks["rust"]) != 1 || len(w.Acks["core"]) != 0 || w.Deltas["golang"] != 6 {
-		t.Fatalf("window = %+v", w)
+	want := []aggregator.Message{{Topic: "golang", Msg: m1}, {Topic: "golang", Msg: m2}, {Topic: "rust", Msg: m3}}
+	if len(w.Acks) != 3 || w.Acks[0] != want[0] || w.Acks[1] != want[1] || w.Acks[2] != want[2] || w.Deltas["golang"] != 6 {
+		t.Fatalf("window = %+v, want messages %v in arrival order", w, want)
 	}
 	if len(a.Held()) != 0 {
 		t.Error("messages still held after Drain")
 	}
-	a.Merge(aggregator.Window{Deltas: map[string]int64{"rust": 2}, Acks: map[string][]aggregator.Acker{"rust": {m3}}})
-	if h := a.Held(); len(h) != 1 || h[0] != m3 {
-		t.Errorf("Held after Merge = %v, want [m3]", h)
+	m4 := &msg{}
+	a.AddAcked("zig", 1, m4)
+	a.Merge(aggregator.Window{Deltas: map[string]int64{"rust": 2}, Acks: []aggregator.Message{{Topic: "rust", Msg: m3}}})
+	if h := a.Held(); len(h) != 2 || h[0] != m3 || h[1] != m4 {
+		t.Errorf("Held after Merge = %v, want [m3 m4]: merged-back messages first", h)
 	}
 }
 

@@ -121,8 +121,8 @@ func (f *Flusher) Run(ctx context.Context) error {
 }
 
 // Flush drains the window once and writes every delta to a random shard.
-// A topic's messages (JetStream mode) are acknowledged as soon as its write
-// succeeds. Writes that fail (after the SDK's retries, and after trying other
+// Then the messages (JetStream mode) of every topic written are
+// acknowledged, in stream order. Writes that fail (after the SDK's retries, and after trying other
 // shards when throttled) or that were not started before the flush deadline
 // are merged back into the buffer with their messages, whose redelivery timer
 // is reset; the error says how many.
@@ -136,15 +136,12 @@ func (f *Flusher) Flush(ctx context.Context) error {
 	deadline := start.Add(f.cfg.Timeout)
 	var (
 		mu       sync.Mutex
-		failed   = aggregator.Window{Deltas: make(map[string]int64), Acks: make(map[string][]aggregator.Acker)}
+		failed   = aggregator.Window{Deltas: make(map[string]int64)}
 		firstErr error
 		written  int64
 	)
 	keep := func(topic string, delta int64) { // with mu held, or before any goroutine
 		failed.Deltas[topic] = delta
-		if ms := window.Acks[topic]; len(ms) > 0 {
-			failed.Acks[topic] = ms
-		}
 	}
 	g := new(errgroup.Group)
 	g.SetLimit(f.cfg.Concurrency)
@@ -155,9 +152,6 @@ func (f *Flusher) Flush(ctx context.Context) error {
 		}
 		g.Go(func() error {
 			err := f.write(ctx, topic, delta)
-			if err == nil {
-				f.ack(window.Acks[topic])
-			}
 			mu.Lock()
 			defer mu.Unlock()
 			if err != nil {
@@ -173,6 +167,7 @@ func (f *Flusher) Flush(ctx context.Context) error {
 	}
 	_ = g.Wait() // the writes report through failed, never through the group
 	f.metrics.flushed.Add(float64(written))
+	failed.Acks = f.ack(window.Acks, failed.Deltas)
 
 	if failed.Len() > 0 {
 		f.keepAlive(failed)
@@ -193,26 +188,32 @@ func (f *Flusher) Flush(ctx context.Context) error {
 	return nil
 }
 
-// ack acknowledges the messages of a written topic. An ack that cannot be
-// sent leaves its message to be redelivered and counted again (the
-// at-least-once over-count); it is counted.
-func (f *Flusher) ack(ms []aggregator.Acker) {
+// ack acknowledges, in order, the messages whose topic is not in failed,
+// and returns the others. An ack that cannot be sent leaves its message to
+// be redelivered and counted again (the at-least-once over-count); it is
+// counted.
+func (f *Flusher) ack(ms []aggregator.Message, failed map[string]int64) (kept []aggregator.Message) {
+	var acked int
 	for _, m := range ms {
-		if err := m.Ack(); err != nil {
+		if _, ok := failed[m.Topic]; ok {
+			kept = append(kept, m)
+			continue
+		}
+		if err := m.Msg.Ack(); err != nil {
 			f.metrics.ackErrors.Inc()
 		}
+		acked++
 	}
-	f.metrics.acked.Add(float64(len(ms)))
+	f.metrics.acked.Add(float64(acked))
+	return kept
 }
 
 // keepAlive resets the redelivery timer of the messages of a window that
 // goes back to wait: they stay this sidecar's, and are not handed to
 // another replica (which would count them twice) while this one holds them.
 func (f *Flusher) keepAlive(w aggregator.Window) {
-	for _, ms := range w.Acks {
-		for _, m := range ms {
-			m.InProgress() //nolint:errcheck // best effort: at worst a redelivery, counted twice
-		}
+	for _, m := range w.Acks {
+		m.Msg.InProgress() //nolint:errcheck // best effort: at worst a redelivery, counted twice
 	}
 }
 
@@ -257,11 +258,9 @@ func (f *Flusher) Final(ctx context.Context) error {
 			t.Stop()
 			w := f.buf.Drain()
 			var handedBack int
-			for _, ms := range w.Acks {
-				for _, m := range ms {
-					if m.Nak() == nil {
-						handedBack++
-					}
+			for _, m := range w.Acks {
+				if m.Msg.Nak() == nil {
+					handedBack++
 				}
 			}
 			f.metrics.unflushed.Add(float64(w.Mentions()))

@@ -85,19 +85,29 @@ func NewJetStreamConsumer(nc *nats.Conn, cfg Config, jcfg JetStreamConfig, sink 
 }
 
 // Run binds the durable consumer (retrying until the stream exists and NATS
-// answers), takes messages until ctx ends, then drains: it stops pulling and
-// hands what was already delivered to the sink, so the final flush writes
-// and acknowledges it.
+// answers), takes messages until ctx ends, then drains (at most the drain
+// timeout): it stops pulling and hands what was already delivered to the
+// sink, so the final flush writes and acknowledges it.
 func (c *JetStreamConsumer) Run(ctx context.Context) error {
 	cons := c.bind(ctx)
 	if cons == nil {
 		return nil // ctx ended first
 	}
-	it, err := cons.Messages(
+	// The handler runs on one goroutine of nats.go's; while it waits out a
+	// pause, nats.go stops pulling once its buffer (pullBatch) is full.
+	cc, err := cons.Consume(func(msg jetstream.Msg) {
+		for ctx.Err() == nil && c.paused() {
+			c.metrics.paused.Inc()
+			sleep(ctx, 100*time.Millisecond)
+		}
+		c.handle(msg)
+	},
 		jetstream.PullMaxMessages(pullBatch),
-		// A server restart is a pause, not an error: the iterator pulls
-		// again once the connection is back.
-		jetstream.WithMessagesErrOnMissingHeartbeat(false),
+		jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
+			// Missed heartbeats and the like during a NATS restart: nats.go
+			// pulls again by itself once the connection is back.
+			c.sampled.Warn("consume", zap.Error(err))
+		}),
 	)
 	if err != nil {
 		return fmt.Errorf("ingest: consume %s/%s: %w", c.jcfg.Stream, c.jcfg.Consumer, err)
@@ -113,24 +123,20 @@ func (c *JetStreamConsumer) Run(ctx context.Context) error {
 		stopKeepAlive()
 		wg.Wait()
 	}()
-	stopDrain := context.AfterFunc(ctx, it.Drain)
-	defer stopDrain()
 
-	for {
-		for ctx.Err() == nil && c.paused() {
-			c.metrics.paused.Inc()
-			sleep(ctx, 100*time.Millisecond)
-		}
-		msg, err := it.Next()
-		switch {
-		case errors.Is(err, jetstream.ErrMsgIteratorClosed):
-			c.log.Info("drained")
-			return nil
-		case err != nil:
-			c.sampled.Warn("next message", zap.Error(err))
-			continue
-		}
-		c.handle(msg)
+	<-ctx.Done()
+	// Stop pulling; what nats.go already holds goes through the handler, so
+	// that the final flush writes and acknowledges it.
+	cc.Drain()
+	t := time.NewTimer(c.cfg.DrainTimeout)
+	defer t.Stop()
+	select {
+	case <-cc.Closed():
+		c.log.Info("drained")
+		return nil
+	case <-t.C:
+		cc.Stop()
+		return fmt.Errorf("ingest: drain timed out after %s; undelivered messages will be redelivered", c.cfg.DrainTimeout)
 	}
 }
 

@@ -229,6 +229,9 @@ func newSource(cfg config.Config, nc *nats.Conn, agg *aggregator.Aggregator, fl 
 	return ingest.NewSubscriber(nc, icfg, agg, log, m)
 }
 
+// maxBodyBytes bounds a request body on both listeners.
+const maxBodyBytes = 64 << 10
+
 type server struct {
 	*http.Server
 	name string
@@ -251,7 +254,9 @@ func (s *Sidecar) listen(handlers map[string]http.Handler) ([]*server, error) {
 			return nil, fmt.Errorf("sidecar: listen --%s %s: %w", name, addrs[name], err)
 		}
 		out = append(out, &server{name: name, ln: ln, Server: &http.Server{
-			Handler:           handlers[name],
+			// Every endpoint is a GET: a body is never needed, so a large
+			// one is refused rather than read.
+			Handler:           http.MaxBytesHandler(handlers[name], maxBodyBytes),
 			ReadHeaderTimeout: 5 * time.Second,
 			ReadTimeout:       10 * time.Second,
 			WriteTimeout:      30 * time.Second,

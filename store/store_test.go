@@ -5,9 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"strings"
 	"sync"
 	"testing"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
@@ -322,4 +325,25 @@ func TestThrottleClassification(t *testing.T) {
 			t.Errorf("%s: throttled = %v, want %v", tt.code, got, tt.throttled)
 		}
 	}
+}
+
+// FuzzValidateTopic: no topic panics the check, and every accepted topic is
+// non-empty, within the limit, valid UTF-8 and free of control characters.
+func FuzzValidateTopic(f *testing.F) {
+	for _, s := range []string{"golang", "eu.west.k8s", "", "a\x00b", "a\xffb", "café", "\u0085", strings.Repeat("x", 300)} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, topic string) {
+		if store.ValidateTopic(topic, 256) != nil {
+			return
+		}
+		if topic == "" || len(topic) > 256 || !utf8.ValidString(topic) {
+			t.Fatalf("accepted %q", topic)
+		}
+		for _, r := range topic {
+			if unicode.IsControl(r) {
+				t.Fatalf("accepted %q with control character %U", topic, r)
+			}
+		}
+	})
 }
