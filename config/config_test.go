@@ -154,3 +154,27 @@ func TestPrintRoundTrips(t *testing.T) {
 		t.Errorf("round trip: %+v, want %+v", again, cfg)
 	}
 }
+
+// TestSecretsAreRedacted: check-config's output never shows the token or a
+// password in the NATS URL.
+func TestSecretsAreRedacted(t *testing.T) {
+	cfg := config.Default()
+	fs := cfg.FlagSet("run", nil)
+	err := config.Parse(fs, []string{"--nats-url", "nats://alice:s3cret@nats-1:4222,nats://t0ken@nats-2:4222"},
+		[]string{"HOTCOUNT_NATS_TOKEN=tok-123"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	if err := config.Print(&out, fs); err != nil {
+		t.Fatal(err)
+	}
+	for _, secret := range []string{"s3cret", "t0ken", "tok-123"} {
+		if strings.Contains(out.String(), secret) {
+			t.Errorf("printed settings show %q:\n%s", secret, out.String())
+		}
+	}
+	if !strings.Contains(out.String(), `nats-token: "REDACTED"`) || !strings.Contains(out.String(), "alice:REDACTED@nats-1") {
+		t.Errorf("redaction markers missing:\n%s", out.String())
+	}
+}

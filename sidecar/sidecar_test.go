@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -351,5 +352,94 @@ func TestJetStreamSurvivesNATSRestart(t *testing.T) {
 	t.Logf("NATS restart: published %d, table %d, over-count %d (redelivered messages %v)", published, sum(got), over, redelivered)
 	if over < 0 || float64(over) > redelivered {
 		t.Errorf("over-count %d outside 0..redelivered (%v)", over, redelivered)
+	}
+}
+
+// TestHostileInput sends, in JetStream mode, valid mentions interleaved with
+// every kind of bad message: the valid counts are exact, each bad message is
+// counted by reason and dead-lettered once with its reason, and the sidecar
+// stays ready.
+func TestHostileInput(t *testing.T) {
+	e := newEnv(t, func(c *config.Config) {
+		c.NATSMode = config.ModeJetStream
+		c.MaxCount = 1000
+		c.MaxTopicBytes = 64
+	})
+	nc := testenv.Connect(t, e.nats)
+	dlq, err := nc.SubscribeSync(e.cfg.DeadLetterSubject)
+	if err != nil {
+		t.Fatal(err)
+	}
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(nc.Flush())
+	js, err := jetstream.New(nc)
+	must(err)
+	bad := []struct{ subject, payload, reason string }{
+		{"mentions.x", `{"count": 1001}`, ingest.ReasonCount},
+		{"mentions.x", `{"count": 9223372036854775807}`, ingest.ReasonCount},
+		{"mentions.x", `{"count": 99999999999999999999999}`, ingest.ReasonCount},
+		{"mentions.x", `{"count": -5}`, ingest.ReasonCount},
+		{"mentions.x", `{"count": 0}`, ingest.ReasonCount},
+		{"mentions.x", `{"count": 2.5}`, ingest.ReasonCount},
+		{"mentions.x", `{"count": "7"}`, ingest.ReasonCount},
+		{"mentions.x", `{"count": [1]}`, ingest.ReasonCount},
+		{"mentions.x", `{"count": null}`, ingest.ReasonPayload},
+		{"mentions.x", `{"cnt": 1}`, ingest.ReasonPayload},
+		{"mentions.x", `{"count": 1`, ingest.ReasonPayload},
+		{"mentions.x", "\xff\xfe", ingest.ReasonPayload},
+		{"mentions.x", `{"count": 1, "pad": "` + strings.Repeat("p", 5000) + `"}`, ingest.ReasonPayload},
+		{"mentions." + strings.Repeat("t", 65), ``, ingest.ReasonTopic},
+		{"mentions.bad\xffutf8", ``, ingest.ReasonTopic},
+		{"mentions.ctl\x7fchar", ``, ingest.ReasonTopic},
+	}
+	ctx := context.Background()
+	var valid int64
+	for round := range 20 {
+		for _, b := range bad {
+			_, err := js.Publish(ctx, b.subject, []byte(b.payload))
+			must(err)
+			_, err = js.Publish(ctx, "mentions.x", []byte(fmt.Sprintf(`{"count": %d}`, round+1)))
+			must(err)
+			valid += int64(round + 1)
+		}
+		_, err := js.Publish(ctx, "mentions.x", nil)
+		must(err)
+		valid++
+	}
+	consumerIdle(t, e.nats)
+	must(e.probe("/readyz"))
+
+	reasons := map[string]int{}
+	for range 20 * len(bad) {
+		msg, err := dlq.NextMsg(5 * time.Second)
+		must(err)
+		reasons[msg.Header.Get(ingest.ErrorHeader)]++
+	}
+	if extra, err := dlq.NextMsg(300 * time.Millisecond); err == nil {
+		t.Errorf("a bad message was dead-lettered twice: %s %q", extra.Header.Get(ingest.SubjectHeader), extra.Data)
+	}
+	for _, r := range []string{ingest.ReasonCount, ingest.ReasonPayload, ingest.ReasonTopic} {
+		want := 0
+		for _, b := range bad {
+			if b.reason == r {
+				want += 20
+			}
+		}
+		if reasons[r] != want {
+			t.Errorf("dead letters with reason %s: %d, want %d", r, reasons[r], want)
+		}
+		if n := testenv.MetricWith(t, e.sc.Registry(), "hotcount_ingest_invalid_total", "reason", r); n != float64(want) {
+			t.Errorf("invalid{reason=%s} = %v, want %d", r, n, want)
+		}
+	}
+	must(e.stop())
+	got, _ := tableCounts(t, e.dyn, e.cfg.Table)
+	if got["x"] != valid || len(got) != 1 {
+		t.Errorf("table: %v, want only x = %d", got, valid)
 	}
 }
