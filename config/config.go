@@ -98,8 +98,9 @@ type Config struct {
 	MaxCount         int64
 	MaxTopicBytes    int
 
-	CacheTTL  time.Duration
-	CacheSize int
+	CacheTTL   time.Duration
+	CacheStale time.Duration
+	CacheSize  int
 
 	HTTPAddr        string
 	AdminAddr       string
@@ -220,6 +221,7 @@ var settings = []setting{
 	}},
 	{name: "max-topic-bytes", usage: "longest topic accepted, in bytes", bind: integer(func(c *Config) *int { return &c.MaxTopicBytes })},
 	{name: "cache-ttl", usage: "how long a gathered total is served from the cache", bind: dur(func(c *Config) *time.Duration { return &c.CacheTTL })},
+	{name: "cache-stale", usage: "past the TTL, a total is served stale while one background gather refreshes it, up to this age (0: 10 × cache-ttl)", bind: dur(func(c *Config) *time.Duration { return &c.CacheStale })},
 	{name: "cache-size", usage: "topics whose totals the cache holds", bind: integer(func(c *Config) *int { return &c.CacheSize })},
 	{name: "http", env: EnvPrefix + "HTTP_ADDR", usage: "listen address of the lookup API", bind: str(func(c *Config) *string { return &c.HTTPAddr })},
 	{name: "admin", env: EnvPrefix + "ADMIN_ADDR", usage: "listen address of /healthz, /readyz and /metrics", bind: str(func(c *Config) *string { return &c.AdminAddr })},
@@ -410,6 +412,10 @@ func (c *Config) Validate() error {
 	intIn("max-count", c.MaxCount, 1, 1<<53)
 	intIn("max-topic-bytes", int64(c.MaxTopicBytes), 1, 1024)
 	durIn("cache-ttl", c.CacheTTL, time.Millisecond, time.Hour)
+	if c.CacheStale != 0 && c.CacheStale < c.CacheTTL {
+		bad("cache-stale", "%s is shorter than cache-ttl %s (0 means 10 × cache-ttl)", c.CacheStale, c.CacheTTL)
+	}
+	durIn("cache-stale", c.CacheStale, 0, 24*time.Hour)
 	intIn("cache-size", int64(c.CacheSize), 1, 100_000_000)
 	addr("http", c.HTTPAddr)
 	addr("admin", c.AdminAddr)
@@ -428,6 +434,14 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("config: %w", errors.Join(errs...))
 	}
 	return nil
+}
+
+// CacheStaleAge is the age up to which a stale total is served.
+func (c *Config) CacheStaleAge() time.Duration {
+	if c.CacheStale > 0 {
+		return c.CacheStale
+	}
+	return lookup.DefaultStaleFactor * c.CacheTTL
 }
 
 // HealthAge is the age of the last good flush past which /healthz fails.

@@ -5,8 +5,11 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http"
+	"net/url"
 	"strconv"
+	"sync"
 	"time"
+	"unicode/utf8"
 
 	"go.uber.org/zap"
 
@@ -15,15 +18,19 @@ import (
 
 // Handler returns the lookup API:
 //
-//	GET /v1/topics/{topic}         the total, from the cache or the store
+//	GET /v1/topics/{topic}         one total
+//	GET /v1/topics?topic=a&topic=b  up to MaxBatch totals
 //	GET /v1/topics/{topic}/shards  every shard and the total, uncached
 //
-// Errors are JSON, {"error": "..."}: 400 for a bad topic, 404 for another
-// path, 503 when the store fails.
-func (s *Service) Handler(log *zap.Logger) http.Handler {
-	h := &handler{svc: s, log: log.Named("lookup")}
+// Query parameters: consistency=cached|eventual|strong (default cached),
+// include=pending (add this sidecar's unflushed delta; needs pending).
+// Errors are JSON, {"error": "..."}: 400 for a bad topic or parameter, 404
+// for another path, 503 when the store fails.
+func (s *Service) Handler(log *zap.Logger, pending func(topic string) int64) http.Handler {
+	h := &handler{svc: s, log: log.Named("lookup"), pending: pending}
 	mux := http.NewServeMux()
-	mux.HandleFunc("GET /v1/topics/{topic}", h.total)
+	mux.HandleFunc("GET /v1/topics/{topic}", h.one)
+	mux.HandleFunc("GET /v1/topics", h.many)
 	mux.HandleFunc("GET /v1/topics/{topic}/shards", h.shards)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "no such endpoint: "+r.Method+" "+r.URL.Path)
@@ -32,53 +39,182 @@ func (s *Service) Handler(log *zap.Logger) http.Handler {
 }
 
 type handler struct {
-	svc *Service
-	log *zap.Logger
+	svc     *Service
+	log     *zap.Logger
+	pending func(string) int64
 }
 
-// topic reads and checks the {topic} path value; false means it answered.
-func (h *handler) topic(w http.ResponseWriter, r *http.Request) (string, bool) {
-	topic := r.PathValue("topic")
-	if err := store.ValidateTopic(topic, h.svc.cfg.MaxTopicBytes); err != nil {
-		writeError(w, http.StatusBadRequest, err.Error())
-		return "", false
+// options are a request's query parameters.
+type options struct {
+	consistency Consistency
+	pending     bool
+	topics      []string // batch only
+}
+
+// parse reads the query. It parses nothing when there is no query: the
+// hot path (a plain cached lookup) allocates no query map.
+func (h *handler) parse(r *http.Request) (options, error) {
+	var o options
+	if r.URL.RawQuery == "" {
+		return o, nil
 	}
-	return topic, true
+	q, err := url.ParseQuery(r.URL.RawQuery)
+	if err != nil {
+		return o, err
+	}
+	for k := range q {
+		if k != "consistency" && k != "include" && k != "topic" {
+			return o, errors.New("unknown parameter " + strconv.Quote(k) + ": use consistency, include or topic")
+		}
+	}
+	if o.consistency, err = ParseConsistency(q.Get("consistency")); err != nil {
+		return o, err
+	}
+	switch q.Get("include") {
+	case "":
+	case "pending":
+		if h.pending == nil {
+			return o, errors.New("include=pending is not available here")
+		}
+		o.pending = true
+	default:
+		return o, errors.New("include " + strconv.Quote(q.Get("include")) + " is not pending")
+	}
+	o.topics = q["topic"]
+	return o, nil
 }
 
-func (h *handler) total(w http.ResponseWriter, r *http.Request) {
-	topic, ok := h.topic(w, r)
-	if !ok {
+func (h *handler) topic(topic string) error {
+	return store.ValidateTopic(topic, h.svc.cfg.MaxTopicBytes)
+}
+
+func (h *handler) one(w http.ResponseWriter, r *http.Request) {
+	topic := r.PathValue("topic")
+	if err := h.topic(topic); err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
 		return
 	}
-	t, err := h.svc.Total(r.Context(), topic)
+	o, err := h.parse(r)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	if len(o.topics) > 0 {
+		writeError(w, http.StatusBadRequest, "topic is in the path; ?topic= is for /v1/topics")
+		return
+	}
+	t, err := h.svc.Lookup(r.Context(), topic, o.consistency)
 	if err != nil {
 		h.storeError(w, r, err)
 		return
 	}
-	if left := h.svc.cfg.CacheTTL - time.Duration(t.AgeMs)*time.Millisecond; left > 0 {
-		w.Header().Set("Cache-Control", "max-age="+strconv.Itoa(int(left/time.Second)))
-	} else {
-		w.Header().Set("Cache-Control", "no-cache")
+	if o.pending {
+		h.addPending(&t)
 	}
-	writeJSON(w, http.StatusOK, t)
+	w.Header().Set("Cache-Control", h.cacheControl(t, o))
+	buf := getBuf()
+	*buf = appendTotal(*buf, t)
+	writeBody(w, http.StatusOK, *buf)
+	putBuf(buf)
+}
+
+func (h *handler) many(w http.ResponseWriter, r *http.Request) {
+	o, err := h.parse(r)
+	switch {
+	case err != nil:
+	case len(o.topics) == 0:
+		err = errNoTopics
+	case len(o.topics) > MaxBatch:
+		err = errors.New("at most " + strconv.Itoa(MaxBatch) + " topics in one lookup, got " + strconv.Itoa(len(o.topics)))
+	}
+	for i := 0; err == nil && i < len(o.topics); i++ {
+		if terr := h.topic(o.topics[i]); terr != nil {
+			err = errors.New("topic " + strconv.Itoa(i) + ": " + terr.Error())
+		}
+	}
+	if err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	ts, err := h.svc.LookupMany(r.Context(), o.topics, o.consistency)
+	if err != nil {
+		h.storeError(w, r, err)
+		return
+	}
+	w.Header().Set("Cache-Control", "no-cache")
+	buf := getBuf()
+	b := append(*buf, `{"topics":[`...)
+	for i := range ts {
+		if o.pending {
+			h.addPending(&ts[i])
+		}
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = appendTotal(b, ts[i])
+	}
+	*buf = append(b, "]}\n"...)
+	writeBody(w, http.StatusOK, *buf)
+	putBuf(buf)
+}
+
+func (h *handler) addPending(t *Total) {
+	t.Pending = h.pending(t.Topic)
+	t.PendingIncluded = true
+	t.Count = satAdd(t.Count, t.Pending)
+}
+
+func satAdd(x, y int64) int64 {
+	if y > 0 && x > (1<<63-1)-y {
+		return 1<<63 - 1
+	}
+	return x + y
+}
+
+// cacheControl lets an HTTP cache keep a fresh cached total for what is
+// left of its TTL, and nothing else.
+func (h *handler) cacheControl(t Total, o options) string {
+	if t.Stale || o.pending || o.consistency != Cached {
+		return "no-cache"
+	}
+	left := h.svc.cfg.CacheTTL - time.Duration(t.AgeMs)*time.Millisecond
+	if left < time.Second {
+		return "no-cache"
+	}
+	return "max-age=" + strconv.Itoa(int(left/time.Second))
 }
 
 func (h *handler) shards(w http.ResponseWriter, r *http.Request) {
-	topic, ok := h.topic(w, r)
-	if !ok {
+	topic := r.PathValue("topic")
+	if err := h.topic(topic); err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
 		return
 	}
-	t, shards, err := h.svc.Shards(r.Context(), topic)
+	o, err := h.parse(r)
+	if err == nil && (o.pending || len(o.topics) > 0) {
+		err = errors.New("the shards endpoint takes only consistency")
+	}
+	if err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	t, shards, err := h.svc.Shards(r.Context(), topic, o.consistency == Strong)
 	if err != nil {
 		h.storeError(w, r, err)
 		return
 	}
 	w.Header().Set("Cache-Control", "no-store")
-	writeJSON(w, http.StatusOK, struct {
-		Total
-		Shards []store.Shard `json:"shards"`
-	}{t, shards})
+	body, err := json.Marshal(struct {
+		Topic     string        `json:"topic"`
+		Count     int64         `json:"count"`
+		Saturated bool          `json:"saturated,omitempty"`
+		Shards    []store.Shard `json:"shards"`
+	}{t.Topic, t.Count, t.Saturated, shards})
+	if err != nil {
+		writeError(w, http.StatusInternalServerError, err.Error())
+		return
+	}
+	writeBody(w, http.StatusOK, append(body, '\n'))
 }
 
 func (h *handler) storeError(w http.ResponseWriter, r *http.Request, err error) {
@@ -89,22 +225,88 @@ func (h *handler) storeError(w http.ResponseWriter, r *http.Request, err error) 
 	writeError(w, http.StatusServiceUnavailable, err.Error())
 }
 
-func writeJSON(w http.ResponseWriter, status int, v any) {
-	body, err := json.Marshal(v)
-	if err != nil {
-		writeError(w, http.StatusInternalServerError, "encode response: "+err.Error())
-		return
+// appendTotal writes t as a JSON object and a newline. It is written by hand
+// because it is the hot path: encoding/json's reflection cost more than the
+// rest of a cached lookup (BenchmarkAppendTotal).
+func appendTotal(b []byte, t Total) []byte {
+	b = append(b, `{"topic":`...)
+	b = appendString(b, t.Topic)
+	b = append(b, `,"count":`...)
+	b = strconv.AppendInt(b, t.Count, 10)
+	b = append(b, `,"source":"`...)
+	b = append(b, t.Source...)
+	b = append(b, `","stale":`...)
+	b = strconv.AppendBool(b, t.Stale)
+	b = append(b, `,"ageMs":`...)
+	b = strconv.AppendInt(b, t.AgeMs, 10)
+	b = append(b, `,"shards":`...)
+	b = strconv.AppendInt(b, int64(t.Shards), 10)
+	if t.Saturated {
+		b = append(b, `,"saturated":true`...)
 	}
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	w.Write(append(body, '\n')) //nolint:errcheck // nothing to do about a client that left
+	if t.PendingIncluded {
+		b = append(b, `,"pending":`...)
+		b = strconv.AppendInt(b, t.Pending, 10)
+		b = append(b, `,"includesPending":true`...)
+	}
+	return append(b, "}\n"...)
 }
+
+// appendString writes s as a JSON string. Topics are valid UTF-8 without
+// control characters (ValidateTopic), but this escapes whatever it gets.
+func appendString(b []byte, s string) []byte {
+	b = append(b, '"')
+	for i := 0; i < len(s); {
+		c := s[i]
+		if c >= 0x20 && c != '"' && c != '\\' && c < utf8.RuneSelf {
+			b = append(b, c)
+			i++
+			continue
+		}
+		if c < utf8.RuneSelf {
+			switch c {
+			case '"', '\\':
+				b = append(b, '\\', c)
+			default:
+				b = append(b, `\u00`...)
+				b = append(b, "0123456789abcdef"[c>>4], "0123456789abcdef"[c&0xf])
+			}
+			i++
+			continue
+		}
+		r, size := utf8.DecodeRuneInString(s[i:])
+		if r == utf8.RuneError && size == 1 {
+			b = append(b, `\ufffd`...)
+		} else {
+			b = append(b, s[i:i+size]...)
+		}
+		i += size
+	}
+	return append(b, '"')
+}
+
+var bufs = sync.Pool{New: func() any { b := make([]byte, 0, 512); return &b }}
+
+func getBuf() *[]byte { b := bufs.Get().(*[]byte); *b = (*b)[:0]; return b }
+
+func putBuf(b *[]byte) {
+	if cap(*b) <= 64<<10 { // a huge batch answer is not worth keeping
+		bufs.Put(b)
+	}
+}
+
+func writeBody(w http.ResponseWriter, status int, body []byte) {
+	h := w.Header()
+	h["Content-Type"] = jsonType
+	w.WriteHeader(status)
+	w.Write(body) //nolint:errcheck // nothing to do about a client that left
+}
+
+var jsonType = []string{"application/json"}
 
 func writeError(w http.ResponseWriter, status int, msg string) {
 	body, _ := json.Marshal(struct {
 		Error string `json:"error"`
 	}{msg}) // a struct of one string always encodes
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	w.Write(append(body, '\n')) //nolint:errcheck // nothing to do about a client that left
+	writeBody(w, status, append(body, '\n'))
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -21,57 +22,108 @@ import (
 	"github.com/hotcount/hotcount/store"
 )
 
-// counting wraps the real embedded store, counting gathers and optionally
-// failing them.
+// counting wraps a real store, counting gathers and store calls, and can
+// fail them or hold them until released.
 type counting struct {
-	*store.Bolt
-	gathers atomic.Int64
-	fail    atomic.Bool
-	delay   time.Duration
+	lookup.Store
+	gathers    atomic.Int64 // topics gathered
+	calls      atomic.Int64 // Gather/GatherMany calls
+	consistent atomic.Int64 // calls with consistent reads
+	fail       atomic.Bool
+	delay      time.Duration
+	gate       chan struct{} // when set, each call waits for a receive... of a close
+}
+
+func (c *counting) before(n int, consistent bool) error {
+	c.calls.Add(1)
+	c.gathers.Add(int64(n))
+	if consistent {
+		c.consistent.Add(1)
+	}
+	time.Sleep(c.delay) // hold the gather open so that readers pile up on it
+	if g := c.gate; g != nil {
+		<-g
+	}
+	if c.fail.Load() {
+		return errors.New("injected: store down")
+	}
+	return nil
 }
 
 func (c *counting) Gather(ctx context.Context, topic string, n int, consistent bool) ([]store.Shard, error) {
-	c.gathers.Add(1)
-	time.Sleep(c.delay) // hold the gather open so that readers pile up on it
-	if c.fail.Load() {
-		return nil, errors.New("injected: store down")
+	if err := c.before(1, consistent); err != nil {
+		return nil, err
 	}
-	return c.Bolt.Gather(ctx, topic, n, consistent)
+	return c.Store.Gather(ctx, topic, n, consistent)
 }
 
-func newStore(t *testing.T) *counting {
+func (c *counting) GatherMany(ctx context.Context, topics []string, n int, consistent bool) (map[string][]store.Shard, error) {
+	if err := c.before(len(topics), consistent); err != nil {
+		return nil, err
+	}
+	return c.Store.GatherMany(ctx, topics, n, consistent)
+}
+
+func newBolt(t testing.TB) *store.Bolt {
 	b, err := store.OpenBolt(t.TempDir(), store.NewMetrics(prometheus.NewRegistry()))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { b.Close() })
-	return &counting{Bolt: b}
+	return b
 }
 
-func newService(t *testing.T, st lookup.Store, ttl time.Duration) (*lookup.Service, *prometheus.Registry) {
+func newStore(t testing.TB) (*counting, *store.Bolt) {
+	b := newBolt(t)
+	return &counting{Store: b}, b
+}
+
+// clock is a settable time for freshness decisions.
+type clock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *clock) now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
+func (c *clock) add(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.t = c.t.Add(d)
+}
+
+func newService(t testing.TB, st lookup.Store, ttl, stale time.Duration, now func() time.Time) (*lookup.Service, *prometheus.Registry) {
 	reg := prometheus.NewRegistry()
-	return lookup.New(lookup.Config{Shards: 4, CacheTTL: ttl, CacheSize: 100, MaxTopicBytes: 32}, st, reg, time.Now), reg
+	if now == nil {
+		now = time.Now
+	}
+	svc := lookup.New(lookup.Config{Shards: 4, CacheTTL: ttl, CacheStale: stale, CacheSize: 100, MaxTopicBytes: 32}, st, reg, now)
+	t.Cleanup(svc.Close)
+	return svc, reg
+}
+
+func add(t testing.TB, b *store.Bolt, topic string, shard int, n int64) {
+	t.Helper()
+	if err := b.Add(context.Background(), topic, shard, n, time.UnixMilli(1796198815543)); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // TestCacheAbsorbsConcurrentReads: 64 readers × 200 lookups of one topic
 // within one TTL cost one gather, and all see the right total.
 func TestCacheAbsorbsConcurrentReads(t *testing.T) {
-	st := newStore(t)
+	st, b := newStore(t)
 	st.delay = 20 * time.Millisecond
-	ctx := context.Background()
 	for shard, n := range []int64{3, 0, 5, 2} {
-		if err := st.Add(ctx, "golang", shard, n, time.Now()); err != nil {
-			t.Fatal(err)
-		}
+		add(t, b, "golang", shard, n)
 	}
-	svc, reg := newService(t, st, time.Minute)
+	svc, reg := newService(t, st, time.Minute, 10*time.Minute, nil)
 	var wg sync.WaitGroup
 	for range 64 {
 		wg.Go(func() {
 			for range 200 {
-				got, err := svc.Total(ctx, "golang")
+				got, err := svc.Lookup(context.Background(), "golang", lookup.Cached)
 				if err != nil || got.Count != 10 {
-					t.Errorf("Total = %+v, %v; want count 10", got, err)
+					t.Errorf("Lookup = %+v, %v; want count 10", got, err)
 					return
 				}
 			}
@@ -88,45 +140,184 @@ func TestCacheAbsorbsConcurrentReads(t *testing.T) {
 	}
 }
 
-// TestCacheExpires: after the TTL the next lookup gathers again and sees
-// new counts; an unknown topic is cached as zero like any other.
-func TestCacheExpires(t *testing.T) {
-	st := newStore(t)
-	svc, _ := newService(t, st, 50*time.Millisecond)
+// TestStaleWhileRevalidate: past the TTL a reader gets the old total at once
+// (stale) while one background gather runs, even when that gather hangs;
+// then the new total is served fresh.
+func TestStaleWhileRevalidate(t *testing.T) {
+	st, b := newStore(t)
+	clk := &clock{t: time.Unix(1_800_000_000, 0)}
+	svc, reg := newService(t, st, time.Second, time.Hour, clk.now)
 	ctx := context.Background()
-	first, err := svc.Total(ctx, "new")
-	if err != nil || first.Count != 0 || first.Source != "store" {
-		t.Fatalf("Total(new) = %+v, %v; want 0 from store", first, err)
+	add(t, b, "hot", 0, 5)
+	if got, err := svc.Lookup(ctx, "hot", lookup.Cached); err != nil || got.Count != 5 || got.Source != "store" {
+		t.Fatalf("first Lookup = %+v, %v", got, err)
 	}
-	if again, _ := svc.Total(ctx, "new"); again.Source != "cache" {
-		t.Errorf("second lookup came from %s, want cache", again.Source)
-	}
-	if err := st.Add(ctx, "new", 1, 9, time.Now()); err != nil {
-		t.Fatal(err)
+	add(t, b, "hot", 1, 2)
+	st.gate = make(chan struct{}) // the refresh will hang until released
+	clk.add(1500 * time.Millisecond)
+
+	for range 1000 { // a storm during the refresh: nobody waits
+		got, err := svc.Lookup(ctx, "hot", lookup.Cached)
+		if err != nil || got.Count != 5 || !got.Stale || got.Source != "cache" || got.AgeMs != 1500 {
+			t.Fatalf("Lookup during refresh = %+v, %v; want the stale 5 at once", got, err)
+		}
 	}
 	testenv.Eventually(t, 5*time.Second, func() error {
-		got, err := svc.Total(ctx, "new")
-		if err != nil {
-			return err
-		}
-		if got.Count != 9 {
-			return errors.New("still the cached total")
+		if g := st.gathers.Load(); g != 2 {
+			return fmt.Errorf("%d gathers, want 2: the first, and one refresh for the whole storm", g)
 		}
 		return nil
 	})
-	if g := st.gathers.Load(); g != 2 {
-		t.Errorf("%d gathers, want 2 (one per TTL)", g)
+	close(st.gate)
+	testenv.Eventually(t, 5*time.Second, func() error {
+		got, err := svc.Lookup(ctx, "hot", lookup.Cached)
+		if err != nil {
+			return err
+		}
+		if got.Count != 7 || got.Stale {
+			return fmt.Errorf("got %+v, want a fresh 7", got)
+		}
+		return nil
+	})
+	if n := testenv.MetricWith(t, reg, "hotcount_cache_requests_total", "result", "stale"); n < 1000 {
+		t.Errorf("stale results = %v, want at least 1000", n)
 	}
 }
 
-func TestHTTP(t *testing.T) {
-	st := newStore(t)
+// TestStaleSurvivesStoreFailure: a refresh that fails keeps the stale total
+// served, up to --cache-stale; past it readers miss and get the error.
+func TestStaleSurvivesStoreFailure(t *testing.T) {
+	st, b := newStore(t)
+	svc, reg := newService(t, st, 20*time.Millisecond, 300*time.Millisecond, nil)
 	ctx := context.Background()
-	if err := st.Add(ctx, "eu.west.k8s", 2, 42, time.UnixMilli(1796198815543)); err != nil {
+	add(t, b, "x", 2, 9)
+	if _, err := svc.Lookup(ctx, "x", lookup.Cached); err != nil {
 		t.Fatal(err)
 	}
-	svc, _ := newService(t, st, time.Minute)
-	srv := httptest.NewServer(svc.Handler(zaptest.NewLogger(t)))
+	st.fail.Store(true)
+	time.Sleep(40 * time.Millisecond) // past the TTL, inside the stale bound
+	got, err := svc.Lookup(ctx, "x", lookup.Cached)
+	if err != nil || got.Count != 9 || !got.Stale {
+		t.Fatalf("Lookup with the store down = %+v, %v; want the stale 9", got, err)
+	}
+	testenv.Eventually(t, 5*time.Second, func() error {
+		if testenv.Metric(t, reg, "hotcount_cache_refresh_errors_total") < 1 {
+			return errors.New("no failed refresh yet")
+		}
+		return nil
+	})
+	testenv.Eventually(t, 5*time.Second, func() error {
+		if _, err := svc.Lookup(ctx, "x", lookup.Cached); err == nil {
+			return errors.New("still served past the stale bound")
+		}
+		return nil
+	})
+}
+
+// TestReadCostBoundedByTTL: a storm of readers for a second costs at most
+// (duration / TTL + 1) gathers of one topic.
+func TestReadCostBoundedByTTL(t *testing.T) {
+	st, b := newStore(t)
+	add(t, b, "storm", 0, 1)
+	const ttl = 100 * time.Millisecond
+	svc, _ := newService(t, st, ttl, 10*ttl, nil)
+	start := time.Now()
+	var wg sync.WaitGroup
+	var lookups atomic.Int64
+	for range 8 {
+		wg.Go(func() {
+			for time.Since(start) < time.Second {
+				if _, err := svc.Lookup(context.Background(), "storm", lookup.Cached); err != nil {
+					t.Error(err)
+					return
+				}
+				lookups.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	bound := int64(elapsed/ttl) + 1
+	if g := st.gathers.Load(); g > bound {
+		t.Errorf("%d gathers in %s for %d lookups, bound %d", g, elapsed, lookups.Load(), bound)
+	}
+	t.Logf("%d lookups in %s cost %d gathers (%d shard reads); bound %d gathers", lookups.Load(), elapsed, st.gathers.Load(), 4*st.gathers.Load(), bound)
+}
+
+// TestLookupManySharesOneGather: hits come from the cache and all misses of
+// a batch are gathered in one store call.
+func TestLookupManySharesOneGather(t *testing.T) {
+	st, b := newStore(t)
+	add(t, b, "a", 0, 1)
+	add(t, b, "c", 3, 3)
+	svc, _ := newService(t, st, time.Minute, time.Hour, nil)
+	ctx := context.Background()
+	if _, err := svc.Lookup(ctx, "a", lookup.Cached); err != nil {
+		t.Fatal(err)
+	}
+	calls := st.calls.Load()
+	got, err := svc.LookupMany(ctx, []string{"a", "b", "c", "b"}, lookup.Cached)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.calls.Load()-calls != 1 || st.gathers.Load() != 1+2 {
+		t.Errorf("%d store calls for %d topics, want one call for the 2 misses", st.calls.Load()-calls, st.gathers.Load()-1)
+	}
+	want := []struct {
+		topic  string
+		count  int64
+		source string
+	}{{"a", 1, "cache"}, {"b", 0, "store"}, {"c", 3, "store"}, {"b", 0, "store"}}
+	for i, w := range want {
+		if got[i].Topic != w.topic || got[i].Count != w.count || got[i].Source != w.source {
+			t.Errorf("result %d = %+v, want %+v", i, got[i], w)
+		}
+	}
+}
+
+// TestConsistencyLevels: eventual and strong skip the cache; strong asks the
+// store for consistent reads; neither serves a cached value.
+func TestConsistencyLevels(t *testing.T) {
+	st, b := newStore(t)
+	svc, _ := newService(t, st, time.Minute, time.Hour, nil)
+	ctx := context.Background()
+	add(t, b, "c", 0, 1)
+	if _, err := svc.Lookup(ctx, "c", lookup.Cached); err != nil {
+		t.Fatal(err)
+	}
+	add(t, b, "c", 1, 1)
+	for _, tc := range []struct {
+		c          lookup.Consistency
+		want       int64
+		consistent int64
+	}{{lookup.Cached, 1, 0}, {lookup.Eventual, 2, 0}, {lookup.Strong, 2, 1}} {
+		got, err := svc.Lookup(ctx, "c", tc.c)
+		if err != nil || got.Count != tc.want {
+			t.Errorf("consistency %d: %+v, %v; want %d", tc.c, got, err, tc.want)
+		}
+		if n := st.consistent.Load(); n != tc.consistent {
+			t.Errorf("consistency %d: %d consistent store calls, want %d", tc.c, n, tc.consistent)
+		}
+	}
+}
+
+func get(t *testing.T, url string) (int, http.Header, string) {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	return resp.StatusCode, resp.Header, string(body)
+}
+
+func TestHTTP(t *testing.T) {
+	st, b := newStore(t)
+	add(t, b, "eu.west.k8s", 2, 42)
+	svc, _ := newService(t, st, time.Minute, time.Hour, nil)
+	pending := map[string]int64{"eu.west.k8s": 8}
+	srv := httptest.NewServer(svc.Handler(zaptest.NewLogger(t), func(topic string) int64 { return pending[topic] }))
 	defer srv.Close()
 
 	tests := []struct {
@@ -135,61 +326,61 @@ func TestHTTP(t *testing.T) {
 		status int
 		want   string // a fragment of the body
 	}{
-		{"total", "/v1/topics/eu.west.k8s", 200, `"count":42`},
+		{"total", "/v1/topics/eu.west.k8s", 200, `"count":42,"source":"store","stale":false,"ageMs":`},
+		{"cached", "/v1/topics/eu.west.k8s", 200, `"source":"cache"`},
 		{"unknown is zero", "/v1/topics/nobody", 200, `"count":0`},
 		{"escaped", "/v1/topics/caf%C3%A9", 200, `"topic":"café"`},
-		{"shards", "/v1/topics/eu.west.k8s/shards", 200, `{"shard":2,"count":42,"updatedAt":1796198815543}`},
-		{"shards include zeros", "/v1/topics/eu.west.k8s/shards", 200, `{"shard":0,"count":0,"updatedAt":0}`},
+		{"quote", "/v1/topics/a%22b", 200, `"topic":"a\"b"`},
+		{"pending", "/v1/topics/eu.west.k8s?include=pending", 200, `"count":50,"source":"cache","stale":false,`},
+		{"pending fields", "/v1/topics/eu.west.k8s?include=pending", 200, `"shards":4,"pending":8,"includesPending":true}`},
+		{"strong", "/v1/topics/eu.west.k8s?consistency=strong", 200, `"count":42,"source":"store"`},
+		{"batch", "/v1/topics?topic=eu.west.k8s&topic=nobody", 200, `{"topics":[{"topic":"eu.west.k8s","count":42,"source":"cache"`},
+		{"shards", "/v1/topics/eu.west.k8s/shards", 200, `"shards":[{"shard":0,"count":0,"updatedAt":0},{"shard":1,"count":0,"updatedAt":0},{"shard":2,"count":42,"updatedAt":1796198815543},{"shard":3,"count":0,"updatedAt":0}]`},
 		{"invalid utf8", "/v1/topics/a%FFb", 400, `"error":"topic is not valid UTF-8"`},
 		{"control character", "/v1/topics/a%01b", 400, `"error":"topic contains control character U+0001"`},
 		{"too long", "/v1/topics/" + strings.Repeat("x", 33), 400, `longer than 32`},
+		{"bad consistency", "/v1/topics/x?consistency=linearizable", 400, `consistency \"linearizable\" is not cached, eventual or strong`},
+		{"bad include", "/v1/topics/x?include=everything", 400, `is not pending`},
+		{"unknown parameter", "/v1/topics/x?cnsistency=strong", 400, `unknown parameter`},
+		{"batch without topics", "/v1/topics", 400, `name at least one topic`},
+		{"batch too large", "/v1/topics?" + strings.Repeat("topic=a&", 101), 400, `at most 100 topics`},
+		{"batch bad topic", "/v1/topics?topic=ok&topic=", 400, `topic 1: topic is empty`},
 		{"no such path", "/v2/whatever", 404, `"error":"no such endpoint`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			resp, err := http.Get(srv.URL + tt.path)
-			if err != nil {
-				t.Fatal(err)
+			status, hdr, body := get(t, srv.URL+tt.path)
+			if status != tt.status || !strings.Contains(body, tt.want) {
+				t.Errorf("GET %s = %d %s, want %d containing %s", tt.path, status, body, tt.status, tt.want)
 			}
-			body, _ := io.ReadAll(resp.Body)
-			resp.Body.Close()
-			if resp.StatusCode != tt.status || !strings.Contains(string(body), tt.want) {
-				t.Errorf("GET %s = %d %s, want %d containing %s", tt.path, resp.StatusCode, body, tt.status, tt.want)
-			}
-			if ct := resp.Header.Get("Content-Type"); ct != "application/json" {
+			if ct := hdr.Get("Content-Type"); ct != "application/json" {
 				t.Errorf("Content-Type = %q", ct)
 			}
-			if !json.Valid(body) {
+			if !json.Valid([]byte(body)) {
 				t.Errorf("body is not JSON: %s", body)
 			}
 		})
 	}
 
-	st.fail.Store(true)
-	resp, err := http.Get(srv.URL + "/v1/topics/uncached")
-	if err != nil {
-		t.Fatal(err)
+	if _, hdr, _ := get(t, srv.URL+"/v1/topics/eu.west.k8s"); hdr.Get("Cache-Control") != "max-age=59" && hdr.Get("Cache-Control") != "max-age=60" {
+		t.Errorf("Cache-Control = %q, want max-age of the TTL left", hdr.Get("Cache-Control"))
 	}
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != 503 || !strings.Contains(string(body), "injected: store down") {
-		t.Errorf("store failure: %d %s, want 503 with the reason", resp.StatusCode, body)
+	st.fail.Store(true)
+	status, _, body := get(t, srv.URL+"/v1/topics/uncached")
+	if status != 503 || !strings.Contains(body, "injected: store down") {
+		t.Errorf("store failure: %d %s, want 503 with the reason", status, body)
 	}
 }
 
 // FuzzTopicPath: no path makes the handler panic or answer 5xx, and every
 // answer but the mux's redirect of an unclean path (like "..") is JSON.
 func FuzzTopicPath(f *testing.F) {
-	for _, s := range []string{"golang", "a%FFb", "%00", "a/b", "..", "%2F", strings.Repeat("x", 40)} {
+	for _, s := range []string{"golang", "a%FFb", "%00", "a/b", "..", "%2F", strings.Repeat("x", 40), "x?consistency=strong", "?topic=a&topic=%FF"} {
 		f.Add(s)
 	}
-	b, err := store.OpenBolt(f.TempDir(), store.NewMetrics(prometheus.NewRegistry()))
-	if err != nil {
-		f.Fatal(err)
-	}
-	defer b.Close()
-	svc := lookup.New(lookup.Config{Shards: 2, CacheTTL: time.Second, CacheSize: 10, MaxTopicBytes: 32}, b, prometheus.NewRegistry(), time.Now)
-	h := svc.Handler(zaptest.NewLogger(f))
+	svc := lookup.New(lookup.Config{Shards: 2, CacheTTL: time.Second, CacheStale: time.Second, CacheSize: 10, MaxTopicBytes: 32}, newBolt(f), prometheus.NewRegistry(), time.Now)
+	defer svc.Close()
+	h := svc.Handler(zaptest.NewLogger(f), func(string) int64 { return 1 })
 	f.Fuzz(func(t *testing.T, topic string) {
 		req, err := http.NewRequest("GET", "http://x/v1/topics/"+topic, nil)
 		if err != nil {

@@ -121,9 +121,11 @@ func (s *Sidecar) Run(ctx context.Context) error {
 	lk := lookup.New(lookup.Config{
 		Shards:        cfg.Shards,
 		CacheTTL:      cfg.CacheTTL,
+		CacheStale:    cfg.CacheStaleAge(),
 		CacheSize:     cfg.CacheSize,
 		MaxTopicBytes: cfg.MaxTopicBytes,
 	}, st, reg, time.Now)
+	defer lk.Close()
 
 	health := func(context.Context) error {
 		if age := time.Since(fl.LastSuccess()); age > cfg.HealthAge() {
@@ -139,7 +141,7 @@ func (s *Sidecar) Run(ctx context.Context) error {
 	}
 
 	servers, err := s.listen(map[string]http.Handler{
-		"http":  lk.Handler(log),
+		"http":  lk.Handler(log, agg.Pending),
 		"admin": admin.Handler(reg, health, ready),
 	})
 	if err != nil {

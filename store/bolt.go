@@ -96,27 +96,40 @@ func (b *Bolt) Add(ctx context.Context, topic string, shard int, delta int64, no
 // DynamoDB) is a consistent snapshot; consistent is accepted for the shared
 // interface and changes nothing.
 func (b *Bolt) Gather(ctx context.Context, topic string, n int, consistent bool) ([]Shard, error) {
-	b.metrics.gathers.Inc()
-	b.metrics.reads.Add(float64(n))
-	shards := make([]Shard, n)
+	m, err := b.GatherMany(ctx, []string{topic}, n, consistent)
+	if err != nil {
+		return nil, err
+	}
+	return m[topic], nil
+}
+
+// GatherMany is Gather for several topics, in one read transaction.
+func (b *Bolt) GatherMany(ctx context.Context, topics []string, n int, consistent bool) (map[string][]Shard, error) {
+	b.metrics.gathers.Add(float64(len(topics)))
+	b.metrics.reads.Add(float64(n * len(topics)))
+	out := make(map[string][]Shard, len(topics))
 	err := b.db.View(func(tx *bolt.Tx) error {
 		bk := tx.Bucket(boltBucket)
-		for i := range shards {
-			shards[i].Shard = i
-			var err error
-			shards[i].Count, shards[i].UpdatedAt, err = decodeItem(bk.Get([]byte(ShardKey(topic, i))))
-			if err != nil {
-				return err
+		for _, topic := range topics {
+			shards := make([]Shard, n)
+			for i := range shards {
+				shards[i].Shard = i
+				var err error
+				shards[i].Count, shards[i].UpdatedAt, err = decodeItem(bk.Get([]byte(ShardKey(topic, i))))
+				if err != nil {
+					return err
+				}
 			}
+			out[topic] = shards
 		}
 		return nil
 	})
 	if err != nil {
-		err = fmt.Errorf("store: gather %q: %w", topic, err)
+		err = fmt.Errorf("store: gather %q: %w", topics, err)
 		b.metrics.failed("read", err)
 		return nil, err
 	}
-	return shards, nil
+	return out, nil
 }
 
 // Ping checks that the database is open.

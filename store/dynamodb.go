@@ -80,16 +80,33 @@ func (d *DynamoDB) Add(ctx context.Context, topic string, shard int, delta int64
 // order, zero for a shard never written. consistent asks for strongly
 // consistent reads (twice the read units).
 func (d *DynamoDB) Gather(ctx context.Context, topic string, n int, consistent bool) ([]Shard, error) {
-	d.metrics.gathers.Inc()
-	d.metrics.reads.Add(float64(n))
-	shards := make([]Shard, n)
-	index := make(map[string]int, n)
-	keys := make([]map[string]types.AttributeValue, 0, n)
-	for i := range shards {
-		shards[i].Shard = i
-		k := ShardKey(topic, i)
-		index[k] = i
-		keys = append(keys, map[string]types.AttributeValue{AttrPK: &types.AttributeValueMemberS{Value: k}})
+	m, err := d.GatherMany(ctx, []string{topic}, n, consistent)
+	if err != nil {
+		return nil, err
+	}
+	return m[topic], nil
+}
+
+// GatherMany is Gather for several topics at once: their shard keys share
+// BatchGetItem calls, 100 keys each, so 25 topics of 4 shards cost one round
+// trip. The caller owns the returned map.
+func (d *DynamoDB) GatherMany(ctx context.Context, topics []string, n int, consistent bool) (map[string][]Shard, error) {
+	d.metrics.gathers.Add(float64(len(topics)))
+	d.metrics.reads.Add(float64(n * len(topics)))
+	type slot struct{ topic, shard int }
+	out := make(map[string][]Shard, len(topics))
+	shards := make([][]Shard, len(topics))
+	index := make(map[string]slot, n*len(topics))
+	keys := make([]map[string]types.AttributeValue, 0, n*len(topics))
+	for t, topic := range topics {
+		shards[t] = make([]Shard, n)
+		out[topic] = shards[t]
+		for i := range n {
+			shards[t][i].Shard = i
+			k := ShardKey(topic, i)
+			index[k] = slot{t, i}
+			keys = append(keys, map[string]types.AttributeValue{AttrPK: &types.AttributeValueMemberS{Value: k}})
+		}
 	}
 	for start := 0; start < len(keys); start += maxBatchGetKeys {
 		chunk := keys[start:min(start+maxBatchGetKeys, len(keys))]
@@ -98,32 +115,34 @@ func (d *DynamoDB) Gather(ctx context.Context, topic string, n int, consistent b
 			if !ok {
 				return fmt.Errorf("store: item without a string %s", AttrPK)
 			}
-			i, ok := index[pk.Value]
+			at, ok := index[pk.Value]
 			if !ok {
-				return fmt.Errorf("store: unexpected item %q in gather of %q", pk.Value, topic)
+				return fmt.Errorf("store: unexpected item %q in gather", pk.Value)
 			}
+			sh := &shards[at.topic][at.shard]
 			var err error
-			if shards[i].Count, err = numberAttr(item, AttrCount); err != nil {
+			if sh.Count, err = numberAttr(item, AttrCount); err != nil {
 				return fmt.Errorf("store: item %s: %w", pk.Value, err)
 			}
-			if shards[i].UpdatedAt, err = numberAttr(item, AttrUpdatedAt); err != nil {
+			if sh.UpdatedAt, err = numberAttr(item, AttrUpdatedAt); err != nil {
 				return fmt.Errorf("store: item %s: %w", pk.Value, err)
 			}
 			return nil
 		})
 		if err != nil {
-			err = classify(fmt.Errorf("store: gather %q: %w", topic, err))
+			err = classify(fmt.Errorf("store: gather %q: %w", topics, err))
 			d.metrics.failed("read", err)
 			return nil, err
 		}
 	}
-	return shards, nil
+	return out, nil
 }
 
 // batchGet runs one BatchGetItem over keys (at most 100), retrying the
 // UnprocessedKeys DynamoDB hands back (under load it returns part of a batch
 // rather than fail it) with jittered exponential backoff.
 func (d *DynamoDB) batchGet(ctx context.Context, keys []map[string]types.AttributeValue, consistent bool, each func(map[string]types.AttributeValue) error) error {
+	d.metrics.batchGets.Inc()
 	req := map[string]types.KeysAndAttributes{
 		d.table: {Keys: keys, ConsistentRead: aws.Bool(consistent)},
 	}
@@ -142,6 +161,7 @@ func (d *DynamoDB) batchGet(ctx context.Context, keys []map[string]types.Attribu
 			return nil
 		}
 		req = out.UnprocessedKeys
+		d.metrics.batchGets.Inc()
 		t := time.NewTimer(backoff/2 + rand.N(backoff/2+1))
 		select {
 		case <-ctx.Done():

@@ -85,6 +85,7 @@ type Metrics struct {
 	throttled prometheus.Counter
 	errors    *prometheus.CounterVec
 	gathers   prometheus.Counter
+	batchGets prometheus.Counter
 }
 
 // NewMetrics registers the store metrics with reg.
@@ -108,10 +109,14 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"op"}),
 		gathers: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "hotcount_store_gathers_total",
-			Help: "Gathers of a topic's shards (one or more BatchGetItem round trips each).",
+			Help: "Topic totals gathered from the store (all shards of one topic).",
+		}),
+		batchGets: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "hotcount_store_batch_gets_total",
+			Help: "BatchGetItem calls (up to 100 shard keys each, retries of UnprocessedKeys included).",
 		}),
 	}
-	reg.MustRegister(m.writes, m.reads, m.throttled, m.errors, m.gathers)
+	reg.MustRegister(m.writes, m.reads, m.throttled, m.errors, m.gathers, m.batchGets)
 	m.errors.WithLabelValues("write")
 	m.errors.WithLabelValues("read")
 	return m
