@@ -36,5 +36,11 @@ BENCH ?= .
 bench: deps
 	$(GO) test -run '^$$' -bench '$(BENCH)' -benchmem -count 6 ./... | tee bench.out
 
+# The container image; needs a Docker engine (not on the development
+# machines: deploy/deploy_test.go checks the Dockerfile instead).
+IMAGE ?= hotcount
+image:
+	docker build -f deploy/Dockerfile --build-arg VERSION=$(VERSION) -t $(IMAGE):$(VERSION) .
+
 clean:
 	rm -rf bin bench.out

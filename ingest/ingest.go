@@ -35,8 +35,8 @@ const (
 // the handler before it drops (and reports a slow consumer). A handler that
 // keeps up holds a handful; these absorb a flush-sized pause.
 const (
-	pendingMsgs  = 1 << 20
-	pendingBytes = 256 << 20
+	pendingMsgs  = 512 << 10
+	pendingBytes = 64 << 20
 )
 
 // Headers on a dead-lettered message.

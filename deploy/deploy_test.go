@@ -1,0 +1,399 @@
+package deploy_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"reflect"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	yamlv3 "go.yaml.in/yaml/v3"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/kustomize/api/krusty"
+	"sigs.k8s.io/kustomize/kyaml/filesys"
+	"sigs.k8s.io/yaml"
+
+	"github.com/hotcount/hotcount/config"
+	"github.com/hotcount/hotcount/internal/testenv"
+	"github.com/hotcount/hotcount/store"
+)
+
+// objects is a rendered kustomization, decoded strictly into the real
+// Kubernetes types: an unknown or misspelt field fails the decode.
+type objects struct {
+	deployments     map[string]appsv1.Deployment
+	configMaps      map[string]corev1.ConfigMap
+	serviceAccounts map[string]corev1.ServiceAccount
+	services        map[string]corev1.Service
+	pdbs            map[string]policyv1.PodDisruptionBudget
+}
+
+func render(t *testing.T, dir string) objects {
+	t.Helper()
+	k := krusty.MakeKustomizer(krusty.MakeDefaultOptions())
+	rm, err := k.Run(filesys.MakeFsOnDisk(), dir)
+	if err != nil {
+		t.Fatalf("kustomize build %s: %v", dir, err)
+	}
+	o := objects{
+		deployments: map[string]appsv1.Deployment{}, configMaps: map[string]corev1.ConfigMap{},
+		serviceAccounts: map[string]corev1.ServiceAccount{}, services: map[string]corev1.Service{},
+		pdbs: map[string]policyv1.PodDisruptionBudget{},
+	}
+	for _, r := range rm.Resources() {
+		doc, err := r.AsYAML()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var tm metav1.TypeMeta
+		if err := yaml.Unmarshal(doc, &tm); err != nil {
+			t.Fatal(err)
+		}
+		strict := func(into any) {
+			if err := yaml.UnmarshalStrict(doc, into); err != nil {
+				t.Fatalf("%s %s does not decode strictly: %v", tm.Kind, r.GetName(), err)
+			}
+		}
+		switch tm.Kind {
+		case "Deployment":
+			var d appsv1.Deployment
+			strict(&d)
+			o.deployments[d.Name] = d
+		case "ConfigMap":
+			var c corev1.ConfigMap
+			strict(&c)
+			o.configMaps[c.Name] = c
+		case "ServiceAccount":
+			var s corev1.ServiceAccount
+			strict(&s)
+			o.serviceAccounts[s.Name] = s
+		case "Service":
+			var s corev1.Service
+			strict(&s)
+			o.services[s.Name] = s
+		case "PodDisruptionBudget":
+			var p policyv1.PodDisruptionBudget
+			strict(&p)
+			o.pdbs[p.Name] = p
+		default:
+			t.Errorf("unexpected kind %s", tm.Kind)
+		}
+	}
+	return o
+}
+
+// checkHotcount asserts the invariants of a hotcount container and its pod,
+// and returns the settings it runs with.
+func checkHotcount(t *testing.T, o objects, pod corev1.PodSpec, c corev1.Container) config.Config {
+	t.Helper()
+	if !strings.HasPrefix(c.Image, "hotcount") && !strings.Contains(c.Image, "/hotcount") {
+		t.Errorf("image %q is not hotcount's", c.Image)
+	}
+	for _, p := range []struct {
+		name  string
+		probe *corev1.Probe
+		path  string
+	}{{"readiness", c.ReadinessProbe, "/readyz"}, {"liveness", c.LivenessProbe, "/healthz"}} {
+		if p.probe == nil || p.probe.HTTPGet == nil || p.probe.HTTPGet.Path != p.path || p.probe.HTTPGet.Port.String() != "admin" {
+			t.Errorf("%s probe = %+v, want GET %s on port admin", p.name, p.probe, p.path)
+		}
+	}
+	admin := slices.IndexFunc(c.Ports, func(p corev1.ContainerPort) bool { return p.Name == "admin" })
+	if admin < 0 || c.Ports[admin].ContainerPort != 9091 {
+		t.Errorf("no admin port 9091: %+v", c.Ports)
+	}
+	if c.Resources.Requests.Cpu().IsZero() || c.Resources.Requests.Memory().IsZero() || c.Resources.Limits.Memory().IsZero() {
+		t.Errorf("resources %+v: want CPU and memory requests and a memory limit", c.Resources)
+	}
+	sc, psc := c.SecurityContext, pod.SecurityContext
+	switch {
+	case sc == nil || psc == nil:
+		t.Fatal("no securityContext")
+	case psc.RunAsNonRoot == nil || !*psc.RunAsNonRoot:
+		t.Error("runAsNonRoot is not set")
+	case psc.SeccompProfile == nil || psc.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault:
+		t.Error("seccomp profile is not RuntimeDefault")
+	case sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem:
+		t.Error("root filesystem is writable")
+	case sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation:
+		t.Error("privilege escalation is allowed")
+	case sc.Capabilities == nil || !slices.Equal(sc.Capabilities.Drop, []corev1.Capability{"ALL"}):
+		t.Error("capabilities are not all dropped")
+	}
+
+	// The settings are the ConfigMap's, through envFrom: hotcount must
+	// accept them as `hotcount check-config` does.
+	var environ []string
+	for _, ef := range c.EnvFrom {
+		if ef.ConfigMapRef == nil {
+			continue
+		}
+		cm, ok := o.configMaps[ef.ConfigMapRef.Name]
+		if !ok {
+			t.Fatalf("envFrom names ConfigMap %q, which is not rendered", ef.ConfigMapRef.Name)
+		}
+		for k, v := range cm.Data {
+			environ = append(environ, k+"="+v)
+		}
+	}
+	if len(environ) == 0 {
+		t.Fatal("no settings from a ConfigMap")
+	}
+	for _, e := range c.Env {
+		environ = append(environ, e.Name+"="+e.Value)
+	}
+	cfg := config.Default()
+	if err := config.Parse(cfg.FlagSet("run", nil), c.Args[1:], environ); err != nil {
+		t.Fatalf("settings rejected: %v", err)
+	}
+	if err := cfg.Validate(); err != nil {
+		t.Fatalf("settings invalid: %v", err)
+	}
+	if c.Args[0] != "run" {
+		t.Errorf("args %v, want run", c.Args)
+	}
+
+	grace := time.Duration(*pod.TerminationGracePeriodSeconds) * time.Second
+	if grace < cfg.ShutdownTimeout+5*time.Second {
+		t.Errorf("grace period %s does not cover the shutdown budget %s plus 5 s", grace, cfg.ShutdownTimeout)
+	}
+	sa, ok := o.serviceAccounts[pod.ServiceAccountName]
+	if !ok || !strings.HasPrefix(sa.Annotations["eks.amazonaws.com/role-arn"], "arn:aws:iam::") {
+		t.Errorf("service account %q lacks an IRSA role annotation: %+v", pod.ServiceAccountName, sa.Annotations)
+	}
+	return cfg
+}
+
+// TestSidecar renders the base and the example overlay: hotcount is a native
+// sidecar of the app, and every invariant holds.
+func TestSidecar(t *testing.T) {
+	for _, dir := range []string{"kubernetes/base", "kubernetes/overlays/example"} {
+		t.Run(dir, func(t *testing.T) {
+			o := render(t, dir)
+			d, ok := o.deployments["trends-api"]
+			if !ok {
+				t.Fatal("no trends-api Deployment")
+			}
+			pod := d.Spec.Template.Spec
+			i := slices.IndexFunc(pod.InitContainers, func(c corev1.Container) bool { return c.Name == "hotcount" })
+			if i < 0 {
+				t.Fatal("hotcount is not an init container")
+			}
+			hc := pod.InitContainers[i]
+			if hc.RestartPolicy == nil || *hc.RestartPolicy != corev1.ContainerRestartPolicyAlways {
+				t.Error("hotcount is not a native sidecar (restartPolicy: Always)")
+			}
+			if hc.StartupProbe == nil {
+				t.Error("no startup probe: the app would start before hotcount is up")
+			}
+			cfg := checkHotcount(t, o, pod, hc)
+			if !strings.HasPrefix(cfg.HTTPAddr, "127.0.0.1:") {
+				t.Errorf("lookup API on %s: a sidecar's is for its own pod only", cfg.HTTPAddr)
+			}
+			if len(pod.Containers) == 0 {
+				t.Error("no application container")
+			}
+			svc := o.services["trends-api-hotcount-metrics"]
+			if len(svc.Spec.Ports) != 1 || svc.Spec.Ports[0].Name != "metrics" || svc.Spec.Ports[0].TargetPort.String() != "admin" {
+				t.Errorf("metrics service ports %+v", svc.Spec.Ports)
+			}
+			if pdb, ok := o.pdbs["trends-api"]; !ok || pdb.Spec.MaxUnavailable == nil {
+				t.Error("no PodDisruptionBudget")
+			}
+			if dir == "kubernetes/overlays/example" && (cfg.Table != "trends-hotcount" || cfg.Shards != 8 || !strings.HasPrefix(hc.Image, "your-registry/hotcount:")) {
+				t.Errorf("overlay not applied: table %s, shards %d, image %s", cfg.Table, cfg.Shards, hc.Image)
+			}
+		})
+	}
+}
+
+// TestStandalone renders the pool variant: one Deployment of hotcount, the
+// lookup API behind a Service.
+func TestStandalone(t *testing.T) {
+	o := render(t, "kubernetes/standalone")
+	d, ok := o.deployments["hotcount"]
+	if !ok || len(d.Spec.Template.Spec.Containers) != 1 {
+		t.Fatal("no hotcount Deployment with one container")
+	}
+	cfg := checkHotcount(t, o, d.Spec.Template.Spec, d.Spec.Template.Spec.Containers[0])
+	if strings.HasPrefix(cfg.HTTPAddr, "127.0.0.1:") {
+		t.Errorf("a pool's lookup API on %s is unreachable through its Service", cfg.HTTPAddr)
+	}
+	if _, ok := o.services["hotcount"]; !ok {
+		t.Error("no Service for the pool")
+	}
+}
+
+type policy struct {
+	Version   string
+	Statement []struct {
+		Sid      string
+		Effect   string
+		Action   []string
+		Resource string
+	}
+}
+
+func readPolicy(t *testing.T, path string) policy {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var p policy
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&p); err != nil {
+		t.Fatalf("%s: %v", path, err)
+	}
+	return p
+}
+
+// TestIAMPolicies: the policies allow exactly the DynamoDB calls the code
+// makes (the methods of store.DynamoAPI, the one interface every call goes
+// through), on the table only; the sidecar's cannot create tables.
+func TestIAMPolicies(t *testing.T) {
+	calls := map[string]bool{}
+	api := reflect.TypeFor[store.DynamoAPI]()
+	for i := range api.NumMethod() {
+		calls["dynamodb:"+api.Method(i).Name] = true
+	}
+	granted := map[string]bool{}
+	for _, f := range []string{"iam/policy.json", "iam/policy-admin.json"} {
+		p := readPolicy(t, f)
+		for _, s := range p.Statement {
+			if s.Effect != "Allow" || !strings.HasSuffix(s.Resource, ":table/hotcount") || strings.Contains(s.Resource, "*") {
+				t.Errorf("%s: statement %s: %s on %s, want Allow on the table's ARN only", f, s.Sid, s.Effect, s.Resource)
+			}
+			for _, a := range s.Action {
+				if !calls[a] {
+					t.Errorf("%s allows %s, which the code never calls", f, a)
+				}
+				if f == "iam/policy.json" && a == "dynamodb:CreateTable" {
+					t.Errorf("the sidecar's policy allows CreateTable")
+				}
+				granted[a] = true
+			}
+		}
+	}
+	for c := range calls {
+		if !granted[c] {
+			t.Errorf("the code calls %s, which no policy allows", c)
+		}
+	}
+}
+
+// TestStreamDefinition: the stream file decodes strictly as a JetStream
+// stream configuration and a NATS server accepts it.
+func TestStreamDefinition(t *testing.T) {
+	b, err := os.ReadFile("nats/stream.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sc jetstream.StreamConfig
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&sc); err != nil {
+		t.Fatalf("stream.json: %v", err)
+	}
+	cfg := config.Default()
+	if sc.Name != cfg.Stream || !slices.Equal(sc.Subjects, []string{cfg.Subject}) || sc.Storage != jetstream.FileStorage || sc.Duplicates <= 0 {
+		t.Errorf("stream %+v: want %s on %s, file storage, a duplicate window", sc, cfg.Stream, cfg.Subject)
+	}
+	ns := testenv.NATS(t)
+	js, err := jetstream.New(testenv.Connect(t, ns.ClientURL()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc.Replicas = 1 // one test server; production runs 3
+	if _, err := js.CreateStream(context.Background(), sc); err != nil {
+		t.Fatalf("NATS refuses the stream: %v", err)
+	}
+}
+
+// TestTableTemplate: the CloudFormation table has pk as its only (HASH) key,
+// on-demand billing and point-in-time recovery.
+func TestTableTemplate(t *testing.T) {
+	b, err := os.ReadFile("table/cloudformation.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var tmpl struct {
+		Resources map[string]struct {
+			Type       string `yaml:"Type"`
+			Properties struct {
+				AttributeDefinitions []struct {
+					Name string `yaml:"AttributeName"`
+					Type string `yaml:"AttributeType"`
+				} `yaml:"AttributeDefinitions"`
+				KeySchema []struct {
+					Name string `yaml:"AttributeName"`
+					Type string `yaml:"KeyType"`
+				} `yaml:"KeySchema"`
+				BillingMode string `yaml:"BillingMode"`
+				PITR        struct {
+					Enabled bool `yaml:"PointInTimeRecoveryEnabled"`
+				} `yaml:"PointInTimeRecoverySpecification"`
+			} `yaml:"Properties"`
+		} `yaml:"Resources"`
+	}
+	if err := yamlv3.Unmarshal(b, &tmpl); err != nil {
+		t.Fatal(err)
+	}
+	table := tmpl.Resources["Table"]
+	p := table.Properties
+	if table.Type != "AWS::DynamoDB::Table" || len(p.KeySchema) != 1 || p.KeySchema[0].Name != store.AttrPK || p.KeySchema[0].Type != "HASH" {
+		t.Errorf("key schema %+v, want %s HASH only", p.KeySchema, store.AttrPK)
+	}
+	if len(p.AttributeDefinitions) != 1 || p.AttributeDefinitions[0].Name != store.AttrPK || p.AttributeDefinitions[0].Type != "S" {
+		t.Errorf("attributes %+v, want pk of type S only", p.AttributeDefinitions)
+	}
+	if p.BillingMode != "PAY_PER_REQUEST" || !p.PITR.Enabled {
+		t.Errorf("billing %s, PITR %v: want on-demand with point-in-time recovery", p.BillingMode, p.PITR.Enabled)
+	}
+}
+
+// TestDockerfile checks what the image promises, as far as a file can say:
+// a static, trimmed, version-stamped build, an empty final base, a non-root
+// numeric user.
+func TestDockerfile(t *testing.T) {
+	b, err := os.ReadFile("Dockerfile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var froms []string
+	var user string
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 2 {
+			continue
+		}
+		switch f[0] {
+		case "FROM":
+			froms = append(froms, f[1])
+		case "USER":
+			user = f[1]
+		}
+	}
+	for _, want := range []string{"CGO_ENABLED=0", "-trimpath", "-X main.version=", "ca-certificates.crt", "./cmd/hotcount"} {
+		if !strings.Contains(string(b), want) {
+			t.Errorf("Dockerfile lacks %s", want)
+		}
+	}
+	if len(froms) < 2 || froms[len(froms)-1] != "scratch" {
+		t.Errorf("stages %v: want a build stage and a final scratch stage", froms)
+	}
+	uid, _, _ := strings.Cut(user, ":")
+	if n, err := fmt.Sscan(uid, new(int)); n != 1 || err != nil || uid == "0" {
+		t.Errorf("USER %q: want a numeric non-root user", user)
+	}
+}

@@ -1,0 +1,6 @@
+// Package deploy holds what runs hotcount in production, as files: the
+// container image (Dockerfile), Kubernetes manifests (kubernetes/, a
+// Kustomize base with hotcount as a native sidecar, an example overlay and a
+// standalone pool), the IAM policies (iam/), the table (table/) and the
+// JetStream stream (nats/). Its tests render and check them; see README.md.
+package deploy
