@@ -22,6 +22,7 @@ import (
 	"github.com/hotcount/hotcount/loadgen"
 	"github.com/hotcount/hotcount/sidecar"
 	"github.com/hotcount/hotcount/store"
+	"github.com/hotcount/hotcount/store/ddbfault"
 )
 
 // env is one sidecar against a real NATS server and a real dynalite.
@@ -30,6 +31,7 @@ type env struct {
 	ns     *server.Server
 	cfg    config.Config
 	dyn    *testenv.Dynalite
+	fault  *ddbfault.Proxy // nil without the emulator
 	sc     *sidecar.Sidecar
 	cancel context.CancelFunc
 	done   chan error
@@ -37,6 +39,12 @@ type env struct {
 }
 
 func newEnv(t *testing.T, tune func(*config.Config)) *env {
+	return newFaultEnv(t, nil, tune)
+}
+
+// newFaultEnv is newEnv with the fault emulator between the sidecar and
+// dynalite, when fc is set.
+func newFaultEnv(t *testing.T, fc *ddbfault.Config, tune func(*config.Config)) *env {
 	ns := testenv.NATS(t)
 	if _, err := ingest.EnsureStream(context.Background(), testenv.Connect(t, ns.ClientURL()), "MENTIONS", "mentions.>", time.Minute); err != nil {
 		t.Fatal(err)
@@ -47,6 +55,17 @@ func newEnv(t *testing.T, tune func(*config.Config)) *env {
 	cfg.NATSURL = ns.ClientURL()
 	cfg.DynamoDBEndpoint = d.Endpoint
 	cfg.Table = d.Table(t, "hotcount")
+	var fault *ddbfault.Proxy
+	if fc != nil {
+		fc.Upstream = d.Endpoint
+		fault = ddbfault.New(*fc)
+		url, stop, err := fault.Serve("127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { stop() }) //nolint:errcheck // closing
+		cfg.DynamoDBEndpoint = url
+	}
 	cfg.HTTPAddr = "127.0.0.1:0"
 	cfg.AdminAddr = "127.0.0.1:0"
 	cfg.FlushInterval = 100 * time.Millisecond
@@ -56,8 +75,31 @@ func newEnv(t *testing.T, tune func(*config.Config)) *env {
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	e := &env{t: t, ns: ns, cfg: cfg, dyn: d, nats: ns.ClientURL(), done: make(chan error, 1)}
-	e.sc = sidecar.New(cfg, zaptest.NewLogger(t))
+	e := &env{t: t, ns: ns, cfg: cfg, dyn: d, fault: fault, nats: ns.ClientURL()}
+	e.run()
+	return e
+}
+
+// newEnvOn starts another sidecar on base's NATS, table and emulator, with
+// base's settings as tune changes them.
+func newEnvOn(t *testing.T, base *env, tune func(*config.Config)) *env {
+	cfg := base.cfg
+	if tune != nil {
+		tune(&cfg)
+	}
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	e := &env{t: t, ns: base.ns, cfg: cfg, dyn: base.dyn, fault: base.fault, nats: base.nats}
+	e.run()
+	return e
+}
+
+// run starts the sidecar and waits until it is ready.
+func (e *env) run() {
+	t := e.t
+	e.done = make(chan error, 1)
+	e.sc = sidecar.New(e.cfg, zaptest.NewLogger(t))
 	ctx, cancel := context.WithCancel(context.Background())
 	e.cancel = cancel
 	go func() { e.done <- e.sc.Run(ctx) }()
@@ -68,7 +110,6 @@ func newEnv(t *testing.T, tune func(*config.Config)) *env {
 		t.Fatalf("sidecar did not start: %v", err)
 	}
 	testenv.Eventually(t, 10*time.Second, func() error { return e.probe("/readyz") })
-	return e
 }
 
 // stop is SIGTERM: it returns Run's error.
@@ -118,8 +159,8 @@ func tableCounts(t *testing.T, d *testenv.Dynalite, table string) (map[string]in
 			if !ok {
 				t.Fatalf("item with a key outside the schema: %q", pk)
 			}
-			if shard < 0 || shard >= 4 {
-				t.Errorf("item %q: shard outside 0..3", pk)
+			if shard < 0 || shard >= store.MaxShards {
+				t.Errorf("item %q: shard outside 0..%d", pk, store.MaxShards-1)
 			}
 			n, err := strconv.ParseInt(it[store.AttrCount].(*types.AttributeValueMemberN).Value, 10, 64)
 			if err != nil {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"net"
 	"net/http"
 	"strconv"
 	"time"
@@ -17,6 +18,8 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 	"github.com/aws/smithy-go"
+	"github.com/aws/smithy-go/middleware"
+	smithyhttp "github.com/aws/smithy-go/transport/http"
 )
 
 // maxBatchGetKeys is DynamoDB's limit of keys in one BatchGetItem call.
@@ -48,7 +51,10 @@ func NewDynamoDB(client DynamoAPI, table string, m *Metrics) *DynamoDB {
 // Add increments one shard of topic by delta with
 // `ADD #count :delta SET #updatedAt = :now`. ADD is atomic on the item and
 // creates it when absent. It is not idempotent: if DynamoDB applied an attempt
-// whose response was lost, the SDK's retry applies it again.
+// whose response was lost, the SDK's retry applies it again (counted in
+// hotcount_store_ambiguous_total). A throttled write is not retried here: it
+// comes back at once wrapping ErrThrottled, for the caller to move it to
+// another shard.
 func (d *DynamoDB) Add(ctx context.Context, topic string, shard int, delta int64, now time.Time) error {
 	d.metrics.writes.Inc()
 	_, err := d.client.UpdateItem(ctx, &dynamodb.UpdateItemInput{
@@ -65,13 +71,64 @@ func (d *DynamoDB) Add(ctx context.Context, topic string, shard int, delta int64
 			":delta": &types.AttributeValueMemberN{Value: strconv.FormatInt(delta, 10)},
 			":now":   &types.AttributeValueMemberN{Value: strconv.FormatInt(UnixMilli(now), 10)},
 		},
-	})
+	}, d.countAmbiguous, withoutThrottleRetries)
 	if err != nil {
 		err = classify(fmt.Errorf("store: update %s: %w", ShardKey(topic, shard), err))
 		d.metrics.failed("write", err)
 		return err
 	}
 	return nil
+}
+
+// noThrottleRetry is the SDK's retryer but for throughput refusals, which
+// it hands straight back: retrying them on the same key (the same
+// partition) after a backoff is what the flusher does better, at once, on
+// another shard.
+type noThrottleRetry struct{ aws.RetryerV2 }
+
+func (r noThrottleRetry) IsErrorRetryable(err error) bool {
+	if errors.Is(classify(err), ErrThrottled) {
+		return false
+	}
+	return r.RetryerV2.IsErrorRetryable(err)
+}
+
+func withoutThrottleRetries(o *dynamodb.Options) {
+	if r, ok := o.Retryer.(aws.RetryerV2); ok {
+		o.Retryer = noThrottleRetry{r}
+	}
+}
+
+// countAmbiguous adds, to one UpdateItem call, a step that runs on every
+// attempt (inside the SDK's retry loop) and counts the attempts whose
+// outcome is unknown: the request may have reached DynamoDB, but no answer
+// came back (a reset or timeout after sending). Each such attempt that was in
+// fact applied is counted twice once retried: the over-count of ADD.
+func (d *DynamoDB) countAmbiguous(o *dynamodb.Options) {
+	o.APIOptions = append(o.APIOptions, func(stack *middleware.Stack) error {
+		return stack.Finalize.Insert(middleware.FinalizeMiddlewareFunc("hotcountAmbiguous",
+			func(ctx context.Context, in middleware.FinalizeInput, next middleware.FinalizeHandler) (middleware.FinalizeOutput, middleware.Metadata, error) {
+				out, md, err := next.HandleFinalize(ctx, in)
+				if err != nil && ambiguous(err) {
+					d.metrics.ambiguous.Inc()
+				}
+				return out, md, err
+			}), "Retry", middleware.After)
+	})
+}
+
+// ambiguous says whether a failed attempt may have been applied: it was
+// sent (not refused at connect) and no HTTP response came back.
+func ambiguous(err error) bool {
+	var send *smithyhttp.RequestSendError
+	if !errors.As(err, &send) {
+		return false // DynamoDB answered (an error answer applied nothing), or nothing was sent
+	}
+	var op *net.OpError
+	if errors.As(err, &op) && op.Op == "dial" {
+		return false // never connected: never sent
+	}
+	return true
 }
 
 // Gather reads shards 0..n-1 of topic in one BatchGetItem round trip (more

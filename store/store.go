@@ -86,6 +86,7 @@ type Metrics struct {
 	errors    *prometheus.CounterVec
 	gathers   prometheus.Counter
 	batchGets prometheus.Counter
+	ambiguous prometheus.Counter
 }
 
 // NewMetrics registers the store metrics with reg.
@@ -116,7 +117,11 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "BatchGetItem calls (up to 100 shard keys each, retries of UnprocessedKeys included).",
 		}),
 	}
-	reg.MustRegister(m.writes, m.reads, m.throttled, m.errors, m.gathers, m.batchGets)
+	m.ambiguous = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "hotcount_store_ambiguous_total",
+		Help: "UpdateItem attempts sent with no answer back (reset or timeout after sending): each may have been applied, and its retry then counts its delta twice. The bound of ADD's over-count.",
+	})
+	reg.MustRegister(m.writes, m.reads, m.throttled, m.errors, m.gathers, m.batchGets, m.ambiguous)
 	m.errors.WithLabelValues("write")
 	m.errors.WithLabelValues("read")
 	return m

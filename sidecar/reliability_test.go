@@ -1,0 +1,236 @@
+package sidecar_test
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hotcount/hotcount/config"
+	"github.com/hotcount/hotcount/internal/testenv"
+	"github.com/hotcount/hotcount/loadgen"
+	"github.com/hotcount/hotcount/store"
+	"github.com/hotcount/hotcount/store/ddbfault"
+)
+
+// The reliability suite: the sidecar against dynalite behind the fault
+// emulator. Each test is bounded in time and ends by comparing the table
+// with what was published.
+
+func exact(t *testing.T, e *env, reps ...loadgen.Report) {
+	t.Helper()
+	want := map[string]int64{}
+	var total int64
+	for _, r := range reps {
+		for topic, n := range r.PerTopic {
+			want[topic] += n
+		}
+		total += r.Mentions
+	}
+	got, _ := tableCounts(t, e.dyn, e.cfg.Table)
+	for topic, n := range want {
+		if got[topic] != n {
+			t.Errorf("topic %s: table %d, published %d", topic, got[topic], n)
+		}
+	}
+	if sum(got) != total {
+		t.Errorf("table holds %d mentions, published %d", sum(got), total)
+	}
+}
+
+// TestReliabilityOutage: the store unreachable (every connection reset) for
+// seconds while mentions keep arriving: the sidecar stays up, /readyz fails,
+// /healthz fails only once the last complete flush is older than
+// --health-flush-age, the buffer keeps merging, and after recovery the
+// table holds every mention.
+func TestReliabilityOutage(t *testing.T) {
+	e := newFaultEnv(t, &ddbfault.Config{}, func(c *config.Config) {
+		c.HealthFlushAge = 1500 * time.Millisecond
+	})
+	first := publish(t, e.nats, loadgen.Config{Prefix: "mentions.", Topics: 50, Messages: 2_000, Count: 1, Seed: 21})
+	testenv.Eventually(t, 10*time.Second, func() error {
+		if f := testenv.Metric(t, e.sc.Registry(), "hotcount_flusher_flushed_mentions_total"); f != float64(first.Mentions) {
+			return fmt.Errorf("%v of %d flushed", f, first.Mentions)
+		}
+		return nil
+	})
+
+	outageStart := time.Now()
+	e.fault.SetOutage(time.Hour)
+	var during []loadgen.Report
+	testenv.Eventually(t, 10*time.Second, func() error {
+		if e.probe("/readyz") == nil {
+			return errors.New("ready while the store is down")
+		}
+		return nil
+	})
+	if err := e.probe("/healthz"); err != nil && time.Since(outageStart) < e.cfg.HealthFlushAge {
+		t.Errorf("unhealthy %s into the outage, before --health-flush-age %s: %v", time.Since(outageStart), e.cfg.HealthFlushAge, err)
+	}
+	for i := range 3 { // mentions keep arriving
+		during = append(during, publish(t, e.nats, loadgen.Config{Prefix: "mentions.", Topics: 50, Messages: 1_000, Count: 2, Seed: uint64(22 + i)}))
+		time.Sleep(300 * time.Millisecond) // spread over several flushes: the point is time passing
+	}
+	testenv.Eventually(t, 10*time.Second, func() error {
+		if e.probe("/healthz") == nil {
+			return errors.New("healthy though no flush has succeeded")
+		}
+		return nil
+	})
+	if unhealthyAfter := time.Since(outageStart); unhealthyAfter < e.cfg.HealthFlushAge {
+		t.Errorf("unhealthy after %s, before --health-flush-age", unhealthyAfter)
+	}
+	if n := testenv.Metric(t, e.sc.Registry(), "hotcount_flusher_requeued_mentions_total"); n == 0 {
+		t.Error("no failed write put its delta back during the outage")
+	}
+
+	e.fault.EndOutage()
+	testenv.Eventually(t, 30*time.Second, func() error {
+		if err := e.probe("/readyz"); err != nil {
+			return err
+		}
+		return e.probe("/healthz")
+	})
+	if err := e.stop(); err != nil {
+		t.Fatalf("shutdown: %v", err)
+	}
+	exact(t, e, append(during, first)...)
+	if o := e.fault.Stats().Did[ddbfault.Outage]; o == 0 {
+		t.Error("the emulator refused nothing")
+	}
+}
+
+// TestReliabilityThrottling: one hot topic pushed past one key's ceiling:
+// throttled writes move to other shards, every mention lands, and the
+// throttles show in hotcount_store_throttled_total.
+func TestReliabilityThrottling(t *testing.T) {
+	// 5 writes/s per key, no burst beyond one; a steady stream for 1.5 s and
+	// a flush every 10 ms write the hot topic about 100 times a second, over
+	// 8 shards: twice the shards' ceiling.
+	e := newFaultEnv(t, &ddbfault.Config{WriteUnits: 5, WriteBurst: 1}, func(c *config.Config) {
+		c.FlushInterval = 10 * time.Millisecond
+		c.Shards = 8
+	})
+	reps := []loadgen.Report{publish(t, e.nats, loadgen.Config{Prefix: "mentions.", Topics: 1, Rate: 2000, Duration: 1500 * time.Millisecond, Count: 1, Seed: 30})}
+	if err := e.stop(); err != nil {
+		t.Fatalf("shutdown: %v", err)
+	}
+	exact(t, e, reps...)
+	st := e.fault.Stats()
+	if st.Did[ddbfault.Throttled] == 0 {
+		t.Fatal("the emulator throttled nothing: the test did not reach the ceiling")
+	}
+	if n := testenv.Metric(t, e.sc.Registry(), "hotcount_store_throttled_total"); n == 0 {
+		t.Error("hotcount_store_throttled_total = 0")
+	}
+	if n := testenv.Metric(t, e.sc.Registry(), "hotcount_flusher_rerouted_total"); n == 0 {
+		t.Error("no throttled write moved to another shard")
+	}
+	written := 0
+	for key := range st.Writes {
+		if strings.HasPrefix(key, store.KeyPrefix+"topic-0#") {
+			written++
+		}
+	}
+	t.Logf("throttled %d requests (%v by key), writes landed on %d of 8 shards", st.Did[ddbfault.Throttled], st.ThrottledKeys, written)
+	if written < 4 {
+		t.Errorf("writes landed on %d shards, want them spread", written)
+	}
+}
+
+// TestReliabilityAmbiguous: writes applied by the store whose responses are
+// lost are retried and counted twice; the over-count equals the sum of their
+// deltas, exactly, and hotcount_store_ambiguous_total counts them.
+func TestReliabilityAmbiguous(t *testing.T) {
+	e := newFaultEnv(t, &ddbfault.Config{}, nil)
+	e.fault.AmbiguousNext(5)
+	rep := publish(t, e.nats, loadgen.Config{Prefix: "mentions.", Topics: 20, Messages: 3_000, Count: 1, Seed: 40})
+	testenv.Eventually(t, 20*time.Second, func() error {
+		if a := e.fault.Stats().Did[ddbfault.Ambiguous]; a != 5 {
+			return fmt.Errorf("%d of 5 ambiguous writes so far", a)
+		}
+		return nil
+	})
+	if err := e.stop(); err != nil {
+		t.Fatalf("shutdown: %v", err)
+	}
+	got, _ := tableCounts(t, e.dyn, e.cfg.Table)
+	st := e.fault.Stats()
+	over := sum(got) - rep.Mentions
+	t.Logf("published %d, table %d, over-count %d, ambiguous deltas %d", rep.Mentions, sum(got), over, st.AmbiguousDelta)
+	if over != st.AmbiguousDelta {
+		t.Errorf("over-count %d, want exactly the ambiguous writes' deltas %d", over, st.AmbiguousDelta)
+	}
+	if n := testenv.Metric(t, e.sc.Registry(), "hotcount_store_ambiguous_total"); n != 5 {
+		t.Errorf("hotcount_store_ambiguous_total = %v, want 5", n)
+	}
+	for topic, n := range rep.PerTopic {
+		if got[topic] < n {
+			t.Errorf("topic %s: table %d < published %d", topic, got[topic], n)
+		}
+	}
+}
+
+// TestReliabilityShutdownStoreDown: SIGTERM while the store is down, in core
+// mode: the final flush retries until the budget ends, then the sidecar
+// exits with an error naming what it could not write, and counts it in
+// hotcount_flusher_unflushed_total (lost: documented).
+func TestReliabilityShutdownStoreDown(t *testing.T) {
+	e := newFaultEnv(t, &ddbfault.Config{}, func(c *config.Config) {
+		c.FlushInterval = time.Hour
+		c.DrainTimeout = time.Second
+		c.ShutdownTimeout = 3 * time.Second
+	})
+	rep := publish(t, e.nats, loadgen.Config{Prefix: "mentions.", Topics: 10, Messages: 500, Count: 1, Seed: 50})
+	testenv.Eventually(t, 5*time.Second, func() error {
+		if n := testenv.Metric(t, e.sc.Registry(), "hotcount_aggregator_buffered_mentions"); n != float64(rep.Mentions) {
+			return fmt.Errorf("%v of %d buffered", n, rep.Mentions)
+		}
+		return nil
+	})
+	e.fault.SetOutage(time.Hour)
+	start := time.Now()
+	err := e.stop()
+	if took := time.Since(start); took > e.cfg.ShutdownTimeout+2*time.Second {
+		t.Errorf("shutdown took %s, budget %s", took, e.cfg.ShutdownTimeout)
+	}
+	if err == nil || !strings.Contains(err.Error(), fmt.Sprintf("%d mentions over %d topics unwritten", rep.Mentions, len(rep.PerTopic))) {
+		t.Errorf("shutdown error = %v, want it to name %d mentions over %d topics", err, rep.Mentions, len(rep.PerTopic))
+	}
+	if n := testenv.Metric(t, e.sc.Registry(), "hotcount_flusher_unflushed_total"); n != float64(rep.Mentions) {
+		t.Errorf("unflushed_total = %v, want %d", n, rep.Mentions)
+	}
+}
+
+// TestReliabilityShutdownStoreDownJetStream: the same in JetStream mode:
+// what the final flush cannot write is handed back, and a second sidecar
+// started once the store is back writes all of it.
+func TestReliabilityShutdownStoreDownJetStream(t *testing.T) {
+	e := newFaultEnv(t, &ddbfault.Config{}, func(c *config.Config) {
+		c.NATSMode = config.ModeJetStream
+		c.FlushInterval = time.Hour
+		c.DrainTimeout = time.Second
+		c.ShutdownTimeout = 3 * time.Second
+	})
+	rep := publish(t, e.nats, loadgen.Config{Prefix: "mentions.", Topics: 10, Messages: 500, Count: 1, Seed: 51, JetStream: true})
+	testenv.Eventually(t, 5*time.Second, func() error {
+		if n := testenv.Metric(t, e.sc.Registry(), "hotcount_aggregator_held_messages"); n != float64(rep.Messages) {
+			return fmt.Errorf("%v of %d held", n, rep.Messages)
+		}
+		return nil
+	})
+	e.fault.SetOutage(time.Hour)
+	if err := e.stop(); err == nil || !strings.Contains(err.Error(), "handed back for redelivery") {
+		t.Fatalf("shutdown error = %v, want messages handed back", err)
+	}
+	e.fault.EndOutage()
+
+	// A second sidecar on the same stream, consumer and table.
+	second := newEnvOn(t, e, func(c *config.Config) { c.FlushInterval = 100 * time.Millisecond })
+	consumerIdle(t, e.nats)
+	if err := second.stop(); err != nil {
+		t.Fatal(err)
+	}
+	exact(t, e, rep)
+}
