@@ -8,7 +8,7 @@ STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 DYNALITE    := test/dynalite/node_modules/.bin/dynalite
 VERSION     ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 
-.PHONY: all build test lint bench deps image clean
+.PHONY: all build test lint bench soak deps image clean
 
 all: lint test
 
@@ -35,6 +35,11 @@ lint:
 BENCH ?= .
 bench: deps
 	$(GO) test -run '^$$' -bench '$(BENCH)' -benchmem -count 6 ./... | tee bench.out
+
+# A long run at a bounded rate: heap flat, counts exact. Not part of test.
+SOAK ?= 60s
+soak: deps
+	$(GO) test -count=1 -run TestSoak -v ./sidecar/ -soak=$(SOAK)
 
 # The container image; needs a Docker engine (not on the development
 # machines: deploy/deploy_test.go checks the Dockerfile instead).
