@@ -8,7 +8,7 @@ STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 DYNALITE    := test/dynalite/node_modules/.bin/dynalite
 VERSION     ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 
-.PHONY: all build test lint bench soak deps image clean
+.PHONY: all build test lint bench soak demo deps image clean
 
 all: lint test
 
@@ -40,6 +40,15 @@ bench: deps
 SOAK ?= 60s
 soak: deps
 	$(GO) test -count=1 -run TestSoak -v ./sidecar/ -soak=$(SOAK)
+
+# The hot-partition problem and its fix, live: dynalite on a free port,
+# hotcount demo against it, the chart in docs/demo.svg.
+demo: deps
+	@port=$$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'); \
+	$(DYNALITE) --host 127.0.0.1 --port $$port --createTableMs 0 >/dev/null & pid=$$!; \
+	trap "kill $$pid" EXIT; sleep 1; \
+	AWS_ACCESS_KEY_ID=demo AWS_SECRET_ACCESS_KEY=demo AWS_REGION=us-east-1 \
+	$(GO) run ./cmd/hotcount demo --dynamodb-endpoint http://127.0.0.1:$$port --svg docs/demo.svg
 
 # The container image; needs a Docker engine (not on the development
 # machines: deploy/deploy_test.go checks the Dockerfile instead).

@@ -21,6 +21,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"hash/crc32"
 	"io"
 	"net"
 	"net/http"
@@ -330,12 +331,15 @@ func reset(w http.ResponseWriter) {
 	conn.Close()
 }
 
-// awsError answers as DynamoDB does: the error type in __type.
+// awsError answers as DynamoDB does: the error type in __type, and the
+// CRC32 of the body, which the SDK checks.
 func awsError(w http.ResponseWriter, status int, typ, msg string) {
+	body := fmt.Sprintf(`{"__type":"com.amazonaws.dynamodb.v20120810#%s","message":%q}`, typ, msg)
 	w.Header().Set("Content-Type", "application/x-amz-json-1.0")
 	w.Header().Set("X-Amzn-Requestid", "ddbfault")
+	w.Header().Set("X-Amz-Crc32", strconv.FormatUint(uint64(crc32.ChecksumIEEE([]byte(body))), 10))
 	w.WriteHeader(status)
-	fmt.Fprintf(w, `{"__type":"com.amazonaws.dynamodb.v20120810#%s","message":%q}`, typ, msg)
+	io.WriteString(w, body) //nolint:errcheck // the client may have gone
 }
 
 // Serve listens on addr (127.0.0.1:0 for a free port) and serves until the
