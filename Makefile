@@ -32,9 +32,16 @@ lint:
 	$(GO) run $(STATICCHECK) ./...
 	$(GO) mod tidy -diff
 
-BENCH ?= .
+# Every benchmark, 3 runs each, into bench.out, then docs/BENCHMARKS.md.
+# Benchmarks whose b.N is a workload size get a fixed -benchtime.
+COUNT ?= 3
 bench: deps
-	$(GO) test -run '^$$' -bench '$(BENCH)' -benchmem -count 6 ./... | tee bench.out
+	$(GO) test -run '^$$' -bench 'BenchmarkAdd|BenchmarkLookupHTTP|BenchmarkLookupCached|BenchmarkHandler|BenchmarkIngest' -benchmem -count $(COUNT) ./aggregator/ ./lookup/ ./ingest/ | tee bench.out
+	$(GO) test -run '^$$' -bench BenchmarkWindowMemory -benchtime 1x -count $(COUNT) ./aggregator/ | tee -a bench.out
+	$(GO) test -run '^$$' -bench BenchmarkJetStream -benchtime 200000x -count $(COUNT) ./sidecar/ | tee -a bench.out
+	$(GO) test -run '^$$' -bench 'BenchmarkIngest|BenchmarkCounters' -benchtime 1000000x -count $(COUNT) ./bench/ | tee -a bench.out
+	$(GO) test -run '^$$' -bench BenchmarkFlush -benchtime 3000x -count $(COUNT) ./bench/ | tee -a bench.out
+	$(GO) run ./bench/report -in bench.out -out docs/BENCHMARKS.md
 
 # A long run at a bounded rate: heap flat, counts exact. Not part of test.
 SOAK ?= 60s

@@ -1,0 +1,323 @@
+package bench_test
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"strconv"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/hotcount/hotcount/aggregator"
+	"github.com/hotcount/hotcount/config"
+	"github.com/hotcount/hotcount/flusher"
+	"github.com/hotcount/hotcount/ingest"
+	"github.com/hotcount/hotcount/internal/embeddednats"
+	"github.com/hotcount/hotcount/internal/testenv"
+	"github.com/hotcount/hotcount/sidecar"
+	"github.com/hotcount/hotcount/store"
+)
+
+// serverEnv makes the test binary run a NATS server instead of tests, so
+// that the ingest benchmark's server is a separate process.
+const serverEnv = "HC_BENCH_NATS_PORT"
+
+func TestMain(m *testing.M) {
+	if port := os.Getenv(serverEnv); port != "" {
+		p, _ := strconv.Atoi(port)
+		s, err := embeddednats.Start(p, "")
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		s.WaitForShutdown() // until killed
+		return
+	}
+	os.Exit(m.Run())
+}
+
+func freePort(tb testing.TB) int {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// natsProcess starts a NATS server in a child process and returns its URL.
+func natsProcess(b *testing.B) string {
+	port := freePort(b)
+	cmd := exec.Command(os.Args[0])
+	cmd.Env = append(os.Environ(), serverEnv+"="+strconv.Itoa(port))
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() }) //nolint:errcheck // killed
+	url := "nats://127.0.0.1:" + strconv.Itoa(port)
+	testenv.Eventually(b, 20*time.Second, func() error {
+		nc, err := nats.Connect(url)
+		if err == nil {
+			nc.Close()
+		}
+		return err
+	})
+	return url
+}
+
+// subjects is a sequence of n subjects over 1,000 topics, uniform or Zipf.
+func subjects(n int, zipf bool) []string {
+	topics := make([]string, 1000)
+	for i := range topics {
+		topics[i] = "mentions.topic-" + strconv.Itoa(i)
+	}
+	r := rand.New(rand.NewPCG(1, 2))
+	z := rand.NewZipf(r, 1.1, 1, 999)
+	out := make([]string, n)
+	for i := range out {
+		if zipf {
+			out[i] = topics[z.Uint64()]
+		} else {
+			out[i] = topics[r.IntN(1000)]
+		}
+	}
+	return out
+}
+
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	syscall.Getrusage(syscall.RUSAGE_SELF, &ru) //nolint:errcheck // always succeeds for SELF
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// BenchmarkIngest is issue 6's ingest comparison: a full-speed publisher
+// into a NATS server in a separate process, 1,000 topics, uniform and Zipf;
+// "bare" is a nats.go queue subscriber that only counts, "hotcount" is
+// hotcount's subscriber adding into the aggregator. It reports msgs/s, the
+// slow-consumer drops (must be 0) and CPU (whole test process, publisher
+// included) per million mentions.
+func BenchmarkIngest(b *testing.B) {
+	for _, dist := range []string{"uniform", "zipf"} {
+		for _, who := range []string{"bare", "hotcount"} {
+			b.Run(dist+"/"+who, func(b *testing.B) {
+				url := natsProcess(b)
+				subs := subjects(b.N, dist == "zipf")
+				var got atomic.Int64
+				reg := prometheus.NewRegistry()
+				m := ingest.NewMetrics(reg)
+				nc, err := ingest.Connect(url, zap.NewNop(), m)
+				if err != nil {
+					b.Fatal(err)
+				}
+				defer nc.Close()
+				var dropped func() int
+				if who == "bare" {
+					s, err := nc.QueueSubscribe("mentions.>", "hotcount", func(*nats.Msg) { got.Add(1) })
+					if err != nil {
+						b.Fatal(err)
+					}
+					s.SetPendingLimits(512<<10, 64<<20) //nolint:errcheck // valid
+					dropped = func() int { n, _ := s.Dropped(); return n }
+				} else {
+					agg := aggregator.New(aggregator.DefaultMaxTopics, reg)
+					sub, err := ingest.NewSubscriber(nc, ingest.Config{Subject: "mentions.>", QueueGroup: "hotcount", DrainTimeout: time.Second,
+						Limits: ingest.Limits{MaxCount: ingest.DefaultMaxCount, MaxTopicBytes: ingest.DefaultMaxTopicBytes}},
+						counting{agg, &got}, zap.NewNop(), m)
+					if err != nil {
+						b.Fatal(err)
+					}
+					ctx, cancel := context.WithCancel(context.Background())
+					done := make(chan error, 1)
+					go func() { done <- sub.Run(ctx) }()
+					defer func() { cancel(); <-done }()
+					testenv.Eventually(b, 5*time.Second, sub.Ready)
+					dropped = func() int { return int(testenv.Metric(b, reg, "hotcount_ingest_dropped_total")) }
+				}
+				nc.Flush() //nolint:errcheck // the publisher flushes too
+				pub, err := nats.Connect(url)
+				if err != nil {
+					b.Fatal(err)
+				}
+				defer pub.Close()
+				cpu0 := cpuTime()
+				b.ReportAllocs()
+				b.ResetTimer()
+				for _, s := range subs {
+					pub.Publish(s, nil) //nolint:errcheck // flushed below
+				}
+				pub.Flush() //nolint:errcheck // checked by the count
+				deadline := time.Now().Add(2 * time.Minute)
+				for got.Load() < int64(b.N) && time.Now().Before(deadline) {
+					time.Sleep(100 * time.Microsecond)
+				}
+				b.StopTimer()
+				if got.Load() != int64(b.N) {
+					b.Fatalf("received %d of %d (dropped %d)", got.Load(), b.N, dropped())
+				}
+				b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "msgs/s")
+				b.ReportMetric(float64(dropped()), "drops")
+				b.ReportMetric((cpuTime()-cpu0).Seconds()*1e6/float64(b.N), "cpu-s/M")
+			})
+		}
+	}
+}
+
+type counting struct {
+	agg *aggregator.Aggregator
+	got *atomic.Int64
+}
+
+func (c counting) Add(topic string, delta int64) { c.agg.Add(topic, delta); c.got.Add(1) }
+
+// BenchmarkFlush is the flush throughput: b.N topics written once each to
+// dynalite, 16 writes in flight. "bare" issues the same UpdateItem calls
+// with the bare SDK client and an errgroup; "hotcount" fills the aggregator
+// and runs one Flush. Same dynalite, same client settings, same run.
+func BenchmarkFlush(b *testing.B) {
+	d := testenv.StartDynalite(b)
+	testenv.AWSEnv(b)
+	table := d.Table(b, "flush")
+	client, err := store.NewDynamoDBClient(context.Background(), d.Endpoint)
+	if err != nil {
+		b.Fatal(err)
+	}
+	const concurrency = 16
+	var run atomic.Int64
+	b.Run("bare", func(b *testing.B) {
+		prefix := fmt.Sprintf("bare%d-", run.Add(1))
+		g := new(errgroup.Group)
+		g.SetLimit(concurrency)
+		b.ResetTimer()
+		for i := range b.N {
+			g.Go(func() error {
+				_, err := client.UpdateItem(context.Background(), &dynamodb.UpdateItemInput{
+					TableName:                 &table,
+					Key:                       map[string]types.AttributeValue{"pk": &types.AttributeValueMemberS{Value: store.ShardKey(prefix+strconv.Itoa(i), i%4)}},
+					UpdateExpression:          aws.String("ADD #count :delta SET #updatedAt = :now"),
+					ExpressionAttributeNames:  map[string]string{"#count": "count", "#updatedAt": "updatedAt"},
+					ExpressionAttributeValues: map[string]types.AttributeValue{":delta": &types.AttributeValueMemberN{Value: "1"}, ":now": &types.AttributeValueMemberN{Value: strconv.FormatInt(time.Now().UnixMilli(), 10)}},
+				})
+				return err
+			})
+		}
+		if err := g.Wait(); err != nil {
+			b.Fatal(err)
+		}
+		b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "writes/s")
+	})
+	b.Run("hotcount", func(b *testing.B) {
+		prefix := fmt.Sprintf("hot%d-", run.Add(1))
+		reg := prometheus.NewRegistry()
+		agg := aggregator.New(b.N+1, reg)
+		st := store.NewDynamoDB(client, table, store.NewMetrics(reg))
+		fl := flusher.New(flusher.Config{Shards: 4, Interval: time.Hour, Timeout: time.Hour, Concurrency: concurrency},
+			agg, st, zap.NewNop(), flusher.NewMetrics(reg), time.Now)
+		for i := range b.N {
+			agg.Add(prefix+strconv.Itoa(i), 1)
+		}
+		b.ResetTimer()
+		if err := fl.Flush(context.Background()); err != nil {
+			b.Fatal(err)
+		}
+		b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "writes/s")
+	})
+}
+
+// BenchmarkCounters compares the alternative a user would pick, NATS's own
+// JetStream counters (ADR-49: a stream with allow_msg_counter, one publish
+// with a Nats-Incr header per mention, acknowledged by the stream), with
+// hotcount's coalesced path (core NATS publish, sidecar in core mode on the
+// embedded store, until every mention is flushed). Both count b.N mentions
+// over 1,000 topics on the same in-process server; the figure is mentions/s.
+func BenchmarkCounters(b *testing.B) {
+	b.Run("jetstream-counters", func(b *testing.B) {
+		ns := testenv.NATS(b)
+		nc := testenv.Connect(b, ns.ClientURL())
+		js, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(4096))
+		if err != nil {
+			b.Fatal(err)
+		}
+		if _, err := js.CreateStream(context.Background(), jetstream.StreamConfig{
+			Name: "COUNTERS", Subjects: []string{"counters.>"}, AllowMsgCounter: true, AllowDirect: true, Storage: jetstream.FileStorage,
+		}); err != nil {
+			b.Fatal(err)
+		}
+		subs := subjects(b.N, true)
+		b.ResetTimer()
+		for _, s := range subs {
+			m := nats.NewMsg("counters." + s[len("mentions."):])
+			m.Header.Set("Nats-Incr", "+1")
+			for {
+				_, err := js.PublishMsgAsync(m)
+				if err == nil {
+					break
+				}
+				<-js.PublishAsyncComplete()
+			}
+		}
+		<-js.PublishAsyncComplete()
+		b.StopTimer()
+		b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "mentions/s")
+	})
+	b.Run("hotcount", func(b *testing.B) {
+		ns := testenv.NATS(b)
+		cfg := config.Default()
+		cfg.NATSURL = ns.ClientURL()
+		cfg.Store, cfg.DataDir = config.StoreBolt, b.TempDir()
+		cfg.HTTPAddr = "127.0.0.1:" + strconv.Itoa(freePort(b))
+		cfg.AdminAddr = "127.0.0.1:" + strconv.Itoa(freePort(b))
+		cfg.FlushInterval = 100 * time.Millisecond
+		sc := sidecar.New(cfg, zap.NewNop())
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- sc.Run(ctx) }()
+		<-sc.Started()
+		testenv.Eventually(b, 10*time.Second, func() error { // subscribed
+			resp, err := http.Get("http://" + sc.AdminAddr() + "/readyz")
+			if err != nil {
+				return err
+			}
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusOK {
+				return fmt.Errorf("readyz %d", resp.StatusCode)
+			}
+			return nil
+		})
+		pub := testenv.Connect(b, ns.ClientURL())
+		subs := subjects(b.N, true)
+		b.ResetTimer()
+		for _, s := range subs {
+			pub.Publish(s, nil) //nolint:errcheck // flushed below
+		}
+		pub.Flush() //nolint:errcheck // checked by the count
+		testenv.Eventually(b, 2*time.Minute, func() error {
+			if f := testenv.Metric(b, sc.Registry(), "hotcount_flusher_flushed_mentions_total"); f < float64(b.N) {
+				return fmt.Errorf("%v of %d flushed", f, b.N)
+			}
+			return nil
+		})
+		b.StopTimer()
+		b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "mentions/s")
+		writes := testenv.Metric(b, sc.Registry(), "hotcount_store_writes_total")
+		b.ReportMetric(writes/float64(b.N), "writes/mention")
+		cancel()
+		if err := <-done; err != nil {
+			b.Fatal(err)
+		}
+	})
+}
