@@ -5,13 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
-	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/zap/zaptest"
@@ -21,7 +18,6 @@ import (
 	"github.com/hotcount/hotcount/internal/testenv"
 	"github.com/hotcount/hotcount/loadgen"
 	"github.com/hotcount/hotcount/sidecar"
-	"github.com/hotcount/hotcount/store"
 	"github.com/hotcount/hotcount/store/ddbfault"
 )
 
@@ -140,50 +136,8 @@ func (e *env) probe(path string) error {
 	return nil
 }
 
-// tableCounts scans the whole table: topic -> summed count, plus the number
-// of items, so that a count under an unexpected key cannot hide.
 func tableCounts(t *testing.T, d *testenv.Dynalite, table string) (map[string]int64, int) {
-	t.Helper()
-	counts := make(map[string]int64)
-	items := 0
-	p := dynamodb.NewScanPaginator(d.Client(), &dynamodb.ScanInput{TableName: &table})
-	for p.HasMorePages() {
-		page, err := p.NextPage(context.Background())
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, it := range page.Items {
-			items++
-			pk := it[store.AttrPK].(*types.AttributeValueMemberS).Value
-			topic, shard, ok := splitKey(pk)
-			if !ok {
-				t.Fatalf("item with a key outside the schema: %q", pk)
-			}
-			if shard < 0 || shard >= store.MaxShards {
-				t.Errorf("item %q: shard outside 0..%d", pk, store.MaxShards-1)
-			}
-			n, err := strconv.ParseInt(it[store.AttrCount].(*types.AttributeValueMemberN).Value, 10, 64)
-			if err != nil {
-				t.Fatal(err)
-			}
-			counts[topic] += n
-		}
-	}
-	return counts, items
-}
-
-func splitKey(pk string) (topic string, shard int, ok bool) {
-	if len(pk) < len(store.KeyPrefix) || pk[:len(store.KeyPrefix)] != store.KeyPrefix {
-		return "", 0, false
-	}
-	rest := pk[len(store.KeyPrefix):]
-	for i := len(rest) - 1; i >= 0; i-- {
-		if rest[i] == '#' {
-			n, err := strconv.Atoi(rest[i+1:])
-			return rest[:i], n, err == nil
-		}
-	}
-	return "", 0, false
+	return d.Counts(t, table)
 }
 
 func publish(t *testing.T, url string, c loadgen.Config) loadgen.Report {
@@ -303,28 +257,8 @@ func TestOutageLosesNothing(t *testing.T) {
 	}
 }
 
-// consumerIdle waits until the JetStream consumer has nothing left to
-// deliver and nothing unacknowledged.
 func consumerIdle(t *testing.T, url string) {
-	t.Helper()
-	js, err := jetstream.New(testenv.Connect(t, url))
-	if err != nil {
-		t.Fatal(err)
-	}
-	testenv.Eventually(t, 30*time.Second, func() error {
-		c, err := js.Consumer(context.Background(), "MENTIONS", "hotcount")
-		if err != nil {
-			return err
-		}
-		info, err := c.Info(context.Background())
-		if err != nil {
-			return err
-		}
-		if info.NumPending != 0 || info.NumAckPending != 0 {
-			return fmt.Errorf("consumer: %d pending, %d unacknowledged", info.NumPending, info.NumAckPending)
-		}
-		return nil
-	})
+	testenv.ConsumerIdle(t, url, "MENTIONS", "hotcount", 30*time.Second)
 }
 
 // TestJetStreamConservation: in JetStream mode every published mention is

@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"math"
 	"strconv"
+	"strings"
 	"time"
 	"unicode"
 	"unicode/utf8"
@@ -49,6 +50,22 @@ var ErrOverflow = errors.New("store: count would overflow int64")
 // ShardKey returns the partition key of one shard of a topic.
 func ShardKey(topic string, shard int) string {
 	return KeyPrefix + topic + "#" + strconv.Itoa(shard)
+}
+
+// ParseShardKey splits a shard item's partition key into its topic and
+// shard id; the shard id is what follows the last '#', so topics may hold
+// '#' themselves.
+func ParseShardKey(pk string) (topic string, shard int, err error) {
+	rest, ok := strings.CutPrefix(pk, KeyPrefix)
+	i := strings.LastIndexByte(rest, '#')
+	if !ok || i < 0 {
+		return "", 0, fmt.Errorf("store: key %q is not %s<topic>#<shard>", pk, KeyPrefix)
+	}
+	shard, err = strconv.Atoi(rest[i+1:])
+	if err != nil || shard < 0 {
+		return "", 0, fmt.Errorf("store: key %q has no shard id", pk)
+	}
+	return rest[:i], shard, nil
 }
 
 // Shard is one shard item as read back.

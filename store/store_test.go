@@ -275,6 +275,15 @@ func TestShardKey(t *testing.T) {
 		if got := store.ShardKey(tt.topic, tt.shard); got != tt.want {
 			t.Errorf("ShardKey(%q, %d) = %q, want %q", tt.topic, tt.shard, got, tt.want)
 		}
+		topic, shard, err := store.ParseShardKey(tt.want)
+		if err != nil || topic != tt.topic || shard != tt.shard {
+			t.Errorf("ParseShardKey(%q) = %q, %d, %v; want %q, %d", tt.want, topic, shard, err, tt.topic, tt.shard)
+		}
+	}
+	for _, bad := range []string{"golang#1", "TREND#golang", "TREND#golang#x", "TREND#golang#-1"} {
+		if _, _, err := store.ParseShardKey(bad); err == nil {
+			t.Errorf("ParseShardKey(%q) accepted", bad)
+		}
 	}
 }
 

@@ -14,14 +14,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
-	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/hotcount/hotcount/ingest"
 	"github.com/hotcount/hotcount/internal/testenv"
 	"github.com/hotcount/hotcount/loadgen"
-	"github.com/hotcount/hotcount/store"
 )
 
 // runMainEnv makes the test binary act as the hotcount binary, so that a
@@ -153,24 +148,7 @@ func TestSIGKILLLosesNothing(t *testing.T) {
 	if r.err != nil {
 		t.Fatal(r.err)
 	}
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	testenv.Eventually(t, 60*time.Second, func() error {
-		c, err := js.Consumer(context.Background(), "MENTIONS", "hotcount")
-		if err != nil {
-			return err
-		}
-		info, err := c.Info(context.Background())
-		if err != nil {
-			return err
-		}
-		if info.NumPending != 0 || info.NumAckPending != 0 {
-			return fmt.Errorf("consumer: %d pending, %d unacknowledged", info.NumPending, info.NumAckPending)
-		}
-		return nil
-	})
+	testenv.ConsumerIdle(t, ns.ClientURL(), "MENTIONS", "hotcount", 60*time.Second)
 	redelivered := second.metric(t, "hotcount_ingest_redelivered_total")
 	if err := second.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
@@ -179,21 +157,10 @@ func TestSIGKILLLosesNothing(t *testing.T) {
 		t.Fatalf("SIGTERM: %v\n%s", err, second.logs)
 	}
 
-	got := make(map[string]int64)
+	got, _ := d.Counts(t, table)
 	var total int64
-	p := dynamodb.NewScanPaginator(d.Client(), &dynamodb.ScanInput{TableName: &table})
-	for p.HasMorePages() {
-		page, err := p.NextPage(context.Background())
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, it := range page.Items {
-			pk := it[store.AttrPK].(*types.AttributeValueMemberS).Value
-			n, _ := strconv.ParseInt(it[store.AttrCount].(*types.AttributeValueMemberN).Value, 10, 64)
-			topic := pk[len(store.KeyPrefix):strings.LastIndexByte(pk, '#')]
-			got[topic] += n
-			total += n
-		}
+	for _, n := range got {
+		total += n
 	}
 	for topic, n := range r.rep.PerTopic {
 		if got[topic] < n {

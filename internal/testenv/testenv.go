@@ -18,8 +18,10 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/hotcount/hotcount/internal/embeddednats"
@@ -274,4 +276,62 @@ func RestartNATS(t testing.TB, s *server.Server) *server.Server {
 		ns.WaitForShutdown()
 	})
 	return ns
+}
+
+// Counts scans the whole table: topic -> summed count, and the number of
+// items, so that a count under an unexpected key cannot hide. A key outside
+// the schema fails the test.
+func (d *Dynalite) Counts(t testing.TB, table string) (map[string]int64, int) {
+	t.Helper()
+	counts := make(map[string]int64)
+	items := 0
+	p := dynamodb.NewScanPaginator(d.Client(), &dynamodb.ScanInput{TableName: &table})
+	for p.HasMorePages() {
+		page, err := p.NextPage(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, it := range page.Items {
+			items++
+			pk, _ := it[store.AttrPK].(*types.AttributeValueMemberS)
+			cnt, _ := it[store.AttrCount].(*types.AttributeValueMemberN)
+			if pk == nil || cnt == nil {
+				t.Fatalf("item without a string %s and a number %s: %v", store.AttrPK, store.AttrCount, it)
+			}
+			topic, shard, err := store.ParseShardKey(pk.Value)
+			if err != nil || shard >= store.MaxShards {
+				t.Fatalf("item with a key outside the schema: %q", pk.Value)
+			}
+			n, err := strconv.ParseInt(cnt.Value, 10, 64)
+			if err != nil {
+				t.Fatal(err)
+			}
+			counts[topic] += n
+		}
+	}
+	return counts, items
+}
+
+// ConsumerIdle waits until the JetStream consumer has nothing left to
+// deliver and nothing unacknowledged.
+func ConsumerIdle(t testing.TB, url, stream, consumer string, timeout time.Duration) {
+	t.Helper()
+	js, err := jetstream.New(Connect(t, url))
+	if err != nil {
+		t.Fatal(err)
+	}
+	Eventually(t, timeout, func() error {
+		c, err := js.Consumer(context.Background(), stream, consumer)
+		if err != nil {
+			return err
+		}
+		info, err := c.Info(context.Background())
+		if err != nil {
+			return err
+		}
+		if info.NumPending != 0 || info.NumAckPending != 0 {
+			return fmt.Errorf("consumer: %d pending, %d unacknowledged", info.NumPending, info.NumAckPending)
+		}
+		return nil
+	})
 }
