@@ -38,7 +38,7 @@ type child struct {
 	logs  *strings.Builder
 }
 
-func startChild(t *testing.T, args ...string) *child {
+func startChild(t testing.TB, args ...string) *child {
 	t.Helper()
 	c := &child{admin: freeAddr(t), logs: &strings.Builder{}}
 	c.cmd = exec.Command(os.Args[0], append([]string{"run", "--admin", c.admin, "--http", freeAddr(t)}, args...)...)
@@ -80,7 +80,7 @@ func (c *child) get(path string) (string, error) {
 }
 
 // metric reads one unlabelled metric from the child's /metrics.
-func (c *child) metric(t *testing.T, name string) float64 {
+func (c *child) metric(t testing.TB, name string) float64 {
 	t.Helper()
 	body, err := c.get("/metrics")
 	if err != nil {

@@ -62,7 +62,7 @@ func TestCheckConfigPrintsEffectiveSettings(t *testing.T) {
 	}
 }
 
-func freeAddr(t *testing.T) string {
+func freeAddr(t testing.TB) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
