@@ -185,10 +185,8 @@ func (s *Sidecar) Run(ctx context.Context) error {
 
 	stopPipe()
 	pipeErr := pipe.Wait()
-	finalErr := fl.Final(budget)
-	if finalErr != nil {
-		log.Error("final flush incomplete", zap.Error(finalErr))
-	} else {
+	finalErr := fl.Final(budget) // returned below, with what it could not write
+	if finalErr == nil {
 		log.Info("final flush done")
 	}
 	// Acknowledgements are asynchronous publishes: make sure they have left
