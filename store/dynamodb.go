@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -41,7 +42,14 @@ type DynamoDB struct {
 	client  DynamoAPI
 	table   string
 	metrics *Metrics
+	lastOK  atomic.Int64 // Unix nanoseconds of the last call DynamoDB answered without error
+	lastErr atomic.Int64 // ... and of the last that failed
 }
+
+// pingFresh is how recent a successful call must be for Ping to trust it
+// instead of asking DescribeTable: readiness probes of a large fleet would
+// otherwise make hundreds of control-plane calls a second.
+const pingFresh = 10 * time.Second
 
 // NewDynamoDB returns a store on table through client.
 func NewDynamoDB(client DynamoAPI, table string, m *Metrics) *DynamoDB {
@@ -75,8 +83,10 @@ func (d *DynamoDB) Add(ctx context.Context, topic string, shard int, delta int64
 	if err != nil {
 		err = classify(fmt.Errorf("store: update %s: %w", ShardKey(topic, shard), err))
 		d.metrics.failed("write", err)
+		d.lastErr.Store(time.Now().UnixNano())
 		return err
 	}
+	d.answered()
 	return nil
 }
 
@@ -189,9 +199,11 @@ func (d *DynamoDB) GatherMany(ctx context.Context, topics []string, n int, consi
 		if err != nil {
 			err = classify(fmt.Errorf("store: gather %q: %w", topics, err))
 			d.metrics.failed("read", err)
+			d.lastErr.Store(time.Now().UnixNano())
 			return nil, err
 		}
 	}
+	d.answered()
 	return out, nil
 }
 
@@ -248,8 +260,13 @@ func numberAttr(item map[string]types.AttributeValue, name string) (int64, error
 	return v, nil
 }
 
-// Ping checks that the table exists and answers.
+// Ping checks that the table exists and answers: DescribeTable, unless a
+// call succeeded within the last 10 s and none failed since.
 func (d *DynamoDB) Ping(ctx context.Context) error {
+	ok := d.lastOK.Load()
+	if time.Since(time.Unix(0, ok)) < pingFresh && ok > d.lastErr.Load() {
+		return nil // a write or a read succeeded just now, and none failed since
+	}
 	out, err := d.client.DescribeTable(ctx, &dynamodb.DescribeTableInput{TableName: &d.table})
 	if err != nil {
 		return fmt.Errorf("store: describe table %s: %w", d.table, err)
@@ -257,8 +274,11 @@ func (d *DynamoDB) Ping(ctx context.Context) error {
 	if s := out.Table.TableStatus; s != types.TableStatusActive && s != types.TableStatusUpdating {
 		return fmt.Errorf("store: table %s is %s", d.table, s)
 	}
+	d.answered()
 	return nil
 }
+
+func (d *DynamoDB) answered() { d.lastOK.Store(time.Now().UnixNano()) }
 
 // Close does nothing: the SDK client holds no resources that need releasing.
 func (d *DynamoDB) Close() error { return nil }

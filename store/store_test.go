@@ -7,6 +7,7 @@ import (
 	"math"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 	"unicode"
@@ -355,4 +356,42 @@ func FuzzValidateTopic(f *testing.F) {
 			}
 		}
 	})
+}
+
+// describeCounting is the real client, counting DescribeTable calls.
+type describeCounting struct {
+	store.DynamoAPI
+	n atomic.Int64
+}
+
+func (c *describeCounting) DescribeTable(ctx context.Context, in *dynamodb.DescribeTableInput, opts ...func(*dynamodb.Options)) (*dynamodb.DescribeTableOutput, error) {
+	c.n.Add(1)
+	return c.DynamoAPI.DescribeTable(ctx, in, opts...)
+}
+
+// TestPingTrustsRecentCalls: readiness asks DescribeTable only when no call
+// has succeeded lately, and reports a missing table.
+func TestPingTrustsRecentCalls(t *testing.T) {
+	d := testenv.StartDynalite(t)
+	client := &describeCounting{DynamoAPI: d.Client()}
+	st := store.NewDynamoDB(client, d.Table(t, "ping"), store.NewMetrics(prometheus.NewRegistry()))
+	ctx := context.Background()
+	if err := st.Ping(ctx); err != nil || client.n.Load() != 1 {
+		t.Fatalf("first Ping = %v after %d DescribeTable calls, want nil after 1", err, client.n.Load())
+	}
+	if err := st.Add(ctx, "x", 0, 1, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	for range 10 {
+		if err := st.Ping(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := client.n.Load(); n != 1 {
+		t.Errorf("%d DescribeTable calls, want none after a recent success", n)
+	}
+	missing := store.NewDynamoDB(d.Client(), "no-such-table", store.NewMetrics(prometheus.NewRegistry()))
+	if err := missing.Ping(ctx); err == nil {
+		t.Error("Ping of a missing table succeeded")
+	}
 }
