@@ -23,6 +23,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/hotcount/hotcount/internal/embeddednats"
 	"github.com/hotcount/hotcount/store"
@@ -217,45 +218,46 @@ func Eventually(t testing.TB, timeout time.Duration, cond func() error) {
 // the test when g has no such metric.
 func Metric(t testing.TB, g prometheus.Gatherer, name string) float64 {
 	t.Helper()
-	mfs, err := g.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		var sum float64
-		for _, m := range mf.GetMetric() {
-			sum += m.GetCounter().GetValue() + m.GetGauge().GetValue()
-		}
-		return sum
-	}
-	t.Fatalf("no metric %s", name)
-	return 0
+	return metric(t, g, name, func(*dto.Metric) bool { return true })
 }
 
 // MetricWith is the value of the series of name whose label has value.
 func MetricWith(t testing.TB, g prometheus.Gatherer, name, label, value string) float64 {
 	t.Helper()
+	return metric(t, g, name, func(m *dto.Metric) bool {
+		for _, l := range m.GetLabel() {
+			if l.GetName() == label && l.GetValue() == value {
+				return true
+			}
+		}
+		return false
+	})
+}
+
+// metric sums the series of name that keep accepts; none is a failure.
+func metric(t testing.TB, g prometheus.Gatherer, name string, keep func(*dto.Metric) bool) float64 {
+	t.Helper()
 	mfs, err := g.Gather()
 	if err != nil {
 		t.Fatal(err)
 	}
+	var sum float64
+	found := false
 	for _, mf := range mfs {
 		if mf.GetName() != name {
 			continue
 		}
 		for _, m := range mf.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == label && l.GetValue() == value {
-					return m.GetCounter().GetValue() + m.GetGauge().GetValue()
-				}
+			if keep(m) {
+				found = true
+				sum += m.GetCounter().GetValue() + m.GetGauge().GetValue()
 			}
 		}
 	}
-	t.Fatalf("no metric %s{%s=%q}", name, label, value)
-	return 0
+	if !found {
+		t.Fatalf("no metric %s with those labels", name)
+	}
+	return sum
 }
 
 // RestartNATS stops s and starts a new server on the same port with the
