@@ -122,10 +122,10 @@ func (f *Flusher) Run(ctx context.Context) error {
 
 // Flush drains the window once and writes every delta to a random shard.
 // Then the messages (JetStream mode) of every topic written are
-// acknowledged, in stream order. Writes that fail (after the SDK's retries, and after trying other
-// shards when throttled) or that were not started before the flush deadline
-// are merged back into the buffer with their messages, whose redelivery timer
-// is reset; the error says how many.
+// acknowledged, in stream order. Writes that fail (after the SDK's retries;
+// when throttled, after trying other shards) or that were not started
+// before the flush deadline are merged back into the buffer with their
+// messages, whose redelivery timer is reset; the error says how many.
 func (f *Flusher) Flush(ctx context.Context) error {
 	f.flushMu.Lock()
 	defer f.flushMu.Unlock()
@@ -140,14 +140,15 @@ func (f *Flusher) Flush(ctx context.Context) error {
 		firstErr error
 		written  int64
 	)
-	keep := func(topic string, delta int64) { // with mu held, or before any goroutine
-		failed.Deltas[topic] = delta
-	}
 	g := new(errgroup.Group)
 	g.SetLimit(f.cfg.Concurrency)
 	for topic, delta := range window.Deltas {
 		if f.now().After(deadline) {
-			keep(topic, delta) // not started: no ambiguity, try next flush
+			// Not started: no ambiguity, try next flush. Writes started
+			// earlier may still be running, hence the lock.
+			mu.Lock()
+			failed.Deltas[topic] = delta
+			mu.Unlock()
 			continue
 		}
 		g.Go(func() error {
@@ -155,7 +156,7 @@ func (f *Flusher) Flush(ctx context.Context) error {
 			mu.Lock()
 			defer mu.Unlock()
 			if err != nil {
-				keep(topic, delta)
+				failed.Deltas[topic] = delta
 				if firstErr == nil {
 					firstErr = err
 				}

@@ -26,6 +26,7 @@ type faulty struct {
 	mu            sync.Mutex
 	down          bool
 	throttleFirst bool
+	latency       time.Duration
 	tried         map[string][]int
 }
 
@@ -35,8 +36,9 @@ func (f *faulty) Add(ctx context.Context, topic string, shard int, delta int64, 
 	f.mu.Lock()
 	f.tried[topic] = append(f.tried[topic], shard)
 	first := len(f.tried[topic]) == 1
-	down, throttle := f.down, f.throttleFirst && first
+	down, throttle, latency := f.down, f.throttleFirst && first, f.latency
 	f.mu.Unlock()
+	time.Sleep(latency) // a slow store: writes stay in flight
 	switch {
 	case down:
 		return errDown
@@ -252,5 +254,44 @@ func TestFinalGivesUpAtDeadline(t *testing.T) {
 	}
 	if len(fx.st.tried["x"]) < 2 {
 		t.Errorf("Final tried %d times, want retries until the deadline", len(fx.st.tried["x"]))
+	}
+}
+
+// TestDeadlinePassesMidFlush: the deadline passes while writes are in
+// flight and failing; the unstarted ones are kept while the failed ones come
+// back (under -race: no unguarded access to what is kept), and once the
+// store answers, flushes write everything, once.
+func TestDeadlinePassesMidFlush(t *testing.T) {
+	c := cfg
+	c.Timeout = 30 * time.Millisecond
+	fx := newFixture(t, c, nil)
+	fx.st.latency = 5 * time.Millisecond
+	fx.st.set(true)
+	for i := range 200 {
+		fx.agg.Add(fmt.Sprintf("t%d", i), 1)
+	}
+	err := fx.fl.Flush(context.Background())
+	if err == nil || !strings.Contains(err.Error(), "200 of 200 topics not written") {
+		t.Fatalf("Flush = %v, want all 200 topics kept for the next flush", err)
+	}
+	if tried := len(fx.st.tried); tried == 0 || tried == 200 {
+		t.Fatalf("%d writes started, want the deadline to pass mid-flush", tried)
+	}
+	fx.st.set(false)
+	// Each later flush makes progress within its deadline until all is
+	// written.
+	for i := 0; ; i++ {
+		if err := fx.fl.Flush(context.Background()); err == nil {
+			break
+		} else if i == 50 {
+			t.Fatalf("still not written after 50 flushes: %v", err)
+		}
+	}
+	var sum int64
+	for i := range 200 {
+		sum += fx.total(t, fmt.Sprintf("t%d", i), 4)
+	}
+	if sum != 200 {
+		t.Errorf("store holds %d, want 200", sum)
 	}
 }
