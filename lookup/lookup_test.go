@@ -315,6 +315,7 @@ func get(t *testing.T, url string) (int, http.Header, string) {
 func TestHTTP(t *testing.T) {
 	st, b := newStore(t)
 	add(t, b, "eu.west.k8s", 2, 42)
+	add(t, b, "a/b", 0, 3) // NATS subjects may hold slashes: so may topics
 	svc, _ := newService(t, st, time.Minute, time.Hour, nil)
 	pending := map[string]int64{"eu.west.k8s": 8}
 	srv := httptest.NewServer(svc.Handler(zaptest.NewLogger(t), func(topic string) int64 { return pending[topic] }))
@@ -331,6 +332,7 @@ func TestHTTP(t *testing.T) {
 		{"unknown is zero", "/v1/topics/nobody", 200, `"count":0`},
 		{"escaped", "/v1/topics/caf%C3%A9", 200, `"topic":"café"`},
 		{"quote", "/v1/topics/a%22b", 200, `"topic":"a\"b"`},
+		{"escaped slash", "/v1/topics/a%2Fb", 200, `"topic":"a/b","count":3`},
 		{"pending", "/v1/topics/eu.west.k8s?include=pending", 200, `"count":50,"source":"cache","stale":false,`},
 		{"pending fields", "/v1/topics/eu.west.k8s?include=pending", 200, `"shards":4,"pending":8,"includesPending":true}`},
 		{"strong", "/v1/topics/eu.west.k8s?consistency=strong", 200, `"count":42,"source":"store"`},
