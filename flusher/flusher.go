@@ -65,6 +65,18 @@ type Store interface {
 	Add(ctx context.Context, topic string, shard int, delta int64, now time.Time) error
 }
 
+// Observer is told, after each flush, what it wrote: per topic, the delta.
+// It must not keep the map.
+type Observer interface {
+	Observe(written map[string]int64)
+}
+
+// Option is an optional dependency of New.
+type Option func(*Flusher)
+
+// WithObserver has o told what each flush wrote (the hot-topic tracker).
+func WithObserver(o Observer) Option { return func(f *Flusher) { f.observer = o } }
+
 // Config is the flusher's part of the configuration.
 type Config struct {
 	Shards      int
@@ -77,12 +89,13 @@ type Config struct {
 // at shutdown. Flush, Final and LastSuccess are safe to call concurrently
 // with Run, but flushes never overlap: one holds flushMu.
 type Flusher struct {
-	cfg     Config
-	buf     Buffer
-	store   Store
-	log     *zap.Logger
-	metrics *Metrics
-	now     func() time.Time
+	cfg      Config
+	buf      Buffer
+	store    Store
+	log      *zap.Logger
+	metrics  *Metrics
+	now      func() time.Time
+	observer Observer // nil: none
 
 	flushMu     sync.Mutex
 	lastSuccess atomic.Int64 // Unix nanoseconds of the last flush that wrote everything
@@ -91,8 +104,11 @@ type Flusher struct {
 
 // New returns a flusher of buf into st. now is the clock (time.Now in
 // production). Nothing starts until Run.
-func New(cfg Config, buf Buffer, st Store, log *zap.Logger, m *Metrics, now func() time.Time) *Flusher {
+func New(cfg Config, buf Buffer, st Store, log *zap.Logger, m *Metrics, now func() time.Time, opts ...Option) *Flusher {
 	f := &Flusher{cfg: cfg, buf: buf, store: st, log: log.Named("flusher"), metrics: m, now: now}
+	for _, o := range opts {
+		o(f)
+	}
 	f.lastSuccess.Store(now().UnixNano())
 	return f
 }
@@ -169,6 +185,15 @@ func (f *Flusher) Flush(ctx context.Context) error {
 	_ = g.Wait() // the writes report through failed, never through the group
 	f.metrics.flushed.Add(float64(written))
 	failed.Acks = f.ack(window.Acks, failed.Deltas)
+	if f.observer != nil && written > 0 {
+		done := make(map[string]int64, window.Len()-failed.Len())
+		for topic, d := range window.Deltas {
+			if _, bad := failed.Deltas[topic]; !bad {
+				done[topic] = d
+			}
+		}
+		f.observer.Observe(done)
+	}
 
 	if failed.Len() > 0 {
 		f.keepAlive(failed)

@@ -295,3 +295,42 @@ func TestDeadlinePassesMidFlush(t *testing.T) {
 		t.Errorf("store holds %d, want 200", sum)
 	}
 }
+
+type recorder struct{ seen map[string]int64 }
+
+func (r *recorder) Observe(w map[string]int64) {
+	for t, d := range w {
+		r.seen[t] += d
+	}
+}
+
+// TestObserverSeesWhatWasWritten: the observer (the hot-topic tracker) is
+// told of written deltas only, once each, never of failed ones.
+func TestObserverSeesWhatWasWritten(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	b, err := store.OpenBolt(t.TempDir(), store.NewMetrics(reg))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	st := &faulty{Bolt: b, tried: map[string][]int{}}
+	agg := aggregator.New(100, reg)
+	rec := &recorder{seen: map[string]int64{}}
+	fl := flusher.New(cfg, agg, st, zaptest.NewLogger(t), flusher.NewMetrics(reg), time.Now, flusher.WithObserver(rec))
+	agg.Add("a", 3)
+	st.set(true)
+	if err := fl.Flush(context.Background()); err == nil {
+		t.Fatal("Flush with the store down succeeded")
+	}
+	if len(rec.seen) != 0 {
+		t.Errorf("observed %v from a failed flush", rec.seen)
+	}
+	st.set(false)
+	agg.Add("b", 2)
+	if err := fl.Flush(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if rec.seen["a"] != 3 || rec.seen["b"] != 2 || len(rec.seen) != 2 {
+		t.Errorf("observed %v, want a:3 b:2", rec.seen)
+	}
+}

@@ -31,7 +31,7 @@ func BenchmarkLookupHTTP(b *testing.B) {
 	add(b, bolt, "golang", 1, 1500)
 	svc := lookup.New(lookup.Config{Shards: 4, CacheTTL: ttl, CacheStale: 10 * ttl, CacheSize: 1000, MaxTopicBytes: 256}, st, prometheus.NewRegistry(), time.Now)
 	defer svc.Close()
-	hot := svc.Handler(zap.NewNop(), nil)
+	hot := svc.Handler(zap.NewNop(), lookup.Extras{})
 	rec := httptest.NewRecorder()
 	hot.ServeHTTP(rec, httptest.NewRequest("GET", "/v1/topics/golang", nil))
 	fixed := rec.Body.Bytes()
@@ -123,7 +123,7 @@ func BenchmarkHandler(b *testing.B) {
 	add(b, bolt, "golang", 1, 1500)
 	svc := lookup.New(lookup.Config{Shards: 4, CacheTTL: time.Hour, CacheStale: time.Hour, CacheSize: 1000, MaxTopicBytes: 256}, st, prometheus.NewRegistry(), time.Now)
 	defer svc.Close()
-	hot := svc.Handler(zap.NewNop(), nil)
+	hot := svc.Handler(zap.NewNop(), lookup.Extras{})
 	req := httptest.NewRequest("GET", "/v1/topics/golang", nil)
 	w := &discard{h: http.Header{}}
 	hot.ServeHTTP(w, req)

@@ -13,22 +13,33 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/hotcount/hotcount/hot"
 	"github.com/hotcount/hotcount/store"
 )
+
+// Extras are the handler's optional sources, nil when absent.
+type Extras struct {
+	// Pending is this sidecar's not yet flushed delta of a topic.
+	Pending func(topic string) int64
+	// Hot is this sidecar's top topics by recent rate.
+	Hot func(limit int) []hot.Topic
+}
 
 // Handler returns the lookup API:
 //
 //	GET /v1/topics/{topic}         one total
 //	GET /v1/topics?topic=a&topic=b  up to MaxBatch totals
 //	GET /v1/topics/{topic}/shards  every shard and the total, uncached
+//	GET /v1/hot?limit=k            this sidecar's hottest topics (k ≤ 100, default 10)
 //
 // Query parameters: consistency=cached|eventual|strong (default cached),
 // include=pending (add this sidecar's unflushed delta; needs pending).
 // Errors are JSON, {"error": "..."}: 400 for a bad topic or parameter, 404
 // for another path, 503 when the store fails.
-func (s *Service) Handler(log *zap.Logger, pending func(topic string) int64) http.Handler {
-	h := &handler{svc: s, log: log.Named("lookup"), pending: pending}
+func (s *Service) Handler(log *zap.Logger, x Extras) http.Handler {
+	h := &handler{svc: s, log: log.Named("lookup"), pending: x.Pending, hot: x.Hot}
 	mux := http.NewServeMux()
+	mux.HandleFunc("GET /v1/hot", h.hottest)
 	mux.HandleFunc("GET /v1/topics/{topic}", h.one)
 	mux.HandleFunc("GET /v1/topics", h.many)
 	mux.HandleFunc("GET /v1/topics/{topic}/shards", h.shards)
@@ -42,6 +53,43 @@ type handler struct {
 	svc     *Service
 	log     *zap.Logger
 	pending func(string) int64
+	hot     func(int) []hot.Topic
+}
+
+// hottest answers /v1/hot: the heavy hitters of the mentions this sidecar
+// flushed, by rate, with the shards each is spread over.
+func (h *handler) hottest(w http.ResponseWriter, r *http.Request) {
+	if h.hot == nil {
+		writeError(w, http.StatusNotFound, "hot-topic tracking is not available here")
+		return
+	}
+	limit := 10
+	if v := r.URL.Query().Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > MaxBatch {
+			writeError(w, http.StatusBadRequest, "limit "+strconv.Quote(v)+" is not a whole number in 1..100")
+			return
+		}
+		limit = n
+	}
+	type entry struct {
+		hot.Topic
+		Shards int `json:"shards"`
+	}
+	top := h.hot(limit)
+	out := struct {
+		Topics []entry `json:"topics"`
+	}{Topics: make([]entry, len(top))}
+	for i, t := range top {
+		out.Topics[i] = entry{t, h.svc.cfg.Shards}
+	}
+	body, err := json.Marshal(out)
+	if err != nil {
+		writeError(w, http.StatusInternalServerError, err.Error())
+		return
+	}
+	w.Header().Set("Cache-Control", "no-store")
+	writeBody(w, http.StatusOK, append(body, '\n'))
 }
 
 // options are a request's query parameters.

@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap/zaptest"
 
+	"github.com/hotcount/hotcount/hot"
 	"github.com/hotcount/hotcount/internal/testenv"
 	"github.com/hotcount/hotcount/lookup"
 	"github.com/hotcount/hotcount/store"
@@ -318,7 +319,9 @@ func TestHTTP(t *testing.T) {
 	add(t, b, "a/b", 0, 3) // NATS subjects may hold slashes: so may topics
 	svc, _ := newService(t, st, time.Minute, time.Hour, nil)
 	pending := map[string]int64{"eu.west.k8s": 8}
-	srv := httptest.NewServer(svc.Handler(zaptest.NewLogger(t), func(topic string) int64 { return pending[topic] }))
+	tracker := hot.New(16, time.Hour, time.Now)
+	tracker.Observe(map[string]int64{"eu.west.k8s": 40, "a/b": 3, "quiet": 1})
+	srv := httptest.NewServer(svc.Handler(zaptest.NewLogger(t), lookup.Extras{Pending: func(topic string) int64 { return pending[topic] }, Hot: tracker.Top}))
 	defer srv.Close()
 
 	tests := []struct {
@@ -348,6 +351,9 @@ func TestHTTP(t *testing.T) {
 		{"batch too large", "/v1/topics?" + strings.Repeat("topic=a&", 101), 400, `at most 100 topics`},
 		{"batch bad topic", "/v1/topics?topic=ok&topic=", 400, `topic 1: topic is empty`},
 		{"no such path", "/v2/whatever", 404, `"error":"no such endpoint`},
+		{"hot", "/v1/hot?limit=2", 200, `{"topics":[{"topic":"eu.west.k8s","count":40,"error":0,"rate":`},
+		{"hot limit", "/v1/hot?limit=2", 200, `"shards":4},{"topic":"a/b","count":3,`},
+		{"hot bad limit", "/v1/hot?limit=0", 400, `limit \"0\" is not a whole number in 1..100`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -382,7 +388,7 @@ func FuzzTopicPath(f *testing.F) {
 	}
 	svc := lookup.New(lookup.Config{Shards: 2, CacheTTL: time.Second, CacheStale: time.Second, CacheSize: 10, MaxTopicBytes: 32}, newBolt(f), prometheus.NewRegistry(), time.Now)
 	defer svc.Close()
-	h := svc.Handler(zaptest.NewLogger(f), func(string) int64 { return 1 })
+	h := svc.Handler(zaptest.NewLogger(f), lookup.Extras{Pending: func(string) int64 { return 1 }})
 	f.Fuzz(func(t *testing.T, topic string) {
 		req, err := http.NewRequest("GET", "http://x/v1/topics/"+topic, nil)
 		if err != nil {

@@ -23,6 +23,7 @@ import (
 	"github.com/hotcount/hotcount/aggregator"
 	"github.com/hotcount/hotcount/config"
 	"github.com/hotcount/hotcount/flusher"
+	"github.com/hotcount/hotcount/hot"
 	"github.com/hotcount/hotcount/ingest"
 	"github.com/hotcount/hotcount/lookup"
 	"github.com/hotcount/hotcount/store"
@@ -97,12 +98,13 @@ func (s *Sidecar) Run(ctx context.Context) error {
 	cancel()
 
 	agg := aggregator.New(cfg.MaxTopics, reg)
+	hottest := hot.New(hot.DefaultCapacity, hot.DefaultPeriod, time.Now)
 	fl := flusher.New(flusher.Config{
 		Shards:      cfg.Shards,
 		Interval:    cfg.FlushInterval,
 		Timeout:     cfg.FlushTimeout,
 		Concurrency: cfg.FlushConcurrency,
-	}, agg, st, log, flusher.NewMetrics(reg), time.Now)
+	}, agg, st, log, flusher.NewMetrics(reg), time.Now, flusher.WithObserver(hottest))
 
 	im := ingest.NewMetrics(reg)
 	auth, err := cfg.NATSAuth().Options()
@@ -141,7 +143,7 @@ func (s *Sidecar) Run(ctx context.Context) error {
 	}
 
 	servers, err := s.listen(map[string]http.Handler{
-		"http":  lk.Handler(log, agg.Pending),
+		"http":  lk.Handler(log, lookup.Extras{Pending: agg.Pending, Hot: hottest.Top}),
 		"admin": admin.Handler(reg, health, ready),
 	})
 	if err != nil {
