@@ -29,6 +29,7 @@ import (
 	"github.com/hotcount/hotcount/flusher"
 	"github.com/hotcount/hotcount/ingest"
 	"github.com/hotcount/hotcount/lookup"
+	"github.com/hotcount/hotcount/shards"
 	"github.com/hotcount/hotcount/store"
 )
 
@@ -91,6 +92,8 @@ type Config struct {
 	DataDir          string
 
 	Shards           int
+	Adaptive         bool
+	MaxShards        int
 	FlushInterval    time.Duration
 	FlushTimeout     time.Duration
 	FlushConcurrency int
@@ -131,6 +134,7 @@ func Default() Config {
 		Table:             DefaultTable,
 		DataDir:           DefaultDataDir,
 		Shards:            flusher.DefaultShards,
+		MaxShards:         shards.DefaultMax,
 		FlushInterval:     flusher.DefaultInterval,
 		FlushTimeout:      flusher.DefaultTimeout,
 		FlushConcurrency:  flusher.DefaultConcurrency,
@@ -211,7 +215,11 @@ var settings = []setting{
 	{name: "table", usage: "DynamoDB table", bind: str(func(c *Config) *string { return &c.Table })},
 	{name: "dynamodb-endpoint", usage: "DynamoDB endpoint URL (empty: AWS's own; set for dynalite, DynamoDB Local, LocalStack)", bind: str(func(c *Config) *string { return &c.DynamoDBEndpoint })},
 	{name: "data-dir", usage: "folder of the embedded store (--store bolt)", bind: str(func(c *Config) *string { return &c.DataDir })},
-	{name: "shards", usage: fmt.Sprintf("shards per topic, 1..%d (changing it hides counts under the old keys: see README)", store.MaxShards), bind: integer(func(c *Config) *int { return &c.Shards })},
+	{name: "shards", usage: fmt.Sprintf("shards of a new topic, 1..%d (a topic keeps the count recorded when it was first written: see README)", store.MaxShards), bind: integer(func(c *Config) *int { return &c.Shards })},
+	{name: "adaptive", usage: "start new topics at one shard and double a topic's shards (up to max-shards) when its writes are throttled", bind: func(fs *pflag.FlagSet, c *Config, name, usage string) {
+		fs.BoolVar(&c.Adaptive, name, c.Adaptive, usage)
+	}},
+	{name: "max-shards", usage: "the most shards --adaptive raises a topic to", bind: integer(func(c *Config) *int { return &c.MaxShards })},
 	{name: "flush-interval", usage: "how often buffered deltas are written (±10% jitter)", bind: dur(func(c *Config) *time.Duration { return &c.FlushInterval })},
 	{name: "flush-timeout", usage: "how long one flush may go on starting writes; the rest wait for the next flush", bind: dur(func(c *Config) *time.Duration { return &c.FlushTimeout })},
 	{name: "flush-concurrency", usage: "writes in flight at once during a flush", bind: integer(func(c *Config) *int { return &c.FlushConcurrency })},
@@ -405,6 +413,7 @@ func (c *Config) Validate() error {
 		bad("store", "%q is not %s or %s", c.Store, StoreDynamoDB, StoreBolt)
 	}
 	intIn("shards", int64(c.Shards), 1, store.MaxShards)
+	intIn("max-shards", int64(c.MaxShards), 1, store.MaxShards)
 	durIn("flush-interval", c.FlushInterval, 10*time.Millisecond, time.Hour)
 	durIn("flush-timeout", c.FlushTimeout, time.Millisecond, time.Hour)
 	intIn("flush-concurrency", int64(c.FlushConcurrency), 1, 1024)
@@ -434,6 +443,15 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("config: %w", errors.Join(errs...))
 	}
 	return nil
+}
+
+// ReadGuess is the shard count a lookup reads in its first round trip; the
+// topic's metadata, read in the same round trip, brings the rest.
+func (c *Config) ReadGuess() int {
+	if c.Adaptive {
+		return 1
+	}
+	return c.Shards
 }
 
 // CacheStaleAge is the age up to which a stale total is served.

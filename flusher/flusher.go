@@ -71,6 +71,17 @@ type Observer interface {
 	Observe(written map[string]int64)
 }
 
+// Shards gives each topic's shard count (per-topic metadata) and is told
+// when a topic's writes are throttled, which may raise it. Without it every
+// topic has Config.Shards.
+type Shards interface {
+	WriteCounts(ctx context.Context, topics []string) (map[string]int, error)
+	Throttled(ctx context.Context, topic string) int
+}
+
+// WithShards takes shard counts from s instead of Config.Shards.
+func WithShards(s Shards) Option { return func(f *Flusher) { f.shards = s } }
+
 // Option is an optional dependency of New.
 type Option func(*Flusher)
 
@@ -96,6 +107,7 @@ type Flusher struct {
 	metrics  *Metrics
 	now      func() time.Time
 	observer Observer // nil: none
+	shards   Shards   // nil: Config.Shards for every topic
 
 	flushMu     sync.Mutex
 	lastSuccess atomic.Int64 // Unix nanoseconds of the last flush that wrote everything
@@ -149,6 +161,15 @@ func (f *Flusher) Flush(ctx context.Context) error {
 	defer func() { f.metrics.duration.Observe(f.now().Sub(start).Seconds()) }()
 
 	window := f.buf.Drain()
+	counts, err := f.counts(ctx, window)
+	if err != nil {
+		f.keepAlive(window)
+		f.buf.Merge(window)
+		f.metrics.requeued.Add(float64(window.Mentions()))
+		f.metrics.flushes.WithLabelValues("error").Inc()
+		f.failing.Store(true)
+		return fmt.Errorf("flusher: shard counts of %d topics: %w", window.Len(), err)
+	}
 	deadline := start.Add(f.cfg.Timeout)
 	var (
 		mu       sync.Mutex
@@ -168,7 +189,7 @@ func (f *Flusher) Flush(ctx context.Context) error {
 			continue
 		}
 		g.Go(func() error {
-			err := f.write(ctx, topic, delta)
+			err := f.write(ctx, topic, delta, counts[topic])
 			mu.Lock()
 			defer mu.Unlock()
 			if err != nil {
@@ -247,17 +268,38 @@ func (f *Flusher) keepAlive(w aggregator.Window) {
 // JetStream ingest stops fetching while it does.
 func (f *Flusher) Failing() bool { return f.failing.Load() }
 
-// write adds delta to a random shard of topic; when the shard is throttled
-// it tries up to maxReroutes other shards, since the throttle is per
-// partition and the other shards are other partitions.
-func (f *Flusher) write(ctx context.Context, topic string, delta int64) error {
-	n := f.cfg.Shards
+// counts returns the shard count of each topic of w.
+func (f *Flusher) counts(ctx context.Context, w aggregator.Window) (map[string]int, error) {
+	if f.shards == nil || w.Len() == 0 {
+		return nil, nil
+	}
+	topics := make([]string, 0, w.Len())
+	for t := range w.Deltas {
+		topics = append(topics, t)
+	}
+	return f.shards.WriteCounts(ctx, topics)
+}
+
+// write adds delta to a random one of topic's n shards (Config.Shards when
+// n is 0); when the shard is throttled it tries up to maxReroutes other
+// shards, since the throttle is per partition and the other shards are
+// other partitions, and tells the shard counts, which may raise them.
+func (f *Flusher) write(ctx context.Context, topic string, delta int64, n int) error {
+	if n == 0 {
+		n = f.cfg.Shards
+	}
 	shard := rand.IntN(n)
 	for attempt := 0; ; attempt++ {
 		wctx, cancel := context.WithTimeout(ctx, WriteTimeout)
 		err := f.store.Add(wctx, topic, shard, delta, f.now())
 		cancel()
-		if err == nil || !errors.Is(err, store.ErrThrottled) || n == 1 || attempt == maxReroutes {
+		if err == nil || !errors.Is(err, store.ErrThrottled) || attempt == maxReroutes {
+			return err
+		}
+		if f.shards != nil && attempt == 0 {
+			n = max(n, f.shards.Throttled(ctx, topic))
+		}
+		if n == 1 {
 			return err
 		}
 		f.metrics.rerouted.Inc()

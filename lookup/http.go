@@ -23,6 +23,8 @@ type Extras struct {
 	Pending func(topic string) int64
 	// Hot is this sidecar's top topics by recent rate.
 	Hot func(limit int) []hot.Topic
+	// ShardsOf is a topic's shard count as this sidecar writes it.
+	ShardsOf func(topic string) int
 }
 
 // Handler returns the lookup API:
@@ -37,7 +39,7 @@ type Extras struct {
 // Errors are JSON, {"error": "..."}: 400 for a bad topic or parameter, 404
 // for another path, 503 when the store fails.
 func (s *Service) Handler(log *zap.Logger, x Extras) http.Handler {
-	h := &handler{svc: s, log: log.Named("lookup"), pending: x.Pending, hot: x.Hot}
+	h := &handler{svc: s, log: log.Named("lookup"), pending: x.Pending, hot: x.Hot, shardsOf: x.ShardsOf}
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /v1/hot", h.hottest)
 	mux.HandleFunc("GET /v1/topics/{topic}", h.one)
@@ -50,10 +52,11 @@ func (s *Service) Handler(log *zap.Logger, x Extras) http.Handler {
 }
 
 type handler struct {
-	svc     *Service
-	log     *zap.Logger
-	pending func(string) int64
-	hot     func(int) []hot.Topic
+	svc      *Service
+	log      *zap.Logger
+	pending  func(string) int64
+	hot      func(int) []hot.Topic
+	shardsOf func(string) int
 }
 
 // hottest answers /v1/hot: the heavy hitters of the mentions this sidecar
@@ -81,7 +84,11 @@ func (h *handler) hottest(w http.ResponseWriter, r *http.Request) {
 		Topics []entry `json:"topics"`
 	}{Topics: make([]entry, len(top))}
 	for i, t := range top {
-		out.Topics[i] = entry{t, h.svc.cfg.Shards}
+		n := h.svc.cfg.Shards
+		if h.shardsOf != nil {
+			n = h.shardsOf(t.Topic)
+		}
+		out.Topics[i] = entry{t, n}
 	}
 	body, err := json.Marshal(out)
 	if err != nil {

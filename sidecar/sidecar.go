@@ -26,6 +26,7 @@ import (
 	"github.com/hotcount/hotcount/hot"
 	"github.com/hotcount/hotcount/ingest"
 	"github.com/hotcount/hotcount/lookup"
+	"github.com/hotcount/hotcount/shards"
 	"github.com/hotcount/hotcount/store"
 )
 
@@ -33,6 +34,7 @@ import (
 type Store interface {
 	flusher.Store
 	lookup.Store
+	shards.Store
 	Ping(ctx context.Context) error
 	Close() error
 }
@@ -99,12 +101,13 @@ func (s *Sidecar) Run(ctx context.Context) error {
 
 	agg := aggregator.New(cfg.MaxTopics, reg)
 	hottest := hot.New(hot.DefaultCapacity, hot.DefaultPeriod, time.Now)
+	book := shards.New(shards.Config{Default: cfg.Shards, Adaptive: cfg.Adaptive, Max: cfg.MaxShards}, st, log, reg)
 	fl := flusher.New(flusher.Config{
 		Shards:      cfg.Shards,
 		Interval:    cfg.FlushInterval,
 		Timeout:     cfg.FlushTimeout,
 		Concurrency: cfg.FlushConcurrency,
-	}, agg, st, log, flusher.NewMetrics(reg), time.Now, flusher.WithObserver(hottest))
+	}, agg, st, log, flusher.NewMetrics(reg), time.Now, flusher.WithObserver(hottest), flusher.WithShards(book))
 
 	im := ingest.NewMetrics(reg)
 	auth, err := cfg.NATSAuth().Options()
@@ -121,7 +124,7 @@ func (s *Sidecar) Run(ctx context.Context) error {
 		return err
 	}
 	lk := lookup.New(lookup.Config{
-		Shards:        cfg.Shards,
+		Shards:        cfg.ReadGuess(),
 		CacheTTL:      cfg.CacheTTL,
 		CacheStale:    cfg.CacheStaleAge(),
 		CacheSize:     cfg.CacheSize,
@@ -143,7 +146,7 @@ func (s *Sidecar) Run(ctx context.Context) error {
 	}
 
 	servers, err := s.listen(map[string]http.Handler{
-		"http":  lk.Handler(log, lookup.Extras{Pending: agg.Pending, Hot: hottest.Top}),
+		"http":  lk.Handler(log, lookup.Extras{Pending: agg.Pending, Hot: hottest.Top, ShardsOf: book.Cached}),
 		"admin": admin.Handler(reg, health, ready),
 	})
 	if err != nil {

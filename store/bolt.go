@@ -103,18 +103,22 @@ func (b *Bolt) Gather(ctx context.Context, topic string, n int, consistent bool)
 	return m[topic], nil
 }
 
-// GatherMany is Gather for several topics, in one read transaction.
+// GatherMany is Gather for several topics, in one read transaction. Like
+// DynamoDB's, it reads at least n shards and all that the metadata says.
 func (b *Bolt) GatherMany(ctx context.Context, topics []string, n int, consistent bool) (map[string][]Shard, error) {
 	b.metrics.gathers.Add(float64(len(topics)))
-	b.metrics.reads.Add(float64(n * len(topics)))
 	out := make(map[string][]Shard, len(topics))
 	err := b.db.View(func(tx *bolt.Tx) error {
 		bk := tx.Bucket(boltBucket)
 		for _, topic := range topics {
-			shards := make([]Shard, n)
+			m, err := boltMeta(bk, topic)
+			if err != nil {
+				return err
+			}
+			shards := make([]Shard, max(n, m.Read()))
+			b.metrics.reads.Add(float64(len(shards) + 1))
 			for i := range shards {
 				shards[i].Shard = i
-				var err error
 				shards[i].Count, shards[i].UpdatedAt, err = decodeItem(bk.Get([]byte(ShardKey(topic, i))))
 				if err != nil {
 					return err
@@ -130,6 +134,54 @@ func (b *Bolt) GatherMany(ctx context.Context, topics []string, n int, consisten
 		return nil, err
 	}
 	return out, nil
+}
+
+// boltMeta reads topic's metadata: two big-endian int64s, shards and
+// readShards, under MetaKey.
+func boltMeta(bk *bolt.Bucket, topic string) (Meta, error) {
+	s, r, err := decodeItem(bk.Get([]byte(MetaKey(topic))))
+	if err != nil || s == 0 {
+		return Meta{}, err
+	}
+	return Meta{Shards: int(s), ReadShards: int(r)}, nil
+}
+
+// Metas reads the metadata of topics (zero Meta for those without).
+func (b *Bolt) Metas(ctx context.Context, topics []string) (map[string]Meta, error) {
+	out := make(map[string]Meta, len(topics))
+	err := b.db.View(func(tx *bolt.Tx) error {
+		for _, t := range topics {
+			m, err := boltMeta(tx.Bucket(boltBucket), t)
+			if err != nil {
+				return err
+			}
+			if m.Exists() {
+				out[t] = m
+			}
+		}
+		return nil
+	})
+	return out, err
+}
+
+// SetMeta changes topic's metadata from old to m if it is still old, in one
+// transaction; else ErrConflict.
+func (b *Bolt) SetMeta(ctx context.Context, topic string, old, m Meta) error {
+	b.metrics.metaWrites.Inc()
+	return b.db.Update(func(tx *bolt.Tx) error {
+		bk := tx.Bucket(boltBucket)
+		cur, err := boltMeta(bk, topic)
+		if err != nil {
+			return err
+		}
+		if cur != old {
+			return fmt.Errorf("store: set shards of %q: %w", topic, ErrConflict)
+		}
+		var v [boltItemLen]byte
+		binary.BigEndian.PutUint64(v[:], uint64(m.Shards))
+		binary.BigEndian.PutUint64(v[8:], uint64(m.ReadShards))
+		return bk.Put([]byte(MetaKey(topic)), v[:])
+	})
 }
 
 // Ping checks that the database is open.

@@ -33,6 +33,7 @@ type DynamoAPI interface {
 	BatchGetItem(ctx context.Context, in *dynamodb.BatchGetItemInput, opts ...func(*dynamodb.Options)) (*dynamodb.BatchGetItemOutput, error)
 	DescribeTable(ctx context.Context, in *dynamodb.DescribeTableInput, opts ...func(*dynamodb.Options)) (*dynamodb.DescribeTableOutput, error)
 	CreateTable(ctx context.Context, in *dynamodb.CreateTableInput, opts ...func(*dynamodb.Options)) (*dynamodb.CreateTableOutput, error)
+	PutItem(ctx context.Context, in *dynamodb.PutItemInput, opts ...func(*dynamodb.Options)) (*dynamodb.PutItemOutput, error)
 }
 
 // DynamoDB is the store on an Amazon DynamoDB table (or anything that speaks
@@ -154,27 +155,70 @@ func (d *DynamoDB) Gather(ctx context.Context, topic string, n int, consistent b
 	return m[topic], nil
 }
 
-// GatherMany is Gather for several topics at once: their shard keys share
-// BatchGetItem calls, 100 keys each, so 25 topics of 4 shards cost one round
-// trip. The caller owns the returned map.
+// GatherMany is Gather for several topics at once: their shard keys and
+// metadata keys share BatchGetItem calls, 100 keys each, so 20 topics of 4
+// shards cost one round trip. n is the caller's guess of the read set; a
+// topic whose metadata says it has more shards gets them in a second round,
+// so a count is never outside what is summed. The caller owns the map.
 func (d *DynamoDB) GatherMany(ctx context.Context, topics []string, n int, consistent bool) (map[string][]Shard, error) {
 	d.metrics.gathers.Add(float64(len(topics)))
-	d.metrics.reads.Add(float64(n * len(topics)))
-	type slot struct{ topic, shard int }
 	out := make(map[string][]Shard, len(topics))
-	shards := make([][]Shard, len(topics))
-	index := make(map[string]slot, n*len(topics))
-	keys := make([]map[string]types.AttributeValue, 0, n*len(topics))
-	for t, topic := range topics {
-		shards[t] = make([]Shard, n)
-		out[topic] = shards[t]
-		for i := range n {
-			shards[t][i].Shard = i
-			k := ShardKey(topic, i)
-			index[k] = slot{t, i}
-			keys = append(keys, map[string]types.AttributeValue{AttrPK: &types.AttributeValueMemberS{Value: k}})
+	metas := make(map[string]Meta, len(topics))
+	want := make(map[string][2]int, len(topics))
+	for _, t := range topics {
+		want[t] = [2]int{0, n}
+	}
+	if err := d.readShards(ctx, want, true, consistent, out, metas); err != nil {
+		return nil, d.readFailed(topics, err)
+	}
+	more := make(map[string][2]int)
+	for t, m := range metas {
+		if r := m.Read(); r > n {
+			more[t] = [2]int{n, r}
 		}
 	}
+	if len(more) > 0 {
+		if err := d.readShards(ctx, more, false, consistent, out, metas); err != nil {
+			return nil, d.readFailed(topics, err)
+		}
+	}
+	d.answered()
+	return out, nil
+}
+
+func (d *DynamoDB) readFailed(topics []string, err error) error {
+	err = classify(fmt.Errorf("store: gather %q: %w", topics, err))
+	d.metrics.failed("read", err)
+	d.lastErr.Store(time.Now().UnixNano())
+	return err
+}
+
+// readShards reads shards [from, to) of each topic in want (and, with
+// withMeta, its metadata item) into out and metas, in BatchGetItem calls of
+// up to 100 keys.
+func (d *DynamoDB) readShards(ctx context.Context, want map[string][2]int, withMeta, consistent bool, out map[string][]Shard, metas map[string]Meta) error {
+	type slot struct {
+		topic string
+		shard int // -1: the metadata item
+	}
+	index := make(map[string]slot)
+	var keys []map[string]types.AttributeValue
+	key := func(k string, s slot) {
+		index[k] = s
+		keys = append(keys, map[string]types.AttributeValue{AttrPK: &types.AttributeValueMemberS{Value: k}})
+	}
+	for topic, r := range want {
+		shards := out[topic]
+		for i := r[0]; i < r[1]; i++ {
+			shards = append(shards, Shard{Shard: i})
+			key(ShardKey(topic, i), slot{topic, i})
+		}
+		out[topic] = shards
+		if withMeta {
+			key(MetaKey(topic), slot{topic, -1})
+		}
+	}
+	d.metrics.reads.Add(float64(len(keys)))
 	for start := 0; start < len(keys); start += maxBatchGetKeys {
 		chunk := keys[start:min(start+maxBatchGetKeys, len(keys))]
 		err := d.batchGet(ctx, chunk, consistent, func(item map[string]types.AttributeValue) error {
@@ -186,7 +230,15 @@ func (d *DynamoDB) GatherMany(ctx context.Context, topics []string, n int, consi
 			if !ok {
 				return fmt.Errorf("store: unexpected item %q in gather", pk.Value)
 			}
-			sh := &shards[at.topic][at.shard]
+			if at.shard < 0 {
+				m, err := decodeMeta(item)
+				if err != nil {
+					return fmt.Errorf("store: item %s: %w", pk.Value, err)
+				}
+				metas[at.topic] = m
+				return nil
+			}
+			sh := &out[at.topic][at.shard]
 			var err error
 			if sh.Count, err = numberAttr(item, AttrCount); err != nil {
 				return fmt.Errorf("store: item %s: %w", pk.Value, err)
@@ -197,14 +249,95 @@ func (d *DynamoDB) GatherMany(ctx context.Context, topics []string, n int, consi
 			return nil
 		})
 		if err != nil {
-			err = classify(fmt.Errorf("store: gather %q: %w", topics, err))
-			d.metrics.failed("read", err)
-			d.lastErr.Store(time.Now().UnixNano())
-			return nil, err
+			return err
+		}
+	}
+	return nil
+}
+
+func decodeMeta(item map[string]types.AttributeValue) (Meta, error) {
+	s, err := numberAttr(item, AttrShards)
+	if err != nil {
+		return Meta{}, err
+	}
+	r, err := numberAttr(item, AttrReadShards)
+	if err != nil {
+		return Meta{}, err
+	}
+	if s < 1 || s > MaxShards || r < s || r > MaxShards {
+		return Meta{}, fmt.Errorf("shard metadata %d/%d outside 1..%d", s, r, MaxShards)
+	}
+	return Meta{Shards: int(s), ReadShards: int(r)}, nil
+}
+
+// Metas reads the metadata of topics (zero Meta for those without).
+func (d *DynamoDB) Metas(ctx context.Context, topics []string) (map[string]Meta, error) {
+	metas := make(map[string]Meta, len(topics))
+	index := make(map[string]string, len(topics))
+	keys := make([]map[string]types.AttributeValue, 0, len(topics))
+	for _, t := range topics {
+		index[MetaKey(t)] = t
+		keys = append(keys, map[string]types.AttributeValue{AttrPK: &types.AttributeValueMemberS{Value: MetaKey(t)}})
+	}
+	d.metrics.reads.Add(float64(len(keys)))
+	for start := 0; start < len(keys); start += maxBatchGetKeys {
+		err := d.batchGet(ctx, keys[start:min(start+maxBatchGetKeys, len(keys))], true, func(item map[string]types.AttributeValue) error {
+			pk, _ := item[AttrPK].(*types.AttributeValueMemberS)
+			if pk == nil {
+				return fmt.Errorf("store: item without a string %s", AttrPK)
+			}
+			m, err := decodeMeta(item)
+			if err != nil {
+				return fmt.Errorf("store: item %s: %w", pk.Value, err)
+			}
+			metas[index[pk.Value]] = m
+			return nil
+		})
+		if err != nil {
+			return nil, d.readFailed(topics, err)
 		}
 	}
 	d.answered()
-	return out, nil
+	return metas, nil
+}
+
+// SetMeta changes topic's metadata from old (what the caller last read;
+// zero: no item) to m, only if it is still old: writers racing to change it
+// agree on one value. Refused: ErrConflict.
+func (d *DynamoDB) SetMeta(ctx context.Context, topic string, old, m Meta) error {
+	in := &dynamodb.PutItemInput{
+		TableName: &d.table,
+		Item: map[string]types.AttributeValue{
+			AttrPK:         &types.AttributeValueMemberS{Value: MetaKey(topic)},
+			AttrShards:     &types.AttributeValueMemberN{Value: itoa(m.Shards)},
+			AttrReadShards: &types.AttributeValueMemberN{Value: itoa(m.ReadShards)},
+		},
+		ExpressionAttributeNames: map[string]string{"#pk": AttrPK},
+	}
+	if !old.Exists() {
+		in.ConditionExpression = aws.String("attribute_not_exists(#pk)")
+	} else {
+		in.ConditionExpression = aws.String("#s = :s AND #r = :r")
+		in.ExpressionAttributeNames["#s"] = AttrShards
+		in.ExpressionAttributeNames["#r"] = AttrReadShards
+		delete(in.ExpressionAttributeNames, "#pk")
+		in.ExpressionAttributeValues = map[string]types.AttributeValue{
+			":s": &types.AttributeValueMemberN{Value: itoa(old.Shards)},
+			":r": &types.AttributeValueMemberN{Value: itoa(old.ReadShards)},
+		}
+	}
+	d.metrics.metaWrites.Inc()
+	_, err := d.client.PutItem(ctx, in)
+	var cond *types.ConditionalCheckFailedException
+	switch {
+	case errors.As(err, &cond):
+		return fmt.Errorf("store: set shards of %q: %w", topic, ErrConflict)
+	case err != nil:
+		err = classify(fmt.Errorf("store: set shards of %q: %w", topic, err))
+		d.metrics.failed("write", err)
+		return err
+	}
+	return nil
 }
 
 // batchGet runs one BatchGetItem over keys (at most 100), retrying the

@@ -97,13 +97,14 @@ func UnixMilli(t time.Time) int64 { return t.UnixMilli() }
 
 // Metrics counts what the stores do. Both implementations take one.
 type Metrics struct {
-	writes    prometheus.Counter
-	reads     prometheus.Counter
-	throttled prometheus.Counter
-	errors    *prometheus.CounterVec
-	gathers   prometheus.Counter
-	batchGets prometheus.Counter
-	ambiguous prometheus.Counter
+	writes     prometheus.Counter
+	reads      prometheus.Counter
+	throttled  prometheus.Counter
+	errors     *prometheus.CounterVec
+	gathers    prometheus.Counter
+	batchGets  prometheus.Counter
+	ambiguous  prometheus.Counter
+	metaWrites prometheus.Counter
 }
 
 // NewMetrics registers the store metrics with reg.
@@ -138,7 +139,11 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Name: "hotcount_store_ambiguous_total",
 		Help: "UpdateItem attempts sent with no answer back (reset or timeout after sending): each may have been applied, and its retry then counts its delta twice. The bound of ADD's over-count.",
 	})
-	reg.MustRegister(m.writes, m.reads, m.throttled, m.errors, m.gathers, m.batchGets, m.ambiguous)
+	m.metaWrites = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "hotcount_store_meta_writes_total",
+		Help: "Conditional writes of a topic's shard metadata (first multi-shard write, raises, operator changes).",
+	})
+	reg.MustRegister(m.writes, m.reads, m.throttled, m.errors, m.gathers, m.batchGets, m.ambiguous, m.metaWrites)
 	m.errors.WithLabelValues("write")
 	m.errors.WithLabelValues("read")
 	return m

@@ -112,8 +112,8 @@ func TestConformance(t *testing.T) {
 			if w := testutil.ToFloat64(m.Writes()); w != 202 {
 				t.Errorf("writes metric = %v, want 202", w)
 			}
-			if r := testutil.ToFloat64(m.Reads()); r != 8 {
-				t.Errorf("reads metric = %v, want 8 (two gathers of 4 shards)", r)
+			if r := testutil.ToFloat64(m.Reads()); r != 10 {
+				t.Errorf("reads metric = %v, want 10 (two gathers of 4 shards and the metadata item)", r)
 			}
 		})
 	}
@@ -393,5 +393,62 @@ func TestPingTrustsRecentCalls(t *testing.T) {
 	missing := store.NewDynamoDB(d.Client(), "no-such-table", store.NewMetrics(prometheus.NewRegistry()))
 	if err := missing.Ping(ctx); err == nil {
 		t.Error("Ping of a missing table succeeded")
+	}
+}
+
+// TestShardMetadata, on both stores: a topic without metadata has one
+// shard; metadata changes are conditional on what was read (racing writers
+// agree); the read set never shrinks; and a gather follows the metadata
+// past the caller's guess, so no count is outside the sum.
+func TestShardMetadata(t *testing.T) {
+	for name, open := range stores(t) {
+		t.Run(name, func(t *testing.T) {
+			st, _ := open(t)
+			ms := st.(interface {
+				Metas(ctx context.Context, topics []string) (map[string]store.Meta, error)
+				SetMeta(ctx context.Context, topic string, old, m store.Meta) error
+			})
+			ctx := context.Background()
+			got, err := ms.Metas(ctx, []string{"hot"})
+			if err != nil || got["hot"].Exists() || got["hot"].Read() != 1 {
+				t.Fatalf("Metas of a new topic = %v, %v; want none (one shard)", got, err)
+			}
+			two := store.Meta{}.With(2)
+			if err := ms.SetMeta(ctx, "hot", store.Meta{}, two); err != nil {
+				t.Fatal(err)
+			}
+			// A second writer that also read "no metadata" loses the race.
+			if err := ms.SetMeta(ctx, "hot", store.Meta{}, store.Meta{}.With(4)); !errors.Is(err, store.ErrConflict) {
+				t.Fatalf("racing SetMeta = %v, want ErrConflict", err)
+			}
+			eight := two.With(8)
+			if err := ms.SetMeta(ctx, "hot", two, eight); err != nil {
+				t.Fatal(err)
+			}
+			down := eight.With(2)
+			if down.Write() != 2 || down.Read() != 8 {
+				t.Fatalf("lowering to 2: %+v, want writes on 2, reads of 8", down)
+			}
+			if err := ms.SetMeta(ctx, "hot", eight, down); err != nil {
+				t.Fatal(err)
+			}
+			if err := st.Add(ctx, "hot", 6, 5, time.Now()); err != nil { // written while it had 8
+				t.Fatal(err)
+			}
+			if err := st.Add(ctx, "hot", 1, 2, time.Now()); err != nil {
+				t.Fatal(err)
+			}
+			shards, err := st.Gather(ctx, "hot", 1, false) // guess: one shard
+			if err != nil {
+				t.Fatal(err)
+			}
+			if sum, _ := store.Sum(shards); sum != 7 || len(shards) != 8 {
+				t.Errorf("gather = %v: want 8 shards summing to 7", shards)
+			}
+			got, err = ms.Metas(ctx, []string{"hot"})
+			if err != nil || got["hot"] != down {
+				t.Errorf("Metas = %v, %v; want %+v", got, err, down)
+			}
+		})
 	}
 }

@@ -130,8 +130,8 @@ func (p *Proxy) FailNext(n, status int) {
 // ResetNext resets the connection of the next n requests before forwarding.
 func (p *Proxy) ResetNext(n int) { p.mu.Lock(); p.resetNext = n; p.mu.Unlock() }
 
-// AmbiguousNext makes the next n writes ambiguous: applied upstream, then
-// the response dropped.
+// AmbiguousNext makes the next n UpdateItem calls (the counting writes)
+// ambiguous: applied upstream, then the response dropped.
 func (p *Proxy) AmbiguousNext(n int) { p.mu.Lock(); p.ambigNext = n; p.mu.Unlock() }
 
 // Stats returns a copy of what the proxy did so far.
@@ -221,7 +221,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		verdict = Failed
 	case !p.allow(req):
 		verdict = Throttled
-	case req.write && p.ambigNext > 0:
+	case req.op == "UpdateItem" && p.ambigNext > 0:
 		p.ambigNext--
 		verdict = Ambiguous
 		p.stats.AmbiguousDelta += req.delta

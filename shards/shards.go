@@ -1,0 +1,206 @@
+// Package shards decides how many shards each topic's count is spread
+// over, and records it in the topic's metadata item (store.Meta), so that
+// every writer and reader agrees: quiet topics keep one row, hot topics grow
+// their own shards, and changing the default never moves a topic's read
+// set. Writers cache the metadata briefly: a stale cache can only delay a
+// raise, never hide a count, because readers follow the metadata item
+// itself.
+package shards
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/hashicorp/golang-lru/v2/expirable"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+
+	"github.com/hotcount/hotcount/store"
+)
+
+// Defaults, used by the config package.
+const (
+	// DefaultMax is the most shards --adaptive raises a topic to.
+	DefaultMax = 64
+	// cacheTTL is how long a writer trusts its copy of a topic's metadata.
+	cacheTTL = 30 * time.Second
+	// cacheSize bounds the cached topics.
+	cacheSize = 200_000
+)
+
+// Store is the metadata part of the store. Both stores satisfy it.
+type Store interface {
+	Metas(ctx context.Context, topics []string) (map[string]store.Meta, error)
+	SetMeta(ctx context.Context, topic string, old, m store.Meta) error
+}
+
+// Config says how topics are sharded.
+type Config struct {
+	// Default is the shard count of a new topic (--shards); with Adaptive,
+	// new topics start at one shard and this is ignored.
+	Default int
+	// Adaptive raises a topic's count, doubling up to Max, when its writes
+	// are throttled.
+	Adaptive bool
+	Max      int
+}
+
+// Book is the writers' view of the topics' shard counts. It is safe for
+// concurrent use. The expirable LRU behind it starts a goroutine that lives
+// as long as the process.
+type Book struct {
+	cfg     Config
+	st      Store
+	log     *zap.Logger
+	cache   *expirable.LRU[string, store.Meta]
+	raised  *expirable.LRU[string, struct{}] // topics raised lately: one raise per cache period
+	raises  prometheus.Counter
+	created prometheus.Counter
+}
+
+// New returns a book over st, its metrics registered with reg.
+func New(cfg Config, st Store, log *zap.Logger, reg prometheus.Registerer) *Book {
+	b := &Book{
+		cfg:    cfg,
+		st:     st,
+		log:    log.Named("shards"),
+		cache:  expirable.NewLRU[string, store.Meta](cacheSize, nil, cacheTTL),
+		raised: expirable.NewLRU[string, struct{}](cacheSize, nil, cacheTTL),
+		raises: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "hotcount_shards_raised_total",
+			Help: "Topics whose shard count this sidecar raised (--adaptive, on throttling).",
+		}),
+		created: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "hotcount_shards_recorded_total",
+			Help: "Topics whose shard count this sidecar recorded first (a new topic written with more than one shard).",
+		}),
+	}
+	reg.MustRegister(b.raises, b.created)
+	return b
+}
+
+// initial is the shard count a new topic starts with.
+func (b *Book) initial() int {
+	if b.cfg.Adaptive {
+		return 1
+	}
+	return max(b.cfg.Default, 1)
+}
+
+// WriteCounts returns how many shards to write each topic to. Topics not in
+// the cache are looked up in one batch. A topic without metadata gets the
+// initial count; above one, its metadata is recorded first (conditionally:
+// another writer's record wins), so that a later change of --shards cannot
+// move the shards its counts are in.
+func (b *Book) WriteCounts(ctx context.Context, topics []string) (map[string]int, error) {
+	out := make(map[string]int, len(topics))
+	var missing []string
+	for _, t := range topics {
+		if m, ok := b.cache.Get(t); ok {
+			out[t] = m.Write()
+		} else {
+			missing = append(missing, t)
+		}
+	}
+	if len(missing) == 0 {
+		return out, nil
+	}
+	metas, err := b.st.Metas(ctx, missing)
+	if err != nil {
+		return nil, fmt.Errorf("shards: %w", err)
+	}
+	for _, t := range missing {
+		m := metas[t]
+		if !m.Exists() && b.initial() > 1 {
+			if m, err = b.change(ctx, t, m, m.With(b.initial())); err != nil {
+				return nil, err
+			}
+			b.created.Inc()
+		}
+		b.cache.Add(t, m)
+		out[t] = m.Write()
+	}
+	return out, nil
+}
+
+// change sets topic's metadata from old to m; if another writer changed it
+// first, its value is read back and kept: racing writers agree.
+func (b *Book) change(ctx context.Context, topic string, old, m store.Meta) (store.Meta, error) {
+	err := b.st.SetMeta(ctx, topic, old, m)
+	if errors.Is(err, store.ErrConflict) {
+		metas, rerr := b.st.Metas(ctx, []string{topic})
+		if rerr != nil {
+			return store.Meta{}, fmt.Errorf("shards: %w", rerr)
+		}
+		return metas[topic], nil
+	}
+	if err != nil {
+		return store.Meta{}, fmt.Errorf("shards: %w", err)
+	}
+	return m, nil
+}
+
+// Throttled is told that topic's writes were refused for throughput on
+// several shards. With Adaptive, the topic's count doubles (up to Max), at
+// most once per cache period per sidecar; the decision is logged and
+// counted. It returns the count to write with now.
+func (b *Book) Throttled(ctx context.Context, topic string) int {
+	m, _ := b.cache.Get(topic)
+	if !b.cfg.Adaptive || m.Write() >= b.cfg.Max || b.raised.Contains(topic) {
+		return m.Write()
+	}
+	b.raised.Add(topic, struct{}{})
+	metas, err := b.st.Metas(ctx, []string{topic})
+	if err != nil {
+		b.log.Warn("raise: read metadata", zap.String("topic", topic), zap.Error(err))
+		return m.Write()
+	}
+	cur := metas[topic]
+	if cur.Write() > m.Write() { // raised by another sidecar since we looked
+		b.cache.Add(topic, cur)
+		return cur.Write()
+	}
+	next, err := b.change(ctx, topic, cur, cur.With(min(2*cur.Write(), b.cfg.Max)))
+	if err != nil {
+		b.log.Warn("raise", zap.String("topic", topic), zap.Error(err))
+		return m.Write()
+	}
+	b.cache.Add(topic, next)
+	if next.Write() > cur.Write() {
+		b.raises.Inc()
+		b.log.Info("raised shards", zap.String("topic", topic), zap.Int("from", cur.Write()), zap.Int("to", next.Write()))
+	}
+	return next.Write()
+}
+
+// Cached is the shard count this sidecar last used for topic, or the
+// initial count.
+func (b *Book) Cached(topic string) int {
+	if m, ok := b.cache.Peek(topic); ok {
+		return m.Write()
+	}
+	return b.initial()
+}
+
+// Set sets topic's shard count to n for writers (an operator's decision);
+// the read set never shrinks. It returns the metadata before and after.
+func Set(ctx context.Context, st Store, topic string, n int) (before, after store.Meta, err error) {
+	if n < 1 || n > store.MaxShards {
+		return before, after, fmt.Errorf("shards: %d is outside 1..%d", n, store.MaxShards)
+	}
+	for range 5 {
+		metas, err := st.Metas(ctx, []string{topic})
+		if err != nil {
+			return before, after, fmt.Errorf("shards: %w", err)
+		}
+		before = metas[topic]
+		after = before.With(n)
+		err = st.SetMeta(ctx, topic, before, after)
+		if !errors.Is(err, store.ErrConflict) {
+			return before, after, err
+		}
+	}
+	return before, after, fmt.Errorf("shards: %q keeps changing under us; try again", topic)
+}
