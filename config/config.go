@@ -94,6 +94,7 @@ type Config struct {
 	Shards           int
 	Adaptive         bool
 	MaxShards        int
+	ShardsCache      time.Duration
 	FlushInterval    time.Duration
 	FlushTimeout     time.Duration
 	FlushConcurrency int
@@ -135,6 +136,7 @@ func Default() Config {
 		DataDir:           DefaultDataDir,
 		Shards:            flusher.DefaultShards,
 		MaxShards:         shards.DefaultMax,
+		ShardsCache:       shards.DefaultEvery,
 		FlushInterval:     flusher.DefaultInterval,
 		FlushTimeout:      flusher.DefaultTimeout,
 		FlushConcurrency:  flusher.DefaultConcurrency,
@@ -220,6 +222,7 @@ var settings = []setting{
 		fs.BoolVar(&c.Adaptive, name, c.Adaptive, usage)
 	}},
 	{name: "max-shards", usage: "the most shards --adaptive raises a topic to", bind: integer(func(c *Config) *int { return &c.MaxShards })},
+	{name: "shards-cache", usage: "how long a writer trusts its copy of a topic's shard count, and the least time between two raises of a topic by one sidecar", bind: dur(func(c *Config) *time.Duration { return &c.ShardsCache })},
 	{name: "flush-interval", usage: "how often buffered deltas are written (±10% jitter)", bind: dur(func(c *Config) *time.Duration { return &c.FlushInterval })},
 	{name: "flush-timeout", usage: "how long one flush may go on starting writes; the rest wait for the next flush", bind: dur(func(c *Config) *time.Duration { return &c.FlushTimeout })},
 	{name: "flush-concurrency", usage: "writes in flight at once during a flush", bind: integer(func(c *Config) *int { return &c.FlushConcurrency })},
@@ -414,6 +417,7 @@ func (c *Config) Validate() error {
 	}
 	intIn("shards", int64(c.Shards), 1, store.MaxShards)
 	intIn("max-shards", int64(c.MaxShards), 1, store.MaxShards)
+	durIn("shards-cache", c.ShardsCache, 10*time.Millisecond, time.Hour)
 	durIn("flush-interval", c.FlushInterval, 10*time.Millisecond, time.Hour)
 	durIn("flush-timeout", c.FlushTimeout, time.Millisecond, time.Hour)
 	intIn("flush-concurrency", int64(c.FlushConcurrency), 1, 1024)

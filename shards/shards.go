@@ -24,8 +24,8 @@ import (
 const (
 	// DefaultMax is the most shards --adaptive raises a topic to.
 	DefaultMax = 64
-	// cacheTTL is how long a writer trusts its copy of a topic's metadata.
-	cacheTTL = 30 * time.Second
+	// DefaultEvery is Config.Every's default (--shards-cache).
+	DefaultEvery = 30 * time.Second
 	// cacheSize bounds the cached topics.
 	cacheSize = 200_000
 )
@@ -45,6 +45,10 @@ type Config struct {
 	// are throttled.
 	Adaptive bool
 	Max      int
+	// Every is how long a writer trusts its copy of a topic's metadata,
+	// and the least time between two raises of a topic by one sidecar
+	// (0: 30 s).
+	Every time.Duration
 }
 
 // Book is the writers' view of the topics' shard counts. It is safe for
@@ -66,8 +70,8 @@ func New(cfg Config, st Store, log *zap.Logger, reg prometheus.Registerer) *Book
 		cfg:    cfg,
 		st:     st,
 		log:    log.Named("shards"),
-		cache:  expirable.NewLRU[string, store.Meta](cacheSize, nil, cacheTTL),
-		raised: expirable.NewLRU[string, struct{}](cacheSize, nil, cacheTTL),
+		cache:  expirable.NewLRU[string, store.Meta](cacheSize, nil, cfg.Every),
+		raised: expirable.NewLRU[string, struct{}](cacheSize, nil, cfg.Every),
 		raises: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "hotcount_shards_raised_total",
 			Help: "Topics whose shard count this sidecar raised (--adaptive, on throttling).",

@@ -101,7 +101,7 @@ func (s *Sidecar) Run(ctx context.Context) error {
 
 	agg := aggregator.New(cfg.MaxTopics, reg)
 	hottest := hot.New(hot.DefaultCapacity, hot.DefaultPeriod, time.Now)
-	book := shards.New(shards.Config{Default: cfg.Shards, Adaptive: cfg.Adaptive, Max: cfg.MaxShards}, st, log, reg)
+	book := shards.New(shards.Config{Default: cfg.Shards, Adaptive: cfg.Adaptive, Max: cfg.MaxShards, Every: cfg.ShardsCache}, st, log, reg)
 	fl := flusher.New(flusher.Config{
 		Shards:      cfg.Shards,
 		Interval:    cfg.FlushInterval,
