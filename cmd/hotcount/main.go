@@ -6,6 +6,7 @@
 //	hotcount table create   create the DynamoDB table (idempotent)
 //	hotcount stream create  create the JetStream stream (idempotent)
 //	hotcount load           publish synthetic mentions
+//	hotcount shards         show or set a topic's shard count
 //	hotcount demo           the hot-partition problem and its fix, live
 //	hotcount check-config   validate settings and print them
 package main
@@ -44,6 +45,8 @@ Usage:
   hotcount table create [flags]   create the DynamoDB table if absent
   hotcount stream create [flags]  create the JetStream stream of mentions if absent
   hotcount load [flags]           publish synthetic mentions
+  hotcount shards show TOPIC...   a topic's shard counts and shards
+  hotcount shards set TOPIC N     set a topic's shard count (reads never shrink)
   hotcount demo [flags]           race writers against an emulated partition ceiling
   hotcount check-config [flags]   validate the settings and print them
   hotcount version                print the version
@@ -102,6 +105,8 @@ func dispatch(ctx context.Context, args, environ []string, stdout, stderr io.Wri
 		return cmdStreamCreate(ctx, rest[1:], environ, stdout, stderr)
 	case "load":
 		return cmdLoad(ctx, rest, environ, stdout, stderr)
+	case "shards":
+		return cmdShards(ctx, rest, environ, stdout, stderr)
 	case "demo":
 		return cmdDemo(ctx, rest, environ, stdout, stderr)
 	case "check-config":

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"strings"
@@ -46,6 +47,37 @@ func TestExitCodes(t *testing.T) {
 				t.Errorf("stderr %q does not say %q", stderr.String(), tt.out)
 			}
 		})
+	}
+}
+
+// TestShardsCommand: set a topic's count, lower it, and show that the read
+// set kept its size (embedded store).
+func TestShardsCommand(t *testing.T) {
+	dir := t.TempDir()
+	run := func(args ...string) string {
+		t.Helper()
+		var stdout, stderr bytes.Buffer
+		err := dispatch(context.Background(), append(append([]string{"shards"}, args...), "--store", "bolt", "--data-dir", dir), nil, &stdout, &stderr)
+		if err != nil {
+			t.Fatalf("shards %v: %v\n%s", args, err, stderr.String())
+		}
+		return stdout.String()
+	}
+	if out := run("set", "golang", "8"); !strings.Contains(out, "golang: writes on 8 shards (was 1), reads 8") {
+		t.Errorf("set 8: %q", out)
+	}
+	if out := run("set", "golang", "2"); !strings.Contains(out, "writes on 2 shards (was 8), reads 8") {
+		t.Errorf("set 2: %q", out)
+	}
+	out := run("show", "golang", "quiet")
+	for _, want := range []string{"golang: total 0; writes on 2 shards, reads 8 (recorded)", "  shard 7: 0", "quiet: total 0; writes on 1 shards, reads 1 (no metadata: one shard)"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("show lacks %q:\n%s", want, out)
+		}
+	}
+	var stderr bytes.Buffer
+	if err := dispatch(context.Background(), []string{"shards", "set", "golang", "x", "--store", "bolt", "--data-dir", dir}, nil, io.Discard, &stderr); exitCode(err, &stderr) != exitUsage {
+		t.Errorf("set with a bad count: %v", err)
 	}
 }
 
