@@ -11,11 +11,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/hashicorp/golang-lru/v2/expirable"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/hotcount/hotcount/store"
 )
@@ -28,6 +30,8 @@ const (
 	DefaultEvery = 30 * time.Second
 	// cacheSize bounds the cached topics.
 	cacheSize = 200_000
+	// recordConcurrency is how many new topics are recorded at once.
+	recordConcurrency = 16
 )
 
 // Store is the metadata part of the store. Both stores satisfy it.
@@ -115,16 +119,34 @@ func (b *Book) WriteCounts(ctx context.Context, topics []string) (map[string]int
 	if err != nil {
 		return nil, fmt.Errorf("shards: %w", err)
 	}
+	// Record new topics in parallel: a first flush can hold thousands.
+	var mu sync.Mutex
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(recordConcurrency)
 	for _, t := range missing {
 		m := metas[t]
-		if !m.Exists() && b.initial() > 1 {
-			if m, err = b.change(ctx, t, m, m.With(b.initial())); err != nil {
-				return nil, err
+		if m.Exists() || b.initial() == 1 {
+			b.cache.Add(t, m)
+			mu.Lock() // recordings started earlier write to out too
+			out[t] = m.Write()
+			mu.Unlock()
+			continue
+		}
+		g.Go(func() error {
+			m, err := b.change(gctx, t, m, m.With(b.initial()))
+			if err != nil {
+				return err
 			}
 			b.created.Inc()
-		}
-		b.cache.Add(t, m)
-		out[t] = m.Write()
+			b.cache.Add(t, m)
+			mu.Lock()
+			out[t] = m.Write()
+			mu.Unlock()
+			return nil
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return nil, err
 	}
 	return out, nil
 }
