@@ -168,7 +168,10 @@ func (b *Bolt) Metas(ctx context.Context, topics []string) (map[string]Meta, err
 // transaction; else ErrConflict.
 func (b *Bolt) SetMeta(ctx context.Context, topic string, old, m Meta) error {
 	b.metrics.metaWrites.Inc()
-	return b.db.Update(func(tx *bolt.Tx) error {
+	// Batch, as for counts: a first flush records many new topics at once,
+	// and one fsync per topic would stall it. The function is safe to run
+	// again (it re-reads what it checks), as Batch may.
+	return b.db.Batch(func(tx *bolt.Tx) error {
 		bk := tx.Bucket(boltBucket)
 		cur, err := boltMeta(bk, topic)
 		if err != nil {
