@@ -3,31 +3,19 @@ package hot_test
 import (
 	"fmt"
 	"math/rand/v2"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/hotcount/hotcount/hot"
+	"github.com/hotcount/hotcount/internal/testenv"
 )
-
-type clock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *clock) now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
-func (c *clock) add(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.t = c.t.Add(d)
-}
 
 // TestFindsHeavyHitters: among 10,000 topics with a Zipf tail, the sketch of
 // 64 finds the true top 5 in order, never under-counts, and its error bound
 // holds.
 func TestFindsHeavyHitters(t *testing.T) {
-	clk := &clock{t: time.Unix(1_800_000_000, 0)}
-	tr := hot.New(64, 10*time.Second, clk.now)
+	clk := testenv.NewClock(time.Unix(1_800_000_000, 0))
+	tr := hot.New(64, 10*time.Second, clk.Now)
 	truth := map[string]int64{}
 	r := rand.New(rand.NewPCG(1, 2))
 	z := rand.NewZipf(r, 1.3, 1, 9999)
@@ -62,16 +50,16 @@ func TestFindsHeavyHitters(t *testing.T) {
 // TestRatesRotate: rates are of the last complete period; a topic that
 // stopped falls out after a period without it.
 func TestRatesRotate(t *testing.T) {
-	clk := &clock{t: time.Unix(1_800_000_000, 0)}
-	tr := hot.New(8, 10*time.Second, clk.now)
+	clk := testenv.NewClock(time.Unix(1_800_000_000, 0))
+	tr := hot.New(8, 10*time.Second, clk.Now)
 	tr.Observe(map[string]int64{"old": 500})
-	clk.add(10 * time.Second)
+	clk.Add(10 * time.Second)
 	tr.Observe(map[string]int64{"new": 30})
 	top := tr.Top(10)
 	if len(top) != 1 || top[0].Topic != "old" || top[0].Rate != 50 {
 		t.Fatalf("Top after one period = %+v, want old at 50/s", top)
 	}
-	clk.add(10 * time.Second)
+	clk.Add(10 * time.Second)
 	top = tr.Top(10)
 	if len(top) != 1 || top[0].Topic != "new" || top[0].Rate != 3 {
 		t.Fatalf("Top after two periods = %+v, want new at 3/s", top)

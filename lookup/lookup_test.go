@@ -80,17 +80,6 @@ func newStore(t testing.TB) (*counting, *store.Bolt) {
 }
 
 // clock is a settable time for freshness decisions.
-type clock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *clock) now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
-func (c *clock) add(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.t = c.t.Add(d)
-}
 
 func newService(t testing.TB, st lookup.Store, ttl, stale time.Duration, now func() time.Time) (*lookup.Service, *prometheus.Registry) {
 	reg := prometheus.NewRegistry()
@@ -146,8 +135,8 @@ func TestCacheAbsorbsConcurrentReads(t *testing.T) {
 // then the new total is served fresh.
 func TestStaleWhileRevalidate(t *testing.T) {
 	st, b := newStore(t)
-	clk := &clock{t: time.Unix(1_800_000_000, 0)}
-	svc, reg := newService(t, st, time.Second, time.Hour, clk.now)
+	clk := testenv.NewClock(time.Unix(1_800_000_000, 0))
+	svc, reg := newService(t, st, time.Second, time.Hour, clk.Now)
 	ctx := context.Background()
 	add(t, b, "hot", 0, 5)
 	if got, err := svc.Lookup(ctx, "hot", lookup.Cached); err != nil || got.Count != 5 || got.Source != "store" {
@@ -155,7 +144,7 @@ func TestStaleWhileRevalidate(t *testing.T) {
 	}
 	add(t, b, "hot", 1, 2)
 	st.gate = make(chan struct{}) // the refresh will hang until released
-	clk.add(1500 * time.Millisecond)
+	clk.Add(1500 * time.Millisecond)
 
 	for range 1000 { // a storm during the refresh: nobody waits
 		got, err := svc.Lookup(ctx, "hot", lookup.Cached)
