@@ -29,10 +29,12 @@ type Acker interface {
 	InProgress() error
 }
 
-// Message is a held durable message and the topic its count went to.
+// Message is a held durable message, the topic its count went to, and its
+// stream sequence (which the journal records).
 type Message struct {
 	Topic string
 	Msg   Acker
+	Seq   int64
 }
 
 // Window is a drained window: the per-topic deltas and, in JetStream mode,
@@ -118,10 +120,10 @@ func (a *Aggregator) Add(topic string, delta int64) {
 
 // AddAcked is Add for a durable message: m is acknowledged by the flusher
 // once topic's delta, m's count included, is in the store.
-func (a *Aggregator) AddAcked(topic string, delta int64, m Acker) {
+func (a *Aggregator) AddAcked(topic string, delta int64, m Acker, seq int64) {
 	a.mu.Lock()
 	isNew := a.add(topic, delta)
-	a.cur.Acks = append(a.cur.Acks, Message{Topic: topic, Msg: m})
+	a.cur.Acks = append(a.cur.Acks, Message{Topic: topic, Msg: m, Seq: seq})
 	n := len(a.cur.Deltas)
 	a.mu.Unlock()
 	a.signalIfFull(isNew, n)

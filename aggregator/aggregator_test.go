@@ -121,15 +121,15 @@ func (m *msg) InProgress() error { m.progressed++; return nil }
 func TestAckedMessagesTravelWithTheirTopic(t *testing.T) {
 	a := aggregator.New(100, prometheus.NewRegistry())
 	m1, m2, m3 := &msg{}, &msg{}, &msg{}
-	a.AddAcked("golang", 1, m1)
-	a.AddAcked("golang", 5, m2)
-	a.AddAcked("rust", 2, m3)
+	a.AddAcked("golang", 1, m1, 1)
+	a.AddAcked("golang", 5, m2, 2)
+	a.AddAcked("rust", 2, m3, 3)
 	a.Add("core", 1) // a core-mode mention next to them has no message
 	if _, _, held := a.Stats(); held != 3 {
 		t.Errorf("held = %d, want 3", held)
 	}
 	w := a.Drain()
-	want := []aggregator.Message{{Topic: "golang", Msg: m1}, {Topic: "golang", Msg: m2}, {Topic: "rust", Msg: m3}}
+	want := []aggregator.Message{{Topic: "golang", Msg: m1, Seq: 1}, {Topic: "golang", Msg: m2, Seq: 2}, {Topic: "rust", Msg: m3, Seq: 3}}
 	if len(w.Acks) != 3 || w.Acks[0] != want[0] || w.Acks[1] != want[1] || w.Acks[2] != want[2] || w.Deltas["golang"] != 6 {
 		t.Fatalf("window = %+v, want messages %v in arrival order", w, want)
 	}
@@ -137,7 +137,7 @@ func TestAckedMessagesTravelWithTheirTopic(t *testing.T) {
 		t.Error("messages still held after Drain")
 	}
 	m4 := &msg{}
-	a.AddAcked("zig", 1, m4)
+	a.AddAcked("zig", 1, m4, 4)
 	a.Merge(aggregator.Window{Deltas: map[string]int64{"rust": 2}, Acks: []aggregator.Message{{Topic: "rust", Msg: m3}}})
 	if h := a.Held(); len(h) != 2 || h[0] != m3 || h[1] != m4 {
 		t.Errorf("Held after Merge = %v, want [m3 m4]: merged-back messages first", h)

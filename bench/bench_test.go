@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -235,7 +236,68 @@ func BenchmarkFlush(b *testing.B) {
 			b.Fatal(err)
 		}
 		b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "writes/s")
+		b.StopTimer()
+		reportUnits(b, d, table, prefix, reg, b.N)
 	})
+	// A fleet: 8 writers take turns flushing the same 100 topics (400
+	// items), so that every item carries several writers' marks.
+	b.Run("hotcount-8-writers", func(b *testing.B) {
+		prefix := fmt.Sprintf("fleet%d-", run.Add(1))
+		reg := prometheus.NewRegistry()
+		st := store.NewDynamoDB(client, table, store.NewMetrics(reg))
+		const writers, topics = 8, 100
+		var fls []*flusher.Flusher
+		var aggs []*aggregator.Aggregator
+		for range writers {
+			agg := aggregator.New(topics+1, prometheus.NewRegistry())
+			aggs = append(aggs, agg)
+			fls = append(fls, flusher.New(flusher.Config{Shards: 4, Interval: time.Hour, Timeout: time.Hour, Concurrency: concurrency},
+				agg, st, zap.NewNop(), flusher.NewMetrics(prometheus.NewRegistry()), time.Now))
+		}
+		b.ResetTimer()
+		flushed := 0
+		for round := 0; flushed < b.N; round++ {
+			w := round % writers
+			for i := 0; i < topics && flushed < b.N; i++ {
+				aggs[w].Add(prefix+strconv.Itoa(i), 1)
+				flushed++
+			}
+			if err := fls[w].Flush(context.Background()); err != nil {
+				b.Fatal(err)
+			}
+		}
+		b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "writes/s")
+		b.StopTimer()
+		reportUnits(b, d, table, prefix, reg, b.N)
+	})
+}
+
+// reportUnits reports the write units a flushed topic cost: every item
+// under prefix is read back and sized as DynamoDB bills it; each write
+// costs a unit per started KB, and trims of old writer marks cost one more
+// each.
+func reportUnits(b *testing.B, d *testenv.Dynalite, table, prefix string, reg *prometheus.Registry, topics int) {
+	maxSize, total, items := 0, 0, 0
+	p := dynamodb.NewScanPaginator(d.Client(), &dynamodb.ScanInput{TableName: &table})
+	for p.HasMorePages() {
+		page, err := p.NextPage(context.Background())
+		if err != nil {
+			b.Fatal(err)
+		}
+		for _, it := range page.Items {
+			if pk, _ := it["pk"].(*types.AttributeValueMemberS); pk == nil || !strings.HasPrefix(pk.Value, store.KeyPrefix+prefix) {
+				continue
+			}
+			size := store.ItemSize(it)
+			maxSize, total, items = max(maxSize, size), total+size, items+1
+		}
+	}
+	writes := testenv.Metric(b, reg, "hotcount_store_writes_total")
+	trims := testenv.Metric(b, reg, "hotcount_store_trims_total")
+	unitsPerWrite := float64((maxSize + 1023) / 1024)
+	b.ReportMetric(float64(maxSize), "item-bytes-max")
+	b.ReportMetric(float64(total)/float64(max(items, 1)), "item-bytes-mean")
+	b.ReportMetric((writes*unitsPerWrite+trims)/float64(topics), "wcu/topic")
 }
 
 // BenchmarkCounters compares the alternative a user would pick, NATS's own

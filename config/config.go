@@ -97,6 +97,7 @@ type Config struct {
 	ShardsCache      time.Duration
 	FlushInterval    time.Duration
 	FlushTimeout     time.Duration
+	WriteTimeout     time.Duration
 	FlushConcurrency int
 	MaxTopics        int
 	MaxCount         int64
@@ -139,6 +140,7 @@ func Default() Config {
 		ShardsCache:       shards.DefaultEvery,
 		FlushInterval:     flusher.DefaultInterval,
 		FlushTimeout:      flusher.DefaultTimeout,
+		WriteTimeout:      flusher.DefaultWriteTimeout,
 		FlushConcurrency:  flusher.DefaultConcurrency,
 		MaxTopics:         aggregator.DefaultMaxTopics,
 		MaxCount:          ingest.DefaultMaxCount,
@@ -225,6 +227,7 @@ var settings = []setting{
 	{name: "shards-cache", usage: "how long a writer trusts its copy of a topic's shard count, and the least time between two raises of a topic by one sidecar", bind: dur(func(c *Config) *time.Duration { return &c.ShardsCache })},
 	{name: "flush-interval", usage: "how often buffered deltas are written (±10% jitter)", bind: dur(func(c *Config) *time.Duration { return &c.FlushInterval })},
 	{name: "flush-timeout", usage: "how long one flush may go on starting writes; the rest wait for the next flush", bind: dur(func(c *Config) *time.Duration { return &c.FlushTimeout })},
+	{name: "write-timeout", usage: "how long one store write may take, the SDK's retries included; a write that runs out is in doubt and is sent again unchanged", bind: dur(func(c *Config) *time.Duration { return &c.WriteTimeout })},
 	{name: "flush-concurrency", usage: "writes in flight at once during a flush", bind: integer(func(c *Config) *int { return &c.FlushConcurrency })},
 	{name: "max-topics", usage: "distinct topics in one window before an early flush", bind: integer(func(c *Config) *int { return &c.MaxTopics })},
 	{name: "max-count", usage: "largest count one message may add", bind: func(fs *pflag.FlagSet, c *Config, name, usage string) {
@@ -379,8 +382,8 @@ func (c *Config) Validate() error {
 		// A held message is kept alive every AckWait/3, and a flush may
 		// hold it for up to flush-timeout + the write timeout before it
 		// comes back to be kept alive: AckWait must cover both.
-		if minWait := (c.FlushTimeout + flusher.WriteTimeout) * 3 / 2; c.AckWait < minWait {
-			bad("ack-wait", "%s is shorter than 1.5 × (flush-timeout + %s) = %s: held messages would be redelivered and counted twice", c.AckWait, flusher.WriteTimeout, minWait)
+		if minWait := (c.FlushTimeout + c.WriteTimeout) * 3 / 2; c.AckWait < minWait {
+			bad("ack-wait", "%s is shorter than 1.5 × (flush-timeout + write-timeout) = %s: held messages would be redelivered and counted twice", c.AckWait, minWait)
 		}
 		intIn("max-ack-pending", int64(c.MaxAckPending), 1, 10_000_000)
 	default:
@@ -420,6 +423,7 @@ func (c *Config) Validate() error {
 	durIn("shards-cache", c.ShardsCache, 10*time.Millisecond, time.Hour)
 	durIn("flush-interval", c.FlushInterval, 10*time.Millisecond, time.Hour)
 	durIn("flush-timeout", c.FlushTimeout, time.Millisecond, time.Hour)
+	durIn("write-timeout", c.WriteTimeout, 10*time.Millisecond, time.Minute)
 	intIn("flush-concurrency", int64(c.FlushConcurrency), 1, 1024)
 	intIn("max-topics", int64(c.MaxTopics), 1, 100_000_000)
 	intIn("max-count", c.MaxCount, 1, 1<<53)

@@ -19,6 +19,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/hotcount/hotcount/aggregator"
+	"github.com/hotcount/hotcount/journal"
 	"github.com/hotcount/hotcount/store"
 )
 
@@ -35,10 +36,10 @@ const (
 	DefaultShards = 4
 )
 
-// WriteTimeout bounds one write once started. A started write is not cut off
-// at the flush deadline, because a write cancelled after it was sent may
-// still have been applied, and putting its delta back would count it twice.
-const WriteTimeout = 5 * time.Second
+// DefaultWriteTimeout bounds one write once started (--write-timeout). A
+// started write is not cut off at the flush deadline; one that runs out of
+// its own time is in doubt, and is sent again unchanged.
+const DefaultWriteTimeout = 5 * time.Second
 
 // maxReroutes is how many other shards a throttled write tries within one
 // flush before its delta waits for the next flush.
@@ -59,10 +60,13 @@ type Buffer interface {
 }
 
 // Store is what the flusher writes to. Add must be safe for concurrent use
-// and return an error wrapping store.ErrThrottled when the write was refused
-// for throughput (and so not applied).
+// and apply each store.Write at most once however often it is sent; it
+// returns nil when the write is in the store (now or by an earlier
+// attempt), an error wrapping store.ErrThrottled when it was refused for
+// throughput (not applied), store.ErrAmbiguous when it may or may not have
+// been applied, and any other error when it was not applied.
 type Store interface {
-	Add(ctx context.Context, topic string, shard int, delta int64, now time.Time) error
+	Add(ctx context.Context, w store.Write, now time.Time) error
 }
 
 // Observer is told, after each flush, what it wrote: per topic, the delta.
@@ -85,15 +89,37 @@ func WithShards(s Shards) Option { return func(f *Flusher) { f.shards = s } }
 // Option is an optional dependency of New.
 type Option func(*Flusher)
 
+// Journal records a flush's writes durably before their messages are
+// acknowledged (JetStream mode): the journal package's Journal. Record
+// returns the entries it recorded; Settled retires one whose writes are all
+// in the store.
+type Journal interface {
+	Record(ctx context.Context, writes []store.Write, seqs map[string][]int64) ([]journal.Recorded, error)
+	Settled(ctx context.Context, key string) error
+}
+
+// WithJournal makes every write journaled first (see Flusher.record).
+func WithJournal(j Journal) Option { return func(f *Flusher) { f.journal = j } }
+
 // WithObserver has o told what each flush wrote (the hot-topic tracker).
 func WithObserver(o Observer) Option { return func(f *Flusher) { f.observer = o } }
 
 // Config is the flusher's part of the configuration.
 type Config struct {
-	Shards      int
-	Interval    time.Duration
-	Timeout     time.Duration
+	// Shards is the shard count of a topic the Shards option does not know.
+	Shards int
+	// Interval is the time between flushes, before jitter.
+	Interval time.Duration
+	// Timeout is how long a flush may go on starting writes.
+	Timeout time.Duration
+	// Concurrency is the number of writes in flight at once.
 	Concurrency int
+	// WriteTimeout bounds one write, the SDK's retries included (0:
+	// DefaultWriteTimeout).
+	WriteTimeout time.Duration
+	// Writer is this flusher's writer id (store.NewWriterID; empty: a new
+	// one), the identity of its writes' marks.
+	Writer string
 }
 
 // Flusher owns the periodic flush. Run starts it; Final flushes what is left
@@ -108,16 +134,28 @@ type Flusher struct {
 	now      func() time.Time
 	observer Observer // nil: none
 	shards   Shards   // nil: Config.Shards for every topic
+	journal  Journal  // nil: none (core mode)
+
+	seq *store.Sequencer
 
 	flushMu     sync.Mutex
-	lastSuccess atomic.Int64 // Unix nanoseconds of the last flush that wrote everything
-	failing     atomic.Bool  // the last flush left deltas unwritten
+	pending     map[string]*pending // by topic: writes in doubt or journaled; under flushMu
+	entries     map[string]int      // journal entry -> its writes not yet in the store; under flushMu
+	lastSuccess atomic.Int64        // Unix nanoseconds of the last flush that wrote everything
+	failing     atomic.Bool         // the last flush left deltas unwritten
 }
 
 // New returns a flusher of buf into st. now is the clock (time.Now in
 // production). Nothing starts until Run.
 func New(cfg Config, buf Buffer, st Store, log *zap.Logger, m *Metrics, now func() time.Time, opts ...Option) *Flusher {
-	f := &Flusher{cfg: cfg, buf: buf, store: st, log: log.Named("flusher"), metrics: m, now: now}
+	if cfg.Writer == "" {
+		cfg.Writer = store.NewWriterID()
+	}
+	if cfg.WriteTimeout <= 0 {
+		cfg.WriteTimeout = DefaultWriteTimeout
+	}
+	f := &Flusher{cfg: cfg, buf: buf, store: st, log: log.Named("flusher"), metrics: m, now: now,
+		seq: store.NewSequencer(now), pending: make(map[string]*pending), entries: make(map[string]int)}
 	for _, o := range opts {
 		o(f)
 	}
@@ -148,12 +186,20 @@ func (f *Flusher) Run(ctx context.Context) error {
 	}
 }
 
-// Flush drains the window once and writes every delta to a random shard.
-// Then the messages (JetStream mode) of every topic written are
-// acknowledged, in stream order. Writes that fail (after the SDK's retries;
-// when throttled, after trying other shards) or that were not started
-// before the flush deadline are merged back into the buffer with their
-// messages, whose redelivery timer is reset; the error says how many.
+// Flush drains the window once and writes every delta to a random shard,
+// each write an idempotent store.Write with this writer's next seq. Then
+// the messages (JetStream mode) of every topic written are acknowledged,
+// in stream order.
+//
+// A write whose outcome is unknown (store.ErrAmbiguous) becomes the
+// topic's pending write: each later flush sends it again, unchanged (same
+// shard, delta and seq), until the store settles it; until then the
+// topic's newer deltas wait in the buffer, so this writer never lands a
+// newer seq on an item while an older one is in doubt. Writes refused for
+// throughput move to another shard with a new seq (nothing was applied).
+// Writes that fail, or that were not started before the flush deadline,
+// are merged back into the buffer with their messages, whose redelivery
+// timer is reset; the error says how many.
 func (f *Flusher) Flush(ctx context.Context) error {
 	f.flushMu.Lock()
 	defer f.flushMu.Unlock()
@@ -161,6 +207,29 @@ func (f *Flusher) Flush(ctx context.Context) error {
 	defer func() { f.metrics.duration.Observe(f.now().Sub(start).Seconds()) }()
 
 	window := f.buf.Drain()
+	// Topics with a write in doubt wait for it to settle.
+	held := aggregator.Window{Deltas: make(map[string]int64)}
+	for topic, d := range window.Deltas {
+		if _, ok := f.pending[topic]; ok {
+			held.Deltas[topic] = d
+			delete(window.Deltas, topic)
+		}
+	}
+	var acks []aggregator.Message
+	for _, m := range window.Acks {
+		if _, ok := held.Deltas[m.Topic]; ok {
+			held.Acks = append(held.Acks, m)
+		} else {
+			acks = append(acks, m)
+		}
+	}
+	window.Acks = acks
+	if held.Len() > 0 {
+		f.keepAlive(held)
+		f.buf.Merge(held)
+		f.metrics.requeued.Add(float64(held.Mentions()))
+	}
+
 	counts, err := f.counts(ctx, window)
 	if err != nil {
 		f.keepAlive(window)
@@ -170,15 +239,46 @@ func (f *Flusher) Flush(ctx context.Context) error {
 		f.failing.Store(true)
 		return fmt.Errorf("flusher: shard counts of %d topics: %w", window.Len(), err)
 	}
+	failed := aggregator.Window{Deltas: make(map[string]int64)}
+	if f.journal != nil {
+		f.record(ctx, &window, counts, &failed)
+	}
 	deadline := start.Add(f.cfg.Timeout)
 	var (
 		mu       sync.Mutex
-		failed   = aggregator.Window{Deltas: make(map[string]int64)}
+		doubt    = make(map[string]store.Write) // new writes in doubt
+		settled  = make(map[string]int64)       // earlier writes in doubt, now settled
 		firstErr error
 		written  int64
 	)
+	fail := func(err error) {
+		if firstErr == nil {
+			firstErr = err
+		}
+	}
 	g := new(errgroup.Group)
 	g.SetLimit(f.cfg.Concurrency)
+	// Writes in doubt first: they hold their topics back.
+	for topic, p := range f.pending {
+		if f.now().After(deadline) {
+			break // still pending: sent again next flush
+		}
+		g.Go(func() error {
+			err := f.settle(ctx, p.write)
+			if errors.Is(err, store.ErrAmbiguous) {
+				p.write.Retry = true // only this goroutine touches p until Wait
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				fail(err)
+				return nil
+			}
+			settled[topic] = p.write.Delta
+			written += p.write.Delta
+			return nil
+		})
+	}
 	for topic, delta := range window.Deltas {
 		if f.now().After(deadline) {
 			// Not started: no ambiguity, try next flush. Writes started
@@ -189,34 +289,85 @@ func (f *Flusher) Flush(ctx context.Context) error {
 			continue
 		}
 		g.Go(func() error {
-			err := f.write(ctx, topic, delta, counts[topic])
+			w, err := f.write(ctx, topic, delta, counts[topic])
 			mu.Lock()
 			defer mu.Unlock()
-			if err != nil {
+			switch {
+			case err == nil:
+				written += delta
+			case errors.Is(err, store.ErrAmbiguous):
+				doubt[topic] = w
+				fail(err)
+			default:
 				failed.Deltas[topic] = delta
-				if firstErr == nil {
-					firstErr = err
-				}
-				return nil
+				fail(err)
 			}
-			written += delta
 			return nil
 		})
 	}
-	_ = g.Wait() // the writes report through failed, never through the group
+	_ = g.Wait() // the writes report through the maps, never through the group
 	f.metrics.flushed.Add(float64(written))
-	failed.Acks = f.ack(window.Acks, failed.Deltas)
+
+	// Settled writes in doubt: their messages are done.
+	var done []aggregator.Message
+	var retire []string
+	for topic := range settled {
+		p := f.pending[topic]
+		done = append(done, p.msgs...)
+		if p.entry != "" {
+			if f.entries[p.entry]--; f.entries[p.entry] == 0 {
+				delete(f.entries, p.entry)
+				retire = append(retire, p.entry)
+			}
+		}
+		delete(f.pending, topic)
+	}
+	f.ackAll(done)
+	for _, key := range retire {
+		if err := f.journal.Settled(ctx, key); err != nil {
+			// Left in the journal: replayed once this writer is gone, and
+			// its writes' marks refuse them. Harmless, only late.
+			f.log.Warn("journal entry not retired", zap.Error(err))
+		}
+	}
+	// Messages of topics written go now, in stream order; those of new
+	// writes in doubt go with their pending write.
+	kept := f.ack(window.Acks, func(topic string) bool {
+		_, bad := failed.Deltas[topic]
+		_, unsure := doubt[topic]
+		return bad || unsure
+	})
+	for _, m := range kept {
+		if _, unsure := doubt[m.Topic]; unsure {
+			p := f.pendingOf(m.Topic, doubt[m.Topic])
+			p.msgs = append(p.msgs, m)
+		} else {
+			failed.Acks = append(failed.Acks, m)
+		}
+	}
+	for topic, w := range doubt {
+		f.pendingOf(topic, w)
+	}
 	if f.observer != nil && written > 0 {
-		done := make(map[string]int64, window.Len()-failed.Len())
+		done := make(map[string]int64, len(settled)+window.Len())
 		for topic, d := range window.Deltas {
-			if _, bad := failed.Deltas[topic]; !bad {
+			_, bad := failed.Deltas[topic]
+			_, unsure := doubt[topic]
+			if !bad && !unsure {
 				done[topic] = d
 			}
 		}
+		for topic, d := range settled {
+			done[topic] += d
+		}
 		f.observer.Observe(done)
 	}
+	f.metrics.pending.Set(float64(len(f.pending)))
+	for _, p := range f.pending {
+		f.keepAlive(aggregator.Window{Acks: p.msgs})
+	}
 
-	if failed.Len() > 0 {
+	if failed.Len() > 0 || len(f.pending) > 0 {
 		f.keepAlive(failed)
 		f.buf.Merge(failed)
 		kept := failed.Mentions()
@@ -226,7 +377,8 @@ func (f *Flusher) Flush(ctx context.Context) error {
 		if firstErr == nil {
 			firstErr = errors.New("flush deadline passed")
 		}
-		return fmt.Errorf("flusher: %d of %d topics not written (%d mentions kept): %w", failed.Len(), window.Len(), kept, firstErr)
+		return fmt.Errorf("flusher: %d of %d topics not written (%d mentions kept), %d writes pending (in doubt or journaled): %w",
+			failed.Len(), window.Len(), kept, len(f.pending), firstErr)
 	}
 	f.metrics.flushes.WithLabelValues("ok").Inc()
 	f.failing.Store(false)
@@ -235,24 +387,118 @@ func (f *Flusher) Flush(ctx context.Context) error {
 	return nil
 }
 
-// ack acknowledges, in order, the messages whose topic is not in failed,
-// and returns the others. An ack that cannot be sent leaves its message to
-// be redelivered and counted again (the at-least-once over-count); it is
-// counted.
-func (f *Flusher) ack(ms []aggregator.Message, failed map[string]int64) (kept []aggregator.Message) {
-	var acked int
-	for _, m := range ms {
-		if _, ok := failed[m.Topic]; ok {
-			kept = append(kept, m)
-			continue
+// pending is a write sent again unchanged until it is in the store: a
+// write in doubt, or (with a journal) any journaled write. msgs are the
+// messages (JetStream mode, no journal) whose counts make up its delta;
+// entry is its journal entry.
+type pending struct {
+	write store.Write
+	msgs  []aggregator.Message
+	entry string
+}
+
+// record journals the window's writes (JetStream mode with a journal),
+// acknowledges the messages of the topics recorded, in stream order, and
+// makes each recorded write pending: from now on the journal carries those
+// counts, and the write is sent until it is in the store, unchanged (a
+// journaled write never moves to another shard; a replay after a crash
+// sends it where the journal says). Topics not recorded go to failed, with
+// their messages.
+func (f *Flusher) record(ctx context.Context, window *aggregator.Window, counts map[string]int, failed *aggregator.Window) {
+	if window.Len() == 0 {
+		return
+	}
+	writes := make([]store.Write, 0, window.Len())
+	for topic, delta := range window.Deltas {
+		n := counts[topic]
+		if n == 0 {
+			n = f.cfg.Shards
 		}
+		writes = append(writes, store.Write{Topic: topic, Shard: rand.IntN(n), Delta: delta, Writer: f.cfg.Writer, Seq: f.seq.Next()})
+	}
+	seqs := make(map[string][]int64, window.Len())
+	for _, m := range window.Acks {
+		seqs[m.Topic] = append(seqs[m.Topic], m.Seq)
+	}
+	recs, err := f.journal.Record(ctx, writes, seqs)
+	recorded := make(map[string]string, window.Len())
+	for _, r := range recs {
+		for _, t := range r.Topics {
+			recorded[t] = r.Key
+		}
+		f.entries[r.Key] = len(r.Topics)
+	}
+	if err != nil {
+		f.log.Warn("journal incomplete; the rest waits for the next flush", zap.Int("recorded", len(recorded)), zap.Int("topics", window.Len()), zap.Error(err))
+	}
+	for _, w := range writes {
+		if key, ok := recorded[w.Topic]; ok {
+			f.pending[w.Topic] = &pending{write: w, entry: key}
+		} else {
+			failed.Deltas[w.Topic] = w.Delta
+		}
+		delete(window.Deltas, w.Topic)
+	}
+	failed.Acks = f.ack(window.Acks, func(topic string) bool { _, ok := recorded[topic]; return !ok })
+	window.Acks = nil
+}
+
+// pendingOf returns topic's pending write, made from w if there is none.
+func (f *Flusher) pendingOf(topic string, w store.Write) *pending {
+	p, ok := f.pending[topic]
+	if !ok {
+		w.Retry = true
+		p = &pending{write: w}
+		f.pending[topic] = p
+	}
+	return p
+}
+
+// settle sends a write in doubt again, unchanged. nil: it is in the store
+// exactly once (store.ErrUnresolvable counts as that, and is logged).
+func (f *Flusher) settle(ctx context.Context, w store.Write) error {
+	wctx, cancel := context.WithTimeout(ctx, f.cfg.WriteTimeout)
+	defer cancel()
+	err := f.store.Add(wctx, w, f.now())
+	if errors.Is(err, store.ErrThrottled) && f.shards != nil {
+		f.shards.Throttled(ctx, w.Topic) // may raise the topic for its next writes
+	}
+	var behind *store.FloorError
+	if errors.As(err, &behind) {
+		f.seq.Raise(behind.Floor) // a journaled write keeps its seq; later ones catch up
+	}
+	if errors.Is(err, store.ErrUnresolvable) {
+		f.log.Error("write in doubt too long to tell whether it was applied; counted as applied",
+			zap.String("key", w.Key()), zap.Int64("delta", w.Delta), zap.Int64("seq", w.Seq))
+		return nil
+	}
+	return err
+}
+
+// ack acknowledges, in order, the messages whose topic keep does not
+// want, and returns the others. An ack that cannot be sent leaves its
+// message to be redelivered and counted again (the at-least-once
+// over-count); it is counted.
+func (f *Flusher) ack(ms []aggregator.Message, keep func(topic string) bool) (kept []aggregator.Message) {
+	var done []aggregator.Message
+	for _, m := range ms {
+		if keep(m.Topic) {
+			kept = append(kept, m)
+		} else {
+			done = append(done, m)
+		}
+	}
+	f.ackAll(done)
+	return kept
+}
+
+func (f *Flusher) ackAll(ms []aggregator.Message) {
+	for _, m := range ms {
 		if err := m.Msg.Ack(); err != nil {
 			f.metrics.ackErrors.Inc()
 		}
-		acked++
 	}
-	f.metrics.acked.Add(float64(acked))
-	return kept
+	f.metrics.acked.Add(float64(len(ms)))
 }
 
 // keepAlive resets the redelivery timer of the messages of a window that
@@ -281,37 +527,49 @@ func (f *Flusher) counts(ctx context.Context, w aggregator.Window) (map[string]i
 }
 
 // write adds delta to a random one of topic's n shards (Config.Shards when
-// n is 0); when the shard is throttled it tries up to maxReroutes other
-// shards, since the throttle is per partition and the other shards are
-// other partitions, and tells the shard counts, which may raise them.
-func (f *Flusher) write(ctx context.Context, topic string, delta int64, n int) error {
+// n is 0) as a new store.Write; when the shard is throttled (nothing
+// applied) it tries up to maxReroutes other shards with new seqs, since the
+// throttle is per partition and the other shards are other partitions, and
+// tells the shard counts, which may raise them. It returns the last write
+// sent: in doubt (store.ErrAmbiguous), it is the one to send again.
+func (f *Flusher) write(ctx context.Context, topic string, delta int64, n int) (store.Write, error) {
 	if n == 0 {
 		n = f.cfg.Shards
 	}
-	shard := rand.IntN(n)
+	w := store.Write{Topic: topic, Shard: rand.IntN(n), Delta: delta, Writer: f.cfg.Writer}
 	for attempt := 0; ; attempt++ {
-		wctx, cancel := context.WithTimeout(ctx, WriteTimeout)
-		err := f.store.Add(wctx, topic, shard, delta, f.now())
+		w.Seq = f.seq.Next()
+		wctx, cancel := context.WithTimeout(ctx, f.cfg.WriteTimeout)
+		err := f.store.Add(wctx, w, f.now())
 		cancel()
+		var behind *store.FloorError
+		if errors.As(err, &behind) {
+			f.seq.Raise(behind.Floor)
+		}
+		if errors.Is(err, store.ErrUnresolvable) {
+			return w, nil // logged by the store's metric; see settle
+		}
 		if err == nil || !errors.Is(err, store.ErrThrottled) || attempt == maxReroutes {
-			return err
+			return w, err
 		}
 		if f.shards != nil && attempt == 0 {
 			n = max(n, f.shards.Throttled(ctx, topic))
 		}
 		if n == 1 {
-			return err
+			return w, err
 		}
 		f.metrics.rerouted.Inc()
-		shard = (shard + 1 + rand.IntN(n-1)) % n
+		w.Shard = (w.Shard + 1 + rand.IntN(n-1)) % n
 	}
 }
 
-// Final flushes until the buffer is empty or ctx ends, for shutdown, after
-// ingest has stopped. What is still buffered when ctx ends is taken out of
-// the buffer, counted in hotcount_flusher_unflushed_total and reported in
-// the error. In core NATS mode those mentions are lost; in JetStream mode
-// their messages are handed back (Nak) for redelivery, so nothing is lost.
+// Final flushes until the buffer is empty and no write is in doubt, or ctx
+// ends, for shutdown, after ingest has stopped. What is still buffered when
+// ctx ends is taken out of the buffer, counted in
+// hotcount_flusher_unflushed_total and reported in the error. In core NATS
+// mode those mentions are lost; in JetStream mode their messages are handed
+// back (Nak) for redelivery, so nothing is lost. Writes still in doubt are
+// reported too: each may or may not be in the store.
 func (f *Flusher) Final(ctx context.Context) error {
 	backoff := 50 * time.Millisecond
 	for {
@@ -332,13 +590,27 @@ func (f *Flusher) Final(ctx context.Context) error {
 				}
 			}
 			f.metrics.unflushed.Add(float64(w.Mentions()))
-			return fmt.Errorf("flusher: shutdown deadline passed with %d mentions over %d topics unwritten (%d messages handed back for redelivery): %w",
-				w.Mentions(), w.Len(), handedBack, err)
+			f.flushMu.Lock()
+			var doubt int64
+			for _, p := range f.pending {
+				doubt += p.write.Delta
+				for _, m := range p.msgs {
+					if m.Msg.Nak() == nil {
+						handedBack++
+					}
+				}
+			}
+			f.flushMu.Unlock()
+			return fmt.Errorf("flusher: shutdown deadline passed with %d mentions over %d topics unwritten and %d in writes in doubt (%d messages handed back for redelivery): %w",
+				w.Mentions(), w.Len(), doubt, handedBack, err)
 		case <-t.C:
 		}
 		backoff = min(2*backoff, time.Second)
 	}
 }
+
+// Writer is the flusher's writer id.
+func (f *Flusher) Writer() string { return f.cfg.Writer }
 
 // LastSuccess is the time of the last flush that wrote everything it
 // drained (an empty flush counts), or of New when none has yet.
@@ -358,6 +630,7 @@ type Metrics struct {
 	lastSuccess prometheus.Gauge
 	acked       prometheus.Counter
 	ackErrors   prometheus.Counter
+	pending     prometheus.Gauge
 }
 
 // NewMetrics registers the flusher's metrics with reg.
@@ -400,12 +673,16 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "hotcount_flusher_ack_errors_total",
 			Help: "JetStream acknowledgements that could not be sent; those messages will be redelivered and counted again.",
 		}),
+		pending: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "hotcount_flusher_pending_writes",
+			Help: "Writes in doubt (outcome unknown) waiting to be sent again unchanged; their topics' newer deltas wait behind them.",
+		}),
 		lastSuccess: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "hotcount_flusher_last_success_timestamp_seconds",
 			Help: "Unix time of the last flush that wrote everything it drained.",
 		}),
 	}
-	reg.MustRegister(m.flushes, m.duration, m.flushed, m.requeued, m.rerouted, m.early, m.unflushed, m.lastSuccess, m.acked, m.ackErrors)
+	reg.MustRegister(m.flushes, m.duration, m.flushed, m.requeued, m.rerouted, m.early, m.unflushed, m.lastSuccess, m.acked, m.ackErrors, m.pending)
 	m.flushes.WithLabelValues("ok")
 	m.flushes.WithLabelValues("error")
 	return m

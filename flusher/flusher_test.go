@@ -32,10 +32,10 @@ type faulty struct {
 
 var errDown = errors.New("injected: store down")
 
-func (f *faulty) Add(ctx context.Context, topic string, shard int, delta int64, now time.Time) error {
+func (f *faulty) Add(ctx context.Context, w store.Write, now time.Time) error {
 	f.mu.Lock()
-	f.tried[topic] = append(f.tried[topic], shard)
-	first := len(f.tried[topic]) == 1
+	f.tried[w.Topic] = append(f.tried[w.Topic], w.Shard)
+	first := len(f.tried[w.Topic]) == 1
 	down, throttle, latency := f.down, f.throttleFirst && first, f.latency
 	f.mu.Unlock()
 	time.Sleep(latency) // a slow store: writes stay in flight
@@ -45,7 +45,7 @@ func (f *faulty) Add(ctx context.Context, topic string, shard int, delta int64, 
 	case throttle:
 		return fmt.Errorf("injected: %w", store.ErrThrottled)
 	}
-	return f.Bolt.Add(ctx, topic, shard, delta, now)
+	return f.Bolt.Add(ctx, w, now)
 }
 
 func (f *faulty) set(down bool) {

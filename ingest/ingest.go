@@ -219,6 +219,7 @@ type Metrics struct {
 	dropped  *prometheus.CounterVec
 	// JetStream mode
 	redelivered prometheus.Counter
+	journaled   prometheus.Counter
 	paused      prometheus.Counter
 
 	mu          sync.Mutex
@@ -254,7 +255,11 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}),
 		seenDropped: make(map[*nats.Subscription]int),
 	}
-	reg.MustRegister(m.events, m.mentions, m.invalid, m.dropped, m.redelivered, m.paused)
+	m.journaled = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "hotcount_ingest_journaled_redeliveries_total",
+		Help: "Redelivered JetStream messages acknowledged without counting, because a dead writer's journal entry already carries their count.",
+	})
+	reg.MustRegister(m.events, m.mentions, m.invalid, m.dropped, m.redelivered, m.journaled, m.paused)
 	for _, r := range []string{ReasonTopic, ReasonPayload, ReasonCount} {
 		m.invalid.WithLabelValues(r)
 	}

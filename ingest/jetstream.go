@@ -51,7 +51,7 @@ type JetStreamConfig struct {
 // AckSink receives accepted durable messages and gives back those it holds.
 // The aggregator is one.
 type AckSink interface {
-	AddAcked(topic string, delta int64, m aggregator.Acker)
+	AddAcked(topic string, delta int64, m aggregator.Acker, seq int64)
 	Held() []aggregator.Acker
 }
 
@@ -62,12 +62,23 @@ type AckSink interface {
 // the consumer, the pull iterator and the keep-alive loop.
 type JetStreamConsumer struct {
 	*checker
-	js     jetstream.JetStream
-	jcfg   JetStreamConfig
-	sink   AckSink
-	paused func() bool
-	bound  atomic.Bool
+	js      jetstream.JetStream
+	jcfg    JetStreamConfig
+	sink    AckSink
+	paused  func() bool
+	bound   atomic.Bool
+	journal Covering // nil: none
 }
+
+// Covering says whether a message's count is already carried by a journal
+// entry (journal.Journal.Covered): a redelivery after its writer died.
+type Covering interface {
+	Covered(ctx context.Context, seq int64) (bool, error)
+}
+
+// SetJournal has redelivered messages checked against j before they are
+// counted. Call it before Run.
+func (c *JetStreamConsumer) SetJournal(j Covering) { c.journal = j }
 
 // NewJetStreamConsumer returns a consumer on nc. paused is asked before each
 // message: while it says true (the store is failing), nothing is fetched.
@@ -100,7 +111,7 @@ func (c *JetStreamConsumer) Run(ctx context.Context) error {
 			c.metrics.paused.Inc()
 			sleep(ctx, 100*time.Millisecond)
 		}
-		c.handle(msg)
+		c.handle(ctx, msg)
 	},
 		jetstream.PullMaxMessages(pullBatch),
 		jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
@@ -140,9 +151,37 @@ func (c *JetStreamConsumer) Run(ctx context.Context) error {
 	}
 }
 
-func (c *JetStreamConsumer) handle(msg jetstream.Msg) {
-	if md, err := msg.Metadata(); err == nil && md.NumDelivered > 1 {
+func (c *JetStreamConsumer) handle(ctx context.Context, msg jetstream.Msg) {
+	md, err := msg.Metadata()
+	if err != nil {
+		c.sampled.Warn("message without JetStream metadata; handed back", zap.Error(err))
+		msg.Nak() //nolint:errcheck // redelivered either way
+		return
+	}
+	seq := int64(md.Sequence.Stream)
+	if md.NumDelivered > 1 {
 		c.metrics.redelivered.Inc()
+		if c.journal != nil {
+			jctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			covered, err := c.journal.Covered(jctx, seq)
+			cancel()
+			switch {
+			case err != nil:
+				// Cannot tell whether it was counted: neither count nor
+				// drop it; it comes back in a second.
+				c.sampled.Warn("journal unreadable; redelivered message handed back", zap.Error(err))
+				msg.NakWithDelay(time.Second) //nolint:errcheck // redelivered either way
+				return
+			case covered:
+				// Its count is in a dead writer's journal entry, which is
+				// replayed: counting it again would count it twice.
+				c.metrics.journaled.Inc()
+				if err := msg.Ack(); err != nil {
+					c.sampled.Warn("ack journaled redelivery", zap.Error(err))
+				}
+				return
+			}
+		}
 	}
 	topic, delta, reason := c.check(msg.Subject(), msg.Data(), msg.Headers())
 	if reason != "" {
@@ -152,7 +191,7 @@ func (c *JetStreamConsumer) handle(msg jetstream.Msg) {
 		}
 		return
 	}
-	c.sink.AddAcked(topic, delta, msg)
+	c.sink.AddAcked(topic, delta, msg, seq)
 }
 
 // bind creates or updates the durable consumer, retrying with backoff until

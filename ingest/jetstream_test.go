@@ -24,7 +24,7 @@ type holdingSink struct {
 	held   []aggregator.Acker
 }
 
-func (s *holdingSink) AddAcked(topic string, delta int64, m aggregator.Acker) {
+func (s *holdingSink) AddAcked(topic string, delta int64, m aggregator.Acker, _ int64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.counts[topic] += delta

@@ -24,7 +24,7 @@ func TestAgainstDynamoDB(t *testing.T) {
 	for i := range 30 {
 		topic := fmt.Sprintf("t%d", i)
 		topics = append(topics, topic)
-		if err := st.Add(ctx, topic, i%4, int64(i+1), time.Now()); err != nil {
+		if err := st.Add(ctx, testenv.W(topic, i%4, int64(i+1)), time.Now()); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -49,7 +49,7 @@ func TestAgainstDynamoDB(t *testing.T) {
 		t.Errorf("second batch went to the store: %+v", again[29])
 	}
 
-	if err := st.Add(ctx, "t0", 3, 10, time.Now()); err != nil {
+	if err := st.Add(ctx, testenv.W("t0", 3, 10), time.Now()); err != nil {
 		t.Fatal(err)
 	}
 	for _, tc := range []struct {

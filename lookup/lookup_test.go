@@ -93,7 +93,7 @@ func newService(t testing.TB, st lookup.Store, ttl, stale time.Duration, now fun
 
 func add(t testing.TB, b *store.Bolt, topic string, shard int, n int64) {
 	t.Helper()
-	if err := b.Add(context.Background(), topic, shard, n, time.UnixMilli(1796198815543)); err != nil {
+	if err := b.Add(context.Background(), testenv.W(topic, shard, n), time.UnixMilli(1796198815543)); err != nil {
 		t.Fatal(err)
 	}
 }

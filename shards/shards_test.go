@@ -89,7 +89,7 @@ func TestSetNeverShrinksTheReadSet(t *testing.T) {
 	if _, after, err := shards.Set(ctx, st, "t", 8); err != nil || after.Write() != 8 {
 		t.Fatalf("Set 8 = %+v, %v", after, err)
 	}
-	if err := st.Add(ctx, "t", 7, 3, time.Now()); err != nil {
+	if err := st.Add(ctx, testenv.W("t", 7, 3), time.Now()); err != nil {
 		t.Fatal(err)
 	}
 	before, after, err := shards.Set(ctx, st, "t", 2)

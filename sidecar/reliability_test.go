@@ -139,36 +139,69 @@ func TestReliabilityThrottling(t *testing.T) {
 	}
 }
 
-// TestReliabilityAmbiguous: writes applied by the store whose responses are
-// lost are retried and counted twice; the over-count equals the sum of their
-// deltas, exactly, and hotcount_store_ambiguous_total counts them.
-func TestReliabilityAmbiguous(t *testing.T) {
-	e := newFaultEnv(t, &ddbfault.Config{}, nil)
-	e.fault.AmbiguousNext(5)
-	rep := publish(t, e.nats, loadgen.Config{Prefix: "mentions.", Topics: 20, Messages: 3_000, Count: 1, Seed: 40})
-	testenv.Eventually(t, 20*time.Second, func() error {
-		if a := e.fault.Stats().Did[ddbfault.Ambiguous]; a != 5 {
-			return fmt.Errorf("%d of 5 ambiguous writes so far", a)
-		}
-		return nil
-	})
-	if err := e.stop(); err != nil {
-		t.Fatalf("shutdown: %v", err)
-	}
-	got, _ := tableCounts(t, e.dyn, e.cfg.Table)
-	st := e.fault.Stats()
-	over := sum(got) - rep.Mentions
-	t.Logf("published %d, table %d, over-count %d, ambiguous deltas %d", rep.Mentions, sum(got), over, st.AmbiguousDelta)
-	if over != st.AmbiguousDelta {
-		t.Errorf("over-count %d, want exactly the ambiguous writes' deltas %d", over, st.AmbiguousDelta)
-	}
-	if n := testenv.Metric(t, e.sc.Registry(), "hotcount_store_ambiguous_total"); n != 5 {
-		t.Errorf("hotcount_store_ambiguous_total = %v, want 5", n)
-	}
-	for topic, n := range rep.PerTopic {
-		if got[topic] < n {
-			t.Errorf("topic %s: table %d < published %d", topic, got[topic], n)
-		}
+// TestReliabilityLostAnswers: the store applies 8% of the writes and
+// loses their answers (a 500, a reset, a hang past --write-timeout), while
+// hot keys are throttled and the store is down for a second. In core and in
+// JetStream mode the table holds exactly what was published, topic by
+// topic, and every write in doubt was settled.
+func TestReliabilityLostAnswers(t *testing.T) {
+	for _, mode := range []string{config.ModeCore, config.ModeJetStream} {
+		t.Run(mode, func(t *testing.T) {
+			e := newFaultEnv(t, &ddbfault.Config{WriteUnits: 3, WriteBurst: 1}, func(c *config.Config) {
+				c.NATSMode = mode
+				c.FlushInterval = 50 * time.Millisecond
+				c.WriteTimeout = 300 * time.Millisecond
+			})
+			e.fault.SetHang(2 * time.Second)
+			e.fault.LoseAnswers(0.08)
+			js := mode == config.ModeJetStream
+			var reps []loadgen.Report
+			for i := range 3 {
+				reps = append(reps, publish(t, e.nats, loadgen.Config{Prefix: "mentions.", Topics: 40, Zipf: 1.5, Rate: 4000,
+					Duration: 700 * time.Millisecond, Count: int64(i + 1), Seed: uint64(40 + i), JetStream: js}))
+				if i == 1 {
+					e.fault.SetOutage(time.Second)
+				}
+			}
+			var published int64
+			for _, r := range reps {
+				published += r.Mentions
+			}
+			testenv.Eventually(t, 60*time.Second, func() error {
+				if f := testenv.Metric(t, e.sc.Registry(), "hotcount_flusher_flushed_mentions_total"); f < float64(published) {
+					return fmt.Errorf("%v of %d flushed", f, published)
+				}
+				return nil
+			})
+			if err := e.stop(); err != nil {
+				t.Fatalf("shutdown: %v", err)
+			}
+			exact(t, e, reps...)
+
+			st := e.fault.Stats()
+			reg := e.sc.Registry()
+			amb := testenv.Metric(t, reg, "hotcount_store_ambiguous_total")
+			applied := testenv.MetricWith(t, reg, "hotcount_store_resolved_total", "outcome", store.ResolvedApplied)
+			notApplied := testenv.MetricWith(t, reg, "hotcount_store_resolved_total", "outcome", store.ResolvedNotApplied)
+			lost := testenv.MetricWith(t, reg, "hotcount_store_resolved_total", "outcome", store.ResolvedUnresolvable)
+			t.Logf("published %d; lost answers %d (500 %d, reset %d, hang %d), throttled %d, outage refusals %d; in doubt %v, settled applied %v, not applied %v",
+				published, st.Lost(), st.Did[ddbfault.Ambiguous500], st.Did[ddbfault.Ambiguous], st.Did[ddbfault.AmbiguousHang],
+				st.Did[ddbfault.Throttled], st.Did[ddbfault.Outage], amb, applied, notApplied)
+			for _, kind := range []string{ddbfault.Ambiguous, ddbfault.Ambiguous500, ddbfault.AmbiguousHang} {
+				if st.Did[kind] == 0 {
+					t.Errorf("the emulator lost no answer as %s: the test did not exercise it", kind)
+				}
+			}
+			if st.Did[ddbfault.Throttled] == 0 || st.Did[ddbfault.Outage] == 0 {
+				t.Errorf("no throttle (%d) or no outage refusal (%d)", st.Did[ddbfault.Throttled], st.Did[ddbfault.Outage])
+			}
+			if amb < float64(st.Lost())/3 || applied == 0 {
+				t.Errorf("hotcount_store_ambiguous_total %v, settled as applied %v, for %d lost answers", amb, applied, st.Lost())
+			}
+			if applied+notApplied != amb || lost != 0 {
+				t.Errorf("in doubt %v, settled %v + %v, unresolvable %v: every write in doubt must settle", amb, applied, notApplied, lost)
+			}
+		})
 	}
 }
 

@@ -25,6 +25,7 @@ import (
 	"github.com/hotcount/hotcount/flusher"
 	"github.com/hotcount/hotcount/hot"
 	"github.com/hotcount/hotcount/ingest"
+	"github.com/hotcount/hotcount/journal"
 	"github.com/hotcount/hotcount/lookup"
 	"github.com/hotcount/hotcount/shards"
 	"github.com/hotcount/hotcount/store"
@@ -102,13 +103,6 @@ func (s *Sidecar) Run(ctx context.Context) error {
 	agg := aggregator.New(cfg.MaxTopics, reg)
 	hottest := hot.New(hot.DefaultCapacity, hot.DefaultPeriod, time.Now)
 	book := shards.New(shards.Config{Default: cfg.Shards, Adaptive: cfg.Adaptive, Max: cfg.MaxShards, Every: cfg.ShardsCache}, st, log, reg)
-	fl := flusher.New(flusher.Config{
-		Shards:      cfg.Shards,
-		Interval:    cfg.FlushInterval,
-		Timeout:     cfg.FlushTimeout,
-		Concurrency: cfg.FlushConcurrency,
-	}, agg, st, log, flusher.NewMetrics(reg), time.Now, flusher.WithObserver(hottest), flusher.WithShards(book))
-
 	im := ingest.NewMetrics(reg)
 	auth, err := cfg.NATSAuth().Options()
 	if err != nil {
@@ -119,9 +113,32 @@ func (s *Sidecar) Run(ctx context.Context) error {
 		return err
 	}
 	defer nc.Close()
+
+	// One writer id for this process's writes, journaled or not.
+	writer := store.NewWriterID()
+	opts := []flusher.Option{flusher.WithObserver(hottest), flusher.WithShards(book)}
+	var jr *journal.Journal
+	if cfg.NATSMode == config.ModeJetStream {
+		if jr, err = openJournal(ctx, nc, cfg, writer, st, log, reg); err != nil {
+			return err
+		}
+		opts = append(opts, flusher.WithJournal(jr))
+	}
+	fl := flusher.New(flusher.Config{
+		Shards:       cfg.Shards,
+		Interval:     cfg.FlushInterval,
+		Timeout:      cfg.FlushTimeout,
+		Concurrency:  cfg.FlushConcurrency,
+		WriteTimeout: cfg.WriteTimeout,
+		Writer:       writer,
+	}, agg, st, log, flusher.NewMetrics(reg), time.Now, opts...)
+
 	sub, err := newSource(cfg, nc, agg, fl, log, im)
 	if err != nil {
 		return err
+	}
+	if js, ok := sub.(*ingest.JetStreamConsumer); ok && jr != nil {
+		js.SetJournal(jr)
 	}
 	lk := lookup.New(lookup.Config{
 		Shards:        cfg.ReadGuess(),
@@ -169,12 +186,16 @@ func (s *Sidecar) Run(ctx context.Context) error {
 	pipe, pctx := errgroup.WithContext(pipeCtx)
 	pipe.Go(func() error { return sub.Run(pctx) })
 	pipe.Go(func() error { return fl.Run(pctx) })
+	if jr != nil {
+		pipe.Go(func() error { return jr.Run(pctx) })
+	}
 
 	close(s.started)
 	log.Info("started",
 		zap.String("http", s.HTTPAddr()), zap.String("admin", s.AdminAddr()),
 		zap.String("nats", nc.ConnectedUrlRedacted()), zap.String("subject", cfg.Subject),
-		zap.String("mode", cfg.NATSMode), zap.String("store", cfg.Store), zap.Int("shards", cfg.Shards))
+		zap.String("mode", cfg.NATSMode), zap.String("store", cfg.Store), zap.Int("shards", cfg.Shards),
+		zap.String("writer", fl.Writer()))
 
 	var cause error
 	select {
@@ -194,6 +215,13 @@ func (s *Sidecar) Run(ctx context.Context) error {
 	if finalErr == nil {
 		log.Info("final flush done")
 	}
+	if jr != nil {
+		// No more writes from this writer: what it leaves in the journal
+		// is replayed by the others now rather than after its lease.
+		if err := jr.Leave(budget); err != nil {
+			log.Warn("journal: leaving", zap.Error(err))
+		}
+	}
 	// Acknowledgements are asynchronous publishes: make sure they have left
 	// before the connection closes, or their messages come back.
 	if err := nc.FlushWithContext(budget); err != nil {
@@ -207,6 +235,28 @@ func (s *Sidecar) Run(ctx context.Context) error {
 	}
 	serving.Wait()
 	return errors.Join(cause, pipeErr, finalErr)
+}
+
+// openJournal opens the JetStream journal, retrying until NATS answers or
+// ctx ends.
+func openJournal(ctx context.Context, nc *nats.Conn, cfg config.Config, writer string, st Store, log *zap.Logger, reg prometheus.Registerer) (*journal.Journal, error) {
+	m := journal.NewMetrics(reg)
+	jcfg := journal.Config{Bucket: journal.DefaultBucket, WritersBucket: journal.DefaultWritersBucket, Stream: cfg.Stream, Consumer: cfg.Consumer}
+	backoff := 100 * time.Millisecond
+	for {
+		octx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		jr, err := journal.Open(octx, nc, jcfg, writer, st, log, m)
+		cancel()
+		if err == nil {
+			return jr, nil
+		}
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("sidecar: %w", err)
+		}
+		log.Warn("cannot open the journal; retrying", zap.Error(err))
+		time.Sleep(backoff)
+		backoff = min(2*backoff, 5*time.Second)
+	}
 }
 
 // source is the ingest, core or JetStream.

@@ -7,6 +7,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -65,31 +66,108 @@ func decodeItem(v []byte) (count, updatedAt int64, err error) {
 	return int64(binary.BigEndian.Uint64(v)), int64(binary.BigEndian.Uint64(v[8:])), nil
 }
 
-// Add increments one shard of topic by delta, atomically. An increment that
-// would overflow int64 fails with ErrOverflow and changes nothing.
-func (b *Bolt) Add(ctx context.Context, topic string, shard int, delta int64, now time.Time) error {
+// A shard item may carry, after its count and updatedAt, the exactly-once
+// bookkeeping that DynamoDB keeps in attributes: the floor (int64), then
+// each writer's mark as a length-prefixed id and an int64 seq. Items written
+// before marks existed are 16 bytes and read as having none.
+type boltShard struct {
+	count, updatedAt, floor int64
+	marks                   []mark
+}
+
+func decodeShard(v []byte) (boltShard, error) {
+	var s boltShard
+	var err error
+	if s.count, s.updatedAt, err = decodeItem(v[:min(len(v), boltItemLen)]); err != nil || len(v) <= boltItemLen {
+		return s, err
+	}
+	rest := v[boltItemLen:]
+	if len(rest) < 8 {
+		return s, fmt.Errorf("store: corrupt item of %d bytes", len(v))
+	}
+	s.floor = int64(binary.BigEndian.Uint64(rest))
+	for rest = rest[8:]; len(rest) > 0; {
+		n := int(rest[0])
+		if len(rest) < 1+n+8 {
+			return s, fmt.Errorf("store: corrupt item of %d bytes", len(v))
+		}
+		s.marks = append(s.marks, mark{writer: string(rest[1 : 1+n]), seq: int64(binary.BigEndian.Uint64(rest[1+n:]))})
+		rest = rest[1+n+8:]
+	}
+	return s, nil
+}
+
+func (s boltShard) encode() []byte {
+	v := binary.BigEndian.AppendUint64(nil, uint64(s.count))
+	v = binary.BigEndian.AppendUint64(v, uint64(s.updatedAt))
+	v = binary.BigEndian.AppendUint64(v, uint64(s.floor))
+	for _, m := range s.marks {
+		v = append(v, byte(len(m.writer)))
+		v = append(v, m.writer...)
+		v = binary.BigEndian.AppendUint64(v, uint64(m.seq))
+	}
+	return v
+}
+
+// Add applies one idempotent increment atomically, with the same marks and
+// answers as DynamoDB's (a local write is never in doubt, but a journal
+// replay sends writes again). An increment that would overflow int64 fails
+// with ErrOverflow and changes nothing.
+func (b *Bolt) Add(ctx context.Context, w Write, now time.Time) error {
 	b.metrics.writes.Inc()
-	key := []byte(ShardKey(topic, shard))
+	key := []byte(w.Key())
+	var refused error
+	var resolved string
 	err := b.db.Batch(func(tx *bolt.Tx) error {
+		refused, resolved = nil, "" // Batch may run this again
 		bk := tx.Bucket(boltBucket)
-		count, _, err := decodeItem(bk.Get(key))
+		s, err := decodeShard(bk.Get(key))
 		if err != nil {
 			return err
 		}
-		if (delta > 0 && count > math.MaxInt64-delta) || (delta < 0 && count < math.MinInt64-delta) {
+		i := slices.IndexFunc(s.marks, func(m mark) bool { return m.writer == w.Writer })
+		switch {
+		case i >= 0 && s.marks[i].seq >= w.Seq && w.Retry:
+			resolved = ResolvedApplied
+			return nil
+		case i >= 0 && s.marks[i].seq >= w.Seq:
+			refused = fmt.Errorf("store: update %s: refused, a newer write of writer %s is on the item", key, w.Writer)
+			return nil
+		case i < 0 && s.floor >= w.Seq && w.Retry:
+			resolved, refused = ResolvedUnresolvable, fmt.Errorf("store: update %s: %w", key, ErrUnresolvable)
+			return nil
+		case i < 0 && s.floor >= w.Seq:
+			refused = &FloorError{Key: string(key), Floor: s.floor}
+			return nil
+		}
+		if (w.Delta > 0 && s.count > math.MaxInt64-w.Delta) || (w.Delta < 0 && s.count < math.MinInt64-w.Delta) {
 			return ErrOverflow
 		}
-		var v [boltItemLen]byte
-		binary.BigEndian.PutUint64(v[:], uint64(count+delta))
-		binary.BigEndian.PutUint64(v[8:], uint64(UnixMilli(now)))
-		return bk.Put(key, v[:])
+		if w.Retry {
+			resolved = ResolvedNotApplied
+		}
+		s.count += w.Delta
+		s.updatedAt = UnixMilli(now)
+		if i >= 0 {
+			s.marks[i].seq = w.Seq
+		} else {
+			s.marks = append(s.marks, mark{writer: w.Writer, seq: w.Seq})
+		}
+		if drop, floor := toTrim(s.marks, now); len(drop) > 0 {
+			s.marks = slices.DeleteFunc(s.marks, func(m mark) bool { return slices.Contains(drop, m) })
+			s.floor = max(s.floor, floor)
+		}
+		return bk.Put(key, s.encode())
 	})
 	if err != nil {
 		err = fmt.Errorf("store: update %s: %w", key, err)
 		b.metrics.failed("write", err)
 		return err
 	}
-	return nil
+	if resolved != "" && w.Retry {
+		b.metrics.resolved.WithLabelValues(resolved).Inc()
+	}
+	return refused
 }
 
 // Gather reads shards 0..n-1 of topic in one read transaction, which (unlike
@@ -119,10 +197,11 @@ func (b *Bolt) GatherMany(ctx context.Context, topics []string, n int, consisten
 			b.metrics.reads.Add(float64(len(shards) + 1))
 			for i := range shards {
 				shards[i].Shard = i
-				shards[i].Count, shards[i].UpdatedAt, err = decodeItem(bk.Get([]byte(ShardKey(topic, i))))
+				sh, err := decodeShard(bk.Get([]byte(ShardKey(topic, i))))
 				if err != nil {
 					return err
 				}
+				shards[i].Count, shards[i].UpdatedAt = sh.count, sh.updatedAt
 			}
 			out[topic] = shards
 		}

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -34,6 +35,7 @@ type DynamoAPI interface {
 	DescribeTable(ctx context.Context, in *dynamodb.DescribeTableInput, opts ...func(*dynamodb.Options)) (*dynamodb.DescribeTableOutput, error)
 	CreateTable(ctx context.Context, in *dynamodb.CreateTableInput, opts ...func(*dynamodb.Options)) (*dynamodb.CreateTableOutput, error)
 	PutItem(ctx context.Context, in *dynamodb.PutItemInput, opts ...func(*dynamodb.Options)) (*dynamodb.PutItemOutput, error)
+	GetItem(ctx context.Context, in *dynamodb.GetItemInput, opts ...func(*dynamodb.Options)) (*dynamodb.GetItemOutput, error)
 }
 
 // DynamoDB is the store on an Amazon DynamoDB table (or anything that speaks
@@ -57,38 +59,191 @@ func NewDynamoDB(client DynamoAPI, table string, m *Metrics) *DynamoDB {
 	return &DynamoDB{client: client, table: table, metrics: m}
 }
 
-// Add increments one shard of topic by delta with
-// `ADD #count :delta SET #updatedAt = :now`. ADD is atomic on the item and
-// creates it when absent. It is not idempotent: if DynamoDB applied an attempt
-// whose response was lost, the SDK's retry applies it again (counted in
-// hotcount_store_ambiguous_total). A throttled write is not retried here: it
-// comes back at once wrapping ErrThrottled, for the caller to move it to
-// another shard.
-func (d *DynamoDB) Add(ctx context.Context, topic string, shard int, delta int64, now time.Time) error {
+// Add applies one idempotent increment (see Write):
+// `ADD #count :delta SET #updatedAt = :now, #mark = :seq` on condition that
+// the writer's mark is below seq (and, absent, that the floor is too). It
+// returns nil once the delta is in the item exactly once, whether this call
+// or an earlier attempt applied it; ErrThrottled (wrapped) when DynamoDB
+// refused it for throughput and no attempt is in doubt, so it may move to
+// another shard with a new seq; ErrAmbiguous (wrapped) when it may or may
+// not have been applied, for the caller to send the same Write again.
+// The SDK retries within the call re-send the same request, so they are
+// safe. Every other error means it was not applied.
+func (d *DynamoDB) Add(ctx context.Context, w Write, now time.Time) error {
 	d.metrics.writes.Inc()
-	_, err := d.client.UpdateItem(ctx, &dynamodb.UpdateItemInput{
+	var doubt bool // an attempt of this call may have been applied
+	out, err := d.client.UpdateItem(ctx, &dynamodb.UpdateItemInput{
 		TableName: &d.table,
 		Key: map[string]types.AttributeValue{
-			AttrPK: &types.AttributeValueMemberS{Value: ShardKey(topic, shard)},
+			AttrPK: &types.AttributeValueMemberS{Value: w.Key()},
 		},
-		UpdateExpression: aws.String("ADD #count :delta SET #updatedAt = :now"),
+		UpdateExpression:    aws.String("ADD #count :delta SET #updatedAt = :now, #mark = :seq"),
+		ConditionExpression: aws.String("(attribute_not_exists(#mark) AND (attribute_not_exists(#floor) OR #floor < :seq)) OR #mark < :seq"),
 		ExpressionAttributeNames: map[string]string{
 			"#count":     AttrCount,
 			"#updatedAt": AttrUpdatedAt,
+			"#mark":      MarkPrefix + w.Writer,
+			"#floor":     AttrFloor,
 		},
 		ExpressionAttributeValues: map[string]types.AttributeValue{
-			":delta": &types.AttributeValueMemberN{Value: strconv.FormatInt(delta, 10)},
+			":delta": &types.AttributeValueMemberN{Value: strconv.FormatInt(w.Delta, 10)},
 			":now":   &types.AttributeValueMemberN{Value: strconv.FormatInt(UnixMilli(now), 10)},
+			":seq":   &types.AttributeValueMemberN{Value: strconv.FormatInt(w.Seq, 10)},
 		},
-	}, d.countAmbiguous, withoutThrottleRetries)
-	if err != nil {
-		err = classify(fmt.Errorf("store: update %s: %w", ShardKey(topic, shard), err))
-		d.metrics.failed("write", err)
-		d.lastErr.Store(time.Now().UnixNano())
-		return err
+		// The item as written, to see its marks: the response is not billed
+		// in write units, and it saves a read to decide on trimming.
+		ReturnValues: types.ReturnValueAllNew,
+	}, d.watchAttempts(&doubt), withoutThrottleRetries)
+	inDoubt := doubt || w.Retry
+	if doubt && !w.Retry {
+		d.metrics.ambiguous.Inc()
 	}
-	d.answered()
-	return nil
+	var cond *types.ConditionalCheckFailedException
+	switch {
+	case err == nil:
+		d.answered()
+		if inDoubt {
+			d.metrics.resolved.WithLabelValues(ResolvedNotApplied).Inc()
+		}
+		d.trim(ctx, w.Key(), out.Attributes, now)
+		return nil
+	case errors.As(err, &cond):
+		d.answered()
+		return d.refused(ctx, w, inDoubt)
+	}
+	err = classify(fmt.Errorf("store: update %s: %w", w.Key(), err))
+	d.metrics.failed("write", err)
+	d.lastErr.Store(time.Now().UnixNano())
+	if !doubt && ambiguous(err) {
+		doubt = true // no attempt was watched (the call ended before one ran)
+		if !w.Retry {
+			d.metrics.ambiguous.Inc()
+		}
+	}
+	if doubt || w.Retry {
+		// %v, not %w: a throttle after a lost answer must not read as
+		// "throttled, nothing applied" to a caller that would reroute it.
+		return fmt.Errorf("%w: %v", ErrAmbiguous, err)
+	}
+	return err
+}
+
+// Outcomes of a write in doubt, the values of
+// hotcount_store_resolved_total's outcome label.
+const (
+	// ResolvedApplied: an earlier attempt had been applied; the retry was
+	// refused by the mark.
+	ResolvedApplied = "applied"
+	// ResolvedNotApplied: no earlier attempt had been applied; the retry
+	// applied the delta.
+	ResolvedNotApplied = "not_applied"
+	// ResolvedUnresolvable: the mark had been trimmed (see ErrUnresolvable).
+	ResolvedUnresolvable = "unresolvable"
+)
+
+// FloorError is a first attempt refused because its seq is at or below the
+// item's floor: the writer's clock is behind the writers that trimmed the
+// item's marks. Nothing was applied; raise the sequencer past Floor and
+// write again.
+type FloorError struct {
+	Key   string
+	Floor int64
+}
+
+func (e *FloorError) Error() string {
+	return fmt.Sprintf("store: update %s: seq at or below the item's floor %d (this writer's clock is behind)", e.Key, e.Floor)
+}
+
+// refused settles a write that failed its condition: it reads the item
+// (strongly consistent) to tell "already applied" (the mark is at or past
+// seq) from a seq at or below the floor.
+func (d *DynamoDB) refused(ctx context.Context, w Write, inDoubt bool) error {
+	d.metrics.reads.Inc()
+	got, err := d.client.GetItem(ctx, &dynamodb.GetItemInput{
+		TableName:      &d.table,
+		Key:            map[string]types.AttributeValue{AttrPK: &types.AttributeValueMemberS{Value: w.Key()}},
+		ConsistentRead: aws.Bool(true),
+	})
+	if err != nil {
+		d.metrics.failed("read", err)
+		return fmt.Errorf("%w: store: read %s after a refused write: %w", ErrAmbiguous, w.Key(), classify(err))
+	}
+	mark, err := numberAttr(got.Item, MarkPrefix+w.Writer)
+	if err != nil {
+		return fmt.Errorf("store: item %s: %w", w.Key(), err)
+	}
+	floor, err := numberAttr(got.Item, AttrFloor)
+	if err != nil {
+		return fmt.Errorf("store: item %s: %w", w.Key(), err)
+	}
+	switch {
+	case mark >= w.Seq && inDoubt:
+		// Applied by an earlier attempt (a lost answer): done, once.
+		d.metrics.resolved.WithLabelValues(ResolvedApplied).Inc()
+		return nil
+	case mark >= w.Seq:
+		// No attempt was in doubt, so this one was never applied: the
+		// writer broke its own rule (two writes to one item at once).
+		return fmt.Errorf("store: update %s: refused, a newer write of writer %s is on the item", w.Key(), w.Writer)
+	case floor >= w.Seq && inDoubt:
+		d.metrics.resolved.WithLabelValues(ResolvedUnresolvable).Inc()
+		return fmt.Errorf("store: update %s: %w", w.Key(), ErrUnresolvable)
+	case floor >= w.Seq:
+		return &FloorError{Key: w.Key(), Floor: floor}
+	default:
+		// The item changed between the write and the read (another
+		// writer's trim): nothing is known, so the same write goes again.
+		return fmt.Errorf("%w: store: update %s refused, then the item allowed it", ErrAmbiguous, w.Key())
+	}
+}
+
+// trim removes the marks toTrim picks from the item just written (attrs)
+// and raises its floor, on condition that those marks are unchanged (a
+// writer that wrote again since keeps its new mark). Best effort: a trim
+// that fails is tried by the next writer.
+func (d *DynamoDB) trim(ctx context.Context, key string, attrs map[string]types.AttributeValue, now time.Time) {
+	var marks []mark
+	var floor int64
+	for name, av := range attrs {
+		n, ok := av.(*types.AttributeValueMemberN)
+		switch {
+		case !ok:
+		case strings.HasPrefix(name, MarkPrefix):
+			if v, err := strconv.ParseInt(n.Value, 10, 64); err == nil {
+				marks = append(marks, mark{writer: name[len(MarkPrefix):], seq: v})
+			}
+		case name == AttrFloor:
+			floor, _ = strconv.ParseInt(n.Value, 10, 64)
+		}
+	}
+	drop, newFloor := toTrim(marks, now)
+	if len(drop) == 0 {
+		return
+	}
+	names := map[string]string{"#floor": AttrFloor}
+	values := map[string]types.AttributeValue{
+		":floor": &types.AttributeValueMemberN{Value: strconv.FormatInt(max(floor, newFloor), 10)},
+	}
+	var remove, conds []string
+	for i, m := range drop {
+		n, v := "#m"+strconv.Itoa(i), ":m"+strconv.Itoa(i)
+		names[n] = MarkPrefix + m.writer
+		values[v] = &types.AttributeValueMemberN{Value: strconv.FormatInt(m.seq, 10)}
+		remove = append(remove, n)
+		conds = append(conds, n+" = "+v)
+	}
+	d.metrics.trims.Inc()
+	_, err := d.client.UpdateItem(ctx, &dynamodb.UpdateItemInput{
+		TableName:                 &d.table,
+		Key:                       map[string]types.AttributeValue{AttrPK: &types.AttributeValueMemberS{Value: key}},
+		UpdateExpression:          aws.String("REMOVE " + strings.Join(remove, ", ") + " SET #floor = :floor"),
+		ConditionExpression:       aws.String(strings.Join(conds, " AND ") + " AND (attribute_not_exists(#floor) OR #floor <= :floor)"),
+		ExpressionAttributeNames:  names,
+		ExpressionAttributeValues: values,
+	})
+	if err != nil {
+		d.metrics.trimErrors.Inc()
+	}
 }
 
 // noThrottleRetry is the SDK's retryer but for throughput refusals, which
@@ -110,30 +265,39 @@ func withoutThrottleRetries(o *dynamodb.Options) {
 	}
 }
 
-// countAmbiguous adds, to one UpdateItem call, a step that runs on every
-// attempt (inside the SDK's retry loop) and counts the attempts whose
-// outcome is unknown: the request may have reached DynamoDB, but no answer
-// came back (a reset or timeout after sending). Each such attempt that was in
-// fact applied is counted twice once retried: the over-count of ADD.
-func (d *DynamoDB) countAmbiguous(o *dynamodb.Options) {
-	o.APIOptions = append(o.APIOptions, func(stack *middleware.Stack) error {
-		return stack.Finalize.Insert(middleware.FinalizeMiddlewareFunc("hotcountAmbiguous",
-			func(ctx context.Context, in middleware.FinalizeInput, next middleware.FinalizeHandler) (middleware.FinalizeOutput, middleware.Metadata, error) {
-				out, md, err := next.HandleFinalize(ctx, in)
-				if err != nil && ambiguous(err) {
-					d.metrics.ambiguous.Inc()
-				}
-				return out, md, err
-			}), "Retry", middleware.After)
-	})
+// watchAttempts adds, to one UpdateItem call, a step that runs on every
+// attempt (inside the SDK's retry loop) and sets *doubt when an attempt's
+// outcome is unknown: it may have reached DynamoDB and no answer says it
+// was not applied. A later attempt of the same call that is throttled or
+// refused then does not mean "not applied".
+func (d *DynamoDB) watchAttempts(doubt *bool) func(*dynamodb.Options) {
+	return func(o *dynamodb.Options) {
+		o.APIOptions = append(o.APIOptions, func(stack *middleware.Stack) error {
+			return stack.Finalize.Insert(middleware.FinalizeMiddlewareFunc("hotcountDoubt",
+				func(ctx context.Context, in middleware.FinalizeInput, next middleware.FinalizeHandler) (middleware.FinalizeOutput, middleware.Metadata, error) {
+					out, md, err := next.HandleFinalize(ctx, in)
+					if err != nil && ambiguous(err) {
+						*doubt = true // attempts of one call run one after another
+					}
+					return out, md, err
+				}), "Retry", middleware.After)
+		})
+	}
 }
 
-// ambiguous says whether a failed attempt may have been applied: it was
-// sent (not refused at connect) and no HTTP response came back.
+// ambiguous says whether a failed attempt may have been applied: it may have
+// been sent and no answer refused it. An answer of 5xx is in doubt too
+// (DynamoDB documents that the request may have succeeded); a 4xx answer
+// applied nothing; a connection never made sent nothing. Everything else,
+// a reset, a timeout, a cancelled context, is in doubt.
 func ambiguous(err error) bool {
-	var send *smithyhttp.RequestSendError
-	if !errors.As(err, &send) {
-		return false // DynamoDB answered (an error answer applied nothing), or nothing was sent
+	var resp *smithyhttp.ResponseError
+	if errors.As(err, &resp) && resp.HTTPStatusCode() > 0 { // 0: no answer came
+		return resp.HTTPStatusCode() >= 500
+	}
+	var api smithy.APIError
+	if errors.As(err, &api) && api.ErrorFault() == smithy.FaultClient {
+		return false // an error answer with no HTTP wrapper (as in tests)
 	}
 	var op *net.OpError
 	if errors.As(err, &op) && op.Op == "dial" {
@@ -494,4 +658,24 @@ func NewDynamoDBClient(ctx context.Context, endpoint string) (*dynamodb.Client, 
 			o.BaseEndpoint = aws.String(endpoint)
 		}
 	}), nil
+}
+
+// ItemSize is an item's size as DynamoDB bills it: per attribute, the
+// name's bytes plus the value's (a string's bytes; a number's significant
+// digits, two to a byte, plus one). Writes cost one unit per started KB.
+func ItemSize(item map[string]types.AttributeValue) int {
+	size := 0
+	for name, av := range item {
+		size += len(name)
+		switch v := av.(type) {
+		case *types.AttributeValueMemberS:
+			size += len(v.Value)
+		case *types.AttributeValueMemberN:
+			digits := strings.Trim(strings.TrimLeft(v.Value, "-"), "0")
+			size += (len(strings.ReplaceAll(digits, ".", ""))+1)/2 + 1
+		default:
+			size += 8 // not in hotcount's items; a rough figure
+		}
+	}
+	return size
 }

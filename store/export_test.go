@@ -1,9 +1,21 @@
 package store
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"github.com/prometheus/client_golang/prometheus"
+	bolt "go.etcd.io/bbolt"
+)
 
 // Test access to unexported parts.
 var Classify = classify
 
 func (m *Metrics) Writes() prometheus.Counter { return m.writes }
 func (m *Metrics) Reads() prometheus.Counter  { return m.reads }
+
+// BoltItemSize is the stored size of one bolt item.
+func BoltItemSize(b *Bolt, key string) (n int, err error) {
+	err = b.db.View(func(tx *bolt.Tx) error {
+		n = len(tx.Bucket(boltBucket).Get([]byte(key)))
+		return nil
+	})
+	return n, err
+}

@@ -104,6 +104,9 @@ type Metrics struct {
 	gathers    prometheus.Counter
 	batchGets  prometheus.Counter
 	ambiguous  prometheus.Counter
+	resolved   *prometheus.CounterVec
+	trims      prometheus.Counter
+	trimErrors prometheus.Counter
 	metaWrites prometheus.Counter
 }
 
@@ -137,13 +140,28 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}
 	m.ambiguous = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "hotcount_store_ambiguous_total",
-		Help: "UpdateItem attempts sent with no answer back (reset or timeout after sending): each may have been applied, and its retry then counts its delta twice. The bound of ADD's over-count.",
+		Help: "Writes whose outcome was unknown (a reset, a timeout, a 5xx answer): each is retried as the same write until hotcount_store_resolved_total settles it.",
+	})
+	m.resolved = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "hotcount_store_resolved_total",
+		Help: "Writes in doubt settled, by outcome: applied (an earlier attempt had applied it; the retry was refused by its mark), not_applied (the retry applied it), unresolvable (its mark was trimmed first; counted as applied; expected 0).",
+	}, []string{"outcome"})
+	m.trims = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "hotcount_store_trims_total",
+		Help: "Conditional writes that removed old writer marks from a shard item (to keep it under one write unit).",
+	})
+	m.trimErrors = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "hotcount_store_trim_errors_total",
+		Help: "Trims that failed or found the item changed; the next writer tries again.",
 	})
 	m.metaWrites = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "hotcount_store_meta_writes_total",
 		Help: "Conditional writes of a topic's shard metadata (first multi-shard write, raises, operator changes).",
 	})
-	reg.MustRegister(m.writes, m.reads, m.throttled, m.errors, m.gathers, m.batchGets, m.ambiguous, m.metaWrites)
+	reg.MustRegister(m.writes, m.reads, m.throttled, m.errors, m.gathers, m.batchGets, m.ambiguous, m.resolved, m.trims, m.trimErrors, m.metaWrites)
+	for _, o := range []string{ResolvedApplied, ResolvedNotApplied, ResolvedUnresolvable} {
+		m.resolved.WithLabelValues(o)
+	}
 	m.errors.WithLabelValues("write")
 	m.errors.WithLabelValues("read")
 	return m

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -26,7 +27,7 @@ import (
 
 // counter is the part of a store the conformance tests exercise.
 type counter interface {
-	Add(ctx context.Context, topic string, shard int, delta int64, now time.Time) error
+	Add(ctx context.Context, w store.Write, now time.Time) error
 	Gather(ctx context.Context, topic string, n int, consistent bool) ([]store.Shard, error)
 	Ping(ctx context.Context) error
 }
@@ -69,18 +70,19 @@ func TestConformance(t *testing.T) {
 			var wg sync.WaitGroup
 			for range 8 {
 				wg.Go(func() {
+					w := testenv.Writer() // a sidecar of its own
 					for range 25 {
-						if err := st.Add(ctx, "golang", 1, 3, now); err != nil {
+						if err := st.Add(ctx, w("golang", 1, 3), now); err != nil {
 							t.Errorf("Add: %v", err)
 						}
 					}
 				})
 			}
 			wg.Wait()
-			if err := st.Add(ctx, "golang", 3, 7, now.Add(time.Second)); err != nil {
+			if err := st.Add(ctx, testenv.W("golang", 3, 7), now.Add(time.Second)); err != nil {
 				t.Fatal(err)
 			}
-			if err := st.Add(ctx, "golang.eu", 1, 100, now); err != nil {
+			if err := st.Add(ctx, testenv.W("golang.eu", 1, 100), now); err != nil {
 				t.Fatal(err)
 			}
 
@@ -127,8 +129,10 @@ func TestRawItemShape(t *testing.T) {
 	st := store.NewDynamoDB(d.Client(), table, store.NewMetrics(prometheus.NewRegistry()))
 	ctx := context.Background()
 	now := time.UnixMilli(1796198815543)
+	var last store.Write
 	for _, delta := range []int64{5, 37} {
-		if err := st.Add(ctx, "eu.west.k8s", 2, delta, now); err != nil {
+		last = testenv.W("eu.west.k8s", 2, delta)
+		if err := st.Add(ctx, last, now); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -139,7 +143,9 @@ func TestRawItemShape(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := map[string]string{"pk": "S:TREND#eu.west.k8s#2", "count": "N:42", "updatedAt": "N:1796198815543"}
+	// The writer's mark: its last seq on the item (see store.Write).
+	want := map[string]string{"pk": "S:TREND#eu.west.k8s#2", "count": "N:42", "updatedAt": "N:1796198815543",
+		"w_" + last.Writer: "N:" + strconv.FormatInt(last.Seq, 10)}
 	if len(out.Item) != len(want) {
 		t.Errorf("item has %d attributes, want %d: %v", len(out.Item), len(want), out.Item)
 	}
@@ -188,7 +194,7 @@ func TestGatherManyShards(t *testing.T) {
 	ctx := context.Background()
 	const n = 150
 	for _, s := range []int{0, 99, 100, 149} {
-		if err := st.Add(ctx, "wide", s, int64(s+1), time.Now()); err != nil {
+		if err := st.Add(ctx, testenv.W("wide", s, int64(s+1)), time.Now()); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -234,13 +240,13 @@ func TestBoltOverflowAndPersistence(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	if err := b.Add(ctx, "x", 0, math.MaxInt64-1, time.Now()); err != nil {
+	if err := b.Add(ctx, testenv.W("x", 0, math.MaxInt64-1), time.Now()); err != nil {
 		t.Fatal(err)
 	}
-	if err := b.Add(ctx, "x", 0, 2, time.Now()); !errors.Is(err, store.ErrOverflow) {
+	if err := b.Add(ctx, testenv.W("x", 0, 2), time.Now()); !errors.Is(err, store.ErrOverflow) {
 		t.Fatalf("Add past MaxInt64 = %v, want ErrOverflow", err)
 	}
-	if err := b.Add(ctx, "x", 1, 5, time.Now()); err != nil {
+	if err := b.Add(ctx, testenv.W("x", 1, 5), time.Now()); err != nil {
 		t.Fatal(err)
 	}
 	b.Close()
@@ -379,7 +385,7 @@ func TestPingTrustsRecentCalls(t *testing.T) {
 	if err := st.Ping(ctx); err != nil || client.n.Load() != 1 {
 		t.Fatalf("first Ping = %v after %d DescribeTable calls, want nil after 1", err, client.n.Load())
 	}
-	if err := st.Add(ctx, "x", 0, 1, time.Now()); err != nil {
+	if err := st.Add(ctx, testenv.W("x", 0, 1), time.Now()); err != nil {
 		t.Fatal(err)
 	}
 	for range 10 {
@@ -432,10 +438,10 @@ func TestShardMetadata(t *testing.T) {
 			if err := ms.SetMeta(ctx, "hot", eight, down); err != nil {
 				t.Fatal(err)
 			}
-			if err := st.Add(ctx, "hot", 6, 5, time.Now()); err != nil { // written while it had 8
+			if err := st.Add(ctx, testenv.W("hot", 6, 5), time.Now()); err != nil { // written while it had 8
 				t.Fatal(err)
 			}
-			if err := st.Add(ctx, "hot", 1, 2, time.Now()); err != nil {
+			if err := st.Add(ctx, testenv.W("hot", 1, 2), time.Now()); err != nil {
 				t.Fatal(err)
 			}
 			shards, err := st.Gather(ctx, "hot", 1, false) // guess: one shard

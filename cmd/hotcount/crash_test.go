@@ -3,20 +3,29 @@ package main
 import (
 	"bufio"
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net/http"
 	"os"
 	"os/exec"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/hotcount/hotcount/ingest"
 	"github.com/hotcount/hotcount/internal/testenv"
+	"github.com/hotcount/hotcount/journal"
 	"github.com/hotcount/hotcount/loadgen"
+	"github.com/hotcount/hotcount/store/ddbfault"
 )
 
 // runMainEnv makes the test binary act as the hotcount binary, so that a
@@ -35,12 +44,30 @@ func TestMain(m *testing.M) {
 type child struct {
 	cmd   *exec.Cmd
 	admin string
-	logs  *strings.Builder
+	logs  *logBuf
+}
+
+// logBuf keeps a child's log lines; safe for concurrent use.
+type logBuf struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *logBuf) WriteString(s string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.b.WriteString(s)
+}
+
+func (l *logBuf) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }
 
 func startChild(t testing.TB, args ...string) *child {
 	t.Helper()
-	c := &child{admin: freeAddr(t), logs: &strings.Builder{}}
+	c := &child{admin: freeAddr(t), logs: &logBuf{}}
 	c.cmd = exec.Command(os.Args[0], append([]string{"run", "--admin", c.admin, "--http", freeAddr(t)}, args...)...)
 	c.cmd.Env = append(os.Environ(), runMainEnv+"=1")
 	stderr, err := c.cmd.StderrPipe()
@@ -100,10 +127,13 @@ func (c *child) metric(t testing.TB, name string) float64 {
 }
 
 // TestSIGKILLLosesNothing runs `hotcount run --nats-mode jetstream` as a
-// process, kills it with SIGKILL while it holds unacknowledged messages and
-// has flushed others, starts it again, and finds every published mention in
-// the table. The over-count (messages whose delta was written but whose ack
-// died with the process) is reported and bounded by the redeliveries.
+// process against a slow store (every DynamoDB call delayed 200 ms, as on
+// a bad day, so that kills land between writes and acknowledgements) and
+// kills it with SIGKILL five times at random moments while mentions arrive,
+// each time starting a new one. The journal carries the killed writers'
+// counts: the table ends with exactly what was published, topic by topic,
+// and redelivered messages whose counts a journal entry carried are not
+// counted again.
 func TestSIGKILLLosesNothing(t *testing.T) {
 	ns := testenv.NATS(t)
 	nc := testenv.Connect(t, ns.ClientURL())
@@ -113,10 +143,16 @@ func TestSIGKILLLosesNothing(t *testing.T) {
 	d := testenv.StartDynalite(t)
 	table := d.Table(t, "crash")
 	testenv.AWSEnv(t)
-	args := []string{"--nats-mode", "jetstream", "--nats-url", ns.ClientURL(), "--dynamodb-endpoint", d.Endpoint,
+	slow := ddbfault.New(ddbfault.Config{Upstream: d.Endpoint})
+	slow.SetLatency(200 * time.Millisecond)
+	endpoint, stop, err := slow.Serve("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop() //nolint:errcheck // test teardown
+	args := []string{"--nats-mode", "jetstream", "--nats-url", ns.ClientURL(), "--dynamodb-endpoint", endpoint,
 		"--table", table, "--flush-interval", "300ms", "--flush-timeout", "1s", "--ack-wait", "10s", "--log-level", "warn"}
 
-	first := startChild(t, args...)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	type result struct {
@@ -125,36 +161,56 @@ func TestSIGKILLLosesNothing(t *testing.T) {
 	}
 	sent := make(chan result, 1)
 	go func() {
-		rep, err := loadgen.Run(ctx, nc, loadgen.Config{Prefix: "mentions.", Topics: 100, Zipf: 1.2, Rate: 20_000, Messages: 40_000, Count: 1, Seed: 11, JetStream: true})
+		rep, err := loadgen.Run(ctx, nc, loadgen.Config{Prefix: "mentions.", Topics: 100, Zipf: 1.2, Rate: 4_000, Messages: 28_000, Count: 1, Seed: 11, JetStream: true})
 		sent <- result{rep, err}
 	}()
-	// Kill once some flushes have landed and more messages are held.
-	testenv.Eventually(t, 30*time.Second, func() error {
-		if w := first.metric(t, "hotcount_flusher_flushed_mentions_total"); w < 5000 {
-			return fmt.Errorf("%v flushed so far", w)
+	rng := rand.New(rand.NewPCG(11, uint64(time.Now().UnixNano())))
+	cur := startChild(t, args...)
+	const kills = 5
+	for i := range kills {
+		// Once it has journaled (and so acknowledged) some flushes, at a
+		// random moment of the next ones: between a journal entry, its
+		// writes and its retirement.
+		testenv.Eventually(t, 30*time.Second, func() error {
+			if n := cur.metric(t, "hotcount_journal_recorded_total"); n < 2 {
+				return fmt.Errorf("%v journal entries so far", n)
+			}
+			return nil
+		})
+		time.Sleep(time.Duration(rng.Int64N(int64(900 * time.Millisecond))))
+		if err := cur.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+			t.Fatal(err)
 		}
-		if h := first.metric(t, "hotcount_aggregator_held_messages"); h == 0 {
-			return fmt.Errorf("nothing held right now")
-		}
-		return nil
-	})
-	if err := first.cmd.Process.Signal(syscall.SIGKILL); err != nil {
-		t.Fatal(err)
+		cur.cmd.Wait() //nolint:errcheck // killed: its error says so
+		t.Logf("kill %d of %d", i+1, kills)
+		cur = startChild(t, args...)
 	}
-	first.cmd.Wait() //nolint:errcheck // killed: its error says so
-
-	second := startChild(t, args...)
 	r := <-sent
 	if r.err != nil {
 		t.Fatal(r.err)
 	}
-	testenv.ConsumerIdle(t, ns.ClientURL(), "MENTIONS", "hotcount", 60*time.Second)
-	redelivered := second.metric(t, "hotcount_ingest_redelivered_total")
-	if err := second.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+	// The killed writers' heartbeats expire after journal.Lease; the
+	// survivor then replays their entries.
+	testenv.ConsumerIdle(t, ns.ClientURL(), "MENTIONS", "hotcount", 2*journal.Lease)
+	testenv.Eventually(t, 3*journal.Lease, func() error {
+		open, err := openJournalEntries(nc)
+		if err != nil {
+			return err
+		}
+		if open > 0 {
+			return fmt.Errorf("%d journal entries not yet replayed; survivor's log:\n%s", open, cur.logs)
+		}
+		return nil
+	})
+	testenv.ConsumerIdle(t, ns.ClientURL(), "MENTIONS", "hotcount", 30*time.Second)
+	redelivered := cur.metric(t, "hotcount_ingest_redelivered_total")
+	journaled := cur.metric(t, "hotcount_ingest_journaled_redeliveries_total")
+	replayed := cur.metric(t, "hotcount_journal_replayed_total")
+	if err := cur.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
-	if err := second.cmd.Wait(); err != nil {
-		t.Fatalf("SIGTERM: %v\n%s", err, second.logs)
+	if err := cur.cmd.Wait(); err != nil {
+		t.Fatalf("SIGTERM: %v\n%s", err, cur.logs)
 	}
 
 	got, _ := d.Counts(t, table)
@@ -163,13 +219,52 @@ func TestSIGKILLLosesNothing(t *testing.T) {
 		total += n
 	}
 	for topic, n := range r.rep.PerTopic {
-		if got[topic] < n {
-			t.Errorf("topic %s: table %d < published %d: lost mentions", topic, got[topic], n)
+		if got[topic] != n {
+			t.Errorf("topic %s: table %d, published %d", topic, got[topic], n)
 		}
 	}
-	over := total - r.rep.Mentions
-	t.Logf("SIGKILL: published %d, table %d, over-count %d, redelivered after restart %v", r.rep.Mentions, total, over, redelivered)
-	if over < 0 || float64(over) > redelivered {
-		t.Errorf("over-count %d outside 0..redelivered (%v)", over, redelivered)
+	t.Logf("%d SIGKILLs: published %d, table %d; the survivor saw %v redeliveries, %v of them already journaled, and replayed %v entries",
+		kills, r.rep.Mentions, total, redelivered, journaled, replayed)
+	if replayed == 0 {
+		t.Error("no journal entry was replayed: no kill landed between a journal entry and its retirement")
 	}
+	if total != r.rep.Mentions {
+		t.Errorf("table holds %d mentions, published %d: over-count %d", total, r.rep.Mentions, total-r.rep.Mentions)
+	}
+}
+
+// openJournalEntries counts the journal entries not yet done.
+func openJournalEntries(nc *nats.Conn) (int, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return 0, err
+	}
+	kv, err := js.KeyValue(ctx, journal.DefaultBucket)
+	if err != nil {
+		return 0, err
+	}
+	keys, err := kv.Keys(ctx)
+	if errors.Is(err, jetstream.ErrNoKeysFound) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, err
+	}
+	open := 0
+	for _, k := range keys {
+		e, err := kv.Get(ctx, k)
+		if err != nil {
+			continue // retired meanwhile
+		}
+		var entry journal.Entry
+		if err := json.Unmarshal(e.Value(), &entry); err != nil {
+			return 0, err
+		}
+		if !entry.Done {
+			open++
+		}
+	}
+	return open, nil
 }

@@ -109,8 +109,10 @@ func race(ctx context.Context, cfg Config, n int, coalesced bool) (Result, error
 	if !coalesced {
 		for range cfg.Writers {
 			wg.Go(func() {
+				// Each direct writer is a writer of its own, as a sidecar is.
+				id, seq := store.NewWriterID(), store.NewSequencer(time.Now)
 				for rctx.Err() == nil {
-					err := st.Add(rctx, topic, rand.IntN(n), 1, time.Now())
+					err := st.Add(rctx, store.Write{Topic: topic, Shard: rand.IntN(n), Delta: 1, Writer: id, Seq: seq.Next()}, time.Now())
 					if err == nil {
 						mentions.Add(1)
 						writes.Add(1)

@@ -367,3 +367,25 @@ func (c *Clock) Add(d time.Duration) {
 	defer c.mu.Unlock()
 	c.t = c.t.Add(d)
 }
+
+// testWriter and testSeq give tests' direct store writes an identity, as
+// the flusher gives its own.
+var (
+	testWriter = store.NewWriterID()
+	testSeq    = store.NewSequencer(time.Now)
+)
+
+// W is an increment of delta to one shard of topic, as a new write of the
+// tests' own writer. One writer writes an item one write at a time (the
+// flusher's rule): concurrent writers each take a Writer.
+func W(topic string, shard int, delta int64) store.Write {
+	return store.Write{Topic: topic, Shard: shard, Delta: delta, Writer: testWriter, Seq: testSeq.Next()}
+}
+
+// Writer returns a W of a writer of its own.
+func Writer() func(topic string, shard int, delta int64) store.Write {
+	id, seq := store.NewWriterID(), store.NewSequencer(time.Now)
+	return func(topic string, shard int, delta int64) store.Write {
+		return store.Write{Topic: topic, Shard: shard, Delta: delta, Writer: id, Seq: seq.Next()}
+	}
+}

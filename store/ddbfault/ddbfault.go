@@ -10,24 +10,39 @@
 //     retries and error classification run as in production;
 //   - add latency, answer HTTP 500 or 503, reset connections, or fail
 //     everything for a period (an outage);
-//   - make a write ambiguous: forward it, let the store apply it, then drop
-//     the response by resetting the connection, so the client retries a
-//     write that already happened.
+//   - lose the answer to a counting write (UpdateItem) after the store
+//     applied it, as DynamoDB can, so that the client, not knowing, may
+//     retry a write that already happened. Three ways, each its own kind:
+//     Ambiguous resets the connection; Ambiguous500 answers HTTP 500
+//     InternalServerError; AmbiguousHang holds the connection unanswered
+//     (30s by default, longer than any client timeout) until the client
+//     gives up, then resets it. AmbiguousNext makes the next n UpdateItem
+//     calls Ambiguous; LoseAnswers makes a random share of them one of the
+//     kinds.
+//
+// A request is forwarded, and its answer read whole, on the proxy's own
+// context, whatever the client does meanwhile: dynalite crashes when a
+// request to it is aborted mid-body, and a write the proxy decided to
+// forward completes, as it would in DynamoDB.
 //
 // It counts what it did, per kind and per key, for tests to assert on.
 package ddbfault
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"hash/crc32"
 	"io"
+	"math/rand/v2"
 	"net"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/time/rate"
@@ -38,6 +53,10 @@ const (
 	DefaultWriteUnits = 1000 // write units per second per partition key
 	DefaultReadUnits  = 3000 // read units per second per partition key
 )
+
+// DefaultHang is how long AmbiguousHang holds a connection unless SetHang
+// says otherwise: longer than any client timeout.
+const DefaultHang = 30 * time.Second
 
 // Config sets the ceilings. A zero rate turns a ceiling off.
 type Config struct {
@@ -61,9 +80,16 @@ const (
 	Failed    = "failed"    // answered 500/503, not applied
 	Reset     = "reset"     // connection reset before forwarding, not applied
 	Outage    = "outage"    // refused during an outage, not applied
-	Ambiguous = "ambiguous" // applied upstream, response dropped
 	Latency   = "latency"   // delayed
+
+	// The lost answers: applied upstream, then the answer lost.
+	Ambiguous     = "ambiguous"      // connection reset
+	Ambiguous500  = "ambiguous_500"  // answered HTTP 500 InternalServerError
+	AmbiguousHang = "ambiguous_hang" // connection held unanswered, then reset
 )
+
+// lostKinds are the kinds of lost answer, LoseAnswers' default.
+var lostKinds = []string{Ambiguous, Ambiguous500, AmbiguousHang}
 
 // Stats is what the proxy did.
 type Stats struct {
@@ -72,11 +98,17 @@ type Stats struct {
 	// ThrottledKeys counts throttled requests by partition key.
 	ThrottledKeys map[string]int
 	// AmbiguousDelta is the sum of the :delta values of the UpdateItem
-	// calls made ambiguous: what a client that retries them over-counts.
+	// calls made ambiguous (any of the three lost-answer kinds) that the
+	// store applied: what a client that retries them over-counts. A call
+	// the store refused or did not answer applied nothing and is not in it.
 	AmbiguousDelta int64
 	// Writes counts forwarded writes by partition key.
 	Writes map[string]int
 }
+
+// Lost is the number of requests whose answer was lost after the store
+// applied them: the three ambiguous kinds together.
+func (s Stats) Lost() int { return s.Did[Ambiguous] + s.Did[Ambiguous500] + s.Did[AmbiguousHang] }
 
 // Proxy is the emulator. It is safe for concurrent use; the fault setters
 // may be called while it serves.
@@ -93,7 +125,12 @@ type Proxy struct {
 	failCode  int
 	resetNext int
 	ambigNext int
+	loseRate  float64  // share of UpdateItem calls whose answer is lost
+	loseKinds []string // how, chosen uniformly
+	hang      time.Duration
 	stats     Stats
+
+	hanging atomic.Int64 // AmbiguousHang connections held now
 }
 
 // New returns a proxy to cfg.Upstream.
@@ -103,6 +140,7 @@ func New(cfg Config) *Proxy {
 		client:   &http.Client{Timeout: 30 * time.Second},
 		writeLim: map[string]*rate.Limiter{},
 		readLim:  map[string]*rate.Limiter{},
+		hang:     DefaultHang,
 		stats:    Stats{Did: map[string]int{}, ThrottledKeys: map[string]int{}, Writes: map[string]int{}},
 	}
 }
@@ -133,6 +171,41 @@ func (p *Proxy) ResetNext(n int) { p.mu.Lock(); p.resetNext = n; p.mu.Unlock() }
 // AmbiguousNext makes the next n UpdateItem calls (the counting writes)
 // ambiguous: applied upstream, then the response dropped.
 func (p *Proxy) AmbiguousNext(n int) { p.mu.Lock(); p.ambigNext = n; p.mu.Unlock() }
+
+// LoseAnswers makes, from now on, each UpdateItem call that would be
+// forwarded (not throttled, failed, reset, or taken by AmbiguousNext) lose
+// its answer after the store applied it, with probability rate, in one of
+// kinds chosen uniformly at random: Ambiguous, Ambiguous500 or
+// AmbiguousHang; no kinds is all three. A rate of 0 or less turns it off,
+// 1 or more loses every answer. A kind that is not one of the three panics.
+func (p *Proxy) LoseAnswers(rate float64, kinds ...string) {
+	if len(kinds) == 0 {
+		kinds = lostKinds
+	}
+	for _, k := range kinds {
+		if !slices.Contains(lostKinds, k) {
+			panic(fmt.Sprintf("ddbfault: LoseAnswers: %q is not one of %v", k, lostKinds))
+		}
+	}
+	p.mu.Lock()
+	p.loseRate, p.loseKinds = rate, slices.Clone(kinds)
+	p.mu.Unlock()
+}
+
+// SetHang sets how long AmbiguousHang holds a connection unanswered before
+// resetting it, unless the client goes away or the proxy stops first
+// (DefaultHang; d <= 0 restores it).
+func (p *Proxy) SetHang(d time.Duration) {
+	if d <= 0 {
+		d = DefaultHang
+	}
+	p.mu.Lock()
+	p.hang = d
+	p.mu.Unlock()
+}
+
+// Hanging is the number of connections AmbiguousHang holds unanswered now.
+func (p *Proxy) Hanging() int { return int(p.hanging.Load()) }
 
 // Stats returns a copy of what the proxy did so far.
 func (p *Proxy) Stats() Stats {
@@ -224,7 +297,8 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case req.op == "UpdateItem" && p.ambigNext > 0:
 		p.ambigNext--
 		verdict = Ambiguous
-		p.stats.AmbiguousDelta += req.delta
+	case req.op == "UpdateItem" && p.loseRate > 0 && rand.Float64() < p.loseRate:
+		verdict = p.loseKinds[rand.IntN(len(p.loseKinds))]
 	default:
 		verdict = Forwarded
 	}
@@ -237,15 +311,25 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			p.stats.ThrottledKeys[k]++
 		}
 	}
-	if req.write && (verdict == Forwarded || verdict == Ambiguous) {
+	lost := slices.Contains(lostKinds, verdict)
+	if req.write && (verdict == Forwarded || lost) {
 		for _, k := range req.keys {
 			p.stats.Writes[k]++
 		}
 	}
-	failCode := p.failCode
+	failCode, hang := p.failCode, p.hang
 	p.mu.Unlock()
 
-	time.Sleep(latency)
+	if latency > 0 {
+		t := time.NewTimer(latency)
+		select {
+		case <-t.C:
+		case <-stopping(r.Context()):
+			t.Stop()
+			reset(w)
+			return
+		}
+	}
 	switch verdict {
 	case Outage, Reset:
 		reset(w)
@@ -263,17 +347,35 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, err.Error(), http.StatusBadGateway)
 		return
 	}
-	defer resp.Body.Close()
-	if verdict == Ambiguous {
-		io.Copy(io.Discard, resp.Body) //nolint:errcheck // applied upstream: that is the point
+	if lost && resp.status/100 == 2 {
+		p.mu.Lock()
+		p.stats.AmbiguousDelta += req.delta
+		p.mu.Unlock()
+	}
+	switch verdict {
+	case Ambiguous:
+		reset(w)
+		return
+	case Ambiguous500:
+		awsError(w, http.StatusInternalServerError, "InternalServerError", "Internal server error (injected after the write was applied)")
+		return
+	case AmbiguousHang:
+		p.hanging.Add(1)
+		defer p.hanging.Add(-1)
+		t := time.NewTimer(hang)
+		select {
+		case <-t.C:
+		case <-r.Context().Done(): // the client went away, or the proxy stops
+			t.Stop()
+		}
 		reset(w)
 		return
 	}
-	for k, vs := range resp.Header {
+	for k, vs := range resp.header {
 		w.Header()[k] = vs
 	}
-	w.WriteHeader(resp.StatusCode)
-	io.Copy(w, resp.Body) //nolint:errcheck // the client may have gone
+	w.WriteHeader(resp.status)
+	w.Write(resp.body) //nolint:errcheck // the client may have gone
 }
 
 // allow takes the request's units from each key's bucket; with mu held.
@@ -307,13 +409,34 @@ func (p *Proxy) allow(req request) bool {
 	return true
 }
 
-func (p *Proxy) forward(r *http.Request, body []byte) (*http.Response, error) {
-	out, err := http.NewRequestWithContext(r.Context(), r.Method, strings.TrimSuffix(p.cfg.Upstream, "/")+r.URL.RequestURI(), bytes.NewReader(body))
+// answer is an upstream answer, read whole.
+type answer struct {
+	status int
+	header http.Header
+	body   []byte
+}
+
+// forward sends the request upstream and reads the whole answer, on the
+// proxy's own context, not the client's: a client that goes away neither
+// aborts the request mid-body (which crashes dynalite) nor undoes a write
+// the proxy decided to forward. p.client's timeout bounds it.
+func (p *Proxy) forward(r *http.Request, body []byte) (answer, error) {
+	ctx := context.WithoutCancel(r.Context())
+	out, err := http.NewRequestWithContext(ctx, r.Method, strings.TrimSuffix(p.cfg.Upstream, "/")+r.URL.RequestURI(), bytes.NewReader(body))
 	if err != nil {
-		return nil, err
+		return answer{}, err
 	}
 	out.Header = r.Header.Clone()
-	return p.client.Do(out)
+	resp, err := p.client.Do(out)
+	if err != nil {
+		return answer{}, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return answer{}, err
+	}
+	return answer{status: resp.StatusCode, header: resp.Header, body: b}, nil
 }
 
 // reset closes the client's connection with a TCP RST and no response.
@@ -342,20 +465,71 @@ func awsError(w http.ResponseWriter, status int, typ, msg string) {
 	io.WriteString(w, body) //nolint:errcheck // the client may have gone
 }
 
+// stopKey is the context key of the channel Serve closes when it stops.
+type stopKey struct{}
+
+// stopping is closed when the Serve that serves ctx's request stops; nil
+// (never ready) outside Serve.
+func stopping(ctx context.Context) <-chan struct{} {
+	c, _ := ctx.Value(stopKey{}).(<-chan struct{})
+	return c
+}
+
 // Serve listens on addr (127.0.0.1:0 for a free port) and serves until the
 // returned stop is called. It returns the proxy's URL, for
 // --dynamodb-endpoint.
+//
+// stop closes every connection, ends hangs and latencies in progress, and
+// returns once every request has finished: at most the time an upstream
+// request in flight takes to complete (see forward), since those are not
+// cut. Calling it again does nothing more.
 func (p *Proxy) Serve(addr string) (url string, stop func() error, err error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return "", nil, fmt.Errorf("ddbfault: listen %s: %w", addr, err)
 	}
-	srv := &http.Server{Handler: p, ReadHeaderTimeout: 10 * time.Second}
+	stopCh := make(chan struct{})
+	base, cancel := context.WithCancel(context.WithValue(context.Background(), stopKey{}, (<-chan struct{})(stopCh)))
+	var (
+		mu       sync.Mutex
+		closed   bool
+		handlers sync.WaitGroup // requests in ServeHTTP
+	)
+	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		if closed {
+			mu.Unlock()
+			reset(w)
+			return
+		}
+		handlers.Add(1)
+		mu.Unlock()
+		defer handlers.Done()
+		p.ServeHTTP(w, r)
+	})
+	srv := &http.Server{
+		Handler:           handler,
+		ReadHeaderTimeout: 10 * time.Second,
+		BaseContext:       func(net.Listener) context.Context { return base },
+	}
 	done := make(chan error, 1)
 	go func() { done <- srv.Serve(ln) }()
+	var (
+		once    sync.Once
+		stopErr error
+	)
 	return "http://" + ln.Addr().String(), func() error {
-		err := srv.Close()
-		<-done
-		return err
+		once.Do(func() {
+			mu.Lock()
+			closed = true
+			mu.Unlock()
+			close(stopCh)
+			cancel() // every request's context: ends the hangs
+			stopErr = srv.Close()
+			<-done
+			handlers.Wait()
+			p.client.CloseIdleConnections()
+		})
+		return stopErr
 	}, nil
 }

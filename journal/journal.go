@@ -1,0 +1,454 @@
+// Package journal makes JetStream mode count every mention once across a
+// sidecar's crash. Without it, a sidecar killed after its writes and before
+// its acknowledgements leaves messages that JetStream redelivers to another
+// sidecar, which counts them again.
+//
+// With it, a flush records its writes (each a store.Write with its writer
+// id and seq) and the stream sequences of the messages behind them in a
+// JetStream key-value bucket before it acknowledges those messages. From
+// then on the journal, not the messages, carries the counts:
+//
+//   - The writer sends its journaled writes until each is in the store
+//     (idempotent: a write sent twice applies once), flushes its
+//     acknowledgements to the server, then deletes the entry.
+//   - A writer that dies leaves its entries. Every sidecar runs Run, which
+//     finds the entries of writers whose heartbeat has expired, sends their
+//     writes again under the dead writer's identity (so the store's marks
+//     refuse those already applied), and marks them done. A done entry is
+//     deleted once the consumer's ack floor has passed its messages.
+//   - A message redelivered after its writer died may be covered by an
+//     entry: Covered says so, and the ingest acknowledges it without
+//     counting it again.
+package journal
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/hotcount/hotcount/store"
+)
+
+// Defaults and fixed parts of the scheme.
+const (
+	// DefaultBucket holds the entries, key <writer>.<n>.
+	DefaultBucket = "hotcount_journal"
+	// DefaultWritersBucket holds one key per live writer, refreshed every
+	// Heartbeat; the bucket's MaxAge (Lease) removes a dead writer's key.
+	DefaultWritersBucket = "hotcount_writers"
+	// Lease is how long a writer's heartbeat lasts. A dead writer's entries
+	// are replayed at most about Lease + ReplayEvery after it died, well
+	// within store.MarkMinAge, which keeps its marks.
+	Lease = 30 * time.Second
+	// Heartbeat is how often a live writer refreshes its key.
+	Heartbeat = 5 * time.Second
+	// ReplayEvery is how often Run looks for dead writers' entries.
+	ReplayEvery = 5 * time.Second
+	// maxEntryWrites bounds the writes of one entry, so that an entry stays
+	// far below NATS's default 1 MB payload (a write takes under 100 bytes).
+	maxEntryWrites = 4000
+	// replayConcurrency is how many of a dead writer's writes are sent at
+	// once.
+	replayConcurrency = 16
+	// coveredFresh is how long Covered trusts its copy of the entries.
+	coveredFresh = 2 * time.Second
+)
+
+// Store is what a replay writes to: the store's idempotent Add.
+type Store interface {
+	Add(ctx context.Context, w store.Write, now time.Time) error
+}
+
+// Entry is one journal entry: writes of one flush (or part of it) and the
+// stream sequences of the messages whose counts they carry.
+type Entry struct {
+	Writer string     `json:"writer"`
+	Writes []Write    `json:"writes"`
+	Seqs   [][2]int64 `json:"seqs"` // inclusive ranges of stream sequences
+	Done   bool       `json:"done,omitempty"`
+}
+
+// Write is a store.Write as journaled.
+type Write struct {
+	Topic string `json:"t"`
+	Shard int    `json:"s"`
+	Delta int64  `json:"d"`
+	Seq   int64  `json:"q"`
+}
+
+// Journal is one sidecar's journal. Record, Settled and Covered are safe for
+// concurrent use with Run. Run owns the heartbeat and the replays.
+type Journal struct {
+	nc      *nats.Conn
+	kv      jetstream.KeyValue
+	writers jetstream.KeyValue
+	cons    func(ctx context.Context) (jetstream.Consumer, error)
+	writer  string
+	st      Store
+	log     *zap.Logger
+	m       *Metrics
+
+	mu      sync.Mutex
+	n       int64 // entries recorded by this writer
+	covered map[string][][2]int64
+	fresh   time.Time
+}
+
+// Config names the buckets and the consumer whose ack floor retires done
+// entries.
+type Config struct {
+	Bucket, WritersBucket string
+	Stream, Consumer      string
+	// Replicas of the buckets (as the stream's).
+	Replicas int
+}
+
+// Open creates or binds the buckets. writer is this sidecar's writer id.
+// Nothing starts until Run.
+func Open(ctx context.Context, nc *nats.Conn, cfg Config, writer string, st Store, log *zap.Logger, m *Metrics) (*Journal, error) {
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, fmt.Errorf("journal: jetstream: %w", err)
+	}
+	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+		Bucket:      cfg.Bucket,
+		Description: "hotcount: writes recorded before their messages are acknowledged",
+		History:     1,
+		Storage:     jetstream.FileStorage,
+		Replicas:    max(cfg.Replicas, 1),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("journal: bucket %s: %w", cfg.Bucket, err)
+	}
+	writers, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+		Bucket:      cfg.WritersBucket,
+		Description: "hotcount: live writers (heartbeats)",
+		History:     1,
+		TTL:         Lease,
+		Storage:     jetstream.FileStorage,
+		Replicas:    max(cfg.Replicas, 1),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("journal: bucket %s: %w", cfg.WritersBucket, err)
+	}
+	cons := func(ctx context.Context) (jetstream.Consumer, error) {
+		return js.Consumer(ctx, cfg.Stream, cfg.Consumer)
+	}
+	j := &Journal{nc: nc, kv: kv, writers: writers, cons: cons, writer: writer, st: st, log: log.Named("journal"), m: m}
+	if err := j.beat(ctx); err != nil {
+		return nil, err
+	}
+	return j, nil
+}
+
+// Recorded is an entry as the flusher tracks it: its key and the topics of
+// its writes.
+type Recorded struct {
+	Key    string
+	Topics []string
+}
+
+// Record journals writes, with the stream sequences of the messages behind
+// each (seqs, by topic), in entries of at most maxEntryWrites writes. It
+// returns the entries recorded; on error, the writes of the entries not
+// returned were not recorded, and their messages must not be acknowledged.
+func (j *Journal) Record(ctx context.Context, writes []store.Write, seqs map[string][]int64) ([]Recorded, error) {
+	var out []Recorded
+	for start := 0; start < len(writes); start += maxEntryWrites {
+		part := writes[start:min(start+maxEntryWrites, len(writes))]
+		e := Entry{Writer: j.writer}
+		rec := Recorded{}
+		var covered []int64
+		for _, w := range part {
+			e.Writes = append(e.Writes, Write{Topic: w.Topic, Shard: w.Shard, Delta: w.Delta, Seq: w.Seq})
+			rec.Topics = append(rec.Topics, w.Topic)
+			covered = append(covered, seqs[w.Topic]...)
+		}
+		e.Seqs = toRanges(covered)
+		b, err := json.Marshal(e)
+		if err != nil {
+			return out, fmt.Errorf("journal: encode: %w", err)
+		}
+		j.mu.Lock()
+		j.n++
+		rec.Key = j.writer + "." + strconv.FormatInt(j.n, 10)
+		j.mu.Unlock()
+		if _, err := j.kv.Put(ctx, rec.Key, b); err != nil {
+			j.m.errors.WithLabelValues("record").Inc()
+			return out, fmt.Errorf("journal: record %s: %w", rec.Key, err)
+		}
+		j.m.recorded.Inc()
+		out = append(out, rec)
+	}
+	return out, nil
+}
+
+// Settled retires an entry whose writes are all in the store: it flushes
+// the acknowledgements sent so far to the server (so that its messages are
+// not redelivered once the entry is gone), then deletes it.
+func (j *Journal) Settled(ctx context.Context, key string) error {
+	fctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if err := j.nc.FlushWithContext(fctx); err != nil {
+		return fmt.Errorf("journal: flush acknowledgements before retiring %s: %w", key, err)
+	}
+	if err := j.kv.Delete(ctx, key); err != nil {
+		j.m.errors.WithLabelValues("retire").Inc()
+		return fmt.Errorf("journal: retire %s: %w", key, err)
+	}
+	return nil
+}
+
+// Covered says whether the message at stream sequence seq is carried by a
+// journal entry: a redelivery of a message whose count is already
+// journaled, to acknowledge without counting. It reads the entries at most
+// every two seconds; only redelivered messages ask.
+func (j *Journal) Covered(ctx context.Context, seq int64) (bool, error) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if time.Since(j.fresh) > coveredFresh {
+		covered, err := j.loadRanges(ctx)
+		if err != nil {
+			return false, err
+		}
+		j.covered, j.fresh = covered, time.Now()
+	}
+	for _, rs := range j.covered {
+		for _, r := range rs {
+			if seq >= r[0] && seq <= r[1] {
+				return true, nil
+			}
+		}
+	}
+	return false, nil
+}
+
+func (j *Journal) loadRanges(ctx context.Context) (map[string][][2]int64, error) {
+	out := make(map[string][][2]int64)
+	err := j.each(ctx, func(key string, e Entry, _ uint64) error {
+		out[key] = e.Seqs
+		return nil
+	})
+	return out, err
+}
+
+// each calls fn for every entry in the bucket.
+func (j *Journal) each(ctx context.Context, fn func(key string, e Entry, rev uint64) error) error {
+	lister, err := j.kv.ListKeys(ctx)
+	if err != nil {
+		return fmt.Errorf("journal: list: %w", err)
+	}
+	defer lister.Stop() //nolint:errcheck // a listing's end
+	var keys []string
+	for k := range lister.Keys() {
+		keys = append(keys, k)
+	}
+	for _, k := range keys {
+		kve, err := j.kv.Get(ctx, k)
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			continue // retired meanwhile
+		}
+		if err != nil {
+			return fmt.Errorf("journal: get %s: %w", k, err)
+		}
+		var e Entry
+		if err := json.Unmarshal(kve.Value(), &e); err != nil {
+			j.log.Error("unreadable journal entry left alone", zap.String("key", k), zap.Error(err))
+			continue
+		}
+		if err := fn(k, e, kve.Revision()); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Run refreshes this writer's heartbeat and replays dead writers' entries
+// until ctx ends; then it removes the heartbeat, so that what this writer
+// leaves unsettled is replayed at once.
+func (j *Journal) Run(ctx context.Context) error {
+	beat := time.NewTicker(Heartbeat)
+	defer beat.Stop()
+	replay := time.NewTicker(ReplayEvery)
+	defer replay.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-beat.C:
+			if err := j.beat(ctx); err != nil && ctx.Err() == nil {
+				j.log.Warn("heartbeat", zap.Error(err))
+			}
+		case <-replay.C:
+			if err := j.Replay(ctx); err != nil && ctx.Err() == nil {
+				j.log.Warn("replay", zap.Error(err))
+			}
+		}
+	}
+}
+
+// Leave removes this writer's heartbeat: called once it writes no more
+// (after the final flush), so that its unsettled entries, if any, are
+// replayed by the other sidecars without waiting for the lease.
+func (j *Journal) Leave(ctx context.Context) error {
+	return j.writers.Delete(ctx, j.writer)
+}
+
+func (j *Journal) beat(ctx context.Context) error {
+	if _, err := j.writers.Put(ctx, j.writer, []byte(time.Now().UTC().Format(time.RFC3339))); err != nil {
+		return fmt.Errorf("journal: heartbeat: %w", err)
+	}
+	return nil
+}
+
+// Replay sends again, under their writer's identity, the writes of every
+// entry whose writer is gone, marks the entries done, and deletes done
+// entries whose messages are all below the consumer's ack floor.
+func (j *Journal) Replay(ctx context.Context) error {
+	alive := map[string]bool{j.writer: true}
+	var floor int64 = -1
+	return j.each(ctx, func(key string, e Entry, rev uint64) error {
+		w := e.Writer
+		if _, ok := alive[w]; !ok {
+			_, err := j.writers.Get(ctx, w)
+			switch {
+			case err == nil:
+				alive[w] = true
+			case errors.Is(err, jetstream.ErrKeyNotFound):
+				alive[w] = false
+			default:
+				return fmt.Errorf("journal: heartbeat of %s: %w", w, err)
+			}
+		}
+		if alive[w] {
+			return nil
+		}
+		if !e.Done {
+			return j.replay(ctx, key, e, rev)
+		}
+		if floor < 0 {
+			c, err := j.cons(ctx)
+			if err != nil {
+				return fmt.Errorf("journal: consumer: %w", err)
+			}
+			info, err := c.Info(ctx)
+			if err != nil {
+				return fmt.Errorf("journal: consumer info: %w", err)
+			}
+			floor = int64(info.AckFloor.Stream)
+		}
+		if last := lastSeq(e.Seqs); last <= floor {
+			if err := j.kv.Delete(ctx, key, jetstream.LastRevision(rev)); err == nil {
+				j.m.retired.Inc()
+			}
+		}
+		return nil
+	})
+}
+
+// replay sends an entry's writes as its writer and marks it done when all
+// are in the store; a write that fails leaves it for the next round.
+func (j *Journal) replay(ctx context.Context, key string, e Entry, rev uint64) error {
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(replayConcurrency)
+	for _, w := range e.Writes {
+		g.Go(func() error {
+			sw := store.Write{Topic: w.Topic, Shard: w.Shard, Delta: w.Delta, Writer: e.Writer, Seq: w.Seq, Retry: true}
+			wctx, cancel := context.WithTimeout(gctx, 10*time.Second)
+			defer cancel()
+			if err := j.st.Add(wctx, sw, time.Now()); err != nil && !errors.Is(err, store.ErrUnresolvable) {
+				j.m.errors.WithLabelValues("replay").Inc()
+				return fmt.Errorf("journal: replay %s: %w", key, err)
+			}
+			return nil
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return err
+	}
+	e.Done = true
+	b, err := json.Marshal(e)
+	if err != nil {
+		return err
+	}
+	if _, err := j.kv.Update(ctx, key, b, rev); err != nil {
+		return nil // another sidecar replayed it first
+	}
+	j.m.replayed.Inc()
+	j.log.Info("replayed a dead writer's journal entry", zap.String("key", key), zap.Int("writes", len(e.Writes)))
+	return nil
+}
+
+// toRanges turns stream sequences into sorted inclusive ranges.
+func toRanges(seqs []int64) [][2]int64 {
+	if len(seqs) == 0 {
+		return nil
+	}
+	s := slices.Clone(seqs)
+	slices.Sort(s)
+	out := [][2]int64{{s[0], s[0]}}
+	for _, v := range s[1:] {
+		last := &out[len(out)-1]
+		if v <= last[1]+1 {
+			last[1] = max(last[1], v)
+		} else {
+			out = append(out, [2]int64{v, v})
+		}
+	}
+	return out
+}
+
+func lastSeq(rs [][2]int64) int64 {
+	if len(rs) == 0 {
+		return 0
+	}
+	return rs[len(rs)-1][1]
+}
+
+// WriterOf is the writer of an entry key.
+func WriterOf(key string) string { w, _, _ := strings.Cut(key, "."); return w }
+
+// Metrics are the journal's metrics.
+type Metrics struct {
+	recorded, replayed, retired prometheus.Counter
+	errors                      *prometheus.CounterVec
+}
+
+// NewMetrics registers the journal's metrics with reg.
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		recorded: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "hotcount_journal_recorded_total",
+			Help: "Journal entries recorded (a flush's writes, before their messages are acknowledged).",
+		}),
+		replayed: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "hotcount_journal_replayed_total",
+			Help: "Dead writers' journal entries whose writes this sidecar sent again and marked done.",
+		}),
+		retired: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "hotcount_journal_retired_total",
+			Help: "Done journal entries deleted once the consumer's ack floor passed their messages.",
+		}),
+		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "hotcount_journal_errors_total",
+			Help: "Journal operations that failed, by operation (record, retire, replay).",
+		}, []string{"op"}),
+	}
+	reg.MustRegister(m.recorded, m.replayed, m.retired, m.errors)
+	for _, op := range []string{"record", "retire", "replay"} {
+		m.errors.WithLabelValues(op)
+	}
+	return m
+}

@@ -1,0 +1,183 @@
+package store
+
+import (
+	"crypto/rand"
+	"encoding/base32"
+	"errors"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"time"
+)
+
+// Exactly-once increments. ADD is not idempotent: an UpdateItem that
+// DynamoDB applied but whose answer was lost (a 500, a reset, a timeout)
+// would count twice if simply sent again. So every increment carries an
+// identity, its writer and a sequence number, and leaves a mark on the shard
+// item, the attribute w_<writer> = <seq>. The write is conditional:
+//
+//	(attribute_not_exists(w_W) AND (attribute_not_exists(wfloor) OR wfloor < :seq))
+//	OR w_W < :seq
+//
+// A retry is the same write (same item, delta, writer and seq): if an
+// earlier attempt applied it, the mark is there and the condition fails,
+// which the store reads as "already applied". Three rules keep that sound:
+//
+//   - A writer has at most one unresolved write per item, and sends no newer
+//     seq to an item while an older write of its own there is unresolved
+//     (the flusher holds the topic back), so a mark >= seq means applied.
+//   - Sequences grow strictly per writer and follow the clock
+//     (microseconds), so marks can be aged.
+//   - Marks are bounded: any writer that sees, in the item it just wrote,
+//     marks older than MarkMaxAge, or more than MaxMarks marks of which
+//     some are older than MarkMinAge, removes them in a conditional trim
+//     and raises wfloor to the largest seq removed. A write whose mark was
+//     trimmed is still refused (its seq <= wfloor): trimming never turns an
+//     applied write into one that applies again.
+//
+// The item stays one write unit (under 1 KB): MaxMarks marks of about 20
+// bytes each. What trimming can still cost, and when, is in docs/SEMANTICS.md.
+const (
+	// AttrFloor is the largest seq of a trimmed mark: a write at or below
+	// it whose own mark is gone is refused.
+	AttrFloor = "wfloor"
+	// MarkPrefix starts a writer's mark attribute, w_<writer id>.
+	MarkPrefix = "w_"
+	// MaxMarks is how many marks an item keeps before the oldest, once
+	// older than MarkMinAge, are trimmed.
+	MaxMarks = 24
+	// MarkMinAge protects young marks from trimming by count: a writer
+	// that still has a write in doubt on the item (a retry pending, or a
+	// dead sidecar's journal not yet replayed) has a mark at most this old.
+	MarkMinAge = 2 * time.Minute
+	// MarkMaxAge is when a mark is trimmed whatever the count: its writer
+	// has not written the item for that long.
+	MarkMaxAge = 15 * time.Minute
+)
+
+// ErrAmbiguous marks a write whose outcome is unknown: it was sent and no
+// answer says whether it was applied (a reset, a timeout, a 5xx). Send the
+// same Write again, with Retry set, until it resolves; never fold its delta
+// into another write.
+var ErrAmbiguous = errors.New("store: write outcome unknown")
+
+// ErrUnresolvable marks a retried write refused because its seq is at or
+// below the item's floor while its mark is gone: more than MaxMarks other
+// writers trimmed it while it was in doubt for longer than MarkMinAge. Whether
+// it was applied can no longer be told; the store counts it as applied
+// (hotcount_store_resolved_total{outcome="unresolvable"}) rather than risk
+// counting it twice.
+var ErrUnresolvable = errors.New("store: write outcome can no longer be told")
+
+// Write is one idempotent increment: Delta added to one shard of Topic,
+// identified by Writer and Seq.
+type Write struct {
+	Topic  string
+	Shard  int
+	Delta  int64
+	Writer string // a writer id (NewWriterID)
+	Seq    int64  // from the writer's Sequencer: strictly increasing
+	// Retry says an earlier attempt may have been applied (it ended in
+	// ErrAmbiguous). It changes nothing in the request, only how its
+	// outcome is counted.
+	Retry bool
+}
+
+// Key is the write's item key.
+func (w Write) Key() string { return ShardKey(w.Topic, w.Shard) }
+
+// NewWriterID returns a fresh random writer id: 8 base32 characters (40
+// bits), unique for every process that ever writes. Ids are never reused,
+// so a dead writer's marks can only age out, and its journal can be
+// replayed under its id with no live process competing.
+func NewWriterID() string {
+	var b [5]byte
+	rand.Read(b[:]) //nolint:errcheck // crypto/rand.Read never fails (Go 1.24+)
+	return strings.ToLower(base32.StdEncoding.EncodeToString(b[:]))
+}
+
+// ValidWriterID says whether id can name a mark attribute.
+func ValidWriterID(id string) bool {
+	if id == "" || len(id) > 32 {
+		return false
+	}
+	for _, r := range id {
+		if !(r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r == '-') {
+			return false
+		}
+	}
+	return true
+}
+
+// Sequencer hands out a writer's sequence numbers: microseconds since the
+// Unix epoch, strictly increasing even when the clock stalls or steps back.
+// It is safe for concurrent use.
+type Sequencer struct {
+	now  func() time.Time
+	last atomic.Int64
+}
+
+// NewSequencer returns a sequencer on clock now.
+func NewSequencer(now func() time.Time) *Sequencer { return &Sequencer{now: now} }
+
+// Next returns the next sequence number.
+func (s *Sequencer) Next() int64 {
+	for {
+		last := s.last.Load()
+		n := max(s.now().UnixMicro(), last+1)
+		if s.last.CompareAndSwap(last, n) {
+			return n
+		}
+	}
+}
+
+// SeqTime is the time a sequence number was handed out (at the latest).
+func SeqTime(seq int64) time.Time { return time.UnixMicro(seq) }
+
+// mark is one writer's mark on an item.
+type mark struct {
+	writer string
+	seq    int64
+}
+
+// toTrim picks the marks to remove from an item that holds marks, at now:
+// those older than MarkMaxAge, and, past MaxMarks, the oldest of those older
+// than MarkMinAge. It returns them and the floor they raise the item to
+// (0 when none).
+func toTrim(marks []mark, now time.Time) (trim []mark, floor int64) {
+	if len(marks) == 0 {
+		return nil, 0
+	}
+	slices.SortFunc(marks, func(a, b mark) int { return int(sign(a.seq - b.seq)) })
+	old := now.Add(-MarkMaxAge).UnixMicro()
+	young := now.Add(-MarkMinAge).UnixMicro()
+	over := len(marks) - MaxMarks
+	for i, m := range marks {
+		if m.seq < old || (i < over && m.seq < young) {
+			trim = append(trim, m)
+			floor = max(floor, m.seq)
+		}
+	}
+	return trim, floor
+}
+
+func sign(x int64) int64 {
+	switch {
+	case x < 0:
+		return -1
+	case x > 0:
+		return 1
+	}
+	return 0
+}
+
+// Raise makes every later seq greater than v: a writer whose clock is
+// behind an item's floor (FloorError) catches up with it.
+func (s *Sequencer) Raise(v int64) {
+	for {
+		last := s.last.Load()
+		if last >= v || s.last.CompareAndSwap(last, v) {
+			return
+		}
+	}
+}
