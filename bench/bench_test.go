@@ -221,6 +221,33 @@ func BenchmarkFlush(b *testing.B) {
 		}
 		b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "writes/s")
 	})
+	// The same idempotent write hotcount sends (condition on the writer's
+	// mark, the item returned), from the bare client: what the store's
+	// API costs, apart from hotcount's code.
+	b.Run("bare-conditional", func(b *testing.B) {
+		prefix := fmt.Sprintf("barec%d-", run.Add(1))
+		g := new(errgroup.Group)
+		g.SetLimit(concurrency)
+		b.ResetTimer()
+		for i := range b.N {
+			g.Go(func() error {
+				_, err := client.UpdateItem(context.Background(), &dynamodb.UpdateItemInput{
+					TableName:                 &table,
+					Key:                       map[string]types.AttributeValue{"pk": &types.AttributeValueMemberS{Value: store.ShardKey(prefix+strconv.Itoa(i), i%4)}},
+					UpdateExpression:          aws.String("ADD #count :delta SET #updatedAt = :now, #mark = :seq"),
+					ConditionExpression:       aws.String("(attribute_not_exists(#mark) AND (attribute_not_exists(#floor) OR #floor < :seq)) OR #mark < :seq"),
+					ExpressionAttributeNames:  map[string]string{"#count": "count", "#updatedAt": "updatedAt", "#mark": "w_bench", "#floor": store.AttrFloor},
+					ExpressionAttributeValues: map[string]types.AttributeValue{":delta": &types.AttributeValueMemberN{Value: "1"}, ":now": &types.AttributeValueMemberN{Value: strconv.FormatInt(time.Now().UnixMilli(), 10)}, ":seq": &types.AttributeValueMemberN{Value: strconv.FormatInt(time.Now().UnixMicro(), 10)}},
+					ReturnValues:              types.ReturnValueAllNew,
+				})
+				return err
+			})
+		}
+		if err := g.Wait(); err != nil {
+			b.Fatal(err)
+		}
+		b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "writes/s")
+	})
 	b.Run("hotcount", func(b *testing.B) {
 		prefix := fmt.Sprintf("hot%d-", run.Add(1))
 		reg := prometheus.NewRegistry()
