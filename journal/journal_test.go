@@ -1,0 +1,111 @@
+package journal_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/hotcount/hotcount/internal/testenv"
+	"github.com/hotcount/hotcount/journal"
+	"github.com/hotcount/hotcount/store"
+)
+
+// TestReplayAppliesOnce: writer A journals three writes, applies one of
+// them, and dies (its heartbeat gone). Writer B replays A's entry under A's
+// identity: the store ends with each delta once, the entry is done, and the
+// messages it carried read as covered while others do not.
+func TestReplayAppliesOnce(t *testing.T) {
+	ns := testenv.NATS(t)
+	nc := testenv.Connect(t, ns.ClientURL())
+	ctx := context.Background()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "MENTIONS", Subjects: []string{"mentions.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.CreateOrUpdateConsumer(ctx, "MENTIONS", jetstream.ConsumerConfig{Durable: "hotcount", AckPolicy: jetstream.AckExplicitPolicy}); err != nil {
+		t.Fatal(err)
+	}
+	st, err := store.OpenBolt(t.TempDir(), store.NewMetrics(prometheus.NewRegistry()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	cfg := journal.Config{Bucket: journal.DefaultBucket, WritersBucket: journal.DefaultWritersBucket, Stream: "MENTIONS", Consumer: "hotcount"}
+	log := zaptest.NewLogger(t)
+
+	a, err := journal.Open(ctx, nc, cfg, "writera", st, log, journal.NewMetrics(prometheus.NewRegistry()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	seq := store.NewSequencer(time.Now)
+	writes := []store.Write{
+		{Topic: "golang", Shard: 0, Delta: 5, Writer: "writera", Seq: seq.Next()},
+		{Topic: "rust", Shard: 1, Delta: 2, Writer: "writera", Seq: seq.Next()},
+		{Topic: "zig", Shard: 0, Delta: 9, Writer: "writera", Seq: seq.Next()},
+	}
+	recs, err := a.Record(ctx, writes, map[string][]int64{"golang": {10, 11, 12}, "rust": {14}, "zig": {13}})
+	if err != nil || len(recs) != 1 || len(recs[0].Topics) != 3 {
+		t.Fatalf("Record = %v, %v", recs, err)
+	}
+	// A applied golang's write, then died before the others.
+	if err := st.Add(ctx, writes[0], time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Leave(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	b, err := journal.Open(ctx, nc, cfg, "writerb", st, log, journal.NewMetrics(prometheus.NewRegistry()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		seq     int64
+		covered bool
+	}{{10, true}, {12, true}, {13, true}, {14, true}, {9, false}, {15, false}} {
+		got, err := b.Covered(ctx, tc.seq)
+		if err != nil || got != tc.covered {
+			t.Errorf("Covered(%d) = %v, %v; want %v", tc.seq, got, err, tc.covered)
+		}
+	}
+	if err := b.Replay(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, w := range writes {
+		got, err := st.Gather(ctx, w.Topic, 2, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if sum, _ := store.Sum(got); sum != w.Delta {
+			t.Errorf("%s: store holds %d, want %d once", w.Topic, sum, w.Delta)
+		}
+	}
+	kv, err := js.KeyValue(ctx, journal.DefaultBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := kv.Get(ctx, recs[0].Key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(e.Value()), `"done":true`) {
+		t.Errorf("entry after replay = %s, want done", e.Value())
+	}
+	// A second replay (another sidecar racing) changes nothing.
+	if err := b.Replay(ctx); err != nil {
+		t.Fatal(err)
+	}
+	got, _ := st.Gather(ctx, "zig", 1, true)
+	if got[0].Count != 9 {
+		t.Errorf("zig after a second replay = %d, want 9", got[0].Count)
+	}
+}
+
