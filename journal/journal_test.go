@@ -108,4 +108,3 @@ func TestReplayAppliesOnce(t *testing.T) {
 		t.Errorf("zig after a second replay = %d, want 9", got[0].Count)
 	}
 }
-
