@@ -237,25 +237,24 @@ func (j *Journal) Covered(ctx context.Context, seq int64) (bool, error) {
 
 func (j *Journal) loadRanges(ctx context.Context) (map[string][][2]int64, error) {
 	out := make(map[string][][2]int64)
-	err := j.each(ctx, func(key string, e Entry, _ uint64) error {
+	err := j.each(ctx, nil, func(key string, e Entry, _ uint64) error {
 		out[key] = e.Seqs
 		return nil
 	})
 	return out, err
 }
 
-// each calls fn for every entry in the bucket.
-func (j *Journal) each(ctx context.Context, fn func(key string, e Entry, rev uint64) error) error {
-	lister, err := j.kv.ListKeys(ctx)
+// each calls fn for every entry in the bucket whose writer want accepts
+// (nil: all), reading only those.
+func (j *Journal) each(ctx context.Context, want func(writer string) bool, fn func(key string, e Entry, rev uint64) error) error {
+	keys, err := j.keys(ctx, j.kv)
 	if err != nil {
 		return fmt.Errorf("journal: list: %w", err)
 	}
-	defer lister.Stop() //nolint:errcheck // a listing's end
-	var keys []string
-	for k := range lister.Keys() {
-		keys = append(keys, k)
-	}
 	for _, k := range keys {
+		if want != nil && !want(WriterOf(k)) {
+			continue
+		}
 		kve, err := j.kv.Get(ctx, k)
 		if errors.Is(err, jetstream.ErrKeyNotFound) {
 			continue // retired meanwhile
@@ -273,6 +272,20 @@ func (j *Journal) each(ctx context.Context, fn func(key string, e Entry, rev uin
 		}
 	}
 	return nil
+}
+
+// keys lists a bucket's keys (none is not an error).
+func (j *Journal) keys(ctx context.Context, kv jetstream.KeyValue) ([]string, error) {
+	lister, err := kv.ListKeys(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer lister.Stop() //nolint:errcheck // a listing's end
+	var keys []string
+	for k := range lister.Keys() {
+		keys = append(keys, k)
+	}
+	return keys, nil
 }
 
 // Run refreshes this writer's heartbeat and replays dead writers' entries
@@ -317,24 +330,17 @@ func (j *Journal) beat(ctx context.Context) error {
 // entry whose writer is gone, marks the entries done, and deletes done
 // entries whose messages are all below the consumer's ack floor.
 func (j *Journal) Replay(ctx context.Context) error {
+	// One listing of the live writers; entries are read only for the dead.
+	live, err := j.keys(ctx, j.writers)
+	if err != nil {
+		return fmt.Errorf("journal: list writers: %w", err)
+	}
 	alive := map[string]bool{j.writer: true}
+	for _, w := range live {
+		alive[w] = true
+	}
 	var floor int64 = -1
-	return j.each(ctx, func(key string, e Entry, rev uint64) error {
-		w := e.Writer
-		if _, ok := alive[w]; !ok {
-			_, err := j.writers.Get(ctx, w)
-			switch {
-			case err == nil:
-				alive[w] = true
-			case errors.Is(err, jetstream.ErrKeyNotFound):
-				alive[w] = false
-			default:
-				return fmt.Errorf("journal: heartbeat of %s: %w", w, err)
-			}
-		}
-		if alive[w] {
-			return nil
-		}
+	return j.each(ctx, func(w string) bool { return !alive[w] }, func(key string, e Entry, rev uint64) error {
 		if !e.Done {
 			return j.replay(ctx, key, e, rev)
 		}
