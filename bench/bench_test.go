@@ -409,4 +409,66 @@ func BenchmarkCounters(b *testing.B) {
 			b.Fatal(err)
 		}
 	})
+	// Like for like with the counters: the same acknowledged asynchronous
+	// JetStream publishes, into hotcount's stream, counted when every
+	// mention is journaled and written exactly once (JetStream mode).
+	b.Run("hotcount-jetstream", func(b *testing.B) {
+		ns := testenv.NATS(b)
+		nc := testenv.Connect(b, ns.ClientURL())
+		if _, err := ingest.EnsureStream(context.Background(), nc, ingest.DefaultStream, "mentions.>", time.Minute); err != nil {
+			b.Fatal(err)
+		}
+		cfg := config.Default()
+		cfg.NATSURL = ns.ClientURL()
+		cfg.NATSMode = config.ModeJetStream
+		cfg.Store, cfg.DataDir = config.StoreBolt, b.TempDir()
+		cfg.HTTPAddr = "127.0.0.1:" + strconv.Itoa(freePort(b))
+		cfg.AdminAddr = "127.0.0.1:" + strconv.Itoa(freePort(b))
+		cfg.FlushInterval = 100 * time.Millisecond
+		sc := sidecar.New(cfg, zap.NewNop())
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- sc.Run(ctx) }()
+		<-sc.Started()
+		testenv.Eventually(b, 10*time.Second, func() error {
+			resp, err := http.Get("http://" + sc.AdminAddr() + "/readyz")
+			if err != nil {
+				return err
+			}
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusOK {
+				return fmt.Errorf("readyz %d", resp.StatusCode)
+			}
+			return nil
+		})
+		js, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(4096))
+		if err != nil {
+			b.Fatal(err)
+		}
+		subs := subjects(b.N, true)
+		b.ResetTimer()
+		for _, s := range subs {
+			for {
+				if _, err := js.PublishAsync(s, nil); err == nil {
+					break
+				}
+				<-js.PublishAsyncComplete()
+			}
+		}
+		<-js.PublishAsyncComplete()
+		testenv.Eventually(b, 2*time.Minute, func() error {
+			if f := testenv.Metric(b, sc.Registry(), "hotcount_flusher_flushed_mentions_total"); f < float64(b.N) {
+				return fmt.Errorf("%v of %d flushed", f, b.N)
+			}
+			return nil
+		})
+		b.StopTimer()
+		b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "mentions/s")
+		writes := testenv.Metric(b, sc.Registry(), "hotcount_store_writes_total")
+		b.ReportMetric(writes/float64(b.N), "writes/mention")
+		cancel()
+		if err := <-done; err != nil {
+			b.Fatal(err)
+		}
+	})
 }

@@ -6,10 +6,12 @@
 package flusher
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -95,6 +97,14 @@ type Option func(*Flusher)
 // in the store.
 type Journal interface {
 	Record(ctx context.Context, writes []store.Write, seqs map[string][]int64) ([]journal.Recorded, error)
+	// Confirm settles an entry Record returned unconfirmed: true once it
+	// is surely recorded.
+	Confirm(ctx context.Context, key string) (bool, error)
+	// Rewrite gives a journaled write a new seq (after a store.FloorError).
+	Rewrite(ctx context.Context, key, topic string, seq int64) error
+	// MaybeReplayed says whether an entry recorded at t may have been
+	// replayed by another sidecar (this writer's heartbeat lapsed since).
+	MaybeReplayed(t time.Time) bool
 	Settled(ctx context.Context, key string) error
 }
 
@@ -141,6 +151,7 @@ type Flusher struct {
 	flushMu     sync.Mutex
 	pending     map[string]*pending // by topic: writes in doubt or journaled; under flushMu
 	entries     map[string]int      // journal entry -> its writes not yet in the store; under flushMu
+	unretired   []string            // journal entries settled, not yet deleted; under flushMu
 	lastSuccess atomic.Int64        // Unix nanoseconds of the last flush that wrote everything
 	failing     atomic.Bool         // the last flush left deltas unwritten
 }
@@ -259,14 +270,33 @@ func (f *Flusher) Flush(ctx context.Context) error {
 	g := new(errgroup.Group)
 	g.SetLimit(f.cfg.Concurrency)
 	// Writes in doubt first: they hold their topics back.
+	if f.journal != nil {
+		f.confirm(ctx)
+		f.retire(ctx)
+	}
 	for topic, p := range f.pending {
 		if f.now().After(deadline) {
 			break // still pending: sent again next flush
 		}
+		if p.unconfirmed {
+			continue
+		}
+		if p.entry != "" && f.journal.MaybeReplayed(p.recordedAt) {
+			p.write.Replay = true // another sidecar may have applied it
+		}
 		g.Go(func() error {
 			err := f.settle(ctx, p.write)
+			// Only this goroutine touches p until Wait.
 			if errors.Is(err, store.ErrAmbiguous) {
-				p.write.Retry = true // only this goroutine touches p until Wait
+				p.write.Retry = true
+			}
+			var behind *store.FloorError
+			if errors.As(err, &behind) && p.entry != "" {
+				// Not applied; a journaled write keeps its seq unless its
+				// entry is rewritten with the new one.
+				if seq := f.seq.Next(); f.journal.Rewrite(ctx, p.entry, topic, seq) == nil {
+					p.write.Seq = seq
+				}
 			}
 			mu.Lock()
 			defer mu.Unlock()
@@ -323,12 +353,9 @@ func (f *Flusher) Flush(ctx context.Context) error {
 		delete(f.pending, topic)
 	}
 	f.ackAll(done)
-	for _, key := range retire {
-		if err := f.journal.Settled(ctx, key); err != nil {
-			// Left in the journal: replayed once this writer is gone, and
-			// its writes' marks refuse them. Harmless, only late.
-			f.log.Warn("journal entry not retired", zap.Error(err))
-		}
+	f.unretired = append(f.unretired, retire...)
+	if len(retire) > 0 {
+		f.retire(ctx)
 	}
 	// Messages of topics written go now, in stream order; those of new
 	// writes in doubt go with their pending write.
@@ -392,9 +419,11 @@ func (f *Flusher) Flush(ctx context.Context) error {
 // messages (JetStream mode, no journal) whose counts make up its delta;
 // entry is its journal entry.
 type pending struct {
-	write store.Write
-	msgs  []aggregator.Message
-	entry string
+	write       store.Write
+	msgs        []aggregator.Message
+	entry       string    // journal entry key; "" without a journal
+	recordedAt  time.Time // when the entry was recorded
+	unconfirmed bool      // the entry's put lost its answer: not sent yet
 }
 
 // record journals the window's writes (JetStream mode with a journal),
@@ -421,26 +450,79 @@ func (f *Flusher) record(ctx context.Context, window *aggregator.Window, counts 
 		seqs[m.Topic] = append(seqs[m.Topic], m.Seq)
 	}
 	recs, err := f.journal.Record(ctx, writes, seqs)
-	recorded := make(map[string]string, window.Len())
+	recorded := make(map[string]journal.Recorded, window.Len())
 	for _, r := range recs {
 		for _, t := range r.Topics {
-			recorded[t] = r.Key
+			recorded[t] = r
 		}
 		f.entries[r.Key] = len(r.Topics)
 	}
 	if err != nil {
 		f.log.Warn("journal incomplete; the rest waits for the next flush", zap.Int("recorded", len(recorded)), zap.Int("topics", window.Len()), zap.Error(err))
 	}
+	at := f.now()
 	for _, w := range writes {
-		if key, ok := recorded[w.Topic]; ok {
-			f.pending[w.Topic] = &pending{write: w, entry: key}
+		if r, ok := recorded[w.Topic]; ok {
+			f.pending[w.Topic] = &pending{write: w, entry: r.Key, recordedAt: at, unconfirmed: r.Unconfirmed}
 		} else {
 			failed.Deltas[w.Topic] = w.Delta
 		}
 		delete(window.Deltas, w.Topic)
 	}
-	failed.Acks = f.ack(window.Acks, func(topic string) bool { _, ok := recorded[topic]; return !ok })
+	// Acknowledge what is surely journaled; an unconfirmed entry's
+	// messages wait with its pending writes, those of topics not recorded
+	// go back with their deltas.
+	kept := f.ack(window.Acks, func(topic string) bool { r, ok := recorded[topic]; return !ok || r.Unconfirmed })
+	for _, m := range kept {
+		if _, ok := recorded[m.Topic]; ok {
+			p := f.pending[m.Topic]
+			p.msgs = append(p.msgs, m)
+		} else {
+			failed.Acks = append(failed.Acks, m)
+		}
+	}
 	window.Acks = nil
+}
+
+// confirm settles the unconfirmed journal entries (see journal.Recorded):
+// once one is surely recorded, its messages are acknowledged and its writes
+// may go.
+func (f *Flusher) confirm(ctx context.Context) {
+	byEntry := map[string][]*pending{}
+	for _, p := range f.pending {
+		if p.unconfirmed {
+			byEntry[p.entry] = append(byEntry[p.entry], p)
+		}
+	}
+	for key, ps := range byEntry {
+		ok, err := f.journal.Confirm(ctx, key)
+		if !ok {
+			f.log.Warn("journal entry still unconfirmed; its topics wait", zap.String("key", key), zap.Error(err))
+			continue
+		}
+		var msgs []aggregator.Message
+		for _, p := range ps {
+			msgs = append(msgs, p.msgs...)
+			p.msgs, p.unconfirmed = nil, false
+		}
+		slices.SortFunc(msgs, func(a, b aggregator.Message) int { return cmp.Compare(a.Seq, b.Seq) })
+		f.ackAll(msgs)
+	}
+}
+
+// retire deletes the journal entries whose writes are all in the store;
+// one that fails stays listed for the next flush (left in the journal, it
+// would only be replayed, and refused by the marks, once this writer is
+// gone).
+func (f *Flusher) retire(ctx context.Context) {
+	var left []string
+	for _, key := range f.unretired {
+		if err := f.journal.Settled(ctx, key); err != nil {
+			f.log.Warn("journal entry not retired; trying again next flush", zap.Error(err))
+			left = append(left, key)
+		}
+	}
+	f.unretired = left
 }
 
 // pendingOf returns topic's pending write, made from w if there is none.
@@ -465,7 +547,7 @@ func (f *Flusher) settle(ctx context.Context, w store.Write) error {
 	}
 	var behind *store.FloorError
 	if errors.As(err, &behind) {
-		f.seq.Raise(behind.Floor) // a journaled write keeps its seq; later ones catch up
+		f.seq.Raise(behind.Floor)
 	}
 	if errors.Is(err, store.ErrUnresolvable) {
 		f.log.Error("write in doubt too long to tell whether it was applied; counted as applied",
@@ -523,6 +605,10 @@ func (f *Flusher) counts(ctx context.Context, w aggregator.Window) (map[string]i
 	for t := range w.Deltas {
 		topics = append(topics, t)
 	}
+	// Bounded like the flush: the drained messages are not kept alive
+	// while this runs.
+	ctx, cancel := context.WithTimeout(ctx, f.cfg.Timeout)
+	defer cancel()
 	return f.shards.WriteCounts(ctx, topics)
 }
 
@@ -591,9 +677,13 @@ func (f *Flusher) Final(ctx context.Context) error {
 			}
 			f.metrics.unflushed.Add(float64(w.Mentions()))
 			f.flushMu.Lock()
-			var doubt int64
+			var doubt, journaled int64
 			for _, p := range f.pending {
-				doubt += p.write.Delta
+				if p.entry != "" {
+					journaled += p.write.Delta // another sidecar replays it
+				} else {
+					doubt += p.write.Delta
+				}
 				for _, m := range p.msgs {
 					if m.Msg.Nak() == nil {
 						handedBack++
@@ -601,8 +691,8 @@ func (f *Flusher) Final(ctx context.Context) error {
 				}
 			}
 			f.flushMu.Unlock()
-			return fmt.Errorf("flusher: shutdown deadline passed with %d mentions over %d topics unwritten and %d in writes in doubt (%d messages handed back for redelivery): %w",
-				w.Mentions(), w.Len(), doubt, handedBack, err)
+			return fmt.Errorf("flusher: shutdown deadline passed with %d mentions over %d topics unwritten, %d in writes in doubt and %d left in the journal for replay (%d messages handed back for redelivery): %w",
+				w.Mentions(), w.Len(), doubt, journaled, handedBack, err)
 		case <-t.C:
 		}
 		backoff = min(2*backoff, time.Second)

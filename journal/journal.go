@@ -30,6 +30,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -100,8 +101,14 @@ type Journal struct {
 	log     *zap.Logger
 	m       *Metrics
 
-	mu      sync.Mutex
-	n       int64 // entries recorded by this writer
+	lastBeat atomic.Int64 // Unix ns of the last heartbeat that succeeded
+	lapsed   atomic.Int64 // Unix ns of the last heartbeat after a gap of over Lease/2
+
+	mu          sync.Mutex
+	n           int64             // entries recorded by this writer
+	unconfirmed map[string][]byte // entries whose put's answer was lost
+
+	coverMu sync.Mutex // held while reading entries: only redeliveries wait
 	covered map[string][][2]int64
 	fresh   time.Time
 }
@@ -146,7 +153,8 @@ func Open(ctx context.Context, nc *nats.Conn, cfg Config, writer string, st Stor
 	cons := func(ctx context.Context) (jetstream.Consumer, error) {
 		return js.Consumer(ctx, cfg.Stream, cfg.Consumer)
 	}
-	j := &Journal{nc: nc, kv: kv, writers: writers, cons: cons, writer: writer, st: st, log: log.Named("journal"), m: m}
+	j := &Journal{nc: nc, kv: kv, writers: writers, cons: cons, writer: writer, st: st, log: log.Named("journal"), m: m,
+		unconfirmed: make(map[string][]byte)}
 	if err := j.beat(ctx); err != nil {
 		return nil, err
 	}
@@ -154,16 +162,21 @@ func Open(ctx context.Context, nc *nats.Conn, cfg Config, writer string, st Stor
 }
 
 // Recorded is an entry as the flusher tracks it: its key and the topics of
-// its writes.
+// its writes. Unconfirmed: the put's answer was lost, so the entry may or
+// may not be in the bucket; Confirm settles it. Until then its messages
+// must not be acknowledged (if it is not there, they carry the counts) and
+// its writes must not be sent (if it is there, a replay may send them).
 type Recorded struct {
-	Key    string
-	Topics []string
+	Key         string
+	Topics      []string
+	Unconfirmed bool
 }
 
 // Record journals writes, with the stream sequences of the messages behind
 // each (seqs, by topic), in entries of at most maxEntryWrites writes. It
-// returns the entries recorded; on error, the writes of the entries not
-// returned were not recorded, and their messages must not be acknowledged.
+// returns the entries recorded, the last perhaps unconfirmed; on error, the
+// writes of the entries not returned were not sent, and their messages
+// must not be acknowledged.
 func (j *Journal) Record(ctx context.Context, writes []store.Write, seqs map[string][]int64) ([]Recorded, error) {
 	var out []Recorded
 	for start := 0; start < len(writes); start += maxEntryWrites {
@@ -185,14 +198,97 @@ func (j *Journal) Record(ctx context.Context, writes []store.Write, seqs map[str
 		j.n++
 		rec.Key = j.writer + "." + strconv.FormatInt(j.n, 10)
 		j.mu.Unlock()
-		if _, err := j.kv.Put(ctx, rec.Key, b); err != nil {
-			j.m.errors.WithLabelValues("record").Inc()
-			return out, fmt.Errorf("journal: record %s: %w", rec.Key, err)
+		if err := j.create(ctx, rec.Key, b); err != nil {
+			j.mu.Lock()
+			j.unconfirmed[rec.Key] = b
+			j.mu.Unlock()
+			rec.Unconfirmed = true
+			return append(out, rec), err
 		}
 		j.m.recorded.Inc()
 		out = append(out, rec)
 	}
 	return out, nil
+}
+
+// create puts a new entry, trying again (it is the same Create, so a
+// second try finding the key means the first landed) a few times.
+func (j *Journal) create(ctx context.Context, key string, b []byte) error {
+	var err error
+	for try := range 3 {
+		if try > 0 {
+			sleep(ctx, time.Duration(try)*100*time.Millisecond)
+		}
+		_, err = j.kv.Create(ctx, key, b)
+		if err == nil || errors.Is(err, jetstream.ErrKeyExists) {
+			return nil
+		}
+	}
+	j.m.errors.WithLabelValues("record").Inc()
+	return fmt.Errorf("journal: record %s: %w", key, err)
+}
+
+// Confirm settles an unconfirmed entry: true once it is surely in the
+// bucket (it is put again if it was not).
+func (j *Journal) Confirm(ctx context.Context, key string) (bool, error) {
+	j.mu.Lock()
+	b, ok := j.unconfirmed[key]
+	j.mu.Unlock()
+	if !ok {
+		return true, nil
+	}
+	if err := j.create(ctx, key, b); err != nil {
+		return false, err
+	}
+	j.mu.Lock()
+	delete(j.unconfirmed, key)
+	j.mu.Unlock()
+	j.m.recorded.Inc()
+	return true, nil
+}
+
+// Rewrite gives one write of an entry a new seq (the store refused its seq
+// as below an item's floor, so it was not applied).
+func (j *Journal) Rewrite(ctx context.Context, key, topic string, seq int64) error {
+	kve, err := j.kv.Get(ctx, key)
+	if err != nil {
+		return fmt.Errorf("journal: rewrite %s: %w", key, err)
+	}
+	var e Entry
+	if err := json.Unmarshal(kve.Value(), &e); err != nil {
+		return fmt.Errorf("journal: rewrite %s: %w", key, err)
+	}
+	for i := range e.Writes {
+		if e.Writes[i].Topic == topic {
+			e.Writes[i].Seq = seq
+		}
+	}
+	b, err := json.Marshal(e)
+	if err != nil {
+		return err
+	}
+	if _, err := j.kv.Update(ctx, key, b, kve.Revision()); err != nil {
+		return fmt.Errorf("journal: rewrite %s: %w", key, err)
+	}
+	return nil
+}
+
+// MaybeReplayed says whether another sidecar may have replayed an entry
+// recorded at t: this writer's heartbeat may have lapsed since (a gap of
+// more than half the lease between two good heartbeats, or none lately).
+// Its writes then may be in the store already, applied by the replay.
+func (j *Journal) MaybeReplayed(t time.Time) bool {
+	last := time.Unix(0, j.lastBeat.Load())
+	return time.Unix(0, j.lapsed.Load()).After(t) || time.Since(last) > Lease/2
+}
+
+func sleep(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
 }
 
 // Settled retires an entry whose writes are all in the store: it flushes
@@ -216,8 +312,8 @@ func (j *Journal) Settled(ctx context.Context, key string) error {
 // journaled, to acknowledge without counting. It reads the entries at most
 // every two seconds; only redelivered messages ask.
 func (j *Journal) Covered(ctx context.Context, seq int64) (bool, error) {
-	j.mu.Lock()
-	defer j.mu.Unlock()
+	j.coverMu.Lock()
+	defer j.coverMu.Unlock()
 	if time.Since(j.fresh) > coveredFresh {
 		covered, err := j.loadRanges(ctx)
 		if err != nil {
@@ -323,6 +419,10 @@ func (j *Journal) beat(ctx context.Context) error {
 	if _, err := j.writers.Put(ctx, j.writer, []byte(time.Now().UTC().Format(time.RFC3339))); err != nil {
 		return fmt.Errorf("journal: heartbeat: %w", err)
 	}
+	now := time.Now()
+	if prev := j.lastBeat.Swap(now.UnixNano()); prev != 0 && now.Sub(time.Unix(0, prev)) > Lease/2 {
+		j.lapsed.Store(now.UnixNano())
+	}
 	return nil
 }
 
@@ -371,7 +471,7 @@ func (j *Journal) replay(ctx context.Context, key string, e Entry, rev uint64) e
 	g.SetLimit(replayConcurrency)
 	for _, w := range e.Writes {
 		g.Go(func() error {
-			sw := store.Write{Topic: w.Topic, Shard: w.Shard, Delta: w.Delta, Writer: e.Writer, Seq: w.Seq, Retry: true}
+			sw := store.Write{Topic: w.Topic, Shard: w.Shard, Delta: w.Delta, Writer: e.Writer, Seq: w.Seq, Replay: true}
 			wctx, cancel := context.WithTimeout(gctx, 10*time.Second)
 			defer cancel()
 			if err := j.st.Add(wctx, sw, time.Now()); err != nil && !errors.Is(err, store.ErrUnresolvable) {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/hotcount/hotcount/config"
 	"github.com/hotcount/hotcount/internal/testenv"
+	"github.com/hotcount/hotcount/journal"
 	"github.com/hotcount/hotcount/loadgen"
 	"github.com/hotcount/hotcount/store"
 	"github.com/hotcount/hotcount/store/ddbfault"
@@ -140,7 +141,8 @@ func TestReliabilityThrottling(t *testing.T) {
 }
 
 // TestReliabilityLostAnswers: the store applies 8% of the writes and
-// loses their answers (a 500, a reset, a hang past --write-timeout), while
+// loses their answers (a reset, a 500, a hang past --write-timeout, a 200
+// cut short; one kind per phase), while
 // hot keys are throttled and the store is down for a second. In core and in
 // JetStream mode the table holds exactly what was published, topic by
 // topic, and every write in doubt was settled.
@@ -153,14 +155,20 @@ func TestReliabilityLostAnswers(t *testing.T) {
 				c.WriteTimeout = 300 * time.Millisecond
 			})
 			e.fault.SetHang(2 * time.Second)
-			e.fault.LoseAnswers(0.08)
 			js := mode == config.ModeJetStream
 			var reps []loadgen.Report
-			for i := range 3 {
-				reps = append(reps, publish(t, e.nats, loadgen.Config{Prefix: "mentions.", Topics: 40, Zipf: 1.5, Rate: 4000,
-					Duration: 700 * time.Millisecond, Count: int64(i + 1), Seed: uint64(40 + i), JetStream: js}))
-				if i == 1 {
-					e.fault.SetOutage(time.Second)
+			// One phase per kind of lost answer, so that each is exercised.
+			kinds := []string{ddbfault.Ambiguous, ddbfault.Ambiguous500, ddbfault.AmbiguousHang, ddbfault.AmbiguousCut}
+			for i, kind := range kinds {
+				e.fault.LoseAnswers(0.08, kind)
+				// Mentions keep coming until this kind has lost at least
+				// three answers (bounded: 30 rounds of 300 ms).
+				for round := 0; round < 30 && e.fault.Stats().Did[kind] < 3; round++ {
+					reps = append(reps, publish(t, e.nats, loadgen.Config{Prefix: "mentions.", Topics: 40, Zipf: 1.5, Rate: 4000,
+						Duration: 300 * time.Millisecond, Count: int64(i + 1), Seed: uint64(40 + 100*i + round), JetStream: js}))
+					if i == 1 && round == 0 {
+						e.fault.SetOutage(time.Second)
+					}
 				}
 			}
 			var published int64
@@ -184,10 +192,10 @@ func TestReliabilityLostAnswers(t *testing.T) {
 			applied := testenv.MetricWith(t, reg, "hotcount_store_resolved_total", "outcome", store.ResolvedApplied)
 			notApplied := testenv.MetricWith(t, reg, "hotcount_store_resolved_total", "outcome", store.ResolvedNotApplied)
 			lost := testenv.MetricWith(t, reg, "hotcount_store_resolved_total", "outcome", store.ResolvedUnresolvable)
-			t.Logf("published %d; lost answers %d (500 %d, reset %d, hang %d), throttled %d, outage refusals %d; in doubt %v, settled applied %v, not applied %v",
-				published, st.Lost(), st.Did[ddbfault.Ambiguous500], st.Did[ddbfault.Ambiguous], st.Did[ddbfault.AmbiguousHang],
+			t.Logf("published %d; lost answers %d (500 %d, reset %d, hang %d, cut %d), throttled %d, outage refusals %d; in doubt %v, settled applied %v, not applied %v",
+				published, st.Lost(), st.Did[ddbfault.Ambiguous500], st.Did[ddbfault.Ambiguous], st.Did[ddbfault.AmbiguousHang], st.Did[ddbfault.AmbiguousCut],
 				st.Did[ddbfault.Throttled], st.Did[ddbfault.Outage], amb, applied, notApplied)
-			for _, kind := range []string{ddbfault.Ambiguous, ddbfault.Ambiguous500, ddbfault.AmbiguousHang} {
+			for _, kind := range kinds {
 				if st.Did[kind] == 0 {
 					t.Errorf("the emulator lost no answer as %s: the test did not exercise it", kind)
 				}
@@ -238,7 +246,9 @@ func TestReliabilityShutdownStoreDown(t *testing.T) {
 
 // TestReliabilityShutdownStoreDownJetStream: the same in JetStream mode:
 // what the final flush cannot write is handed back, and a second sidecar
-// started once the store is back writes all of it.
+// started once the store is back writes all of it. (What a flush journaled
+// and could not write is left in the journal instead:
+// TestReliabilityJournalLeftAtShutdown.)
 func TestReliabilityShutdownStoreDownJetStream(t *testing.T) {
 	e := newFaultEnv(t, &ddbfault.Config{}, func(c *config.Config) {
 		c.NATSMode = config.ModeJetStream
@@ -254,13 +264,60 @@ func TestReliabilityShutdownStoreDownJetStream(t *testing.T) {
 		return nil
 	})
 	e.fault.SetOutage(time.Hour)
-	if err := e.stop(); err == nil || !strings.Contains(err.Error(), "handed back for redelivery") {
-		t.Fatalf("shutdown error = %v, want messages handed back", err)
+	// The store is down before the first flush: its shard-count lookups
+	// fail, so nothing is journaled and every message is handed back.
+	want := fmt.Sprintf("%d mentions over %d topics unwritten, 0 in writes in doubt and 0 left in the journal for replay (%d messages handed back",
+		rep.Mentions, len(rep.PerTopic), rep.Messages)
+	if err := e.stop(); err == nil || !strings.Contains(err.Error(), want) {
+		t.Fatalf("shutdown error = %v, want %q", err, want)
 	}
 	e.fault.EndOutage()
 
 	// A second sidecar on the same stream, consumer and table.
 	second := newEnvOn(t, e, func(c *config.Config) { c.FlushInterval = 100 * time.Millisecond })
+	consumerIdle(t, e.nats)
+	if err := second.stop(); err != nil {
+		t.Fatal(err)
+	}
+	exact(t, e, rep)
+}
+
+// TestReliabilityJournalLeftAtShutdown: in JetStream mode the store goes
+// down after the flush has journaled its writes (and acknowledged their
+// messages) and before they land. SIGTERM: the final flush cannot write
+// them, says they are left in the journal, and leaves; a second sidecar
+// replays them at once, under the first one's identity, and the table
+// holds exactly what was published.
+func TestReliabilityJournalLeftAtShutdown(t *testing.T) {
+	e := newFaultEnv(t, &ddbfault.Config{}, func(c *config.Config) {
+		c.NATSMode = config.ModeJetStream
+		c.FlushInterval = time.Hour
+		c.DrainTimeout = time.Second
+		c.ShutdownTimeout = 3 * time.Second
+	})
+	rep := publish(t, e.nats, loadgen.Config{Prefix: "mentions.", Topics: 10, Messages: 500, Count: 1, Seed: 52, JetStream: true})
+	testenv.Eventually(t, 5*time.Second, func() error {
+		if n := testenv.Metric(t, e.sc.Registry(), "hotcount_aggregator_held_messages"); n != float64(rep.Messages) {
+			return fmt.Errorf("%v of %d held", n, rep.Messages)
+		}
+		return nil
+	})
+	// Every write from now on is refused with a 400 (nothing applied):
+	// reads (the shard counts) still work, so the flush journals first.
+	e.fault.SetWriteFailure(true)
+	want := fmt.Sprintf("%d left in the journal for replay", rep.Mentions)
+	if err := e.stop(); err == nil || !strings.Contains(err.Error(), want) {
+		t.Fatalf("shutdown error = %v, want %q", err, want)
+	}
+	e.fault.SetWriteFailure(false)
+
+	second := newEnvOn(t, e, func(c *config.Config) { c.FlushInterval = 100 * time.Millisecond })
+	testenv.Eventually(t, 3*journal.ReplayEvery, func() error {
+		if n := testenv.Metric(t, second.sc.Registry(), "hotcount_journal_replayed_total"); n == 0 {
+			return errors.New("nothing replayed yet")
+		}
+		return nil
+	})
 	consumerIdle(t, e.nats)
 	if err := second.stop(); err != nil {
 		t.Fatal(err)

@@ -211,7 +211,12 @@ func (s *Sidecar) Run(ctx context.Context) error {
 
 	stopPipe()
 	pipeErr := pipe.Wait()
-	finalErr := fl.Final(budget) // returned below, with what it could not write
+	// The final flush leaves a tenth of the budget (at most a second) for
+	// what must follow it: acknowledgements, leaving the journal, HTTP.
+	reserve := min(cfg.ShutdownTimeout/10, time.Second)
+	finalCtx, cancelFinal := context.WithTimeout(budget, cfg.ShutdownTimeout-reserve)
+	finalErr := fl.Final(finalCtx) // returned below, with what it could not write
+	cancelFinal()
 	if finalErr == nil {
 		log.Info("final flush done")
 	}

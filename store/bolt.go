@@ -127,13 +127,13 @@ func (b *Bolt) Add(ctx context.Context, w Write, now time.Time) error {
 		}
 		i := slices.IndexFunc(s.marks, func(m mark) bool { return m.writer == w.Writer })
 		switch {
-		case i >= 0 && s.marks[i].seq >= w.Seq && w.Retry:
+		case i >= 0 && s.marks[i].seq >= w.Seq && (w.Retry || w.Replay):
 			resolved = ResolvedApplied
 			return nil
 		case i >= 0 && s.marks[i].seq >= w.Seq:
 			refused = fmt.Errorf("store: update %s: refused, a newer write of writer %s is on the item", key, w.Writer)
 			return nil
-		case i < 0 && s.floor >= w.Seq && w.Retry:
+		case i < 0 && s.floor >= w.Seq && (w.Retry || w.Replay):
 			resolved, refused = ResolvedUnresolvable, fmt.Errorf("store: update %s: %w", key, ErrUnresolvable)
 			return nil
 		case i < 0 && s.floor >= w.Seq:

@@ -94,33 +94,43 @@ func (d *DynamoDB) Add(ctx context.Context, w Write, now time.Time) error {
 		// in write units, and it saves a read to decide on trimming.
 		ReturnValues: types.ReturnValueAllNew,
 	}, d.watchAttempts(&doubt), withoutThrottleRetries)
-	inDoubt := doubt || w.Retry
-	if doubt && !w.Retry {
-		d.metrics.ambiguous.Inc()
+	// Counted once per write: a retry of a write in doubt was counted
+	// when its doubt began; a replay is another process's write.
+	counted := w.Retry || w.Replay
+	countDoubt := func() {
+		if !counted {
+			counted = true
+			d.metrics.ambiguous.Inc()
+		}
+	}
+	if doubt {
+		countDoubt()
 	}
 	var cond *types.ConditionalCheckFailedException
 	switch {
 	case err == nil:
 		d.answered()
-		if inDoubt {
+		if doubt || w.Retry {
 			d.metrics.resolved.WithLabelValues(ResolvedNotApplied).Inc()
 		}
 		d.trim(ctx, w.Key(), out.Attributes, now)
 		return nil
 	case errors.As(err, &cond):
 		d.answered()
-		return d.refused(ctx, w, inDoubt)
+		err := d.refused(ctx, w, doubt || w.Retry || w.Replay)
+		if errors.Is(err, ErrAmbiguous) {
+			countDoubt()
+		}
+		return err
 	}
 	err = classify(fmt.Errorf("store: update %s: %w", w.Key(), err))
 	d.metrics.failed("write", err)
 	d.lastErr.Store(time.Now().UnixNano())
-	if !doubt && ambiguous(err) {
+	if ambiguous(err) {
 		doubt = true // no attempt was watched (the call ended before one ran)
-		if !w.Retry {
-			d.metrics.ambiguous.Inc()
-		}
 	}
-	if doubt || w.Retry {
+	if doubt || w.Retry || w.Replay {
+		countDoubt()
 		// %v, not %w: a throttle after a lost answer must not read as
 		// "throttled, nothing applied" to a caller that would reroute it.
 		return fmt.Errorf("%w: %v", ErrAmbiguous, err)
@@ -166,7 +176,8 @@ func (d *DynamoDB) refused(ctx context.Context, w Write, inDoubt bool) error {
 	})
 	if err != nil {
 		d.metrics.failed("read", err)
-		return fmt.Errorf("%w: store: read %s after a refused write: %w", ErrAmbiguous, w.Key(), classify(err))
+		// %v: whatever the read's error (a throttle), the write is in doubt.
+		return fmt.Errorf("%w: store: read %s after a refused write: %v", ErrAmbiguous, w.Key(), err)
 	}
 	mark, err := numberAttr(got.Item, MarkPrefix+w.Writer)
 	if err != nil {
@@ -178,8 +189,11 @@ func (d *DynamoDB) refused(ctx context.Context, w Write, inDoubt bool) error {
 	}
 	switch {
 	case mark >= w.Seq && inDoubt:
-		// Applied by an earlier attempt (a lost answer): done, once.
-		d.metrics.resolved.WithLabelValues(ResolvedApplied).Inc()
+		// Applied by an earlier attempt (a lost answer, or a replay of
+		// this writer's journal): done, once.
+		if !w.Replay || w.Retry {
+			d.metrics.resolved.WithLabelValues(ResolvedApplied).Inc()
+		}
 		return nil
 	case mark >= w.Seq:
 		// No attempt was in doubt, so this one was never applied: the
@@ -293,7 +307,10 @@ func (d *DynamoDB) watchAttempts(doubt *bool) func(*dynamodb.Options) {
 func ambiguous(err error) bool {
 	var resp *smithyhttp.ResponseError
 	if errors.As(err, &resp) && resp.HTTPStatusCode() > 0 { // 0: no answer came
-		return resp.HTTPStatusCode() >= 500
+		// Only a 4xx answer says nothing was applied. A 2xx whose body was
+		// cut off (or failed to decode) was applied.
+		code := resp.HTTPStatusCode()
+		return code < 400 || code >= 500
 	}
 	var api smithy.APIError
 	if errors.As(err, &api) && api.ErrorFault() == smithy.FaultClient {

@@ -87,7 +87,7 @@ func (f *faultStore) metric(t *testing.T, name string, label ...string) float64 
 // the outcome is unknown; the same write sent again is refused by its mark
 // and reported applied; the item holds the delta once.
 func TestLostAnswerAppliesOnce(t *testing.T) {
-	for _, kind := range []string{ddbfault.Ambiguous, ddbfault.Ambiguous500, ddbfault.AmbiguousHang} {
+	for _, kind := range []string{ddbfault.Ambiguous, ddbfault.Ambiguous500, ddbfault.AmbiguousHang, ddbfault.AmbiguousCut} {
 		t.Run(kind, func(t *testing.T) {
 			f := newFaultStore(t, ddbfault.Config{})
 			f.proxy.SetHang(5 * time.Second)
@@ -253,6 +253,54 @@ func TestSameWriteTwiceEverywhere(t *testing.T) {
 			got, err := st.Gather(ctx, "twice", 1, true)
 			if err != nil || got[0].Count != 3 {
 				t.Errorf("count %v (%v), want 3", got, err)
+			}
+		})
+	}
+}
+
+// TestRefusalReadThrottledStaysInDoubt: the first attempt is applied and
+// its answer lost, the SDK's retry is refused by the mark, and the read
+// that would settle it is throttled. The write is in doubt, never
+// "throttled": a throttle would let the flusher move an applied delta to
+// another shard.
+func TestRefusalReadThrottledStaysInDoubt(t *testing.T) {
+	f := newFaultStore(t, ddbfault.Config{ReadUnits: 0.0001, ReadBurst: 1})
+	w := testenv.W("golang", 0, 6)
+	if _, err := f.st.Gather(context.Background(), "golang", 1, true); err != nil { // spends the read burst of shard 0
+		t.Fatal(err)
+	}
+	f.proxy.AmbiguousNext(1)
+	err := f.st.Add(context.Background(), w, time.Now())
+	if !errors.Is(err, store.ErrAmbiguous) || errors.Is(err, store.ErrThrottled) {
+		t.Fatalf("Add = %v, want ErrAmbiguous and not ErrThrottled", err)
+	}
+	if got := f.count(t, w.Key()); got != 6 {
+		t.Errorf("item count %d, want 6", got)
+	}
+}
+
+// TestReplayOfAppliedWrite: a journal replay sends a write its writer
+// already applied (and wrote past since): refused by the mark, it reads as
+// applied, in both stores, and the count is unchanged.
+func TestReplayOfAppliedWrite(t *testing.T) {
+	for name, open := range stores(t) {
+		t.Run(name, func(t *testing.T) {
+			st, _ := open(t)
+			ctx := context.Background()
+			w := testenv.Writer()
+			first, second := w("replayed", 0, 4), w("replayed", 0, 5)
+			for _, x := range []store.Write{first, second} {
+				if err := st.Add(ctx, x, time.Now()); err != nil {
+					t.Fatal(err)
+				}
+			}
+			first.Replay = true
+			if err := st.Add(ctx, first, time.Now()); err != nil {
+				t.Fatalf("replay of an applied write: %v", err)
+			}
+			got, err := st.Gather(ctx, "replayed", 1, true)
+			if err != nil || got[0].Count != 9 {
+				t.Errorf("count %v (%v), want 9", got, err)
 			}
 		})
 	}

@@ -29,11 +29,13 @@ import (
 //   - Sequences grow strictly per writer and follow the clock
 //     (microseconds), so marks can be aged.
 //   - Marks are bounded: any writer that sees, in the item it just wrote,
-//     marks older than MarkMaxAge, or more than MaxMarks marks of which
-//     some are older than MarkMinAge, removes them in a conditional trim
-//     and raises wfloor to the largest seq removed. A write whose mark was
-//     trimmed is still refused (its seq <= wfloor): trimming never turns an
-//     applied write into one that applies again.
+//     more than MaxMarks marks, removes the oldest of them that are older
+//     than MarkMinAge in a conditional trim and raises wfloor to the
+//     largest seq removed. A write whose mark was trimmed is still refused
+//     (its seq <= wfloor): trimming never turns an applied write into one
+//     that applies again. Marks are never trimmed by age alone: an item
+//     with few writers keeps them all, so a write in doubt through an
+//     outage of any length still settles.
 //
 // The item stays one write unit (under 1 KB): MaxMarks marks of about 20
 // bytes each. What trimming can still cost, and when, is in docs/SEMANTICS.md.
@@ -50,9 +52,6 @@ const (
 	// that still has a write in doubt on the item (a retry pending, or a
 	// dead sidecar's journal not yet replayed) has a mark at most this old.
 	MarkMinAge = 2 * time.Minute
-	// MarkMaxAge is when a mark is trimmed whatever the count: its writer
-	// has not written the item for that long.
-	MarkMaxAge = 15 * time.Minute
 )
 
 // ErrAmbiguous marks a write whose outcome is unknown: it was sent and no
@@ -62,8 +61,9 @@ const (
 var ErrAmbiguous = errors.New("store: write outcome unknown")
 
 // ErrUnresolvable marks a retried write refused because its seq is at or
-// below the item's floor while its mark is gone: more than MaxMarks other
-// writers trimmed it while it was in doubt for longer than MarkMinAge. Whether
+// below the item's floor while its mark is gone: it stayed in doubt for
+// longer than MarkMinAge while more than MaxMarks other writers wrote the
+// item and trimmed the older marks. Whether
 // it was applied can no longer be told; the store counts it as applied
 // (hotcount_store_resolved_total{outcome="unresolvable"}) rather than risk
 // counting it twice.
@@ -79,8 +79,13 @@ type Write struct {
 	Seq    int64  // from the writer's Sequencer: strictly increasing
 	// Retry says an earlier attempt may have been applied (it ended in
 	// ErrAmbiguous). It changes nothing in the request, only how its
-	// outcome is counted.
+	// outcome is read and counted.
 	Retry bool
+	// Replay says another process may have applied it (a journal replay
+	// under this writer's id): a refusal by the mark then means applied,
+	// as for Retry, but it was never in doubt here and is not counted in
+	// the doubt metrics.
+	Replay bool
 }
 
 // Key is the write's item key.
@@ -140,20 +145,18 @@ type mark struct {
 	seq    int64
 }
 
-// toTrim picks the marks to remove from an item that holds marks, at now:
-// those older than MarkMaxAge, and, past MaxMarks, the oldest of those older
-// than MarkMinAge. It returns them and the floor they raise the item to
-// (0 when none).
+// toTrim picks the marks to remove from an item at now: past MaxMarks, the
+// oldest of those older than MarkMinAge. It returns them and the floor they
+// raise the item to (0 when none).
 func toTrim(marks []mark, now time.Time) (trim []mark, floor int64) {
-	if len(marks) == 0 {
+	over := len(marks) - MaxMarks
+	if over <= 0 {
 		return nil, 0
 	}
 	slices.SortFunc(marks, func(a, b mark) int { return int(sign(a.seq - b.seq)) })
-	old := now.Add(-MarkMaxAge).UnixMicro()
 	young := now.Add(-MarkMinAge).UnixMicro()
-	over := len(marks) - MaxMarks
 	for i, m := range marks {
-		if m.seq < old || (i < over && m.seq < young) {
+		if i < over && m.seq < young {
 			trim = append(trim, m)
 			floor = max(floor, m.seq)
 		}

@@ -16,7 +16,9 @@
 //     Ambiguous resets the connection; Ambiguous500 answers HTTP 500
 //     InternalServerError; AmbiguousHang holds the connection unanswered
 //     (30s by default, longer than any client timeout) until the client
-//     gives up, then resets it. AmbiguousNext makes the next n UpdateItem
+//     gives up, then resets it; AmbiguousCut answers 200 with half the body
+//     and resets (the SDK then fails to read an answer that said
+//     "applied"). AmbiguousNext makes the next n UpdateItem
 //     calls Ambiguous; LoseAnswers makes a random share of them one of the
 //     kinds.
 //
@@ -80,16 +82,18 @@ const (
 	Failed    = "failed"    // answered 500/503, not applied
 	Reset     = "reset"     // connection reset before forwarding, not applied
 	Outage    = "outage"    // refused during an outage, not applied
+	Refused   = "refused"   // UpdateItem answered 400 ValidationException (SetWriteFailure), not applied
 	Latency   = "latency"   // delayed
 
 	// The lost answers: applied upstream, then the answer lost.
 	Ambiguous     = "ambiguous"      // connection reset
 	Ambiguous500  = "ambiguous_500"  // answered HTTP 500 InternalServerError
 	AmbiguousHang = "ambiguous_hang" // connection held unanswered, then reset
+	AmbiguousCut  = "ambiguous_cut"  // 200 and half the body, then reset
 )
 
 // lostKinds are the kinds of lost answer, LoseAnswers' default.
-var lostKinds = []string{Ambiguous, Ambiguous500, AmbiguousHang}
+var lostKinds = []string{Ambiguous, Ambiguous500, AmbiguousHang, AmbiguousCut}
 
 // Stats is what the proxy did.
 type Stats struct {
@@ -98,7 +102,7 @@ type Stats struct {
 	// ThrottledKeys counts throttled requests by partition key.
 	ThrottledKeys map[string]int
 	// AmbiguousDelta is the sum of the :delta values of the UpdateItem
-	// calls made ambiguous (any of the three lost-answer kinds) that the
+	// calls made ambiguous (any of the lost-answer kinds) that the
 	// store applied: what a client that retries them over-counts. A call
 	// the store refused or did not answer applied nothing and is not in it.
 	AmbiguousDelta int64
@@ -107,8 +111,10 @@ type Stats struct {
 }
 
 // Lost is the number of requests whose answer was lost after the store
-// applied them: the three ambiguous kinds together.
-func (s Stats) Lost() int { return s.Did[Ambiguous] + s.Did[Ambiguous500] + s.Did[AmbiguousHang] }
+// applied them: the ambiguous kinds together.
+func (s Stats) Lost() int {
+	return s.Did[Ambiguous] + s.Did[Ambiguous500] + s.Did[AmbiguousHang] + s.Did[AmbiguousCut]
+}
 
 // Proxy is the emulator. It is safe for concurrent use; the fault setters
 // may be called while it serves.
@@ -116,19 +122,20 @@ type Proxy struct {
 	cfg    Config
 	client *http.Client
 
-	mu        sync.Mutex
-	writeLim  map[string]*rate.Limiter
-	readLim   map[string]*rate.Limiter
-	latency   time.Duration
-	outageEnd time.Time
-	failNext  int
-	failCode  int
-	resetNext int
-	ambigNext int
-	loseRate  float64  // share of UpdateItem calls whose answer is lost
-	loseKinds []string // how, chosen uniformly
-	hang      time.Duration
-	stats     Stats
+	mu           sync.Mutex
+	writeLim     map[string]*rate.Limiter
+	readLim      map[string]*rate.Limiter
+	latency      time.Duration
+	outageEnd    time.Time
+	failNext     int
+	refuseWrites bool
+	failCode     int
+	resetNext    int
+	ambigNext    int
+	loseRate     float64  // share of UpdateItem calls whose answer is lost
+	loseKinds    []string // how, chosen uniformly
+	hang         time.Duration
+	stats        Stats
 
 	hanging atomic.Int64 // AmbiguousHang connections held now
 }
@@ -175,9 +182,10 @@ func (p *Proxy) AmbiguousNext(n int) { p.mu.Lock(); p.ambigNext = n; p.mu.Unlock
 // LoseAnswers makes, from now on, each UpdateItem call that would be
 // forwarded (not throttled, failed, reset, or taken by AmbiguousNext) lose
 // its answer after the store applied it, with probability rate, in one of
-// kinds chosen uniformly at random: Ambiguous, Ambiguous500 or
-// AmbiguousHang; no kinds is all three. A rate of 0 or less turns it off,
-// 1 or more loses every answer. A kind that is not one of the three panics.
+// kinds chosen uniformly at random: Ambiguous, Ambiguous500,
+// AmbiguousHang or AmbiguousCut; no kinds is all of them. A rate of 0 or
+// less turns it off, 1 or more loses every answer. A kind that is not one
+// of them panics.
 func (p *Proxy) LoseAnswers(rate float64, kinds ...string) {
 	if len(kinds) == 0 {
 		kinds = lostKinds
@@ -191,6 +199,10 @@ func (p *Proxy) LoseAnswers(rate float64, kinds ...string) {
 	p.loseRate, p.loseKinds = rate, slices.Clone(kinds)
 	p.mu.Unlock()
 }
+
+// SetWriteFailure makes every UpdateItem (the counting writes) answer 400
+// ValidationException, applying nothing, while on; reads still work.
+func (p *Proxy) SetWriteFailure(on bool) { p.mu.Lock(); p.refuseWrites = on; p.mu.Unlock() }
 
 // SetHang sets how long AmbiguousHang holds a connection unanswered before
 // resetting it, unless the client goes away or the proxy stops first
@@ -292,6 +304,8 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case p.failNext > 0:
 		p.failNext--
 		verdict = Failed
+	case p.refuseWrites && req.op == "UpdateItem":
+		verdict = Refused
 	case !p.allow(req):
 		verdict = Throttled
 	case req.op == "UpdateItem" && p.ambigNext > 0:
@@ -337,6 +351,9 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case Failed:
 		awsError(w, failCode, "InternalServerError", "injected failure")
 		return
+	case Refused:
+		awsError(w, http.StatusBadRequest, "ValidationException", "injected: writes refused")
+		return
 	case Throttled:
 		awsError(w, http.StatusBadRequest, "ProvisionedThroughputExceededException",
 			"The level of configured provisioned throughput for one or more global secondary indexes of the table was exceeded.")
@@ -358,6 +375,15 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	case Ambiguous500:
 		awsError(w, http.StatusInternalServerError, "InternalServerError", "Internal server error (injected after the write was applied)")
+		return
+	case AmbiguousCut:
+		for k, vs := range resp.header {
+			w.Header()[k] = vs
+		}
+		w.WriteHeader(resp.status)
+		w.Write(resp.body[:len(resp.body)/2]) //nolint:errcheck // then cut off
+		http.NewResponseController(w).Flush() //nolint:errcheck // best effort
+		reset(w)
 		return
 	case AmbiguousHang:
 		p.hanging.Add(1)
