@@ -106,76 +106,90 @@ func cpuTime() time.Duration {
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
-// BenchmarkIngest is issue 6's ingest comparison: a full-speed publisher
-// into a NATS server in a separate process, 1,000 topics, uniform and Zipf;
+// BenchmarkIngest is the ingest comparison: a full-speed publisher into a
+// NATS server in a separate process, 1,000 topics, uniform and Zipf, empty
+// payloads and `{"count":1}` (what producers send);
 // "bare" is a nats.go queue subscriber that only counts, "hotcount" is
 // hotcount's subscriber adding into the aggregator. It reports msgs/s, the
 // slow-consumer drops (must be 0) and CPU (whole test process, publisher
 // included) per million mentions.
 func BenchmarkIngest(b *testing.B) {
+	payloads := []struct {
+		name string
+		body []byte
+	}{{"empty", nil}, {"json", []byte(`{"count":1}`)}}
 	for _, dist := range []string{"uniform", "zipf"} {
-		for _, who := range []string{"bare", "hotcount"} {
-			b.Run(dist+"/"+who, func(b *testing.B) {
-				url := natsProcess(b)
-				subs := subjects(b.N, dist == "zipf")
-				var got atomic.Int64
-				reg := prometheus.NewRegistry()
-				m := ingest.NewMetrics(reg)
-				nc, err := ingest.Connect(url, zap.NewNop(), m)
-				if err != nil {
-					b.Fatal(err)
-				}
-				defer nc.Close()
-				var dropped func() int
-				if who == "bare" {
-					s, err := nc.QueueSubscribe("mentions.>", "hotcount", func(*nats.Msg) { got.Add(1) })
-					if err != nil {
-						b.Fatal(err)
-					}
-					s.SetPendingLimits(512<<10, 64<<20) //nolint:errcheck // valid
-					dropped = func() int { n, _ := s.Dropped(); return n }
-				} else {
-					agg := aggregator.New(aggregator.DefaultMaxTopics, reg)
-					sub, err := ingest.NewSubscriber(nc, ingest.Config{Subject: "mentions.>", QueueGroup: "hotcount", DrainTimeout: time.Second,
-						Limits: ingest.Limits{MaxCount: ingest.DefaultMaxCount, MaxTopicBytes: ingest.DefaultMaxTopicBytes}},
-						counting{agg, &got}, zap.NewNop(), m)
-					if err != nil {
-						b.Fatal(err)
-					}
-					ctx, cancel := context.WithCancel(context.Background())
-					done := make(chan error, 1)
-					go func() { done <- sub.Run(ctx) }()
-					defer func() { cancel(); <-done }()
-					testenv.Eventually(b, 5*time.Second, sub.Ready)
-					dropped = func() int { return int(testenv.Metric(b, reg, "hotcount_ingest_dropped_total")) }
-				}
-				nc.Flush() //nolint:errcheck // the publisher flushes too
-				pub, err := nats.Connect(url)
-				if err != nil {
-					b.Fatal(err)
-				}
-				defer pub.Close()
-				cpu0 := cpuTime()
-				b.ReportAllocs()
-				b.ResetTimer()
-				for _, s := range subs {
-					pub.Publish(s, nil) //nolint:errcheck // flushed below
-				}
-				pub.Flush() //nolint:errcheck // checked by the count
-				deadline := time.Now().Add(2 * time.Minute)
-				for got.Load() < int64(b.N) && time.Now().Before(deadline) {
-					time.Sleep(100 * time.Microsecond)
-				}
-				b.StopTimer()
-				if got.Load() != int64(b.N) {
-					b.Fatalf("received %d of %d (dropped %d)", got.Load(), b.N, dropped())
-				}
-				b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "msgs/s")
-				b.ReportMetric(float64(dropped()), "drops")
-				b.ReportMetric((cpuTime()-cpu0).Seconds()*1e6/float64(b.N), "cpu-s/M")
-			})
+		for _, pl := range payloads {
+			for _, who := range []string{"bare", "hotcount"} {
+				ingestRun(b, dist, pl.name, pl.body, who)
+			}
 		}
 	}
+}
+
+// ingestRun is one BenchmarkIngest case: b.N mentions over 1,000 topics
+// (dist), each with payload body, published at full speed into a NATS
+// server process and taken by who: a bare counting subscriber or hotcount's.
+func ingestRun(b *testing.B, dist, payload string, body []byte, who string) {
+	b.Run(dist+"/"+payload+"/"+who, func(b *testing.B) {
+		url := natsProcess(b)
+		subs := subjects(b.N, dist == "zipf")
+		var got atomic.Int64
+		reg := prometheus.NewRegistry()
+		m := ingest.NewMetrics(reg)
+		nc, err := ingest.Connect(url, zap.NewNop(), m)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer nc.Close()
+		var dropped func() int
+		if who == "bare" {
+			s, err := nc.QueueSubscribe("mentions.>", "hotcount", func(*nats.Msg) { got.Add(1) })
+			if err != nil {
+				b.Fatal(err)
+			}
+			s.SetPendingLimits(512<<10, 64<<20) //nolint:errcheck // valid
+			dropped = func() int { n, _ := s.Dropped(); return n }
+		} else {
+			agg := aggregator.New(aggregator.DefaultMaxTopics, reg)
+			sub, err := ingest.NewSubscriber(nc, ingest.Config{Subject: "mentions.>", QueueGroup: "hotcount", DrainTimeout: time.Second,
+				Limits: ingest.Limits{MaxCount: ingest.DefaultMaxCount, MaxTopicBytes: ingest.DefaultMaxTopicBytes}},
+				counting{agg, &got}, zap.NewNop(), m)
+			if err != nil {
+				b.Fatal(err)
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan error, 1)
+			go func() { done <- sub.Run(ctx) }()
+			defer func() { cancel(); <-done }()
+			testenv.Eventually(b, 5*time.Second, sub.Ready)
+			dropped = func() int { return int(testenv.Metric(b, reg, "hotcount_ingest_dropped_total")) }
+		}
+		nc.Flush() //nolint:errcheck // the publisher flushes too
+		pub, err := nats.Connect(url)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer pub.Close()
+		cpu0 := cpuTime()
+		b.ReportAllocs()
+		b.ResetTimer()
+		for _, s := range subs {
+			pub.Publish(s, body) //nolint:errcheck // flushed below
+		}
+		pub.Flush() //nolint:errcheck // checked by the count
+		deadline := time.Now().Add(2 * time.Minute)
+		for got.Load() < int64(b.N) && time.Now().Before(deadline) {
+			time.Sleep(100 * time.Microsecond)
+		}
+		b.StopTimer()
+		if got.Load() != int64(b.N) {
+			b.Fatalf("received %d of %d (dropped %d)", got.Load(), b.N, dropped())
+		}
+		b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "msgs/s")
+		b.ReportMetric(float64(dropped()), "drops")
+		b.ReportMetric((cpuTime()-cpu0).Seconds()*1e6/float64(b.N), "cpu-s/M")
+	})
 }
 
 type counting struct {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 
@@ -77,10 +78,76 @@ func ValidateTopic(topic string, maxBytes int) error {
 
 // Count returns the count a payload adds: 1 for an empty payload, n for
 // `{"count": n}` with n a whole number in 1..max. Other fields are ignored.
+// The common shape, `{"count": n}` alone with any whitespace, is read
+// without encoding/json and without allocating; anything else goes to the
+// strict parser, and both give the same answer for every payload (FuzzCount
+// holds them to it).
 func Count(payload []byte, max int64) (int64, error) {
 	if len(payload) == 0 {
 		return 1, nil
 	}
+	if n, ok := fastCount(payload); ok && n >= 1 && n <= max {
+		return n, nil
+	}
+	return strictCount(payload, max)
+}
+
+// fastCount reads a payload that is exactly `{"count":<int>}` with JSON
+// whitespace anywhere between tokens, the integer in JSON's own grammar
+// (no leading zeros, no fraction or exponent) and within int64. ok is false
+// for anything else, which the strict parser then judges.
+func fastCount(p []byte) (n int64, ok bool) {
+	i := skipSpace(p, 0)
+	if i == len(p) || p[i] != '{' {
+		return 0, false
+	}
+	i = skipSpace(p, i+1)
+	const key = `"count"`
+	if len(p)-i < len(key) || string(p[i:i+len(key)]) != key {
+		return 0, false
+	}
+	i = skipSpace(p, i+len(key))
+	if i == len(p) || p[i] != ':' {
+		return 0, false
+	}
+	i = skipSpace(p, i+1)
+	neg := i < len(p) && p[i] == '-'
+	if neg {
+		i++
+	}
+	start := i
+	for i < len(p) && p[i] >= '0' && p[i] <= '9' {
+		d := int64(p[i] - '0')
+		if n > (math.MaxInt64-d)/10 {
+			return 0, false // past int64: the strict parser says so
+		}
+		n = n*10 + d
+		i++
+	}
+	if i == start || (p[start] == '0' && i-start > 1) {
+		return 0, false // no digits, or a leading zero (not JSON)
+	}
+	i = skipSpace(p, i)
+	if i == len(p) || p[i] != '}' || skipSpace(p, i+1) != len(p) {
+		return 0, false
+	}
+	if neg {
+		n = -n
+	}
+	return n, true
+}
+
+// skipSpace returns the index of the first byte at or after i that is not
+// JSON whitespace.
+func skipSpace(p []byte, i int) int {
+	for i < len(p) && (p[i] == ' ' || p[i] == '\t' || p[i] == '\n' || p[i] == '\r') {
+		i++
+	}
+	return i
+}
+
+// strictCount is Count by encoding/json, for every payload shape.
+func strictCount(payload []byte, max int64) (int64, error) {
 	if len(payload) > MaxPayloadBytes {
 		return 0, invalid(ReasonPayload, "payload is %d bytes, more than %d", len(payload), MaxPayloadBytes)
 	}

@@ -118,10 +118,30 @@ func FuzzCount(f *testing.F) {
 	for _, s := range []string{"", `{"count": 5}`, `{"count": -1}`, `{"count": 1e9}`, `{"count":"7"}`, `[`, `{"count": 18446744073709551616}`} {
 		f.Add([]byte(s))
 	}
+	for _, s := range []string{` { "count" : 12 } `, "{\"count\":\t1\n}", `{"count":0}`, `{"count":01}`, `{"count":-0}`, `{"count":1.0}`,
+		`{"count":9223372036854775807}`, `{"count":9223372036854775808}`, `{"count":1,"x":2}`, `{"COUNT":3}`, `{"count":2}}`, `{"count":3`} {
+		f.Add([]byte(s))
+	}
 	f.Fuzz(func(t *testing.T, payload []byte) {
 		n, err := ingest.Count(payload, limits.MaxCount)
 		if err == nil && (n < 1 || n > limits.MaxCount) {
 			t.Fatalf("Count(%q) = %d accepted outside 1..%d", payload, n, limits.MaxCount)
 		}
+		// The fast path changes nothing: the same count, or the same
+		// rejection, as the strict parser.
+		if len(payload) > 0 {
+			sn, serr := ingest.StrictCount(payload, limits.MaxCount)
+			if n != sn || (err == nil) != (serr == nil) || (err != nil && err.Error() != serr.Error()) {
+				t.Fatalf("Count(%q) = %d, %v; strict parser: %d, %v", payload, n, err, sn, serr)
+			}
+		}
 	})
+}
+
+// TestCountFastPathDoesNotAllocate pins the common payload's cost.
+func TestCountFastPathDoesNotAllocate(t *testing.T) {
+	payload := []byte(`{"count":1}`)
+	if a := testing.AllocsPerRun(1000, func() { ingest.Count(payload, limits.MaxCount) }); a != 0 { //nolint:errcheck // measured
+		t.Errorf("Count(%s) allocates %v times", payload, a)
+	}
 }
