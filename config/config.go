@@ -11,7 +11,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"net/url"
 	"regexp"
 	"slices"
 	"strings"
@@ -506,23 +505,8 @@ func Print(w io.Writer, fs *pflag.FlagSet) error {
 const Redacted = "REDACTED"
 
 // RedactURLs replaces the passwords (and tokens given as the user) in a
-// comma-separated list of URLs.
-func RedactURLs(list string) string {
-	parts := strings.Split(list, ",")
-	for i, p := range parts {
-		u, err := url.Parse(strings.TrimSpace(p))
-		if err != nil || u.User == nil {
-			continue
-		}
-		if _, has := u.User.Password(); has {
-			u.User = url.UserPassword(u.User.Username(), Redacted)
-		} else {
-			u.User = url.User(Redacted) // a bare user part is a token
-		}
-		parts[i] = u.String()
-	}
-	return strings.Join(parts, ",")
-}
+// comma-separated list of URLs (ingest.RedactURLs).
+func RedactURLs(list string) string { return ingest.RedactURLs(list) }
 
 // NATSAuth is the NATS authentication part of c.
 func (c *Config) NATSAuth() ingest.Auth {

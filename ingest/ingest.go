@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/url"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -310,7 +311,7 @@ func Connect(url string, log *zap.Logger, m *Metrics, opts ...nats.Option) (*nat
 	}
 	nc, err := nats.Connect(url, append(base, opts...)...)
 	if err != nil {
-		return nil, fmt.Errorf("ingest: connect %s: %w", url, err)
+		return nil, RedactErr(fmt.Errorf("ingest: connect %s: %w", url, err), url)
 	}
 	return nc, nil
 }
@@ -350,3 +351,65 @@ func (a Auth) Options() ([]nats.Option, error) {
 	}
 	return opts, nil
 }
+
+// Redacted stands in for a secret in a printed URL.
+const Redacted = "REDACTED"
+
+// RedactURLs replaces the passwords (and tokens given as the user) in a
+// comma-separated list of NATS URLs. A part that does not parse but holds
+// user information loses everything before its '@'.
+func RedactURLs(list string) string {
+	parts := strings.Split(list, ",")
+	for i, p := range parts {
+		u, err := url.Parse(strings.TrimSpace(p))
+		switch {
+		case err != nil:
+			if at := strings.LastIndexByte(p, '@'); at >= 0 {
+				scheme, _, ok := strings.Cut(p, "://")
+				if !ok {
+					scheme = ""
+				} else {
+					scheme += "://"
+				}
+				parts[i] = scheme + Redacted + p[at:]
+			}
+		case u.User != nil:
+			if _, has := u.User.Password(); has {
+				u.User = url.UserPassword(u.User.Username(), Redacted)
+			} else {
+				u.User = url.User(Redacted) // a bare user part is a token
+			}
+			parts[i] = u.String()
+		}
+	}
+	return strings.Join(parts, ",")
+}
+
+// RedactErr returns err with every URL of list in its message (nats.go's
+// own messages quote the URL) in redacted form; it unwraps to err.
+func RedactErr(err error, list string) error {
+	if err == nil {
+		return nil
+	}
+	return &redactedError{msg: redactIn(err.Error(), list), err: err}
+}
+
+// redactIn replaces, in text, every URL of list by its redacted form.
+func redactIn(text, list string) string {
+	for _, p := range strings.Split(list, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			text = strings.ReplaceAll(text, p, RedactURLs(p))
+		}
+	}
+	return text
+}
+
+// redactedError is an error whose message had secrets taken out; it still
+// unwraps to the original for errors.Is.
+type redactedError struct {
+	msg string
+	err error
+}
+
+func (e *redactedError) Error() string { return e.msg }
+func (e *redactedError) Unwrap() error { return e.err }

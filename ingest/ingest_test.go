@@ -3,11 +3,14 @@ package ingest_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
 
 	"github.com/hotcount/hotcount/ingest"
@@ -191,5 +194,19 @@ func must(t *testing.T, err error) {
 	t.Helper()
 	if err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestConnectErrorRedacts: a URL's password never reaches an error
+// message, even one that does not parse.
+func TestConnectErrorRedacts(t *testing.T) {
+	for _, u := range []string{"nats://alice:s3cret@127.0.0.1:1", "nats://s3cret@127.0.0.1:1", "nats://bob:s3%zzcret@127.0.0.1:1"} {
+		_, err := ingest.Connect(u, zap.NewNop(), ingest.NewMetrics(prometheus.NewRegistry()), nats.RetryOnFailedConnect(false))
+		if err == nil {
+			t.Fatalf("connect %s: no error", u)
+		}
+		if strings.Contains(err.Error(), "s3") {
+			t.Errorf("error names the secret: %v", err)
+		}
 	}
 }

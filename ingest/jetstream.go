@@ -265,10 +265,39 @@ func sleep(ctx context.Context, d time.Duration) {
 	}
 }
 
+// Stream limits, `hotcount stream create`'s defaults.
+const (
+	// DefaultStreamMaxAge is how long the stream keeps a message: a day
+	// for a fleet to come back from an outage before mentions age out.
+	DefaultStreamMaxAge = 24 * time.Hour
+	// DefaultStreamMaxBytes bounds the stream's storage (1 GiB). Full, it
+	// refuses new publishes (producers see the error) rather than drop
+	// stored mentions nobody has counted yet.
+	DefaultStreamMaxBytes = 1 << 30
+)
+
+// StreamLimits bound the stream of mentions; zero fields take the defaults.
+type StreamLimits struct {
+	MaxAge   time.Duration
+	MaxBytes int64
+}
+
 // EnsureStream creates the stream of mentions (subjects: subject; file
-// storage; a duplicate window for Nats-Msg-Id de-duplication) unless a stream
-// of that name exists, which is then used as it is.
-func EnsureStream(ctx context.Context, nc *nats.Conn, name, subject string, duplicates time.Duration) (created bool, err error) {
+// storage; a duplicate window for Nats-Msg-Id de-duplication; limits, by
+// default DefaultStreamMaxAge and DefaultStreamMaxBytes, past which new
+// publishes are refused) unless a stream of that name exists, which is then
+// used as it is.
+func EnsureStream(ctx context.Context, nc *nats.Conn, name, subject string, duplicates time.Duration, limits ...StreamLimits) (created bool, err error) {
+	var lim StreamLimits
+	if len(limits) > 0 {
+		lim = limits[0]
+	}
+	if lim.MaxAge == 0 {
+		lim.MaxAge = DefaultStreamMaxAge
+	}
+	if lim.MaxBytes == 0 {
+		lim.MaxBytes = DefaultStreamMaxBytes
+	}
 	js, err := jetstream.New(nc)
 	if err != nil {
 		return false, fmt.Errorf("ingest: jetstream: %w", err)
@@ -285,6 +314,9 @@ func EnsureStream(ctx context.Context, nc *nats.Conn, name, subject string, dupl
 		Storage:     jetstream.FileStorage,
 		Retention:   jetstream.LimitsPolicy,
 		Duplicates:  duplicates,
+		MaxAge:      lim.MaxAge,
+		MaxBytes:    lim.MaxBytes,
+		Discard:     jetstream.DiscardNew,
 	})
 	if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
 		return false, nil // another replica created it first

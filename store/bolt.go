@@ -208,7 +208,7 @@ func (b *Bolt) GatherMany(ctx context.Context, topics []string, n int, consisten
 		return nil
 	})
 	if err != nil {
-		err = fmt.Errorf("store: gather %q: %w", topics, err)
+		err = fmt.Errorf("store: gather %s: %w", Named(topics), err)
 		b.metrics.failed("read", err)
 		return nil, err
 	}

@@ -368,7 +368,7 @@ func (d *DynamoDB) GatherMany(ctx context.Context, topics []string, n int, consi
 }
 
 func (d *DynamoDB) readFailed(topics []string, err error) error {
-	err = classify(fmt.Errorf("store: gather %q: %w", topics, err))
+	err = classify(fmt.Errorf("store: gather %s: %w", Named(topics), err))
 	d.metrics.failed("read", err)
 	d.lastErr.Store(time.Now().UnixNano())
 	return err

@@ -194,3 +194,24 @@ func ValidateTopic(topic string, maxBytes int) error {
 	}
 	return nil
 }
+
+// maxNamed is how many topics an error message names; the rest are counted.
+const maxNamed = 3
+
+// Named lists topics for an error message or a log line: at most three,
+// quoted, and how many more, so that a failure over a million topics is
+// still one short line.
+func Named(topics []string) string {
+	var b strings.Builder
+	for i, t := range topics {
+		if i == maxNamed {
+			fmt.Fprintf(&b, " and %d more", len(topics)-maxNamed)
+			break
+		}
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		b.WriteString(strconv.Quote(t))
+	}
+	return b.String()
+}

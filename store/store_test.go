@@ -458,3 +458,19 @@ func TestShardMetadata(t *testing.T) {
 		})
 	}
 }
+
+func TestNamedIsShort(t *testing.T) {
+	for _, tt := range []struct {
+		topics []string
+		want   string
+	}{
+		{nil, ""},
+		{[]string{"a"}, `"a"`},
+		{[]string{"a", "b", "c"}, `"a", "b", "c"`},
+		{[]string{"a", "b", "c", "d", "e"}, `"a", "b", "c" and 2 more`},
+	} {
+		if got := store.Named(tt.topics); got != tt.want {
+			t.Errorf("Named(%v) = %s, want %s", tt.topics, got, tt.want)
+		}
+	}
+}

@@ -161,7 +161,7 @@ func TestSIGKILLLosesNothing(t *testing.T) {
 	}
 	sent := make(chan result, 1)
 	go func() {
-		rep, err := loadgen.Run(ctx, nc, loadgen.Config{Prefix: "mentions.", Topics: 100, Zipf: 1.2, Rate: 4_000, Messages: 28_000, Count: 1, Seed: 11, JetStream: true})
+		rep, err := loadgen.Run(ctx, nc, loadgen.Config{Prefix: "mentions.", Topics: 100, Zipf: 1.2, Rate: 2_000, Messages: 40_000, Count: 1, Seed: 11, JetStream: true})
 		sent <- result{rep, err}
 	}()
 	rng := rand.New(rand.NewPCG(11, uint64(time.Now().UnixNano())))
@@ -170,10 +170,11 @@ func TestSIGKILLLosesNothing(t *testing.T) {
 	for i := range kills {
 		// Once it has journaled (and so acknowledged) some flushes, at a
 		// random moment of the next ones: between a journal entry, its
-		// writes and its retirement.
+		// writes and its retirement. The publisher (20 s) outlasts the
+		// kills.
 		testenv.Eventually(t, 30*time.Second, func() error {
 			if n := cur.metric(t, "hotcount_journal_recorded_total"); n < 2 {
-				return fmt.Errorf("%v journal entries so far", n)
+				return fmt.Errorf("%v journal entries so far (kill %d)", n, i+1)
 			}
 			return nil
 		})

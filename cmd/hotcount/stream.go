@@ -29,7 +29,7 @@ func connect(cfg config.Config, name string) (*nats.Conn, error) {
 	}
 	nc, err := nats.Connect(cfg.NATSURL, append(opts, nats.Name(name))...)
 	if err != nil {
-		return nil, fmt.Errorf("connect %s: %w", config.RedactURLs(cfg.NATSURL), err)
+		return nil, ingest.RedactErr(fmt.Errorf("connect %s: %w", cfg.NATSURL, err), cfg.NATSURL)
 	}
 	return nc, nil
 }
@@ -39,6 +39,8 @@ func cmdStreamCreate(ctx context.Context, args, environ []string, stdout, stderr
 	cfg := config.Default()
 	fs := cfg.FlagSet("hotcount stream create", func(s string) bool { return natsSettings(s) || s == "stream" })
 	dup := fs.Duration("duplicate-window", ingest.DefaultDuplicateWindow, "window in which a repeated Nats-Msg-Id is dropped by the stream")
+	maxAge := fs.Duration("max-age", ingest.DefaultStreamMaxAge, "how long the stream keeps a mention (counted or not)")
+	maxBytes := fs.Int64("max-bytes", ingest.DefaultStreamMaxBytes, "the stream's storage bound in bytes; full, it refuses new publishes rather than drop stored mentions")
 	if err := parse(&cfg, fs, args, environ, stderr); err != nil {
 		return err
 	}
@@ -49,12 +51,15 @@ func cmdStreamCreate(ctx context.Context, args, environ []string, stdout, stderr
 	defer nc.Close()
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	created, err := ingest.EnsureStream(ctx, nc, cfg.Stream, cfg.Subject, *dup)
+	if *maxAge <= 0 || *maxBytes <= 0 {
+		return fmt.Errorf("--max-age and --max-bytes must be positive (got %s, %d)", *maxAge, *maxBytes)
+	}
+	created, err := ingest.EnsureStream(ctx, nc, cfg.Stream, cfg.Subject, *dup, ingest.StreamLimits{MaxAge: *maxAge, MaxBytes: *maxBytes})
 	if err != nil {
 		return err
 	}
 	if created {
-		fmt.Fprintf(stdout, "stream %s created (subjects %s, file storage, duplicate window %s)\n", cfg.Stream, cfg.Subject, *dup)
+		fmt.Fprintf(stdout, "stream %s created (subjects %s, file storage, duplicate window %s, max age %s, max bytes %d, new publishes refused when full)\n", cfg.Stream, cfg.Subject, *dup, *maxAge, *maxBytes)
 	} else {
 		fmt.Fprintf(stdout, "stream %s exists; left as it is\n", cfg.Stream)
 	}
