@@ -11,8 +11,10 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -107,12 +109,19 @@ type Config struct {
 	CacheSize  int
 
 	HTTPAddr        string
+	HTTPTokenFile   string
+	HTTPPublic      bool
 	AdminAddr       string
 	HealthFlushAge  time.Duration
 	ShutdownTimeout time.Duration
 
 	LogFormat string
 	LogLevel  string
+
+	// MemoryLimit is the process's memory budget (--memory-limit): bytes,
+	// with an optional Ki, Mi or Gi suffix; empty: the cgroup's limit;
+	// "none": no limit.
+	MemoryLimit string
 
 	// File is the YAML file the settings were read from, if any.
 	File string
@@ -135,6 +144,7 @@ func Default() Config {
 		Table:             DefaultTable,
 		DataDir:           DefaultDataDir,
 		Shards:            flusher.DefaultShards,
+		Adaptive:          true,
 		MaxShards:         shards.DefaultMax,
 		ShardsCache:       shards.DefaultEvery,
 		FlushInterval:     flusher.DefaultInterval,
@@ -219,7 +229,7 @@ var settings = []setting{
 	{name: "dynamodb-endpoint", usage: "DynamoDB endpoint URL (empty: AWS's own; set for dynalite, DynamoDB Local, LocalStack)", bind: str(func(c *Config) *string { return &c.DynamoDBEndpoint })},
 	{name: "data-dir", usage: "folder of the embedded store (--store bolt)", bind: str(func(c *Config) *string { return &c.DataDir })},
 	{name: "shards", usage: fmt.Sprintf("shards of a new topic, 1..%d (a topic keeps the count recorded when it was first written: see README)", store.MaxShards), bind: integer(func(c *Config) *int { return &c.Shards })},
-	{name: "adaptive", usage: "start new topics at one shard and double a topic's shards (up to max-shards) when its writes are throttled", bind: func(fs *pflag.FlagSet, c *Config, name, usage string) {
+	{name: "adaptive", usage: "double a topic's shards (up to max-shards) when its writes are throttled (on by default; --adaptive=false keeps every topic at its first count)", bind: func(fs *pflag.FlagSet, c *Config, name, usage string) {
 		fs.BoolVar(&c.Adaptive, name, c.Adaptive, usage)
 	}},
 	{name: "max-shards", usage: "the most shards --adaptive raises a topic to", bind: integer(func(c *Config) *int { return &c.MaxShards })},
@@ -227,7 +237,7 @@ var settings = []setting{
 	{name: "flush-interval", usage: "how often buffered deltas are written (±10% jitter)", bind: dur(func(c *Config) *time.Duration { return &c.FlushInterval })},
 	{name: "flush-timeout", usage: "how long one flush may go on starting writes; the rest wait for the next flush", bind: dur(func(c *Config) *time.Duration { return &c.FlushTimeout })},
 	{name: "write-timeout", usage: "how long one store write may take, the SDK's retries included; a write that runs out is in doubt and is sent again unchanged", bind: dur(func(c *Config) *time.Duration { return &c.WriteTimeout })},
-	{name: "flush-concurrency", usage: "writes in flight at once during a flush", bind: integer(func(c *Config) *int { return &c.FlushConcurrency })},
+	{name: "flush-concurrency", usage: "the most writes in flight at once during a flush (a flush runs as many as it has topics, up to this)", bind: integer(func(c *Config) *int { return &c.FlushConcurrency })},
 	{name: "max-topics", usage: "distinct topics in one window before an early flush", bind: integer(func(c *Config) *int { return &c.MaxTopics })},
 	{name: "max-count", usage: "largest count one message may add", bind: func(fs *pflag.FlagSet, c *Config, name, usage string) {
 		fs.Int64Var(&c.MaxCount, name, c.MaxCount, usage)
@@ -237,8 +247,13 @@ var settings = []setting{
 	{name: "cache-stale", usage: "past the TTL, a total is served stale while one background gather refreshes it, up to this age (0: 10 × cache-ttl)", bind: dur(func(c *Config) *time.Duration { return &c.CacheStale })},
 	{name: "cache-size", usage: "topics whose totals the cache holds", bind: integer(func(c *Config) *int { return &c.CacheSize })},
 	{name: "http", env: EnvPrefix + "HTTP_ADDR", usage: "listen address of the lookup API", bind: str(func(c *Config) *string { return &c.HTTPAddr })},
+	{name: "http-token-file", usage: "file holding the bearer token the lookup API requires (Authorization: Bearer <token>); empty: none, allowed only on a loopback --http or with --http-public", bind: str(func(c *Config) *string { return &c.HTTPTokenFile })},
+	{name: "memory-limit", usage: "the process's memory budget (GOMEMLIMIT is set to 90% of it): bytes with an optional Ki, Mi or Gi suffix; empty: the container's cgroup limit, if any; none: no limit", bind: str(func(c *Config) *string { return &c.MemoryLimit })},
+	{name: "http-public", usage: "serve the lookup API beyond this machine without a token (anyone who can reach --http reads every count)", bind: func(fs *pflag.FlagSet, c *Config, name, usage string) {
+		fs.BoolVar(&c.HTTPPublic, name, c.HTTPPublic, usage)
+	}},
 	{name: "admin", env: EnvPrefix + "ADMIN_ADDR", usage: "listen address of /healthz, /readyz and /metrics", bind: str(func(c *Config) *string { return &c.AdminAddr })},
-	{name: "health-flush-age", usage: "/healthz fails when the last good flush is older than this (0: 5 flush intervals)", bind: dur(func(c *Config) *time.Duration { return &c.HealthFlushAge })},
+	{name: "health-flush-age", usage: "/healthz fails when no flush has written anything of its work for longer than this (0: 5 flush intervals)", bind: dur(func(c *Config) *time.Duration { return &c.HealthFlushAge })},
 	{name: "shutdown-timeout", usage: "whole shutdown budget: NATS drain, final flush, HTTP shutdown", bind: dur(func(c *Config) *time.Duration { return &c.ShutdownTimeout })},
 	{name: "log-format", usage: "log encoding: json or console", bind: str(func(c *Config) *string { return &c.LogFormat })},
 	{name: "log-level", usage: "lowest level logged: debug, info, warn, error", bind: str(func(c *Config) *string { return &c.LogLevel })},
@@ -434,11 +449,17 @@ func (c *Config) Validate() error {
 	durIn("cache-stale", c.CacheStale, 0, 24*time.Hour)
 	intIn("cache-size", int64(c.CacheSize), 1, 100_000_000)
 	addr("http", c.HTTPAddr)
+	if c.HTTPTokenFile == "" && !c.HTTPPublic && !loopback(c.HTTPAddr) {
+		bad("http", "%s listens beyond this machine and --http-token-file is not set: set a token file, or --http-public to serve every count to anyone who can reach it", c.HTTPAddr)
+	}
 	addr("admin", c.AdminAddr)
 	durIn("health-flush-age", c.HealthFlushAge, 0, 24*time.Hour)
 	durIn("shutdown-timeout", c.ShutdownTimeout, time.Second, 10*time.Minute)
 	if c.ShutdownTimeout <= c.DrainTimeout {
 		bad("shutdown-timeout", "%s must be longer than drain-timeout %s, to leave time for the final flush", c.ShutdownTimeout, c.DrainTimeout)
+	}
+	if _, err := ParseBytes(c.MemoryLimit); err != nil && c.MemoryLimit != "none" {
+		bad("memory-limit", "%v", err)
 	}
 	if c.LogFormat != "json" && c.LogFormat != "console" {
 		bad("log-format", "%q is not json or console", c.LogFormat)
@@ -454,12 +475,7 @@ func (c *Config) Validate() error {
 
 // ReadGuess is the shard count a lookup reads in its first round trip; the
 // topic's metadata, read in the same round trip, brings the rest.
-func (c *Config) ReadGuess() int {
-	if c.Adaptive {
-		return 1
-	}
-	return c.Shards
-}
+func (c *Config) ReadGuess() int { return c.Shards }
 
 // CacheStaleAge is the age up to which a stale total is served.
 func (c *Config) CacheStaleAge() time.Duration {
@@ -514,4 +530,52 @@ func (c *Config) NATSAuth() ingest.Auth {
 		Creds: c.NATSCreds, NKey: c.NATSNKey, Token: c.NATSToken,
 		TLSCA: c.NATSTLSCA, TLSCert: c.NATSTLSCert, TLSKey: c.NATSTLSKey,
 	}
+}
+
+// loopback says whether a listen address binds only this machine's
+// loopback interface (an empty host binds every interface).
+func loopback(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil || host == "" {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+// ReadToken reads the lookup API's bearer token from path: the file's
+// content without surrounding white space, at least 16 bytes.
+func ReadToken(path string) (string, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "", fmt.Errorf("read token: %w", err)
+	}
+	tok := strings.TrimSpace(string(b))
+	if len(tok) < 16 {
+		return "", fmt.Errorf("token in %s is %d bytes; use at least 16 (say, openssl rand -hex 32)", path, len(tok))
+	}
+	return tok, nil
+}
+
+// ParseBytes reads a size: a whole number of bytes with an optional Ki, Mi
+// or Gi suffix. Empty is 0.
+func ParseBytes(v string) (int64, error) {
+	if v == "" {
+		return 0, nil
+	}
+	mult := int64(1)
+	for suffix, m := range map[string]int64{"Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30} {
+		if n, ok := strings.CutSuffix(v, suffix); ok {
+			v, mult = n, m
+			break
+		}
+	}
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil || n < 0 || n > (1<<62)/mult {
+		return 0, fmt.Errorf("%q is not a size (bytes, or a number with Ki, Mi or Gi)", v)
+	}
+	return n * mult, nil
 }

@@ -115,6 +115,9 @@ func TestValidate(t *testing.T) {
 		{"shutdown budget", func(c *config.Config) { c.ShutdownTimeout = 3 * time.Second }, "shutdown-timeout: 3s must be longer than drain-timeout"},
 		{"log level", func(c *config.Config) { c.LogLevel = "loud" }, "log-level:"},
 		{"queue group", func(c *config.Config) { c.QueueGroup = "" }, "queue-group:"},
+		{"memory limit", func(c *config.Config) { c.MemoryLimit = "12X" }, `memory-limit: "12X" is not a size`},
+		{"public lookup without a token", func(c *config.Config) { c.HTTPAddr = ":8080" }, "http: :8080 listens beyond this machine and --http-token-file is not set"},
+		{"public lookup on an address without a token", func(c *config.Config) { c.HTTPAddr = "10.1.2.3:8080" }, "--http-public"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -129,6 +132,19 @@ func TestValidate(t *testing.T) {
 	for _, c := range []config.Config{config.Default(), config.Dev()} {
 		if err := c.Validate(); err != nil {
 			t.Errorf("defaults do not validate: %v", err)
+		}
+	}
+	// Beyond loopback with a token, or said to be public, is fine.
+	for _, mutate := range []func(*config.Config){
+		func(c *config.Config) { c.HTTPAddr, c.HTTPTokenFile = ":8080", "/run/token" },
+		func(c *config.Config) { c.HTTPAddr, c.HTTPPublic = "0.0.0.0:8080", true },
+		func(c *config.Config) { c.HTTPAddr = "localhost:8080" },
+		func(c *config.Config) { c.HTTPAddr = "[::1]:8080" },
+	} {
+		c := config.Default()
+		mutate(&c)
+		if err := c.Validate(); err != nil {
+			t.Errorf("%s (token %q, public %v): %v", c.HTTPAddr, c.HTTPTokenFile, c.HTTPPublic, err)
 		}
 	}
 }

@@ -16,6 +16,7 @@ import (
 	yamlv3 "go.yaml.in/yaml/v3"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/kustomize/api/krusty"
@@ -35,6 +36,7 @@ type objects struct {
 	serviceAccounts map[string]corev1.ServiceAccount
 	services        map[string]corev1.Service
 	pdbs            map[string]policyv1.PodDisruptionBudget
+	netpols         map[string]networkingv1.NetworkPolicy
 }
 
 func render(t *testing.T, dir string) objects {
@@ -47,7 +49,7 @@ func render(t *testing.T, dir string) objects {
 	o := objects{
 		deployments: map[string]appsv1.Deployment{}, configMaps: map[string]corev1.ConfigMap{},
 		serviceAccounts: map[string]corev1.ServiceAccount{}, services: map[string]corev1.Service{},
-		pdbs: map[string]policyv1.PodDisruptionBudget{},
+		pdbs: map[string]policyv1.PodDisruptionBudget{}, netpols: map[string]networkingv1.NetworkPolicy{},
 	}
 	for _, r := range rm.Resources() {
 		doc, err := r.AsYAML()
@@ -84,6 +86,10 @@ func render(t *testing.T, dir string) objects {
 			var p policyv1.PodDisruptionBudget
 			strict(&p)
 			o.pdbs[p.Name] = p
+		case "NetworkPolicy":
+			var n networkingv1.NetworkPolicy
+			strict(&n)
+			o.netpols[n.Name] = n
 		default:
 			t.Errorf("unexpected kind %s", tm.Kind)
 		}
@@ -230,6 +236,37 @@ func TestStandalone(t *testing.T) {
 	}
 	if _, ok := o.services["hotcount"]; !ok {
 		t.Error("no Service for the pool")
+	}
+	// Reachable beyond the pod: a token, and a NetworkPolicy that admits
+	// only labelled clients to the lookup port.
+	if cfg.HTTPTokenFile == "" || cfg.HTTPPublic {
+		t.Errorf("pool lookup API without a token (token file %q, public %v)", cfg.HTTPTokenFile, cfg.HTTPPublic)
+	}
+	mounted := false
+	for _, m := range d.Spec.Template.Spec.Containers[0].VolumeMounts {
+		if strings.HasPrefix(cfg.HTTPTokenFile, m.MountPath+"/") {
+			mounted = true
+		}
+	}
+	if !mounted {
+		t.Errorf("the token file %s is on no mounted volume", cfg.HTTPTokenFile)
+	}
+	np, ok := o.netpols["hotcount"]
+	if !ok {
+		t.Fatal("no NetworkPolicy for the pool")
+	}
+	if np.Spec.PodSelector.MatchLabels["app.kubernetes.io/name"] != "hotcount" || !slices.Contains(np.Spec.PolicyTypes, networkingv1.PolicyTypeIngress) {
+		t.Errorf("NetworkPolicy selects %v for %v, want hotcount's pods, ingress", np.Spec.PodSelector.MatchLabels, np.Spec.PolicyTypes)
+	}
+	for _, rule := range np.Spec.Ingress {
+		for _, peer := range rule.From {
+			if peer.PodSelector == nil && peer.NamespaceSelector == nil {
+				t.Errorf("an ingress rule admits anyone: %+v", rule)
+			}
+			if peer.NamespaceSelector != nil && len(peer.NamespaceSelector.MatchLabels) == 0 && (peer.PodSelector == nil || len(peer.PodSelector.MatchLabels) == 0) {
+				t.Errorf("an ingress rule admits every pod of every namespace: %+v", rule)
+			}
+		}
 	}
 }
 

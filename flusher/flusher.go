@@ -32,10 +32,14 @@ const (
 	// DefaultTimeout is how long a flush may go on starting writes; writes
 	// not started by then wait for the next flush.
 	DefaultTimeout = 5 * time.Second
-	// DefaultConcurrency is the number of writes in flight at once.
-	DefaultConcurrency = 16
-	// DefaultShards is the number of shards a topic's count is spread over.
-	DefaultShards = 4
+	// DefaultConcurrency bounds the writes in flight at once. A flush runs
+	// as many as it has topics, up to this: a long tail of new topics is
+	// written at the store's pace, not at 16 round trips at a time. It
+	// matches the HTTP client's idle connections per host.
+	DefaultConcurrency = 256
+	// DefaultShards is the number of shards a new topic starts with: one
+	// (no metadata item, one row), raised when its writes are throttled.
+	DefaultShards = 1
 )
 
 // DefaultWriteTimeout bounds one write once started (--write-timeout). A
@@ -79,7 +83,9 @@ type Observer interface {
 
 // Shards gives each topic's shard count (per-topic metadata) and is told
 // when a topic's writes are throttled, which may raise it. Without it every
-// topic has Config.Shards.
+// topic has Config.Shards. WriteCounts returns a count for every topic even
+// when it also returns an error (which only reports topics it had to put
+// on one shard). Both are safe for concurrent use.
 type Shards interface {
 	WriteCounts(ctx context.Context, topics []string) (map[string]int, error)
 	Throttled(ctx context.Context, topic string) int
@@ -127,6 +133,9 @@ type Config struct {
 	// WriteTimeout bounds one write, the SDK's retries included (0:
 	// DefaultWriteTimeout).
 	WriteTimeout time.Duration
+	// KeepAlive is how often the messages of a window being flushed get
+	// InProgress (JetStream mode: a third of the ack wait; 0: never).
+	KeepAlive time.Duration
 	// Writer is this flusher's writer id (store.NewWriterID; empty: a new
 	// one), the identity of its writes' marks.
 	Writer string
@@ -148,12 +157,13 @@ type Flusher struct {
 
 	seq *store.Sequencer
 
-	flushMu     sync.Mutex
-	pending     map[string]*pending // by topic: writes in doubt or journaled; under flushMu
-	entries     map[string]int      // journal entry -> its writes not yet in the store; under flushMu
-	unretired   []string            // journal entries settled, not yet deleted; under flushMu
-	lastSuccess atomic.Int64        // Unix nanoseconds of the last flush that wrote everything
-	failing     atomic.Bool         // the last flush left deltas unwritten
+	flushMu      sync.Mutex
+	pending      map[string]*pending // by topic: writes in doubt or journaled; under flushMu
+	entries      map[string]int      // journal entry -> its writes not yet in the store; under flushMu
+	unretired    []string            // journal entries settled, not yet deleted; under flushMu
+	lastSuccess  atomic.Int64        // Unix nanoseconds of the last flush that wrote everything
+	lastProgress atomic.Int64        // ... and of the last that wrote something, or had nothing to write
+	failing      atomic.Bool         // the last flush left deltas unwritten
 }
 
 // New returns a flusher of buf into st. now is the clock (time.Now in
@@ -171,6 +181,7 @@ func New(cfg Config, buf Buffer, st Store, log *zap.Logger, m *Metrics, now func
 		o(f)
 	}
 	f.lastSuccess.Store(now().UnixNano())
+	f.lastProgress.Store(now().UnixNano())
 	return f
 }
 
@@ -218,6 +229,11 @@ func (f *Flusher) Flush(ctx context.Context) error {
 	defer func() { f.metrics.duration.Observe(f.now().Sub(start).Seconds()) }()
 
 	window := f.buf.Drain()
+	// The drained messages leave the buffer the ingest keeps alive: keep
+	// them alive here for as long as this flush holds them, so that a slow
+	// flush (a cold start, a slow store) never lets the server hand them to
+	// another sidecar while this one still counts them.
+	defer f.keepAliveWhile(window.Acks)()
 	// Topics with a write in doubt wait for it to settle.
 	held := aggregator.Window{Deltas: make(map[string]int64)}
 	for topic, d := range window.Deltas {
@@ -243,12 +259,9 @@ func (f *Flusher) Flush(ctx context.Context) error {
 
 	counts, err := f.counts(ctx, window)
 	if err != nil {
-		f.keepAlive(window)
-		f.buf.Merge(window)
-		f.metrics.requeued.Add(float64(window.Mentions()))
-		f.metrics.flushes.WithLabelValues("error").Inc()
-		f.failing.Store(true)
-		return fmt.Errorf("flusher: shard counts of %d topics: %w", window.Len(), err)
+		// The counts are usable all the same (one shard for the topics it
+		// could not look up): metadata never holds counts back.
+		f.log.Warn("shard counts incomplete; those topics go to one shard this flush", zap.Error(err))
 	}
 	failed := aggregator.Window{Deltas: make(map[string]int64)}
 	if f.journal != nil {
@@ -394,13 +407,22 @@ func (f *Flusher) Flush(ctx context.Context) error {
 		f.keepAlive(aggregator.Window{Acks: p.msgs})
 	}
 
+	// Progress is what health and backpressure follow: a flush that wrote
+	// something (or had nothing to write) moved on, even if one poison
+	// topic keeps failing; only a flush that wrote nothing of its work
+	// means the store is not taking writes.
+	attempted := window.Len() > 0 || len(f.pending) > 0 || failed.Len() > 0 || len(settled) > 0
+	progress := written > 0 || !attempted
+	if progress {
+		f.lastProgress.Store(f.now().UnixNano())
+	}
+	f.failing.Store(!progress)
 	if failed.Len() > 0 || len(f.pending) > 0 {
 		f.keepAlive(failed)
 		f.buf.Merge(failed)
 		kept := failed.Mentions()
 		f.metrics.requeued.Add(float64(kept))
 		f.metrics.flushes.WithLabelValues("error").Inc()
-		f.failing.Store(true)
 		if firstErr == nil {
 			firstErr = errors.New("flush deadline passed")
 		}
@@ -408,7 +430,6 @@ func (f *Flusher) Flush(ctx context.Context) error {
 			failed.Len(), window.Len(), kept, len(f.pending), firstErr)
 	}
 	f.metrics.flushes.WithLabelValues("ok").Inc()
-	f.failing.Store(false)
 	f.lastSuccess.Store(f.now().UnixNano())
 	f.metrics.lastSuccess.Set(float64(f.now().UnixNano()) / 1e9)
 	return nil
@@ -583,6 +604,35 @@ func (f *Flusher) ackAll(ms []aggregator.Message) {
 	f.metrics.acked.Add(float64(len(ms)))
 }
 
+// keepAliveWhile resets the redelivery timer of ms every Config.KeepAlive
+// until the returned stop is called (which waits for the goroutine).
+func (f *Flusher) keepAliveWhile(ms []aggregator.Message) (stop func()) {
+	if f.cfg.KeepAlive <= 0 || len(ms) == 0 {
+		return func() {}
+	}
+	held := make([]aggregator.Acker, len(ms))
+	for i, m := range ms {
+		held[i] = m.Msg
+	}
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		t := time.NewTicker(f.cfg.KeepAlive)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+				for _, m := range held {
+					m.InProgress() //nolint:errcheck // best effort; an acked message ignores it
+				}
+			}
+		}
+	})
+	return func() { close(done); wg.Wait() }
+}
+
 // keepAlive resets the redelivery timer of the messages of a window that
 // goes back to wait: they stay this sidecar's, and are not handed to
 // another replica (which would count them twice) while this one holds them.
@@ -592,8 +642,10 @@ func (f *Flusher) keepAlive(w aggregator.Window) {
 	}
 }
 
-// Failing reports whether the last flush left deltas unwritten. The
-// JetStream ingest stops fetching while it does.
+// Failing reports whether the last flush had work and wrote none of it
+// (the store is not taking writes). The JetStream ingest stops fetching
+// while it does; one topic that keeps failing among others that are
+// written does not stop it.
 func (f *Flusher) Failing() bool { return f.failing.Load() }
 
 // counts returns the shard count of each topic of w.
@@ -691,6 +743,7 @@ func (f *Flusher) Final(ctx context.Context) error {
 				}
 			}
 			f.flushMu.Unlock()
+			f.metrics.doubtAtExit.Add(float64(doubt))
 			return fmt.Errorf("flusher: shutdown deadline passed with %d mentions over %d topics unwritten, %d in writes in doubt and %d left in the journal for replay (%d messages handed back for redelivery): %w",
 				w.Mentions(), w.Len(), doubt, journaled, handedBack, err)
 		case <-t.C:
@@ -708,6 +761,13 @@ func (f *Flusher) LastSuccess() time.Time {
 	return time.Unix(0, f.lastSuccess.Load())
 }
 
+// LastProgress is the time of the last flush that wrote something or had
+// nothing to write, or of New when none has yet: what liveness follows, so
+// that one topic the store keeps refusing does not restart the sidecar.
+func (f *Flusher) LastProgress() time.Time {
+	return time.Unix(0, f.lastProgress.Load())
+}
+
 // Metrics are the flusher's metrics.
 type Metrics struct {
 	flushes     *prometheus.CounterVec
@@ -717,6 +777,7 @@ type Metrics struct {
 	rerouted    prometheus.Counter
 	early       prometheus.Counter
 	unflushed   prometheus.Counter
+	doubtAtExit prometheus.Counter
 	lastSuccess prometheus.Gauge
 	acked       prometheus.Counter
 	ackErrors   prometheus.Counter
@@ -755,6 +816,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "hotcount_flusher_unflushed_total",
 			Help: "Mentions still buffered when the shutdown deadline passed (lost in core NATS mode; handed back for redelivery in JetStream mode).",
 		}),
+		doubtAtExit: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "hotcount_flusher_doubt_at_shutdown_total",
+			Help: "Mentions in writes still in doubt (no answer) when the shutdown deadline passed, in core mode: each may or may not be in the store.",
+		}),
 		acked: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "hotcount_flusher_acked_total",
 			Help: "JetStream messages acknowledged after their delta was written.",
@@ -772,7 +837,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Unix time of the last flush that wrote everything it drained.",
 		}),
 	}
-	reg.MustRegister(m.flushes, m.duration, m.flushed, m.requeued, m.rerouted, m.early, m.unflushed, m.lastSuccess, m.acked, m.ackErrors, m.pending)
+	reg.MustRegister(m.flushes, m.duration, m.flushed, m.requeued, m.rerouted, m.early, m.unflushed, m.lastSuccess, m.acked, m.ackErrors, m.pending, m.doubtAtExit)
 	m.flushes.WithLabelValues("ok")
 	m.flushes.WithLabelValues("error")
 	return m

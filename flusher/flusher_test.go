@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -26,6 +27,7 @@ type faulty struct {
 	mu            sync.Mutex
 	down          bool
 	throttleFirst bool
+	poison        string // a topic every write of which is refused
 	latency       time.Duration
 	tried         map[string][]int
 }
@@ -36,7 +38,7 @@ func (f *faulty) Add(ctx context.Context, w store.Write, now time.Time) error {
 	f.mu.Lock()
 	f.tried[w.Topic] = append(f.tried[w.Topic], w.Shard)
 	first := len(f.tried[w.Topic]) == 1
-	down, throttle, latency := f.down, f.throttleFirst && first, f.latency
+	down, throttle, latency := f.down || (f.poison != "" && w.Topic == f.poison), f.throttleFirst && first, f.latency
 	f.mu.Unlock()
 	time.Sleep(latency) // a slow store: writes stay in flight
 	switch {
@@ -332,5 +334,68 @@ func TestObserverSeesWhatWasWritten(t *testing.T) {
 	}
 	if rec.seen["a"] != 3 || rec.seen["b"] != 2 || len(rec.seen) != 2 {
 		t.Errorf("observed %v, want a:3 b:2", rec.seen)
+	}
+}
+
+// heldMsg is a JetStream message as the flusher sees it: it counts the
+// calls.
+type heldMsg struct{ acks, progress, naks atomic.Int64 }
+
+func (m *heldMsg) Ack() error        { m.acks.Add(1); return nil }
+func (m *heldMsg) Nak() error        { m.naks.Add(1); return nil }
+func (m *heldMsg) InProgress() error { m.progress.Add(1); return nil }
+
+// TestSlowFlushKeepsItsMessagesAlive: a flush that takes several
+// keep-alive periods (a slow store) resets the redelivery timer of the
+// messages it drained while it holds them, and acknowledges them once
+// written.
+func TestSlowFlushKeepsItsMessagesAlive(t *testing.T) {
+	c := cfg
+	c.KeepAlive = 20 * time.Millisecond
+	fx := newFixture(t, c, nil)
+	fx.st.latency = 150 * time.Millisecond // each write; 4 in flight, 8 topics: ~300 ms
+	var msgs []*heldMsg
+	for i := range 8 {
+		m := &heldMsg{}
+		msgs = append(msgs, m)
+		fx.agg.AddAcked(fmt.Sprintf("t%d", i), 1, m, int64(i+1))
+	}
+	if err := fx.fl.Flush(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	for i, m := range msgs {
+		if m.progress.Load() < 3 || m.acks.Load() != 1 {
+			t.Errorf("message %d: %d keep-alives during a ~300 ms flush (want at least 3), %d acks (want 1)", i, m.progress.Load(), m.acks.Load())
+		}
+	}
+}
+
+// TestPoisonTopicDoesNotStopTheFlusher: one topic every write of which the
+// store refuses keeps its mentions buffered, while the others are written;
+// the flusher counts that as progress (liveness and JetStream backpressure
+// follow it), not as a failing store.
+func TestPoisonTopicDoesNotStopTheFlusher(t *testing.T) {
+	clk := testenv.NewClock(time.Unix(1_800_000_000, 0))
+	fx := newFixture(t, cfg, clk.Now)
+	fx.st.poison = "poison"
+	for round := range 3 {
+		clk.Add(time.Minute)
+		fx.agg.Add("poison", 1)
+		fx.agg.Add("golang", 2)
+		if err := fx.fl.Flush(context.Background()); !errors.Is(err, errDown) {
+			t.Fatalf("round %d: Flush = %v, want the poison topic's error", round, err)
+		}
+		if fx.fl.Failing() {
+			t.Fatalf("round %d: the flusher says the store is failing though golang was written", round)
+		}
+		if !fx.fl.LastProgress().Equal(clk.Now()) {
+			t.Errorf("round %d: last progress %v, want now %v", round, fx.fl.LastProgress(), clk.Now())
+		}
+	}
+	if got := fx.total(t, "golang", 4); got != 6 {
+		t.Errorf("golang = %d, want 6", got)
+	}
+	if _, n, _ := fx.agg.Stats(); n != 3 {
+		t.Errorf("buffer holds %d mentions, want the poison topic's 3", n)
 	}
 }

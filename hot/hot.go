@@ -7,6 +7,7 @@ package hot
 
 import (
 	"cmp"
+	"container/heap"
 	"slices"
 	"sync"
 	"time"
@@ -33,13 +34,18 @@ type Topic struct {
 }
 
 type counter struct {
+	topic      string
 	count, err int64
+	i          int // index in the sketch's heap
 }
 
-// sketch is one period's Space-Saving summary.
+// sketch is one period's Space-Saving summary: its counters in a map for
+// lookup and in a min-heap by count, so that finding and replacing the
+// least counted topic costs O(log k), not a scan of all k.
 type sketch struct {
 	k      int
 	counts map[string]*counter
+	heap   minHeap
 }
 
 func newSketch(k int) *sketch { return &sketch{k: k, counts: make(map[string]*counter, k)} }
@@ -49,21 +55,37 @@ func newSketch(k int) *sketch { return &sketch{k: k, counts: make(map[string]*co
 func (s *sketch) add(topic string, delta int64) {
 	if c, ok := s.counts[topic]; ok {
 		c.count += delta
+		heap.Fix(&s.heap, c.i)
 		return
 	}
 	if len(s.counts) < s.k {
-		s.counts[topic] = &counter{count: delta}
+		c := &counter{topic: topic, count: delta}
+		s.counts[topic] = c
+		heap.Push(&s.heap, c)
 		return
 	}
-	var minTopic string
-	var min *counter
-	for t, c := range s.counts {
-		if min == nil || c.count < min.count {
-			minTopic, min = t, c
-		}
-	}
-	delete(s.counts, minTopic)
-	s.counts[topic] = &counter{count: min.count + delta, err: min.count}
+	least := s.heap[0]
+	delete(s.counts, least.topic)
+	least.topic, least.err, least.count = topic, least.count, least.count+delta
+	s.counts[topic] = least
+	heap.Fix(&s.heap, 0)
+}
+
+// minHeap orders counters by count, least first (container/heap).
+type minHeap []*counter
+
+func (h minHeap) Len() int           { return len(h) }
+func (h minHeap) Less(i, j int) bool { return h[i].count < h[j].count }
+func (h minHeap) Swap(i, j int) {
+	h[i], h[j] = h[j], h[i]
+	h[i].i, h[j].i = i, j
+}
+func (h *minHeap) Push(x any) { c := x.(*counter); c.i = len(*h); *h = append(*h, c) }
+func (h *minHeap) Pop() any {
+	old := *h
+	c := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return c
 }
 
 // Tracker keeps the sketch of the current period and of the last complete

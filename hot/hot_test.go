@@ -65,3 +65,17 @@ func TestRatesRotate(t *testing.T) {
 		t.Fatalf("Top after two periods = %+v, want new at 3/s", top)
 	}
 }
+
+// BenchmarkObserveEvictions: a flush of 100,000 distinct topics into a full
+// sketch, every one an eviction: O(log k) each, not a scan of the sketch.
+func BenchmarkObserveEvictions(b *testing.B) {
+	w := make(map[string]int64, 100_000)
+	for i := range 100_000 {
+		w[fmt.Sprintf("topic-%d", i)] = int64(i%7 + 1)
+	}
+	tr := hot.New(hot.DefaultCapacity, time.Hour, time.Now)
+	b.ResetTimer()
+	for range b.N {
+		tr.Observe(w)
+	}
+}

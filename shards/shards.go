@@ -42,8 +42,8 @@ type Store interface {
 
 // Config says how topics are sharded.
 type Config struct {
-	// Default is the shard count of a new topic (--shards); with Adaptive,
-	// new topics start at one shard and this is ignored.
+	// Default is the shard count of a new topic (--shards). At one (the
+	// default) a new topic has no metadata item and costs one row.
 	Default int
 	// Adaptive raises a topic's count, doubling up to Max, when its writes
 	// are throttled.
@@ -59,13 +59,14 @@ type Config struct {
 // concurrent use. The expirable LRU behind it starts a goroutine that lives
 // as long as the process.
 type Book struct {
-	cfg     Config
-	st      Store
-	log     *zap.Logger
-	cache   *expirable.LRU[string, store.Meta]
-	raised  *expirable.LRU[string, struct{}] // topics raised lately: one raise per cache period
-	raises  prometheus.Counter
-	created prometheus.Counter
+	cfg       Config
+	st        Store
+	log       *zap.Logger
+	cache     *expirable.LRU[string, store.Meta]
+	raised    *expirable.LRU[string, struct{}] // topics raised lately: one raise per cache period
+	raises    prometheus.Counter
+	created   prometheus.Counter
+	fallbacks prometheus.Counter
 }
 
 // New returns a book over st, its metrics registered with reg.
@@ -85,23 +86,28 @@ func New(cfg Config, st Store, log *zap.Logger, reg prometheus.Registerer) *Book
 			Help: "Topics whose shard count this sidecar recorded first (a new topic written with more than one shard).",
 		}),
 	}
-	reg.MustRegister(b.raises, b.created)
+	b.fallbacks = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "hotcount_shards_fallbacks_total",
+		Help: "Topics written to one shard for a flush because their shard count could not be looked up or recorded in time (always safe: shard 0 is in every read set).",
+	})
+	reg.MustRegister(b.raises, b.created, b.fallbacks)
 	return b
 }
 
 // initial is the shard count a new topic starts with.
-func (b *Book) initial() int {
-	if b.cfg.Adaptive {
-		return 1
-	}
-	return max(b.cfg.Default, 1)
-}
+func (b *Book) initial() int { return max(b.cfg.Default, 1) }
 
 // WriteCounts returns how many shards to write each topic to. Topics not in
 // the cache are looked up in one batch. A topic without metadata gets the
 // initial count; above one, its metadata is recorded first (conditionally:
 // another writer's record wins), so that a later change of --shards cannot
 // move the shards its counts are in.
+//
+// Metadata never stands in front of counts: a topic whose lookup or
+// recording fails, or is not done when ctx ends, is written to one shard
+// (shard 0 is in every topic's read set, so that is always safe) and looked
+// up again next time. The error only reports such failures; the counts it
+// returns are always usable.
 func (b *Book) WriteCounts(ctx context.Context, topics []string) (map[string]int, error) {
 	out := make(map[string]int, len(topics))
 	var missing []string
@@ -117,11 +123,19 @@ func (b *Book) WriteCounts(ctx context.Context, topics []string) (map[string]int
 	}
 	metas, err := b.st.Metas(ctx, missing)
 	if err != nil {
-		return nil, fmt.Errorf("shards: %w", err)
+		b.fallbacks.Add(float64(len(missing)))
+		for _, t := range missing {
+			out[t] = 1
+		}
+		return out, fmt.Errorf("shards: %d topics written to one shard this time: %w", len(missing), err)
 	}
 	// Record new topics in parallel: a first flush can hold thousands.
-	var mu sync.Mutex
-	g, gctx := errgroup.WithContext(ctx)
+	var (
+		mu     sync.Mutex
+		failed int
+		first  error
+	)
+	var g errgroup.Group
 	g.SetLimit(recordConcurrency)
 	for _, t := range missing {
 		m := metas[t]
@@ -132,21 +146,36 @@ func (b *Book) WriteCounts(ctx context.Context, topics []string) (map[string]int
 			mu.Unlock()
 			continue
 		}
+		if ctx.Err() != nil {
+			mu.Lock()
+			out[t], failed = 1, failed+1
+			mu.Unlock()
+			continue
+		}
 		g.Go(func() error {
-			m, err := b.change(gctx, t, m, m.With(b.initial()))
+			m, err := b.change(ctx, t, m, m.With(b.initial()))
+			mu.Lock()
+			defer mu.Unlock()
 			if err != nil {
-				return err
+				out[t], failed = 1, failed+1
+				if first == nil {
+					first = err
+				}
+				return nil
 			}
 			b.created.Inc()
 			b.cache.Add(t, m)
-			mu.Lock()
 			out[t] = m.Write()
-			mu.Unlock()
 			return nil
 		})
 	}
-	if err := g.Wait(); err != nil {
-		return nil, err
+	_ = g.Wait() // outcomes are per topic, in out
+	if failed > 0 {
+		b.fallbacks.Add(float64(failed))
+		if first == nil {
+			first = ctx.Err()
+		}
+		return out, fmt.Errorf("shards: %d new topics not recorded, written to one shard this time: %w", failed, first)
 	}
 	return out, nil
 }

@@ -213,42 +213,62 @@ func TestReliabilityLostAnswers(t *testing.T) {
 	}
 }
 
-// TestReliabilityShutdownStoreDown: SIGTERM while the store is down, in core
+// TestReliabilityShutdownStoreDown: SIGTERM while the store fails, in core
 // mode: the final flush retries until the budget ends, then the sidecar
-// exits with an error naming what it could not write, and counts it in
-// hotcount_flusher_unflushed_total (lost: documented).
+// exits with an error naming what it could not write. Refused writes (an
+// answer: nothing applied) are unwritten, counted in
+// hotcount_flusher_unflushed_total (lost: documented); writes with no
+// answer (the store unreachable) are in doubt, counted in
+// hotcount_flusher_doubt_at_shutdown_total (each may or may not be in).
 func TestReliabilityShutdownStoreDown(t *testing.T) {
-	e := newFaultEnv(t, &ddbfault.Config{}, func(c *config.Config) {
-		c.FlushInterval = time.Hour
-		c.DrainTimeout = time.Second
-		c.ShutdownTimeout = 3 * time.Second
-	})
-	rep := publish(t, e.nats, loadgen.Config{Prefix: "mentions.", Topics: 10, Messages: 500, Count: 1, Seed: 50})
-	testenv.Eventually(t, 5*time.Second, func() error {
-		if n := testenv.Metric(t, e.sc.Registry(), "hotcount_aggregator_buffered_mentions"); n != float64(rep.Mentions) {
-			return fmt.Errorf("%v of %d buffered", n, rep.Mentions)
-		}
-		return nil
-	})
-	e.fault.SetOutage(time.Hour)
-	start := time.Now()
-	err := e.stop()
-	if took := time.Since(start); took > e.cfg.ShutdownTimeout+2*time.Second {
-		t.Errorf("shutdown took %s, budget %s", took, e.cfg.ShutdownTimeout)
-	}
-	if err == nil || !strings.Contains(err.Error(), fmt.Sprintf("%d mentions over %d topics unwritten", rep.Mentions, len(rep.PerTopic))) {
-		t.Errorf("shutdown error = %v, want it to name %d mentions over %d topics", err, rep.Mentions, len(rep.PerTopic))
-	}
-	if n := testenv.Metric(t, e.sc.Registry(), "hotcount_flusher_unflushed_total"); n != float64(rep.Mentions) {
-		t.Errorf("unflushed_total = %v, want %d", n, rep.Mentions)
+	for _, tc := range []struct {
+		name   string
+		fail   func(*ddbfault.Proxy)
+		said   string
+		metric string
+	}{
+		{"refused", func(p *ddbfault.Proxy) { p.SetWriteFailure(true) }, "%d mentions over %d topics unwritten", "hotcount_flusher_unflushed_total"},
+		{"unreachable", func(p *ddbfault.Proxy) { p.SetOutage(time.Hour) }, "%d in writes in doubt", "hotcount_flusher_doubt_at_shutdown_total"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newFaultEnv(t, &ddbfault.Config{}, func(c *config.Config) {
+				c.FlushInterval = time.Hour
+				c.DrainTimeout = time.Second
+				c.ShutdownTimeout = 3 * time.Second
+			})
+			rep := publish(t, e.nats, loadgen.Config{Prefix: "mentions.", Topics: 10, Messages: 500, Count: 1, Seed: 50})
+			testenv.Eventually(t, 5*time.Second, func() error {
+				if n := testenv.Metric(t, e.sc.Registry(), "hotcount_aggregator_buffered_mentions"); n != float64(rep.Mentions) {
+					return fmt.Errorf("%v of %d buffered", n, rep.Mentions)
+				}
+				return nil
+			})
+			tc.fail(e.fault)
+			start := time.Now()
+			err := e.stop()
+			if took := time.Since(start); took > e.cfg.ShutdownTimeout+2*time.Second {
+				t.Errorf("shutdown took %s, budget %s", took, e.cfg.ShutdownTimeout)
+			}
+			want := tc.said
+			if strings.Count(want, "%d") == 2 {
+				want = fmt.Sprintf(want, rep.Mentions, len(rep.PerTopic))
+			} else {
+				want = fmt.Sprintf(want, rep.Mentions)
+			}
+			if err == nil || !strings.Contains(err.Error(), want) {
+				t.Errorf("shutdown error = %v, want it to say %q", err, want)
+			}
+			if n := testenv.Metric(t, e.sc.Registry(), tc.metric); n != float64(rep.Mentions) {
+				t.Errorf("%s = %v, want %d", tc.metric, n, rep.Mentions)
+			}
+		})
 	}
 }
 
 // TestReliabilityShutdownStoreDownJetStream: the same in JetStream mode:
-// what the final flush cannot write is handed back, and a second sidecar
-// started once the store is back writes all of it. (What a flush journaled
-// and could not write is left in the journal instead:
-// TestReliabilityJournalLeftAtShutdown.)
+// what the final flush journaled and could not write stays in the journal
+// (its messages acknowledged), and a second sidecar started once the store
+// is back replays all of it.
 func TestReliabilityShutdownStoreDownJetStream(t *testing.T) {
 	e := newFaultEnv(t, &ddbfault.Config{}, func(c *config.Config) {
 		c.NATSMode = config.ModeJetStream
@@ -264,17 +284,23 @@ func TestReliabilityShutdownStoreDownJetStream(t *testing.T) {
 		return nil
 	})
 	e.fault.SetOutage(time.Hour)
-	// The store is down before the first flush: its shard-count lookups
-	// fail, so nothing is journaled and every message is handed back.
-	want := fmt.Sprintf("%d mentions over %d topics unwritten, 0 in writes in doubt and 0 left in the journal for replay (%d messages handed back",
-		rep.Mentions, len(rep.PerTopic), rep.Messages)
+	// The flush journals its writes (NATS is up) and acknowledges their
+	// messages; the writes find the store down.
+	want := fmt.Sprintf("%d left in the journal for replay", rep.Mentions)
 	if err := e.stop(); err == nil || !strings.Contains(err.Error(), want) {
 		t.Fatalf("shutdown error = %v, want %q", err, want)
 	}
 	e.fault.EndOutage()
 
-	// A second sidecar on the same stream, consumer and table.
+	// A second sidecar on the same stream, consumer and table replays them
+	// (the first left: no waiting for its lease).
 	second := newEnvOn(t, e, func(c *config.Config) { c.FlushInterval = 100 * time.Millisecond })
+	testenv.Eventually(t, 3*journal.ReplayEvery, func() error {
+		if n := testenv.Metric(t, second.sc.Registry(), "hotcount_journal_replayed_total"); n == 0 {
+			return errors.New("nothing replayed yet")
+		}
+		return nil
+	})
 	consumerIdle(t, e.nats)
 	if err := second.stop(); err != nil {
 		t.Fatal(err)
@@ -282,12 +308,12 @@ func TestReliabilityShutdownStoreDownJetStream(t *testing.T) {
 	exact(t, e, rep)
 }
 
-// TestReliabilityJournalLeftAtShutdown: in JetStream mode the store goes
-// down after the flush has journaled its writes (and acknowledged their
-// messages) and before they land. SIGTERM: the final flush cannot write
-// them, says they are left in the journal, and leaves; a second sidecar
-// replays them at once, under the first one's identity, and the table
-// holds exactly what was published.
+// TestReliabilityJournalLeftAtShutdown: in JetStream mode the store refuses
+// the writes (an answer, nothing applied) after the flush has journaled
+// them and acknowledged their messages. SIGTERM: the final flush cannot
+// write them, says they are left in the journal, and leaves; a second
+// sidecar replays them at once, under the first one's identity, and the
+// table holds exactly what was published.
 func TestReliabilityJournalLeftAtShutdown(t *testing.T) {
 	e := newFaultEnv(t, &ddbfault.Config{}, func(c *config.Config) {
 		c.NATSMode = config.ModeJetStream

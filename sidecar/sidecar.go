@@ -124,6 +124,10 @@ func (s *Sidecar) Run(ctx context.Context) error {
 		}
 		opts = append(opts, flusher.WithJournal(jr))
 	}
+	var keepAlive time.Duration
+	if cfg.NATSMode == config.ModeJetStream {
+		keepAlive = cfg.AckWait / 3 // as the ingest keeps the buffer alive
+	}
 	fl := flusher.New(flusher.Config{
 		Shards:       cfg.Shards,
 		Interval:     cfg.FlushInterval,
@@ -131,6 +135,7 @@ func (s *Sidecar) Run(ctx context.Context) error {
 		Concurrency:  cfg.FlushConcurrency,
 		WriteTimeout: cfg.WriteTimeout,
 		Writer:       writer,
+		KeepAlive:    keepAlive,
 	}, agg, st, log, flusher.NewMetrics(reg), time.Now, opts...)
 
 	sub, err := newSource(cfg, nc, agg, fl, log, im)
@@ -150,8 +155,8 @@ func (s *Sidecar) Run(ctx context.Context) error {
 	defer lk.Close()
 
 	health := func(context.Context) error {
-		if age := time.Since(fl.LastSuccess()); age > cfg.HealthAge() {
-			return fmt.Errorf("last complete flush %s ago, more than %s", age.Round(time.Millisecond), cfg.HealthAge())
+		if age := time.Since(fl.LastProgress()); age > cfg.HealthAge() {
+			return fmt.Errorf("no flush has written anything for %s, more than %s", age.Round(time.Millisecond), cfg.HealthAge())
 		}
 		return nil
 	}
@@ -162,8 +167,16 @@ func (s *Sidecar) Run(ctx context.Context) error {
 		return st.Ping(ctx)
 	}
 
+	api := lk.Handler(log, lookup.Extras{Pending: agg.Pending, Hot: hottest.Top, ShardsOf: book.Cached})
+	if cfg.HTTPTokenFile != "" {
+		token, err := config.ReadToken(cfg.HTTPTokenFile)
+		if err != nil {
+			return fmt.Errorf("sidecar: --http-token-file: %w", err)
+		}
+		api = lookup.RequireToken(token, api)
+	}
 	servers, err := s.listen(map[string]http.Handler{
-		"http":  lk.Handler(log, lookup.Extras{Pending: agg.Pending, Hot: hottest.Top, ShardsOf: book.Cached}),
+		"http":  api,
 		"admin": admin.Handler(reg, health, ready),
 	})
 	if err != nil {

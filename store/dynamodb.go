@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -22,10 +23,15 @@ import (
 	"github.com/aws/smithy-go"
 	"github.com/aws/smithy-go/middleware"
 	smithyhttp "github.com/aws/smithy-go/transport/http"
+	"golang.org/x/sync/errgroup"
 )
 
 // maxBatchGetKeys is DynamoDB's limit of keys in one BatchGetItem call.
 const maxBatchGetKeys = 100
+
+// metaLookups is how many BatchGetItem calls of one metadata lookup run at
+// once.
+const metaLookups = 16
 
 // DynamoAPI is the part of the DynamoDB client the store calls. The SDK's
 // *dynamodb.Client satisfies it.
@@ -461,22 +467,32 @@ func (d *DynamoDB) Metas(ctx context.Context, topics []string) (map[string]Meta,
 		keys = append(keys, map[string]types.AttributeValue{AttrPK: &types.AttributeValueMemberS{Value: MetaKey(t)}})
 	}
 	d.metrics.reads.Add(float64(len(keys)))
+	// A cold start looks up thousands of topics: their BatchGetItem calls
+	// (100 keys each) go out in parallel, not one round trip after another.
+	var mu sync.Mutex
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(metaLookups)
 	for start := 0; start < len(keys); start += maxBatchGetKeys {
-		err := d.batchGet(ctx, keys[start:min(start+maxBatchGetKeys, len(keys))], true, func(item map[string]types.AttributeValue) error {
-			pk, _ := item[AttrPK].(*types.AttributeValueMemberS)
-			if pk == nil {
-				return fmt.Errorf("store: item without a string %s", AttrPK)
-			}
-			m, err := decodeMeta(item)
-			if err != nil {
-				return fmt.Errorf("store: item %s: %w", pk.Value, err)
-			}
-			metas[index[pk.Value]] = m
-			return nil
+		chunk := keys[start:min(start+maxBatchGetKeys, len(keys))]
+		g.Go(func() error {
+			return d.batchGet(gctx, chunk, true, func(item map[string]types.AttributeValue) error {
+				pk, _ := item[AttrPK].(*types.AttributeValueMemberS)
+				if pk == nil {
+					return fmt.Errorf("store: item without a string %s", AttrPK)
+				}
+				m, err := decodeMeta(item)
+				if err != nil {
+					return fmt.Errorf("store: item %s: %w", pk.Value, err)
+				}
+				mu.Lock()
+				metas[index[pk.Value]] = m
+				mu.Unlock()
+				return nil
+			})
 		})
-		if err != nil {
-			return nil, d.readFailed(topics, err)
-		}
+	}
+	if err := g.Wait(); err != nil {
+		return nil, d.readFailed(topics, err)
 	}
 	d.answered()
 	return metas, nil
