@@ -251,6 +251,21 @@ func TestStandalone(t *testing.T) {
 	if !mounted {
 		t.Errorf("the token file %s is on no mounted volume", cfg.HTTPTokenFile)
 	}
+	// Secret files belong to root: the non-root user reads the token
+	// through fsGroup and a group-readable mode, or not at all.
+	psc := d.Spec.Template.Spec.SecurityContext
+	for _, v := range d.Spec.Template.Spec.Volumes {
+		if v.Secret == nil {
+			continue
+		}
+		mode := int32(0o644)
+		if v.Secret.DefaultMode != nil {
+			mode = *v.Secret.DefaultMode
+		}
+		if psc.FSGroup == nil || psc.RunAsUser == nil || *psc.FSGroup != *psc.RunAsUser || mode&0o040 == 0 {
+			t.Errorf("secret volume %s (mode %o, fsGroup %v) is not readable by user %v", v.Name, mode, psc.FSGroup, psc.RunAsUser)
+		}
+	}
 	np, ok := o.netpols["hotcount"]
 	if !ok {
 		t.Fatal("no NetworkPolicy for the pool")

@@ -657,9 +657,10 @@ func (f *Flusher) counts(ctx context.Context, w aggregator.Window) (map[string]i
 	for t := range w.Deltas {
 		topics = append(topics, t)
 	}
-	// Bounded like the flush: the drained messages are not kept alive
-	// while this runs.
-	ctx, cancel := context.WithTimeout(ctx, f.cfg.Timeout)
+	// A quarter of the flush's budget: the counts it cannot give by then
+	// fall back to one shard, and the writes keep the rest of the budget
+	// (metadata never stands in front of counts).
+	ctx, cancel := context.WithTimeout(ctx, f.cfg.Timeout/4)
 	defer cancel()
 	return f.shards.WriteCounts(ctx, topics)
 }

@@ -399,3 +399,46 @@ func TestPoisonTopicDoesNotStopTheFlusher(t *testing.T) {
 		t.Errorf("buffer holds %d mentions, want the poison topic's 3", n)
 	}
 }
+
+// slowShards answers shard counts only when its context ends, with the
+// fallback of one shard for every topic (a metadata store that hangs).
+type slowShards struct{}
+
+func (slowShards) WriteCounts(ctx context.Context, topics []string) (map[string]int, error) {
+	<-ctx.Done()
+	out := make(map[string]int, len(topics))
+	for _, t := range topics {
+		out[t] = 1
+	}
+	return out, ctx.Err()
+}
+func (slowShards) Throttled(context.Context, string) int { return 1 }
+
+// TestHungMetadataDoesNotHoldCountsBack: the shard-count lookup hangs; it
+// gets a quarter of the flush's budget, its fallback (one shard) comes in
+// time, and every count is written in the same flush.
+func TestHungMetadataDoesNotHoldCountsBack(t *testing.T) {
+	c := cfg
+	c.Timeout = 400 * time.Millisecond
+	reg := prometheus.NewRegistry()
+	b, err := store.OpenBolt(t.TempDir(), store.NewMetrics(reg))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	agg := aggregator.New(1000, reg)
+	fl := flusher.New(c, agg, b, zaptest.NewLogger(t), flusher.NewMetrics(reg), time.Now, flusher.WithShards(slowShards{}))
+	for i := range 20 {
+		agg.Add(fmt.Sprintf("t%d", i), 1)
+	}
+	if err := fl.Flush(context.Background()); err != nil {
+		t.Fatalf("Flush = %v, want every count written on its fallback shard", err)
+	}
+	if fl.Failing() {
+		t.Error("Failing after a flush that wrote everything")
+	}
+	got, _ := b.Gather(context.Background(), "t7", 1, true)
+	if got[0].Count != 1 {
+		t.Errorf("t7 = %v, want 1 on shard 0", got)
+	}
+}

@@ -363,7 +363,10 @@ func RedactURLs(list string) string {
 	for i, p := range parts {
 		u, err := url.Parse(strings.TrimSpace(p))
 		switch {
-		case err != nil:
+		case err != nil || (u.User == nil && strings.Contains(p, "@")):
+			// Did not parse, or parsed without user information though it
+			// holds an '@' (a secret with '/', '?' or '#' in it): everything
+			// between the scheme and the last '@' goes.
 			if at := strings.LastIndexByte(p, '@'); at >= 0 {
 				scheme, _, ok := strings.Cut(p, "://")
 				if !ok {
@@ -390,6 +393,13 @@ func RedactURLs(list string) string {
 func RedactErr(err error, list string) error {
 	if err == nil {
 		return nil
+	}
+	for _, p := range strings.Split(list, ",") {
+		if u, perr := url.Parse(strings.TrimSpace(p)); strings.Contains(p, "@") && (perr != nil || u.User == nil) {
+			// A URL that does not parse as URL and user: a parser's message
+			// would quote pieces of the secret. Say only that.
+			return &redactedError{msg: fmt.Sprintf("NATS URL %s does not parse (its error is not shown: it would quote the secret)", RedactURLs(p)), err: err}
+		}
 	}
 	return &redactedError{msg: redactIn(err.Error(), list), err: err}
 }

@@ -200,7 +200,8 @@ func must(t *testing.T, err error) {
 // TestConnectErrorRedacts: a URL's password never reaches an error
 // message, even one that does not parse.
 func TestConnectErrorRedacts(t *testing.T) {
-	for _, u := range []string{"nats://alice:s3cret@127.0.0.1:1", "nats://s3cret@127.0.0.1:1", "nats://bob:s3%zzcret@127.0.0.1:1"} {
+	for _, u := range []string{"nats://alice:s3cret@127.0.0.1:1", "nats://s3cret@127.0.0.1:1", "nats://bob:s3%zzcret@127.0.0.1:1",
+		"nats://AbC/s3+g@127.0.0.1:1", "nats://alice:s3?x@127.0.0.1:1", "nats://alice:12/s3@127.0.0.1:1"} {
 		_, err := ingest.Connect(u, zap.NewNop(), ingest.NewMetrics(prometheus.NewRegistry()), nats.RetryOnFailedConnect(false))
 		if err == nil {
 			t.Fatalf("connect %s: no error", u)

@@ -86,7 +86,7 @@ func Count(payload []byte, max int64) (int64, error) {
 	if len(payload) == 0 {
 		return 1, nil
 	}
-	if n, ok := fastCount(payload); ok && n >= 1 && n <= max {
+	if n, ok := fastCount(payload); ok && n >= 1 && n <= max && len(payload) <= MaxPayloadBytes {
 		return n, nil
 	}
 	return strictCount(payload, max)

@@ -119,7 +119,7 @@ func FuzzCount(f *testing.F) {
 		f.Add([]byte(s))
 	}
 	for _, s := range []string{` { "count" : 12 } `, "{\"count\":\t1\n}", `{"count":0}`, `{"count":01}`, `{"count":-0}`, `{"count":1.0}`,
-		`{"count":9223372036854775807}`, `{"count":9223372036854775808}`, `{"count":1,"x":2}`, `{"COUNT":3}`, `{"count":2}}`, `{"count":3`} {
+		`{"count":9223372036854775807}`, `{"count":9223372036854775808}`, `{"count":1,"x":2}`, `{"COUNT":3}`, `{"count":2}}`, `{"count":3`, `{"count":1}` + strings.Repeat(" ", 5000)} {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, payload []byte) {
