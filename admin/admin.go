@@ -22,30 +22,38 @@ const checkTimeout = 2 * time.Second
 // Check reports a problem, or nil when all is well.
 type Check func(ctx context.Context) error
 
+// Dependencies reports the state of each dependency by name: "ok" or the
+// problem.
+type Dependencies func(ctx context.Context) map[string]string
+
 // Handler serves:
 //
-//	GET /healthz  200 while live, 503 with the reason when not (liveness)
+//	GET /healthz  200 while live, 503 with the reason when not (liveness);
+//	              either way the body names each dependency's state
 //	GET /readyz   200 while ready, 503 with the reason when not (readiness)
 //	GET /metrics  Prometheus metrics from g
-func Handler(g prometheus.Gatherer, health, ready Check) http.Handler {
+func Handler(g prometheus.Gatherer, health, ready Check, deps Dependencies) http.Handler {
 	mux := http.NewServeMux()
-	mux.Handle("GET /healthz", probe(health))
-	mux.Handle("GET /readyz", probe(ready))
+	mux.Handle("GET /healthz", probe(health, deps))
+	mux.Handle("GET /readyz", probe(ready, nil))
 	mux.Handle("GET /metrics", promhttp.HandlerFor(g, promhttp.HandlerOpts{}))
 	return mux
 }
 
-func probe(check Check) http.HandlerFunc {
+func probe(check Check, deps Dependencies) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		ctx, cancel := context.WithTimeout(r.Context(), checkTimeout)
 		defer cancel()
 		w.Header().Set("Content-Type", "application/json")
 		w.Header().Set("Cache-Control", "no-store")
+		body := map[string]any{"status": "ok"}
+		if deps != nil {
+			body["dependencies"] = deps(ctx)
+		}
 		if err := check(ctx); err != nil {
 			w.WriteHeader(http.StatusServiceUnavailable)
-			json.NewEncoder(w).Encode(map[string]string{"status": "fail", "error": err.Error()}) //nolint:errcheck // client gone
-			return
+			body["status"], body["error"] = "fail", err.Error()
 		}
-		json.NewEncoder(w).Encode(map[string]string{"status": "ok"}) //nolint:errcheck // client gone
+		json.NewEncoder(w).Encode(body) //nolint:errcheck // client gone
 	}
 }

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net"
-	"net/http"
 	"os"
 	"os/exec"
 	"strconv"
@@ -390,17 +389,7 @@ func BenchmarkCounters(b *testing.B) {
 		done := make(chan error, 1)
 		go func() { done <- sc.Run(ctx) }()
 		<-sc.Started()
-		testenv.Eventually(b, 10*time.Second, func() error { // subscribed
-			resp, err := http.Get("http://" + sc.AdminAddr() + "/readyz")
-			if err != nil {
-				return err
-			}
-			resp.Body.Close()
-			if resp.StatusCode != http.StatusOK {
-				return fmt.Errorf("readyz %d", resp.StatusCode)
-			}
-			return nil
-		})
+		testenv.Subscribed(b, sc.AdminAddr(), 10*time.Second)
 		pub := testenv.Connect(b, ns.ClientURL())
 		subs := subjects(b.N, true)
 		b.ResetTimer()
@@ -444,17 +433,7 @@ func BenchmarkCounters(b *testing.B) {
 		done := make(chan error, 1)
 		go func() { done <- sc.Run(ctx) }()
 		<-sc.Started()
-		testenv.Eventually(b, 10*time.Second, func() error {
-			resp, err := http.Get("http://" + sc.AdminAddr() + "/readyz")
-			if err != nil {
-				return err
-			}
-			resp.Body.Close()
-			if resp.StatusCode != http.StatusOK {
-				return fmt.Errorf("readyz %d", resp.StatusCode)
-			}
-			return nil
-		})
+		testenv.Subscribed(b, sc.AdminAddr(), 10*time.Second)
 		js, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(4096))
 		if err != nil {
 			b.Fatal(err)

@@ -41,7 +41,8 @@ func exact(t *testing.T, e *env, reps ...loadgen.Report) {
 }
 
 // TestReliabilityOutage: the store unreachable (every connection reset) for
-// seconds while mentions keep arriving: the sidecar stays up, /readyz fails,
+// seconds while mentions keep arriving: the sidecar stays up and ready (the
+// lookup API can answer), hotcount_dependency_up{dependency="store"} is 0,
 // /healthz fails only once the last complete flush is older than
 // --health-flush-age, the buffer keeps merging, and after recovery the
 // table holds every mention.
@@ -61,8 +62,11 @@ func TestReliabilityOutage(t *testing.T) {
 	e.fault.SetOutage(time.Hour)
 	var during []loadgen.Report
 	testenv.Eventually(t, 10*time.Second, func() error {
-		if e.probe("/readyz") == nil {
-			return errors.New("ready while the store is down")
+		if e.probe("/readyz") != nil {
+			return errors.New("not ready while the store is down: the lookup API can still answer")
+		}
+		if testenv.MetricWith(t, e.sc.Registry(), "hotcount_dependency_up", "dependency", "store") != 0 {
+			return errors.New("the store reads as up while it is down")
 		}
 		return nil
 	})

@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -160,11 +161,45 @@ func (s *Sidecar) Run(ctx context.Context) error {
 		}
 		return nil
 	}
-	ready := func(ctx context.Context) error {
-		if err := sub.Ready(); err != nil {
-			return err
+	// Readiness is "the lookup API can answer" (from the store, or from
+	// its cache while the store is away): a native sidecar's readiness is
+	// its app pod's, and a NATS blip or a slow table must not take every
+	// app pod out of its Service. The dependencies' state is in /healthz's
+	// body and in hotcount_dependency_up.
+	var stopping atomic.Bool
+	ready := func(context.Context) error {
+		if stopping.Load() {
+			return errors.New("shutting down")
 		}
-		return st.Ping(ctx)
+		return nil
+	}
+	checks := map[string]admin.Check{
+		"nats":  func(context.Context) error { return sub.Ready() },
+		"store": st.Ping,
+	}
+	deps := func(ctx context.Context) map[string]string {
+		out := make(map[string]string, len(checks))
+		for name, check := range checks {
+			out[name] = "ok"
+			if err := check(ctx); err != nil {
+				out[name] = err.Error()
+			}
+		}
+		return out
+	}
+	for name, check := range checks {
+		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name:        "hotcount_dependency_up",
+			Help:        "1 while the dependency answers (nats: subscribed or consumer bound, and connected; store: a call succeeded lately or the table answers), else 0.",
+			ConstLabels: prometheus.Labels{"dependency": name},
+		}, func() float64 {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			defer cancel()
+			if check(ctx) != nil {
+				return 0
+			}
+			return 1
+		}))
 	}
 
 	api := lk.Handler(log, lookup.Extras{Pending: agg.Pending, Hot: hottest.Top, ShardsOf: book.Cached})
@@ -177,7 +212,7 @@ func (s *Sidecar) Run(ctx context.Context) error {
 	}
 	servers, err := s.listen(map[string]http.Handler{
 		"http":  api,
-		"admin": admin.Handler(reg, health, ready),
+		"admin": admin.Handler(reg, health, ready, deps),
 	})
 	if err != nil {
 		return err
@@ -219,6 +254,7 @@ func (s *Sidecar) Run(ctx context.Context) error {
 	case cause = <-serveErr:
 		log.Error("listener failed; shutting down", zap.Error(cause))
 	}
+	stopping.Store(true)
 	budget, cancelBudget := context.WithTimeout(context.Background(), cfg.ShutdownTimeout)
 	defer cancelBudget()
 

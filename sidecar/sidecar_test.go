@@ -106,6 +106,7 @@ func (e *env) run() {
 		t.Fatalf("sidecar did not start: %v", err)
 	}
 	testenv.Eventually(t, 10*time.Second, func() error { return e.probe("/readyz") })
+	testenv.Subscribed(t, e.sc.AdminAddr(), 10*time.Second)
 }
 
 // stop is SIGTERM: it returns Run's error.
@@ -224,8 +225,11 @@ func TestOutageLosesNothing(t *testing.T) {
 	e.dyn.Stop()
 	second := publish(t, e.nats, loadgen.Config{Prefix: "mentions.", Topics: 100, Messages: 5_000, Count: 3, Seed: 5})
 	testenv.Eventually(t, 10*time.Second, func() error {
-		if e.probe("/readyz") == nil {
-			return errors.New("ready while the store is down")
+		if err := e.probe("/readyz"); err != nil {
+			return fmt.Errorf("not ready while the store is down: the lookup API can still answer: %v", err)
+		}
+		if testenv.MetricWith(t, e.sc.Registry(), "hotcount_dependency_up", "dependency", "store") != 0 {
+			return errors.New("the store reads as up while it is down")
 		}
 		if e.probe("/healthz") == nil {
 			return errors.New("healthy while no flush succeeds")
@@ -240,6 +244,9 @@ func TestOutageLosesNothing(t *testing.T) {
 	testenv.Eventually(t, 20*time.Second, func() error {
 		if err := e.probe("/healthz"); err != nil {
 			return err
+		}
+		if testenv.MetricWith(t, e.sc.Registry(), "hotcount_dependency_up", "dependency", "store") != 1 {
+			return errors.New("the store reads as down after it came back")
 		}
 		return e.probe("/readyz")
 	})
@@ -309,7 +316,7 @@ func TestJetStreamSurvivesNATSRestart(t *testing.T) {
 		t.Fatalf("%v writes before the restart; the test needs messages held", w)
 	}
 	e.ns = testenv.RestartNATS(t, e.ns)
-	testenv.Eventually(t, 20*time.Second, func() error { return e.probe("/readyz") })
+	testenv.Subscribed(t, e.sc.AdminAddr(), 20*time.Second)
 	second := publish(t, e.nats, loadgen.Config{Prefix: "mentions.", Topics: 50, Messages: 10_000, Count: 1, Seed: 9, JetStream: true})
 	consumerIdle(t, e.nats)
 	if err := e.stop(); err != nil {

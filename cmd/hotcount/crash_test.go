@@ -90,6 +90,7 @@ func startChild(t testing.TB, args ...string) *child {
 		}
 	})
 	testenv.Eventually(t, 30*time.Second, func() error { _, err := c.get("/readyz"); return err })
+	testenv.Subscribed(t, c.admin, 30*time.Second)
 	return c
 }
 

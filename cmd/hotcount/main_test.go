@@ -135,6 +135,7 @@ func TestDev(t *testing.T) {
 			}
 			return nil
 		})
+		testenv.Subscribed(t, adminAddr, 20*time.Second)
 		return func() {
 			cancel()
 			if err := <-done; err != nil {

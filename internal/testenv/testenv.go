@@ -6,8 +6,10 @@ package testenv
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -388,4 +390,28 @@ func Writer() func(topic string, shard int, delta int64) store.Write {
 	return func(topic string, shard int, delta int64) store.Write {
 		return store.Write{Topic: topic, Shard: shard, Delta: delta, Writer: id, Seq: seq.Next()}
 	}
+}
+
+// Subscribed polls the admin listener at addr until its /healthz body says
+// NATS is ok (subscribed, or the consumer bound): /readyz no longer waits
+// for that, it only says the lookup API can answer.
+func Subscribed(t testing.TB, addr string, timeout time.Duration) {
+	t.Helper()
+	Eventually(t, timeout, func() error {
+		resp, err := http.Get("http://" + addr + "/healthz")
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		var body struct {
+			Dependencies map[string]string `json:"dependencies"`
+		}
+		if err := json.NewDecoder(resp.Body).Decode(&body); err != nil {
+			return err
+		}
+		if s := body.Dependencies["nats"]; s != "ok" {
+			return fmt.Errorf("nats: %q", s)
+		}
+		return nil
+	})
 }
