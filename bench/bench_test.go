@@ -378,18 +378,7 @@ func BenchmarkCounters(b *testing.B) {
 	})
 	b.Run("hotcount", func(b *testing.B) {
 		ns := testenv.NATS(b)
-		cfg := config.Default()
-		cfg.NATSURL = ns.ClientURL()
-		cfg.Store, cfg.DataDir = config.StoreBolt, b.TempDir()
-		cfg.HTTPAddr = "127.0.0.1:" + strconv.Itoa(freePort(b))
-		cfg.AdminAddr = "127.0.0.1:" + strconv.Itoa(freePort(b))
-		cfg.FlushInterval = 100 * time.Millisecond
-		sc := sidecar.New(cfg, zap.NewNop())
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan error, 1)
-		go func() { done <- sc.Run(ctx) }()
-		<-sc.Started()
-		testenv.Subscribed(b, sc.AdminAddr(), 10*time.Second)
+		sc := counterSidecar(b, ns.ClientURL(), config.ModeCore)
 		pub := testenv.Connect(b, ns.ClientURL())
 		subs := subjects(b.N, true)
 		b.ResetTimer()
@@ -397,20 +386,7 @@ func BenchmarkCounters(b *testing.B) {
 			pub.Publish(s, nil) //nolint:errcheck // flushed below
 		}
 		pub.Flush() //nolint:errcheck // checked by the count
-		testenv.Eventually(b, 2*time.Minute, func() error {
-			if f := testenv.Metric(b, sc.Registry(), "hotcount_flusher_flushed_mentions_total"); f < float64(b.N) {
-				return fmt.Errorf("%v of %d flushed", f, b.N)
-			}
-			return nil
-		})
-		b.StopTimer()
-		b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "mentions/s")
-		writes := testenv.Metric(b, sc.Registry(), "hotcount_store_writes_total")
-		b.ReportMetric(writes/float64(b.N), "writes/mention")
-		cancel()
-		if err := <-done; err != nil {
-			b.Fatal(err)
-		}
+		reportCounted(b, sc)
 	})
 	// Like for like with the counters: the same acknowledged asynchronous
 	// JetStream publishes, into hotcount's stream, counted when every
@@ -421,19 +397,7 @@ func BenchmarkCounters(b *testing.B) {
 		if _, err := ingest.EnsureStream(context.Background(), nc, ingest.DefaultStream, "mentions.>", time.Minute); err != nil {
 			b.Fatal(err)
 		}
-		cfg := config.Default()
-		cfg.NATSURL = ns.ClientURL()
-		cfg.NATSMode = config.ModeJetStream
-		cfg.Store, cfg.DataDir = config.StoreBolt, b.TempDir()
-		cfg.HTTPAddr = "127.0.0.1:" + strconv.Itoa(freePort(b))
-		cfg.AdminAddr = "127.0.0.1:" + strconv.Itoa(freePort(b))
-		cfg.FlushInterval = 100 * time.Millisecond
-		sc := sidecar.New(cfg, zap.NewNop())
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan error, 1)
-		go func() { done <- sc.Run(ctx) }()
-		<-sc.Started()
-		testenv.Subscribed(b, sc.AdminAddr(), 10*time.Second)
+		sc := counterSidecar(b, ns.ClientURL(), config.ModeJetStream)
 		js, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(4096))
 		if err != nil {
 			b.Fatal(err)
@@ -449,19 +413,47 @@ func BenchmarkCounters(b *testing.B) {
 			}
 		}
 		<-js.PublishAsyncComplete()
-		testenv.Eventually(b, 2*time.Minute, func() error {
-			if f := testenv.Metric(b, sc.Registry(), "hotcount_flusher_flushed_mentions_total"); f < float64(b.N) {
-				return fmt.Errorf("%v of %d flushed", f, b.N)
-			}
-			return nil
-		})
-		b.StopTimer()
-		b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "mentions/s")
-		writes := testenv.Metric(b, sc.Registry(), "hotcount_store_writes_total")
-		b.ReportMetric(writes/float64(b.N), "writes/mention")
+		reportCounted(b, sc)
+	})
+}
+
+// counterSidecar runs a sidecar on the embedded store against the NATS
+// server at url, in mode, until the benchmark ends, and waits until it is
+// subscribed.
+func counterSidecar(b *testing.B, url, mode string) *sidecar.Sidecar {
+	cfg := config.Default()
+	cfg.NATSURL = url
+	cfg.NATSMode = mode
+	cfg.Store, cfg.DataDir = config.StoreBolt, b.TempDir()
+	cfg.HTTPAddr = "127.0.0.1:" + strconv.Itoa(freePort(b))
+	cfg.AdminAddr = "127.0.0.1:" + strconv.Itoa(freePort(b))
+	cfg.FlushInterval = 100 * time.Millisecond
+	sc := sidecar.New(cfg, zap.NewNop())
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- sc.Run(ctx) }()
+	b.Cleanup(func() {
 		cancel()
 		if err := <-done; err != nil {
-			b.Fatal(err)
+			b.Error(err)
 		}
 	})
+	<-sc.Started()
+	testenv.Subscribed(b, sc.AdminAddr(), 10*time.Second)
+	return sc
+}
+
+// reportCounted waits until the sidecar has flushed b.N mentions, then
+// reports mentions/s (timer stopped) and store writes per mention.
+func reportCounted(b *testing.B, sc *sidecar.Sidecar) {
+	testenv.Eventually(b, 2*time.Minute, func() error {
+		if f := testenv.Metric(b, sc.Registry(), "hotcount_flusher_flushed_mentions_total"); f < float64(b.N) {
+			return fmt.Errorf("%v of %d flushed", f, b.N)
+		}
+		return nil
+	})
+	b.StopTimer()
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "mentions/s")
+	writes := testenv.Metric(b, sc.Registry(), "hotcount_store_writes_total")
+	b.ReportMetric(writes/float64(b.N), "writes/mention")
 }
