@@ -269,88 +269,54 @@ func TestReliabilityShutdownStoreDown(t *testing.T) {
 	}
 }
 
-// TestReliabilityShutdownStoreDownJetStream: the same in JetStream mode:
-// what the final flush journaled and could not write stays in the journal
-// (its messages acknowledged), and a second sidecar started once the store
-// is back replays all of it.
+// TestReliabilityShutdownStoreDownJetStream: the same in JetStream mode,
+// with the store unreachable (writes in doubt) or refusing every write (an
+// answer, nothing applied): what the final flush journaled and could not
+// write stays in the journal (its messages acknowledged), the exit error
+// says so, and a second sidecar started once the store is back replays it
+// at once (the first left: no waiting for its lease), under the first
+// one's identity: the table holds exactly what was published.
 func TestReliabilityShutdownStoreDownJetStream(t *testing.T) {
-	e := newFaultEnv(t, &ddbfault.Config{}, func(c *config.Config) {
-		c.NATSMode = config.ModeJetStream
-		c.FlushInterval = time.Hour
-		c.DrainTimeout = time.Second
-		c.ShutdownTimeout = 3 * time.Second
-	})
-	rep := publish(t, e.nats, loadgen.Config{Prefix: "mentions.", Topics: 10, Messages: 500, Count: 1, Seed: 51, JetStream: true})
-	testenv.Eventually(t, 5*time.Second, func() error {
-		if n := testenv.Metric(t, e.sc.Registry(), "hotcount_aggregator_held_messages"); n != float64(rep.Messages) {
-			return fmt.Errorf("%v of %d held", n, rep.Messages)
-		}
-		return nil
-	})
-	e.fault.SetOutage(time.Hour)
-	// The flush journals its writes (NATS is up) and acknowledges their
-	// messages; the writes find the store down.
-	want := fmt.Sprintf("%d left in the journal for replay", rep.Mentions)
-	if err := e.stop(); err == nil || !strings.Contains(err.Error(), want) {
-		t.Fatalf("shutdown error = %v, want %q", err, want)
-	}
-	e.fault.EndOutage()
+	for _, tc := range []struct {
+		name       string
+		fail, heal func(*ddbfault.Proxy)
+	}{
+		{"unreachable", func(p *ddbfault.Proxy) { p.SetOutage(time.Hour) }, (*ddbfault.Proxy).EndOutage},
+		{"refused", func(p *ddbfault.Proxy) { p.SetWriteFailure(true) }, func(p *ddbfault.Proxy) { p.SetWriteFailure(false) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newFaultEnv(t, &ddbfault.Config{}, func(c *config.Config) {
+				c.NATSMode = config.ModeJetStream
+				c.FlushInterval = time.Hour
+				c.DrainTimeout = time.Second
+				c.ShutdownTimeout = 3 * time.Second
+			})
+			rep := publish(t, e.nats, loadgen.Config{Prefix: "mentions.", Topics: 10, Messages: 500, Count: 1, Seed: 51, JetStream: true})
+			testenv.Eventually(t, 5*time.Second, func() error {
+				if n := testenv.Metric(t, e.sc.Registry(), "hotcount_aggregator_held_messages"); n != float64(rep.Messages) {
+					return fmt.Errorf("%v of %d held", n, rep.Messages)
+				}
+				return nil
+			})
+			tc.fail(e.fault)
+			want := fmt.Sprintf("%d left in the journal for replay", rep.Mentions)
+			if err := e.stop(); err == nil || !strings.Contains(err.Error(), want) {
+				t.Fatalf("shutdown error = %v, want %q", err, want)
+			}
+			tc.heal(e.fault)
 
-	// A second sidecar on the same stream, consumer and table replays them
-	// (the first left: no waiting for its lease).
-	second := newEnvOn(t, e, func(c *config.Config) { c.FlushInterval = 100 * time.Millisecond })
-	testenv.Eventually(t, 3*journal.ReplayEvery, func() error {
-		if n := testenv.Metric(t, second.sc.Registry(), "hotcount_journal_replayed_total"); n == 0 {
-			return errors.New("nothing replayed yet")
-		}
-		return nil
-	})
-	consumerIdle(t, e.nats)
-	if err := second.stop(); err != nil {
-		t.Fatal(err)
+			second := newEnvOn(t, e, func(c *config.Config) { c.FlushInterval = 100 * time.Millisecond })
+			testenv.Eventually(t, 3*journal.ReplayEvery, func() error {
+				if n := testenv.Metric(t, second.sc.Registry(), "hotcount_journal_replayed_total"); n == 0 {
+					return errors.New("nothing replayed yet")
+				}
+				return nil
+			})
+			consumerIdle(t, e.nats)
+			if err := second.stop(); err != nil {
+				t.Fatal(err)
+			}
+			exact(t, e, rep)
+		})
 	}
-	exact(t, e, rep)
-}
-
-// TestReliabilityJournalLeftAtShutdown: in JetStream mode the store refuses
-// the writes (an answer, nothing applied) after the flush has journaled
-// them and acknowledged their messages. SIGTERM: the final flush cannot
-// write them, says they are left in the journal, and leaves; a second
-// sidecar replays them at once, under the first one's identity, and the
-// table holds exactly what was published.
-func TestReliabilityJournalLeftAtShutdown(t *testing.T) {
-	e := newFaultEnv(t, &ddbfault.Config{}, func(c *config.Config) {
-		c.NATSMode = config.ModeJetStream
-		c.FlushInterval = time.Hour
-		c.DrainTimeout = time.Second
-		c.ShutdownTimeout = 3 * time.Second
-	})
-	rep := publish(t, e.nats, loadgen.Config{Prefix: "mentions.", Topics: 10, Messages: 500, Count: 1, Seed: 52, JetStream: true})
-	testenv.Eventually(t, 5*time.Second, func() error {
-		if n := testenv.Metric(t, e.sc.Registry(), "hotcount_aggregator_held_messages"); n != float64(rep.Messages) {
-			return fmt.Errorf("%v of %d held", n, rep.Messages)
-		}
-		return nil
-	})
-	// Every write from now on is refused with a 400 (nothing applied):
-	// reads (the shard counts) still work, so the flush journals first.
-	e.fault.SetWriteFailure(true)
-	want := fmt.Sprintf("%d left in the journal for replay", rep.Mentions)
-	if err := e.stop(); err == nil || !strings.Contains(err.Error(), want) {
-		t.Fatalf("shutdown error = %v, want %q", err, want)
-	}
-	e.fault.SetWriteFailure(false)
-
-	second := newEnvOn(t, e, func(c *config.Config) { c.FlushInterval = 100 * time.Millisecond })
-	testenv.Eventually(t, 3*journal.ReplayEvery, func() error {
-		if n := testenv.Metric(t, second.sc.Registry(), "hotcount_journal_replayed_total"); n == 0 {
-			return errors.New("nothing replayed yet")
-		}
-		return nil
-	})
-	consumerIdle(t, e.nats)
-	if err := second.stop(); err != nil {
-		t.Fatal(err)
-	}
-	exact(t, e, rep)
 }
