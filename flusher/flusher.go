@@ -417,17 +417,21 @@ func (f *Flusher) Flush(ctx context.Context) error {
 		f.lastProgress.Store(f.now().UnixNano())
 	}
 	f.failing.Store(!progress)
-	if failed.Len() > 0 || len(f.pending) > 0 {
+	if failed.Len() > 0 || len(f.pending) > 0 || held.Len() > 0 {
+		// Held-back deltas count as unwritten too: Final must flush again.
 		f.keepAlive(failed)
 		f.buf.Merge(failed)
 		kept := failed.Mentions()
 		f.metrics.requeued.Add(float64(kept))
 		f.metrics.flushes.WithLabelValues("error").Inc()
+		if firstErr == nil && held.Len() > 0 {
+			firstErr = fmt.Errorf("%d topics waited behind writes in doubt", held.Len())
+		}
 		if firstErr == nil {
 			firstErr = errors.New("flush deadline passed")
 		}
-		return fmt.Errorf("flusher: %d of %d topics not written (%d mentions kept), %d writes pending (in doubt or journaled): %w",
-			failed.Len(), window.Len(), kept, len(f.pending), firstErr)
+		return fmt.Errorf("flusher: %d of %d topics not written (%d mentions kept), %d writes pending (in doubt or journaled), %d topics held back: %w",
+			failed.Len(), window.Len(), kept, len(f.pending), held.Len(), firstErr)
 	}
 	f.metrics.flushes.WithLabelValues("ok").Inc()
 	f.lastSuccess.Store(f.now().UnixNano())

@@ -28,6 +28,7 @@ type faulty struct {
 	down          bool
 	throttleFirst bool
 	poison        string // a topic every write of which is refused
+	loseFirst     bool   // each topic's first write is applied and its answer lost
 	latency       time.Duration
 	tried         map[string][]int
 }
@@ -39,7 +40,14 @@ func (f *faulty) Add(ctx context.Context, w store.Write, now time.Time) error {
 	f.tried[w.Topic] = append(f.tried[w.Topic], w.Shard)
 	first := len(f.tried[w.Topic]) == 1
 	down, throttle, latency := f.down || (f.poison != "" && w.Topic == f.poison), f.throttleFirst && first, f.latency
+	lose := f.loseFirst && first
 	f.mu.Unlock()
+	if lose {
+		if err := f.Bolt.Add(ctx, w, now); err != nil {
+			return err
+		}
+		return fmt.Errorf("%w: injected: answer lost after apply", store.ErrAmbiguous)
+	}
 	time.Sleep(latency) // a slow store: writes stay in flight
 	switch {
 	case down:
@@ -440,5 +448,30 @@ func TestHungMetadataDoesNotHoldCountsBack(t *testing.T) {
 	got, _ := b.Gather(context.Background(), "t7", 1, true)
 	if got[0].Count != 1 {
 		t.Errorf("t7 = %v, want 1 on shard 0", got)
+	}
+}
+
+// TestFinalWritesWhatWaitedBehindDoubt: a topic's write is applied and its
+// answer lost; more mentions of the topic arrive and wait behind it. The
+// final flush settles the write and then writes what waited, each once.
+func TestFinalWritesWhatWaitedBehindDoubt(t *testing.T) {
+	fx := newFixture(t, cfg, nil)
+	fx.st.loseFirst = true
+	ctx := context.Background()
+	fx.agg.Add("golang", 5)
+	if err := fx.fl.Flush(ctx); !errors.Is(err, store.ErrAmbiguous) {
+		t.Fatalf("Flush = %v, want the lost answer", err)
+	}
+	fx.agg.Add("golang", 7) // waits behind the write in doubt
+	final, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := fx.fl.Final(final); err != nil {
+		t.Fatalf("Final: %v", err)
+	}
+	if got := fx.total(t, "golang", 4); got != 12 {
+		t.Errorf("golang = %d, want 12: the 5 once and the 7 that waited", got)
+	}
+	if _, n, _ := fx.agg.Stats(); n != 0 {
+		t.Errorf("%d mentions left in the buffer after Final", n)
 	}
 }

@@ -252,7 +252,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}),
 		paused: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "hotcount_ingest_paused_total",
-			Help: "Times JetStream fetching waited 100 ms because the last flush failed (backpressure).",
+			Help: "Times JetStream consuming stopped because the last flush had work and wrote none of it (backpressure); what nats.go had buffered is redelivered later, never counted twice.",
 		}),
 		seenDropped: make(map[*nats.Subscription]int),
 	}

@@ -104,24 +104,24 @@ func (c *JetStreamConsumer) Run(ctx context.Context) error {
 	if cons == nil {
 		return nil // ctx ended first
 	}
-	// The handler runs on one goroutine of nats.go's; while it waits out a
-	// pause, nats.go stops pulling once its buffer (pullBatch) is full.
-	cc, err := cons.Consume(func(msg jetstream.Msg) {
-		for ctx.Err() == nil && c.paused() {
-			c.metrics.paused.Inc()
-			sleep(ctx, 100*time.Millisecond)
+	consume := func() (jetstream.ConsumeContext, error) {
+		return cons.Consume(func(msg jetstream.Msg) { c.handle(ctx, msg) },
+			jetstream.PullMaxMessages(pullBatch),
+			jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
+				// Missed heartbeats and the like during a NATS restart:
+				// nats.go pulls again by itself once the connection is back.
+				c.sampled.Warn("consume", zap.Error(err))
+			}),
+		)
+	}
+	var cc jetstream.ConsumeContext // nil while stopped
+	if !c.paused() {
+		var err error
+		if cc, err = consume(); err != nil {
+			return fmt.Errorf("ingest: consume %s/%s: %w", c.jcfg.Stream, c.jcfg.Consumer, err)
 		}
-		c.handle(ctx, msg)
-	},
-		jetstream.PullMaxMessages(pullBatch),
-		jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
-			// Missed heartbeats and the like during a NATS restart: nats.go
-			// pulls again by itself once the connection is back.
-			c.sampled.Warn("consume", zap.Error(err))
-		}),
-	)
-	if err != nil {
-		return fmt.Errorf("ingest: consume %s/%s: %w", c.jcfg.Stream, c.jcfg.Consumer, err)
+	} else {
+		c.metrics.paused.Inc()
 	}
 	c.bound.Store(true)
 	defer c.bound.Store(false)
@@ -135,9 +135,46 @@ func (c *JetStreamConsumer) Run(ctx context.Context) error {
 		wg.Wait()
 	}()
 
-	<-ctx.Done()
-	// Stop pulling; what nats.go already holds goes through the handler, so
-	// that the final flush writes and acknowledges it.
+	// Backpressure: while the flusher writes nothing (the store is down),
+	// consuming stops altogether. Merely blocking the handler would leave
+	// up to pullBatch messages in nats.go's buffer, out of reach of the
+	// keep-alive: after --ack-wait the server hands them to another
+	// sidecar, and this one would count them too once it resumed. Stopped,
+	// the buffer is dropped unhandled (never counted), and the server
+	// redelivers those messages after --ack-wait.
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			if cc == nil {
+				return nil
+			}
+			return c.drain(cc)
+		case <-tick.C:
+		}
+		switch paused := c.paused(); {
+		case paused && cc != nil:
+			cc.Stop()
+			<-cc.Closed()
+			cc = nil
+			c.metrics.paused.Inc()
+			c.log.Warn("flushes write nothing: consuming stopped until they do")
+		case !paused && cc == nil:
+			var err error
+			if cc, err = consume(); err != nil {
+				cc = nil
+				c.sampled.Warn("consume again", zap.Error(err))
+				continue
+			}
+			c.log.Info("flushes write again: consuming")
+		}
+	}
+}
+
+// drain stops pulling; what nats.go already holds goes through the
+// handler, so that the final flush writes and acknowledges it.
+func (c *JetStreamConsumer) drain(cc jetstream.ConsumeContext) error {
 	cc.Drain()
 	t := time.NewTimer(c.cfg.DrainTimeout)
 	defer t.Stop()
