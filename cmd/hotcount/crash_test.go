@@ -89,8 +89,15 @@ func startChild(t testing.TB, args ...string) *child {
 			c.cmd.Wait()         //nolint:errcheck // killed
 		}
 	})
-	testenv.Eventually(t, 30*time.Second, func() error { _, err := c.get("/readyz"); return err })
-	testenv.Subscribed(t, c.admin, 30*time.Second)
+	// Generous: under `go test ./...` on two cores the race-instrumented
+	// child starts next to every other package's tests.
+	testenv.Eventually(t, 90*time.Second, func() error {
+		if _, err := c.get("/readyz"); err != nil {
+			return fmt.Errorf("%w; its log:\n%s", err, c.logs)
+		}
+		return nil
+	})
+	testenv.Subscribed(t, c.admin, 60*time.Second)
 	return c
 }
 
