@@ -65,7 +65,25 @@ func (l *logBuf) String() string {
 	return l.b.String()
 }
 
+// startChild starts `hotcount run` with args and free ports and waits until
+// it serves and is subscribed. A port taken between choosing and binding it
+// (other packages' tests run at the same time) is chosen again.
 func startChild(t testing.TB, args ...string) *child {
+	t.Helper()
+	for attempt := 1; ; attempt++ {
+		c, err := tryChild(t, args)
+		if err == nil {
+			return c
+		}
+		if !errors.Is(err, errPortTaken) || attempt == 3 {
+			t.Fatal(err)
+		}
+	}
+}
+
+var errPortTaken = errors.New("a port was taken before the child bound it")
+
+func tryChild(t testing.TB, args []string) (*child, error) {
 	t.Helper()
 	c := &child{admin: freeAddr(t), logs: &logBuf{}}
 	c.cmd = exec.Command(os.Args[0], append([]string{"run", "--admin", c.admin, "--http", freeAddr(t)}, args...)...)
@@ -91,14 +109,24 @@ func startChild(t testing.TB, args ...string) *child {
 	})
 	// Generous: under `go test ./...` on two cores the race-instrumented
 	// child starts next to every other package's tests.
-	testenv.Eventually(t, 90*time.Second, func() error {
-		if _, err := c.get("/readyz"); err != nil {
-			return fmt.Errorf("%w; its log:\n%s", err, c.logs)
+	deadline := time.Now().Add(90 * time.Second)
+	for {
+		_, err := c.get("/readyz")
+		if err == nil {
+			break
 		}
-		return nil
-	})
+		if strings.Contains(c.logs.String(), "address already in use") {
+			c.cmd.Process.Kill() //nolint:errcheck // it is exiting anyway
+			c.cmd.Wait()         //nolint:errcheck // killed
+			return nil, errPortTaken
+		}
+		if time.Now().After(deadline) {
+			return nil, fmt.Errorf("child not serving after 90 s: %w; its log:\n%s", err, c.logs)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 	testenv.Subscribed(t, c.admin, 60*time.Second)
-	return c
+	return c, nil
 }
 
 func (c *child) get(path string) (string, error) {
