@@ -427,7 +427,7 @@ func (slowShards) Throttled(context.Context, string) int { return 1 }
 // time, and every count is written in the same flush.
 func TestHungMetadataDoesNotHoldCountsBack(t *testing.T) {
 	c := cfg
-	c.Timeout = 400 * time.Millisecond
+	c.Timeout = 2 * time.Second // a quarter (500 ms) for the hung lookup, the rest for 20 writes on a loaded machine
 	reg := prometheus.NewRegistry()
 	b, err := store.OpenBolt(t.TempDir(), store.NewMetrics(reg))
 	if err != nil {
