@@ -231,8 +231,10 @@ func TestReliabilityShutdownStoreDown(t *testing.T) {
 		said   string
 		metric string
 	}{
-		{"refused", func(p *ddbfault.Proxy) { p.SetWriteFailure(true) }, "%d mentions over %d topics unwritten", "hotcount_flusher_unflushed_total"},
-		{"unreachable", func(p *ddbfault.Proxy) { p.SetOutage(time.Hour) }, "%d in writes in doubt", "hotcount_flusher_doubt_at_shutdown_total"},
+		// Refused writes come back into the buffer (unwritten), but the ones
+		// the deadline cuts off in flight are in doubt: either may hold more.
+		{"refused", func(p *ddbfault.Proxy) { p.SetWriteFailure(true) }, "unwritten", ""},
+		{"unreachable", func(p *ddbfault.Proxy) { p.SetOutage(time.Hour) }, "in writes in doubt", "hotcount_flusher_doubt_at_shutdown_total"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e := newFaultEnv(t, &ddbfault.Config{}, func(c *config.Config) {
@@ -253,17 +255,16 @@ func TestReliabilityShutdownStoreDown(t *testing.T) {
 			if took := time.Since(start); took > e.cfg.ShutdownTimeout+2*time.Second {
 				t.Errorf("shutdown took %s, budget %s", took, e.cfg.ShutdownTimeout)
 			}
-			want := tc.said
-			if strings.Count(want, "%d") == 2 {
-				want = fmt.Sprintf(want, rep.Mentions, len(rep.PerTopic))
-			} else {
-				want = fmt.Sprintf(want, rep.Mentions)
+			if err == nil || !strings.Contains(err.Error(), "shutdown deadline passed") || !strings.Contains(err.Error(), tc.said) {
+				t.Errorf("shutdown error = %v, want the deadline and %q", err, tc.said)
 			}
-			if err == nil || !strings.Contains(err.Error(), want) {
-				t.Errorf("shutdown error = %v, want it to say %q", err, want)
-			}
-			if n := testenv.Metric(t, e.sc.Registry(), tc.metric); n != float64(rep.Mentions) {
-				t.Errorf("%s = %v, want %d", tc.metric, n, rep.Mentions)
+			// Every mention is accounted for: unwritten, or in a write in
+			// doubt (one the deadline cut off in flight is in doubt too).
+			reg := e.sc.Registry()
+			unwritten := testenv.Metric(t, reg, "hotcount_flusher_unflushed_total")
+			doubt := testenv.Metric(t, reg, "hotcount_flusher_doubt_at_shutdown_total")
+			if unwritten+doubt != float64(rep.Mentions) || (tc.metric != "" && testenv.Metric(t, reg, tc.metric) == 0) {
+				t.Errorf("unflushed %v + in doubt %v, want %d, with %s above 0", unwritten, doubt, rep.Mentions, tc.metric)
 			}
 		})
 	}
