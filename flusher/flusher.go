@@ -161,7 +161,6 @@ type Flusher struct {
 	pending      map[string]*pending // by topic: writes in doubt or journaled; under flushMu
 	entries      map[string]int      // journal entry -> its writes not yet in the store; under flushMu
 	unretired    []string            // journal entries settled, not yet deleted; under flushMu
-	lastSuccess  atomic.Int64        // Unix nanoseconds of the last flush that wrote everything
 	lastProgress atomic.Int64        // ... and of the last that wrote something, or had nothing to write
 	failing      atomic.Bool         // the last flush left deltas unwritten
 }
@@ -180,7 +179,6 @@ func New(cfg Config, buf Buffer, st Store, log *zap.Logger, m *Metrics, now func
 	for _, o := range opts {
 		o(f)
 	}
-	f.lastSuccess.Store(now().UnixNano())
 	f.lastProgress.Store(now().UnixNano())
 	return f
 }
@@ -434,7 +432,6 @@ func (f *Flusher) Flush(ctx context.Context) error {
 			failed.Len(), window.Len(), kept, len(f.pending), held.Len(), firstErr)
 	}
 	f.metrics.flushes.WithLabelValues("ok").Inc()
-	f.lastSuccess.Store(f.now().UnixNano())
 	f.metrics.lastSuccess.Set(float64(f.now().UnixNano()) / 1e9)
 	return nil
 }
@@ -759,12 +756,6 @@ func (f *Flusher) Final(ctx context.Context) error {
 
 // Writer is the flusher's writer id.
 func (f *Flusher) Writer() string { return f.cfg.Writer }
-
-// LastSuccess is the time of the last flush that wrote everything it
-// drained (an empty flush counts), or of New when none has yet.
-func (f *Flusher) LastSuccess() time.Time {
-	return time.Unix(0, f.lastSuccess.Load())
-}
 
 // LastProgress is the time of the last flush that wrote something or had
 // nothing to write, or of New when none has yet: what liveness follows, so
