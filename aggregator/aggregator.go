@@ -13,10 +13,47 @@ import (
 	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
 )
 
 // DefaultMaxTopics is the default bound on distinct topics in one window.
 const DefaultMaxTopics = 100_000
+
+// TopicOverhead is what a buffered topic costs in memory beyond its name's
+// bytes: its map slot with the map's spare room (BenchmarkWindowMemory
+// measures 35–56 B), rounded up for the name's allocation and what a flush
+// builds per topic. The memory budget is counted in these.
+const TopicOverhead = 64
+
+// Spiller keeps windows on disk past the memory budget (spill.Dir is one).
+type Spiller interface {
+	// Put stores deltas as one segment; on error the caller keeps them.
+	Put(deltas map[string]int64) error
+	// Take removes and returns the oldest segment; nil when none is left.
+	Take() (map[string]int64, error)
+	// Next describes the segment Take would return: its bytes and its
+	// topics (0 if unknown); all zero if none.
+	Next() (bytes int64, topics int)
+	// Stats returns the bytes and segments stored.
+	Stats() (bytes int64, segments int)
+}
+
+// Option configures an Aggregator.
+type Option func(*Aggregator)
+
+// WithBudget bounds the window's memory to about maxBytes (topic names plus
+// TopicOverhead each). Past it, Full is signalled so that the flusher
+// drains early, and (core mode, spill not nil) a window the flusher hands
+// back unwritten goes to spill, to come back once the store writes again.
+// A window that cannot be spilled because the disk budget is exhausted is
+// shed: counted in hotcount_aggregator_shed_mentions_total and logged.
+// In JetStream mode there is no spill: OverBudget tells the ingest to stop
+// fetching, and the stream keeps the rest.
+func WithBudget(maxBytes int64, spill Spiller, log *zap.Logger) Option {
+	return func(a *Aggregator) {
+		a.maxBytes, a.spill, a.log = maxBytes, spill, log
+	}
+}
 
 // Acker is a durable message waiting for its delta to be stored. A
 // jetstream.Msg is one.
@@ -64,30 +101,74 @@ func (w Window) Mentions() int64 {
 // allocation-heavy work happens under it.
 type Aggregator struct {
 	maxTopics int
+	maxBytes  int64 // 0: no budget
+	spill     Spiller
+	log       *zap.Logger
 	full      chan struct{} // capacity 1: "the window reached maxTopics"
 	saturated prometheus.Counter
+	spilled   prometheus.Counter
+	shed      prometheus.Counter
 
 	mu    sync.Mutex
 	cur   Window
 	total int64 // sum of the window's deltas, for the buffered gauge
+	bytes int64 // the window's memory, as the budget counts it
+
+	// Unspilling, under mu: whether the store took the last non-empty
+	// window drained (its topics merged back were under half of it), how
+	// many topics the last drain had and how many came back, and while
+	// the store is not taking writes, how many drains to skip before
+	// trying segments again.
+	storeOK         bool
+	drained, merged int
+	skip, backoff   int
+	persisted       bool       // Persist was called: segments stay on disk
+	spillMu         sync.Mutex // one spill write at a time
 }
 
 // New returns an empty aggregator. When a window reaches maxTopics distinct
 // topics, Full is signalled so that the flusher drains early. The bound is
 // soft: Add never refuses or drops a mention, so a window may overshoot by
 // the topics that arrive before the drain, which follows at once.
-func New(maxTopics int, reg prometheus.Registerer) *Aggregator {
+func New(maxTopics int, reg prometheus.Registerer, opts ...Option) *Aggregator {
 	a := &Aggregator{
 		maxTopics: maxTopics,
 		full:      make(chan struct{}, 1),
 		cur:       Window{Deltas: make(map[string]int64)},
+		log:       zap.NewNop(),
+		storeOK:   true, // segments an earlier process left go first
+	}
+	for _, o := range opts {
+		o(a)
 	}
 	a.saturated = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "hotcount_aggregator_saturated_total",
 		Help: "Adds whose window total for a topic would have passed the int64 range and were capped (mentions lost to saturation; expected 0).",
 	})
+	a.spilled = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "hotcount_aggregator_spilled_mentions_total",
+		Help: "Mentions moved from memory to the spill folder because the window passed its memory budget while the store was not taking them (core mode).",
+	})
+	a.shed = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "hotcount_aggregator_shed_mentions_total",
+		Help: "Mentions dropped because the window passed its memory budget and the spill folder could not take them (disk budget exhausted or disk error). Expected 0.",
+	})
 	reg.MustRegister(
-		a.saturated,
+		a.saturated, a.spilled, a.shed,
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "hotcount_aggregator_buffered_bytes",
+			Help: "Memory of the current window as the budget counts it: topic names plus a fixed overhead per topic.",
+		}, func() float64 { a.mu.Lock(); defer a.mu.Unlock(); return float64(a.bytes) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "hotcount_aggregator_spill_bytes",
+			Help: "Bytes of deltas in the spill folder, waiting for the store.",
+		}, func() float64 {
+			if a.spill == nil {
+				return 0
+			}
+			n, _ := a.spill.Stats()
+			return float64(n)
+		}),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "hotcount_aggregator_buffered_topics",
 			Help: "Distinct topics in the current window, not yet flushed.",
@@ -112,21 +193,19 @@ func New(maxTopics int, reg prometheus.Registerer) *Aggregator {
 // so it is a guard, not a path.
 func (a *Aggregator) Add(topic string, delta int64) {
 	a.mu.Lock()
-	isNew := a.add(topic, delta)
-	n := len(a.cur.Deltas)
+	full := a.add(topic, delta) && a.atBound()
 	a.mu.Unlock()
-	a.signalIfFull(isNew, n)
+	a.signal(full)
 }
 
 // AddAcked is Add for a durable message: m is acknowledged by the flusher
 // once topic's delta, m's count included, is in the store.
 func (a *Aggregator) AddAcked(topic string, delta int64, m Acker, seq int64) {
 	a.mu.Lock()
-	isNew := a.add(topic, delta)
+	full := a.add(topic, delta) && a.atBound()
 	a.cur.Acks = append(a.cur.Acks, Message{Topic: topic, Msg: m, Seq: seq})
-	n := len(a.cur.Deltas)
 	a.mu.Unlock()
-	a.signalIfFull(isNew, n)
+	a.signal(full)
 }
 
 // add must be called with mu held.
@@ -138,11 +217,31 @@ func (a *Aggregator) add(topic string, delta int64) (isNew bool) {
 	}
 	a.cur.Deltas[topic] = v + delta
 	a.total = satAdd(a.total, delta)
+	if !ok {
+		a.bytes += int64(len(topic)) + TopicOverhead
+	}
 	return !ok
 }
 
-func (a *Aggregator) signalIfFull(isNew bool, n int) {
-	if isNew && n >= a.maxTopics {
+// OverBudget reports whether the window is past its memory budget.
+func (a *Aggregator) OverBudget() bool {
+	if a.maxBytes == 0 {
+		return false
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.bytes > a.maxBytes
+}
+
+// atBound reports whether the window reached its topic bound or its memory
+// budget; mu must be held.
+func (a *Aggregator) atBound() bool {
+	return len(a.cur.Deltas) >= a.maxTopics || a.maxBytes > 0 && a.bytes > a.maxBytes
+}
+
+// signal tells the flusher, if full, without blocking.
+func (a *Aggregator) signal(full bool) {
+	if full {
 		select {
 		case a.full <- struct{}{}:
 		default:
@@ -160,29 +259,132 @@ func satAdd(x, y int64) int64 {
 
 // Drain swaps the current window for a fresh one and returns the old one,
 // which the caller owns. An empty window has Len 0.
+//
+// With a spill, Drain also takes segments back from disk while they fit in
+// the memory budget, as long as the store took the last window drained.
+// While it does not (most of the last window came back through Merge),
+// segments stay on disk: Drain tries them again after a number of drains
+// that doubles with each try, up to 64, so that an idle sidecar notices
+// the store's return without reading and rewriting the spill every
+// interval of an outage.
 func (a *Aggregator) Drain() Window {
 	a.mu.Lock()
-	defer a.mu.Unlock()
-	if len(a.cur.Deltas) == 0 {
-		return Window{}
-	}
 	w := a.cur
-	// Size the next window like the last one: busy topics come back.
-	a.cur = Window{Deltas: make(map[string]int64, len(w.Deltas))}
+	// Size the next window like the last one (busy topics come back), but
+	// not a huge one: a long tail leaves it behind at once.
+	a.cur = Window{Deltas: make(map[string]int64, min(len(w.Deltas), 1<<16))}
 	if len(w.Acks) > 0 {
 		a.cur.Acks = make([]Message, 0, len(w.Acks))
 	}
-	a.total = 0
+	a.total, a.bytes = 0, 0
+	if a.drained > 0 {
+		a.storeOK = a.merged*2 <= a.drained
+	}
+	unspill := false
+	switch {
+	case a.spill == nil || a.persisted:
+	case a.storeOK:
+		unspill, a.backoff, a.skip = true, 0, 0
+	case a.skip > 0:
+		a.skip--
+	default:
+		unspill = true
+		a.backoff = min(2*a.backoff+1, 64)
+		a.skip = a.backoff
+	}
+	a.drained, a.merged = len(w.Deltas), 0
+	a.mu.Unlock()
+	// The drained window is the caller's: segments are read into it
+	// without the lock, so the ingest never waits for the disk.
+	if unspill && a.unspill(&w, a.maxBytes-windowBytes(w.Deltas)) {
+		a.mu.Lock()
+		a.drained = len(w.Deltas)
+		a.mu.Unlock()
+	}
+	if len(w.Deltas) == 0 {
+		return Window{}
+	}
 	return w
+}
+
+// Spilled reports whether segments wait in the spill folder.
+func (a *Aggregator) Spilled() bool {
+	if a.spill == nil {
+		return false
+	}
+	_, n := a.spill.Stats()
+	return n > 0
+}
+
+// unspill takes segments back into w while they fit in room (the first
+// always does, when w is under half the budget).
+func (a *Aggregator) unspill(w *Window, room int64) (took bool) {
+	for {
+		size, topics := a.spill.Next()
+		if size == 0 {
+			return took
+		}
+		if topics == 0 {
+			topics = int(size / 8) // unknown: assume short topic names
+		}
+		// In memory, a topic costs its name (its record's bulk) plus the
+		// overhead.
+		need := size + int64(topics)*TopicOverhead
+		if need > room && (took || room < a.maxBytes/2) {
+			return took
+		}
+		deltas, err := a.spill.Take()
+		if err != nil {
+			// A damaged segment is moved aside (its mentions are lost, and
+			// the log says where they are); a disk error is tried again
+			// next drain.
+			a.log.Error("spilled mentions could not be read back", zap.Error(err))
+			return took
+		}
+		if w.Deltas == nil {
+			w.Deltas = make(map[string]int64, len(deltas))
+		}
+		for topic, d := range deltas {
+			w.Deltas[topic] = satAdd(w.Deltas[topic], d)
+		}
+		room -= need
+		took = true
+	}
+}
+
+func windowBytes(deltas map[string]int64) int64 {
+	var n int64
+	for topic := range deltas {
+		n += int64(len(topic)) + TopicOverhead
+	}
+	return n
 }
 
 // Merge adds a window back into the current one: the flusher returns what
 // it could not write, so a store failure delays mentions but never loses
-// them, and their messages stay unacknowledged.
+// them, and their messages stay unacknowledged. The larger of the two maps
+// takes the smaller, so that a large failed window is not copied.
+//
+// Past the memory budget, with a spill and no held messages (core mode),
+// the whole window then goes to disk.
 func (a *Aggregator) Merge(w Window) {
 	a.mu.Lock()
-	for topic, d := range w.Deltas {
-		a.add(topic, d)
+	a.merged += len(w.Deltas)
+	if len(w.Deltas) > len(a.cur.Deltas) {
+		// Swap: w's map becomes the window, the current one merges into it.
+		small := a.cur.Deltas
+		a.cur.Deltas, a.total, a.bytes = w.Deltas, 0, 0
+		for topic, d := range w.Deltas {
+			a.total = satAdd(a.total, d)
+			a.bytes += int64(len(topic)) + TopicOverhead
+		}
+		for topic, d := range small {
+			a.add(topic, d)
+		}
+	} else {
+		for topic, d := range w.Deltas {
+			a.add(topic, d)
+		}
 	}
 	// The merged-back messages are older than those that arrived since:
 	// they go first, to keep the window in stream order.
@@ -191,7 +393,67 @@ func (a *Aggregator) Merge(w Window) {
 	}
 	// No Full signal here: a window that failed to flush must wait for the
 	// next interval, not be retried at once against a failing store.
+	var out map[string]int64
+	var mentions int64
+	if a.spill != nil && a.maxBytes > 0 && a.bytes > a.maxBytes && len(a.cur.Acks) == 0 {
+		out, mentions = a.cur.Deltas, a.total
+		a.cur.Deltas = make(map[string]int64)
+		a.total, a.bytes = 0, 0
+	}
 	a.mu.Unlock()
+	if out != nil {
+		a.spillOut(out, mentions)
+	}
+}
+
+// Persist moves the window to the spill folder, whatever its size, and
+// stops Drain from taking segments back: at the shutdown deadline, what
+// the store did not take waits on disk for the next process on the folder
+// rather than being lost. It does nothing without a spill or with held
+// messages (JetStream mode keeps them in the stream), and returns the
+// mentions it kept.
+func (a *Aggregator) Persist() (int64, error) {
+	a.mu.Lock()
+	if a.spill == nil || len(a.cur.Acks) > 0 {
+		a.mu.Unlock()
+		return 0, nil
+	}
+	a.persisted = true
+	out, mentions := a.cur.Deltas, a.total
+	a.cur.Deltas = make(map[string]int64)
+	a.total, a.bytes = 0, 0
+	a.mu.Unlock()
+	a.spillMu.Lock()
+	err := a.spill.Put(out)
+	a.spillMu.Unlock()
+	if err != nil {
+		// Back in the window, for the caller to count as unwritten. (No
+		// spill from this Merge: the same Put would fail again.)
+		a.mu.Lock()
+		for topic, d := range out {
+			a.add(topic, d)
+		}
+		a.mu.Unlock()
+		return 0, err
+	}
+	a.spilled.Add(float64(mentions))
+	return mentions, nil
+}
+
+// spillOut writes a window taken out of memory to the spill folder, or
+// sheds it when the folder cannot take it.
+func (a *Aggregator) spillOut(deltas map[string]int64, mentions int64) {
+	a.spillMu.Lock()
+	defer a.spillMu.Unlock()
+	if err := a.spill.Put(deltas); err != nil {
+		// Holding it in memory past the budget is what the budget is
+		// there to prevent: the kernel would take everything.
+		a.shed.Add(float64(mentions))
+		a.log.Error("window past its memory budget could not be spilled; its mentions are dropped",
+			zap.Int("topics", len(deltas)), zap.Int64("mentions", mentions), zap.Error(err))
+		return
+	}
+	a.spilled.Add(float64(mentions))
 }
 
 // Held returns the messages held in the current window (a copy), for the

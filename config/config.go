@@ -122,6 +122,12 @@ type Config struct {
 	// with an optional Ki, Mi or Gi suffix; empty: the cgroup's limit;
 	// "none": no limit.
 	MemoryLimit string
+	// BufferMemory is the window's memory budget (--buffer-memory): empty
+	// for a quarter of GOMEMLIMIT (256 MiB without one), or "none".
+	BufferMemory string
+	// SpillMaxBytes bounds the spill folder (--spill-max-bytes); "0" turns
+	// spilling off.
+	SpillMaxBytes string
 
 	// File is the YAML file the settings were read from, if any.
 	File string
@@ -143,6 +149,7 @@ func Default() Config {
 		Store:             DefaultStore,
 		Table:             DefaultTable,
 		DataDir:           DefaultDataDir,
+		SpillMaxBytes:     "1Gi",
 		Shards:            flusher.DefaultShards,
 		Adaptive:          true,
 		MaxShards:         shards.DefaultMax,
@@ -249,6 +256,8 @@ var settings = []setting{
 	{name: "http", env: EnvPrefix + "HTTP_ADDR", usage: "listen address of the lookup API", bind: str(func(c *Config) *string { return &c.HTTPAddr })},
 	{name: "http-token-file", usage: "file holding the bearer token the lookup API requires (Authorization: Bearer <token>); empty: none, allowed only on a loopback --http or with --http-public", bind: str(func(c *Config) *string { return &c.HTTPTokenFile })},
 	{name: "memory-limit", usage: "the process's memory budget (GOMEMLIMIT is set to 90% of it): bytes with an optional Ki, Mi or Gi suffix; empty: the container's cgroup limit, if any; none: no limit", bind: str(func(c *Config) *string { return &c.MemoryLimit })},
+	{name: "buffer-memory", usage: "memory the buffered window may take (topic names plus 64 B each) before it is flushed early, spilled (core mode) or fetching pauses (JetStream mode): bytes with an optional Ki, Mi or Gi suffix; empty: a quarter of the memory limit, or 256Mi with none; none: no bound", bind: str(func(c *Config) *string { return &c.BufferMemory })},
+	{name: "spill-max-bytes", usage: "core mode: disk the window may spill to, in --data-dir/spill, while the store does not take writes; past it mentions are shed and counted; 0: no spill", bind: str(func(c *Config) *string { return &c.SpillMaxBytes })},
 	{name: "http-public", usage: "serve the lookup API beyond this machine without a token (anyone who can reach --http reads every count)", bind: func(fs *pflag.FlagSet, c *Config, name, usage string) {
 		fs.BoolVar(&c.HTTPPublic, name, c.HTTPPublic, usage)
 	}},
@@ -461,6 +470,14 @@ func (c *Config) Validate() error {
 	if _, err := ParseBytes(c.MemoryLimit); err != nil && c.MemoryLimit != "none" {
 		bad("memory-limit", "%v", err)
 	}
+	if n, err := ParseBytes(c.BufferMemory); err != nil && c.BufferMemory != "none" {
+		bad("buffer-memory", "%v", err)
+	} else if c.BufferMemory != "" && c.BufferMemory != "none" && n < 1<<20 {
+		bad("buffer-memory", "%s is less than 1Mi", c.BufferMemory)
+	}
+	if _, err := ParseBytes(c.SpillMaxBytes); err != nil {
+		bad("spill-max-bytes", "%v", err)
+	}
 	if c.LogFormat != "json" && c.LogFormat != "console" {
 		bad("log-format", "%q is not json or console", c.LogFormat)
 	}
@@ -558,6 +575,30 @@ func ReadToken(path string) (string, error) {
 		return "", fmt.Errorf("token in %s is %d bytes; use at least 16 (say, openssl rand -hex 32)", path, len(tok))
 	}
 	return tok, nil
+}
+
+// BufferBudget is the window's memory budget in bytes, 0 for none, given
+// the process's GOMEMLIMIT (math.MaxInt64 when unset). The default is a
+// quarter of the limit: the window's own bytes, a flush's working copy of
+// it, and the garbage collector's headroom over both fit in the rest.
+func (c Config) BufferBudget(gomemlimit int64) int64 {
+	switch c.BufferMemory {
+	case "none":
+		return 0
+	case "":
+		if gomemlimit <= 0 || gomemlimit >= 1<<62 {
+			return 256 << 20
+		}
+		return gomemlimit / 4
+	}
+	n, _ := ParseBytes(c.BufferMemory)
+	return n
+}
+
+// SpillBudget is the spill folder's byte budget; 0: no spill.
+func (c Config) SpillBudget() int64 {
+	n, _ := ParseBytes(c.SpillMaxBytes)
+	return n
 }
 
 // ParseBytes reads a size: a whole number of bytes with an optional Ki, Mi

@@ -59,10 +59,18 @@ const jitter = 0.1
 type Buffer interface {
 	// Drain takes the current window; the caller owns it.
 	Drain() aggregator.Window
-	// Merge puts a window back.
+	// Merge puts a window back and takes it: the caller must not touch
+	// it afterwards.
 	Merge(aggregator.Window)
 	// Full is signalled when the window reaches its topic bound.
 	Full() <-chan struct{}
+}
+
+// persister is a Buffer that can keep its window on disk at shutdown
+// (aggregator.Aggregator with a spill folder).
+type persister interface {
+	Persist() (mentions int64, err error)
+	Spilled() bool
 }
 
 // Store is what the flusher writes to. Add must be safe for concurrent use
@@ -249,10 +257,11 @@ func (f *Flusher) Flush(ctx context.Context) error {
 		}
 	}
 	window.Acks = acks
-	if held.Len() > 0 {
+	heldTopics := held.Len()
+	if heldTopics > 0 {
 		f.keepAlive(held)
-		f.buf.Merge(held)
 		f.metrics.requeued.Add(float64(held.Mentions()))
+		f.buf.Merge(held)
 	}
 
 	counts, err := f.counts(ctx, window)
@@ -320,14 +329,23 @@ func (f *Flusher) Flush(ctx context.Context) error {
 			return nil
 		})
 	}
+	// Topics not written stay in window.Deltas, which goes back to the
+	// buffer as it is: during an outage a million-topic window is handed
+	// back without a copy. Only the topics written leave it.
+	topics := window.Len()
+	var (
+		wrote   []topicDelta // under mu
+		refused int          // definite failures, under mu
+	)
 	for topic, delta := range window.Deltas {
-		if f.now().After(deadline) {
-			// Not started: no ambiguity, try next flush. Writes started
-			// earlier may still be running, hence the lock.
-			mu.Lock()
-			failed.Deltas[topic] = delta
-			mu.Unlock()
-			continue
+		mu.Lock()
+		// A store that refused a whole round of writes and took none is
+		// down: the rest of the window waits for the next flush instead of
+		// costing a failed call each (a million topics during an outage).
+		down := refused >= f.cfg.Concurrency && written == 0
+		mu.Unlock()
+		if down || f.now().After(deadline) {
+			continue // not started: no ambiguity, try next flush
 		}
 		g.Go(func() error {
 			w, err := f.write(ctx, topic, delta, counts[topic])
@@ -336,11 +354,12 @@ func (f *Flusher) Flush(ctx context.Context) error {
 			switch {
 			case err == nil:
 				written += delta
+				wrote = append(wrote, topicDelta{topic, delta})
 			case errors.Is(err, store.ErrAmbiguous):
 				doubt[topic] = w
 				fail(err)
 			default:
-				failed.Deltas[topic] = delta
+				refused++
 				fail(err)
 			}
 			return nil
@@ -348,6 +367,20 @@ func (f *Flusher) Flush(ctx context.Context) error {
 	}
 	_ = g.Wait() // the writes report through the maps, never through the group
 	f.metrics.flushed.Add(float64(written))
+	for _, w := range wrote {
+		delete(window.Deltas, w.topic)
+	}
+	for topic := range doubt {
+		delete(window.Deltas, topic)
+	}
+	// What is left joins the topics the journal did not take.
+	if len(window.Deltas) > len(failed.Deltas) {
+		failed.Deltas, window.Deltas = window.Deltas, failed.Deltas
+	}
+	for topic, d := range window.Deltas {
+		failed.Deltas[topic] = d
+	}
+	window.Deltas = nil // failed's now
 
 	// Settled writes in doubt: their messages are done.
 	var done []aggregator.Message
@@ -387,18 +420,14 @@ func (f *Flusher) Flush(ctx context.Context) error {
 		f.pendingOf(topic, w)
 	}
 	if f.observer != nil && written > 0 {
-		done := make(map[string]int64, len(settled)+window.Len())
-		for topic, d := range window.Deltas {
-			_, bad := failed.Deltas[topic]
-			_, unsure := doubt[topic]
-			if !bad && !unsure {
-				done[topic] = d
-			}
+		observed := make(map[string]int64, len(settled)+len(wrote))
+		for _, w := range wrote {
+			observed[w.topic] = w.delta
 		}
 		for topic, d := range settled {
-			done[topic] += d
+			observed[topic] += d
 		}
-		f.observer.Observe(done)
+		f.observer.Observe(observed)
 	}
 	f.metrics.pending.Set(float64(len(f.pending)))
 	for _, p := range f.pending {
@@ -409,31 +438,36 @@ func (f *Flusher) Flush(ctx context.Context) error {
 	// something (or had nothing to write) moved on, even if one poison
 	// topic keeps failing; only a flush that wrote nothing of its work
 	// means the store is not taking writes.
-	attempted := window.Len() > 0 || len(f.pending) > 0 || failed.Len() > 0 || len(settled) > 0
+	attempted := topics > 0 || len(f.pending) > 0 || failed.Len() > 0 || len(settled) > 0
 	progress := written > 0 || !attempted
 	if progress {
 		f.lastProgress.Store(f.now().UnixNano())
 	}
 	f.failing.Store(!progress)
-	if failed.Len() > 0 || len(f.pending) > 0 || held.Len() > 0 {
+	if failed.Len() > 0 || len(f.pending) > 0 || heldTopics > 0 {
 		// Held-back deltas count as unwritten too: Final must flush again.
 		f.keepAlive(failed)
+		kept, failedTopics := failed.Mentions(), failed.Len()
 		f.buf.Merge(failed)
-		kept := failed.Mentions()
 		f.metrics.requeued.Add(float64(kept))
 		f.metrics.flushes.WithLabelValues("error").Inc()
-		if firstErr == nil && held.Len() > 0 {
-			firstErr = fmt.Errorf("%d topics waited behind writes in doubt", held.Len())
+		if firstErr == nil && heldTopics > 0 {
+			firstErr = fmt.Errorf("%d topics waited behind writes in doubt", heldTopics)
 		}
 		if firstErr == nil {
 			firstErr = errors.New("flush deadline passed")
 		}
 		return fmt.Errorf("flusher: %d of %d topics not written (%d mentions kept), %d writes pending (in doubt or journaled), %d topics held back: %w",
-			failed.Len(), window.Len(), kept, len(f.pending), held.Len(), firstErr)
+			failedTopics, topics, kept, len(f.pending), heldTopics, firstErr)
 	}
 	f.metrics.flushes.WithLabelValues("ok").Inc()
 	f.metrics.lastSuccess.Set(float64(f.now().UnixNano()) / 1e9)
 	return nil
+}
+
+type topicDelta struct {
+	topic string
+	delta int64
 }
 
 // pending is a write sent again unchanged until it is in the store: a
@@ -654,8 +688,16 @@ func (f *Flusher) counts(ctx context.Context, w aggregator.Window) (map[string]i
 	if f.shards == nil || w.Len() == 0 {
 		return nil, nil
 	}
-	topics := make([]string, 0, w.Len())
-	for t := range w.Deltas {
+	var topics []string
+	for t, d := range w.Deltas {
+		// Topics start on one shard (the default): one mention in a
+		// window is no hot key, so it goes to shard 0, always in the read
+		// set, without a metadata read. A long tail of new topics then
+		// costs one write each and nothing more; a topic another sidecar
+		// raised still gets its writes spread once it is busy here too.
+		if f.cfg.Shards == 1 && d < 2 {
+			continue
+		}
 		topics = append(topics, t)
 	}
 	// A quarter of the flush's budget: the counts it cannot give by then
@@ -714,14 +756,32 @@ func (f *Flusher) Final(ctx context.Context) error {
 	backoff := 50 * time.Millisecond
 	for {
 		err := f.Flush(ctx)
+		wait := backoff
 		if err == nil {
-			return nil
+			p, ok := f.buf.(persister)
+			if !ok || !p.Spilled() {
+				return nil
+			}
+			// The store takes writes and the spill comes back window by
+			// window: go on at once.
+			err, wait = errors.New("spilled mentions left"), 0
+		} else {
+			f.log.Warn("final flush incomplete, retrying", zap.Error(err))
+			backoff = min(2*backoff, time.Second)
 		}
-		f.log.Warn("final flush incomplete, retrying", zap.Error(err))
-		t := time.NewTimer(backoff)
+		t := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():
 			t.Stop()
+			var spilled int64
+			if p, ok := f.buf.(persister); ok {
+				// Core mode with a spill folder: what is left waits there
+				// for the next process on the folder, instead of being lost.
+				var err error
+				if spilled, err = p.Persist(); err != nil {
+					f.log.Error("unwritten mentions could not be spilled at shutdown", zap.Error(err))
+				}
+			}
 			w := f.buf.Drain()
 			var handedBack int
 			for _, m := range w.Acks {
@@ -746,11 +806,10 @@ func (f *Flusher) Final(ctx context.Context) error {
 			}
 			f.flushMu.Unlock()
 			f.metrics.doubtAtExit.Add(float64(doubt))
-			return fmt.Errorf("flusher: shutdown deadline passed with %d mentions over %d topics unwritten, %d in writes in doubt and %d left in the journal for replay (%d messages handed back for redelivery): %w",
-				w.Mentions(), w.Len(), doubt, journaled, handedBack, err)
+			return fmt.Errorf("flusher: shutdown deadline passed with %d mentions over %d topics unwritten, %d in writes in doubt, %d left in the journal for replay (%d messages handed back for redelivery) and %d kept in the spill folder for the next start: %w",
+				w.Mentions(), w.Len(), doubt, journaled, handedBack, spilled, err)
 		case <-t.C:
 		}
-		backoff = min(2*backoff, time.Second)
 	}
 }
 

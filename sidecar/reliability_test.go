@@ -228,13 +228,15 @@ func TestReliabilityShutdownStoreDown(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
 		fail   func(*ddbfault.Proxy)
+		heal   func(*ddbfault.Proxy)
 		said   string
 		metric string
 	}{
-		// Refused writes come back into the buffer (unwritten), but the ones
-		// the deadline cuts off in flight are in doubt: either may hold more.
-		{"refused", func(p *ddbfault.Proxy) { p.SetWriteFailure(true) }, "unwritten", ""},
-		{"unreachable", func(p *ddbfault.Proxy) { p.SetOutage(time.Hour) }, "in writes in doubt", "hotcount_flusher_doubt_at_shutdown_total"},
+		// Refused writes come back into the buffer, which goes to the spill
+		// folder at the deadline, but the ones the deadline cuts off in
+		// flight are in doubt: either may hold more.
+		{"refused", func(p *ddbfault.Proxy) { p.SetWriteFailure(true) }, func(p *ddbfault.Proxy) { p.SetWriteFailure(false) }, "kept in the spill folder", "hotcount_aggregator_spilled_mentions_total"},
+		{"unreachable", func(p *ddbfault.Proxy) { p.SetOutage(time.Hour) }, (*ddbfault.Proxy).EndOutage, "in writes in doubt", "hotcount_flusher_doubt_at_shutdown_total"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e := newFaultEnv(t, &ddbfault.Config{}, func(c *config.Config) {
@@ -258,16 +260,94 @@ func TestReliabilityShutdownStoreDown(t *testing.T) {
 			if err == nil || !strings.Contains(err.Error(), "shutdown deadline passed") || !strings.Contains(err.Error(), tc.said) {
 				t.Errorf("shutdown error = %v, want the deadline and %q", err, tc.said)
 			}
-			// Every mention is accounted for: unwritten, or in a write in
-			// doubt (one the deadline cut off in flight is in doubt too).
+			// Every mention is accounted for: spilled, unwritten, or in a
+			// write in doubt (one the deadline cut off in flight is in
+			// doubt too).
 			reg := e.sc.Registry()
+			spilled := testenv.Metric(t, reg, "hotcount_aggregator_spilled_mentions_total")
 			unwritten := testenv.Metric(t, reg, "hotcount_flusher_unflushed_total")
 			doubt := testenv.Metric(t, reg, "hotcount_flusher_doubt_at_shutdown_total")
-			if unwritten+doubt != float64(rep.Mentions) || (tc.metric != "" && testenv.Metric(t, reg, tc.metric) == 0) {
-				t.Errorf("unflushed %v + in doubt %v, want %d, with %s above 0", unwritten, doubt, rep.Mentions, tc.metric)
+			if spilled+unwritten+doubt != float64(rep.Mentions) || testenv.Metric(t, reg, tc.metric) == 0 {
+				t.Errorf("spilled %v + unflushed %v + in doubt %v, want %d, with %s above 0", spilled, unwritten, doubt, rep.Mentions, tc.metric)
 			}
+			if unwritten != 0 {
+				t.Errorf("%v mentions lost at shutdown; the spill folder should have kept them", unwritten)
+			}
+			if doubt > 0 {
+				return // in doubt: the table may or may not hold them
+			}
+			// The next sidecar on the same folder writes what was spilled.
+			tc.heal(e.fault)
+			next := newEnvOn(t, e, nil)
+			if err := next.stop(); err != nil {
+				t.Fatalf("second sidecar's shutdown: %v", err)
+			}
+			exact(t, e, rep)
 		})
 	}
+}
+
+// TestReliabilitySpill: core mode, the store refusing every write while
+// 20,000 distinct topics arrive through a 1 MiB window budget: the window
+// goes to the spill folder instead of growing, and once the store takes
+// writes again the table holds every mention.
+func TestReliabilitySpill(t *testing.T) {
+	const budget = 1 << 20
+	e := newFaultEnv(t, &ddbfault.Config{}, func(c *config.Config) {
+		c.BufferMemory = "1Mi"
+		c.FlushInterval = 200 * time.Millisecond
+	})
+	e.fault.SetWriteFailure(true)
+	var peak float64
+	stop := make(chan struct{})
+	sampled := make(chan struct{})
+	go func() {
+		defer close(sampled)
+		for {
+			peak = max(peak, testenv.Metric(t, e.sc.Registry(), "hotcount_aggregator_buffered_bytes"))
+			select {
+			case <-stop:
+				return
+			case <-time.After(10 * time.Millisecond):
+			}
+		}
+	}()
+	rep := publish(t, e.nats, loadgen.Config{Prefix: "mentions.", Topics: 20_000, Messages: 40_000, Rate: 20_000, Count: 1, Seed: 60})
+	testenv.Eventually(t, 10*time.Second, func() error {
+		if n := testenv.Metric(t, e.sc.Registry(), "hotcount_aggregator_spill_bytes"); n == 0 {
+			return errors.New("nothing spilled yet")
+		}
+		return nil
+	})
+	close(stop)
+	<-sampled
+	// The window passes its budget by what arrives before the next flush
+	// hands it back; at 20,000 topics a second and a 200 ms interval, that
+	// is about 4,000 topics (under 0.5 MiB).
+	if peak > 2*budget {
+		t.Errorf("window peaked at %.0f bytes, budget %d", peak, budget)
+	}
+	e.fault.SetWriteFailure(false)
+	// Written while running, not only by the final flush.
+	testenv.Eventually(t, 60*time.Second, func() error {
+		if n := testenv.Metric(t, e.sc.Registry(), "hotcount_flusher_flushed_mentions_total"); n != float64(rep.Mentions) {
+			return fmt.Errorf("%v of %d written", n, rep.Mentions)
+		}
+		return nil
+	})
+	if n := testenv.Metric(t, e.sc.Registry(), "hotcount_aggregator_spill_bytes"); n != 0 {
+		t.Errorf("%v bytes still spilled after everything was written", n)
+	}
+	if err := e.stop(); err != nil {
+		t.Fatalf("shutdown: %v", err)
+	}
+	exact(t, e, rep)
+	reg := e.sc.Registry()
+	if n := testenv.Metric(t, reg, "hotcount_aggregator_shed_mentions_total"); n != 0 {
+		t.Errorf("%v mentions shed", n)
+	}
+	t.Logf("spilled %v mentions; window peak %.0f bytes of a %d budget",
+		testenv.Metric(t, reg, "hotcount_aggregator_spilled_mentions_total"), peak, budget)
 }
 
 // TestReliabilityShutdownStoreDownJetStream: the same in JetStream mode,

@@ -10,6 +10,8 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"path/filepath"
+	"runtime/debug"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -29,6 +31,7 @@ import (
 	"github.com/hotcount/hotcount/journal"
 	"github.com/hotcount/hotcount/lookup"
 	"github.com/hotcount/hotcount/shards"
+	"github.com/hotcount/hotcount/spill"
 	"github.com/hotcount/hotcount/store"
 )
 
@@ -101,7 +104,24 @@ func (s *Sidecar) Run(ctx context.Context) error {
 	}
 	cancel()
 
-	agg := aggregator.New(cfg.MaxTopics, reg)
+	// The window's memory budget, and in core mode its spill folder: a
+	// store outage must end in a paused stream (JetStream) or a folder on
+	// disk (core), never in an OOM kill that loses the whole buffer.
+	memBudget := cfg.BufferBudget(debug.SetMemoryLimit(-1))
+	var spilled aggregator.Spiller
+	if cfg.NATSMode == config.ModeCore && cfg.SpillBudget() > 0 && memBudget > 0 {
+		dir := filepath.Join(cfg.DataDir, "spill")
+		sp, err := spill.Open(dir, cfg.SpillBudget())
+		if err != nil {
+			return fmt.Errorf("sidecar: spill folder (--data-dir %s; --spill-max-bytes 0 turns spilling off): %w", cfg.DataDir, err)
+		}
+		if n, segs := sp.Stats(); segs > 0 {
+			log.Warn("spilled mentions from an earlier process found; they are written once the store takes writes",
+				zap.String("folder", dir), zap.Int64("bytes", n), zap.Int("segments", segs))
+		}
+		spilled = sp
+	}
+	agg := aggregator.New(cfg.MaxTopics, reg, aggregator.WithBudget(memBudget, spilled, log))
 	hottest := hot.New(hot.DefaultCapacity, hot.DefaultPeriod, time.Now)
 	book := shards.New(shards.Config{Default: cfg.Shards, Adaptive: cfg.Adaptive, Max: cfg.MaxShards, Every: cfg.ShardsCache}, st, log, reg)
 	im := ingest.NewMetrics(reg)
@@ -333,7 +353,7 @@ func newSource(cfg config.Config, nc *nats.Conn, agg *aggregator.Aggregator, fl 
 			Consumer:      cfg.Consumer,
 			AckWait:       cfg.AckWait,
 			MaxAckPending: cfg.MaxAckPending,
-		}, agg, fl.Failing, log, m)
+		}, agg, func() bool { return fl.Failing() || agg.OverBudget() }, log, m)
 	}
 	return ingest.NewSubscriber(nc, icfg, agg, log, m)
 }

@@ -65,6 +65,7 @@ func newFaultEnv(t *testing.T, fc *ddbfault.Config, tune func(*config.Config)) *
 	cfg.HTTPAddr = "127.0.0.1:0"
 	cfg.AdminAddr = "127.0.0.1:0"
 	cfg.FlushInterval = 100 * time.Millisecond
+	cfg.DataDir = t.TempDir() // the spill folder, in core mode
 	if tune != nil {
 		tune(&cfg)
 	}
