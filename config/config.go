@@ -256,7 +256,7 @@ var settings = []setting{
 	{name: "http", env: EnvPrefix + "HTTP_ADDR", usage: "listen address of the lookup API", bind: str(func(c *Config) *string { return &c.HTTPAddr })},
 	{name: "http-token-file", usage: "file holding the bearer token the lookup API requires (Authorization: Bearer <token>); empty: none, allowed only on a loopback --http or with --http-public", bind: str(func(c *Config) *string { return &c.HTTPTokenFile })},
 	{name: "memory-limit", usage: "the process's memory budget (GOMEMLIMIT is set to 90% of it): bytes with an optional Ki, Mi or Gi suffix; empty: the container's cgroup limit, if any; none: no limit", bind: str(func(c *Config) *string { return &c.MemoryLimit })},
-	{name: "buffer-memory", usage: "memory the buffered window may take (topic names plus 64 B each) before it is flushed early, spilled (core mode) or fetching pauses (JetStream mode): bytes with an optional Ki, Mi or Gi suffix; empty: a quarter of the memory limit, or 256Mi with none; none: no bound", bind: str(func(c *Config) *string { return &c.BufferMemory })},
+	{name: "buffer-memory", usage: "memory the buffered window may take (topic names plus 64 B each) before it is flushed early, spilled (core mode) or fetching pauses (JetStream mode): bytes with an optional Ki, Mi or Gi suffix; empty: an eighth of the memory limit, or 256Mi with none; none: no bound", bind: str(func(c *Config) *string { return &c.BufferMemory })},
 	{name: "spill-max-bytes", usage: "core mode: disk the window may spill to, in --data-dir/spill, while the store does not take writes; past it mentions are shed and counted; 0: no spill", bind: str(func(c *Config) *string { return &c.SpillMaxBytes })},
 	{name: "http-public", usage: "serve the lookup API beyond this machine without a token (anyone who can reach --http reads every count)", bind: func(fs *pflag.FlagSet, c *Config, name, usage string) {
 		fs.BoolVar(&c.HTTPPublic, name, c.HTTPPublic, usage)
@@ -578,9 +578,10 @@ func ReadToken(path string) (string, error) {
 }
 
 // BufferBudget is the window's memory budget in bytes, 0 for none, given
-// the process's GOMEMLIMIT (math.MaxInt64 when unset). The default is a
-// quarter of the limit: the window's own bytes, a flush's working copy of
-// it, and the garbage collector's headroom over both fit in the rest.
+// the process's GOMEMLIMIT (math.MaxInt64 when unset). The default is an
+// eighth of the limit: the window filling, the one being flushed or
+// spilled, nats.go's pending messages and the garbage collector's headroom
+// over them all fit in the rest.
 func (c Config) BufferBudget(gomemlimit int64) int64 {
 	switch c.BufferMemory {
 	case "none":
@@ -589,7 +590,7 @@ func (c Config) BufferBudget(gomemlimit int64) int64 {
 		if gomemlimit <= 0 || gomemlimit >= 1<<62 {
 			return 256 << 20
 		}
-		return gomemlimit / 4
+		return gomemlimit / 8
 	}
 	n, _ := ParseBytes(c.BufferMemory)
 	return n

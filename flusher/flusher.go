@@ -465,6 +465,9 @@ func (f *Flusher) Flush(ctx context.Context) error {
 	return nil
 }
 
+// maxLookups bounds the topics whose shard count one flush looks up.
+const maxLookups = 4096
+
 type topicDelta struct {
 	topic string
 	delta int64
@@ -685,10 +688,12 @@ func (f *Flusher) Failing() bool { return f.failing.Load() }
 
 // counts returns the shard count of each topic of w.
 func (f *Flusher) counts(ctx context.Context, w aggregator.Window) (map[string]int, error) {
-	if f.shards == nil || w.Len() == 0 {
+	// While the store takes no writes, it answers no lookups either: the
+	// window goes to its default shards, which is always safe.
+	if f.shards == nil || w.Len() == 0 || f.Failing() {
 		return nil, nil
 	}
-	var topics []string
+	var busy []topicDelta
 	for t, d := range w.Deltas {
 		// Topics start on one shard (the default): one mention in a
 		// window is no hot key, so it goes to shard 0, always in the read
@@ -698,7 +703,17 @@ func (f *Flusher) counts(ctx context.Context, w aggregator.Window) (map[string]i
 		if f.cfg.Shards == 1 && d < 2 {
 			continue
 		}
-		topics = append(topics, t)
+		busy = append(busy, topicDelta{t, d})
+	}
+	// Spreading matters for the hottest topics only: the busiest
+	// maxLookups are looked up, the rest go to their default shards.
+	if len(busy) > maxLookups {
+		slices.SortFunc(busy, func(a, b topicDelta) int { return cmp.Compare(b.delta, a.delta) })
+		busy = busy[:maxLookups]
+	}
+	topics := make([]string, len(busy))
+	for i, b := range busy {
+		topics[i] = b.topic
 	}
 	// A quarter of the flush's budget: the counts it cannot give by then
 	// fall back to one shard, and the writes keep the rest of the budget
