@@ -64,6 +64,21 @@ type Buffer interface {
 	Merge(aggregator.Window)
 	// Full is signalled when the window reaches its topic bound.
 	Full() <-chan struct{}
+	// Pending is topic's delta in the current window.
+	Pending(topic string) int64
+}
+
+// Reader is told of each write as it lands (lookup.Service raises its
+// cached totals with it): topic's delta, in a write sent at sent that
+// landed at landed. Wrote is called under the lock Read holds, and must
+// not block.
+type Reader interface {
+	Wrote(topic string, delta int64, sent, landed time.Time)
+}
+
+// WithReader tells r of each write as it lands.
+func WithReader(r Reader) Option {
+	return func(f *Flusher) { f.reader = r }
 }
 
 // persister is a Buffer that can keep its window on disk at shutdown
@@ -150,8 +165,8 @@ type Config struct {
 }
 
 // Flusher owns the periodic flush. Run starts it; Final flushes what is left
-// at shutdown. Flush, Final and LastSuccess are safe to call concurrently
-// with Run, but flushes never overlap: one holds flushMu.
+// at shutdown. Flush, Final and Pending are safe to call concurrently with
+// Run, but flushes never overlap: one holds flushMu.
 type Flusher struct {
 	cfg      Config
 	buf      Buffer
@@ -160,6 +175,7 @@ type Flusher struct {
 	metrics  *Metrics
 	now      func() time.Time
 	observer Observer // nil: none
+	reader   Reader   // nil: none
 	shards   Shards   // nil: Config.Shards for every topic
 	journal  Journal  // nil: none (core mode)
 
@@ -171,6 +187,62 @@ type Flusher struct {
 	unretired    []string            // journal entries settled, not yet deleted; under flushMu
 	lastProgress atomic.Int64        // ... and of the last that wrote something, or had nothing to write
 	failing      atomic.Bool         // the last flush left deltas unwritten
+	down         atomic.Bool         // ... and the store refused it all, throttles aside
+
+	// inflight is the window a flush holds, topics leaving it as they are
+	// written: with the buffer's window, what Pending sees. viewMu covers
+	// it and every change to it, and makes each move between the buffer
+	// and inflight one step for Pending.
+	viewMu   sync.RWMutex
+	inflight map[string]int64
+	sent     map[string]sending // inflight topics whose write has started
+	doubt    map[string]sending // writes in doubt (not journaled), by topic
+}
+
+// sending is a write: when it was first sent, its delta, and whether it
+// is on its way to the store (!landed) or not (it landed and the reader
+// was told, or it is in doubt between two sends).
+type sending struct {
+	at     time.Time
+	delta  int64
+	landed bool
+}
+
+// Sending reports whether a write of topic is on its way to the store: sent
+// and not landed, so a total read now may or may not include it.
+func (f *Flusher) Sending(topic string) bool {
+	f.viewMu.RLock()
+	defer f.viewMu.RUnlock()
+	s, ok := f.sent[topic]
+	d, doubted := f.doubt[topic]
+	return ok && !s.landed || doubted && !d.landed
+}
+
+// Read calls read, holding the flusher still, with a function that gives
+// topic's mentions accepted by this sidecar and not in a total whose
+// gather ended at gatheredAt: in the buffer, in the window a flush holds
+// and has not sent, or in a write (in doubt included) first sent after
+// gatheredAt and not landed: such a gather cannot have seen it. A write
+// that has landed is the reader's (Reader.Wrote, under the same lock). A
+// write sent before gatheredAt is left out, as are journaled writes and
+// deltas spilled to disk: they may be in the store already, and counting
+// them could count them twice.
+func (f *Flusher) Read(topic string, read func(pending func(gatheredAt time.Time) int64)) {
+	f.viewMu.RLock()
+	defer f.viewMu.RUnlock()
+	read(func(gatheredAt time.Time) int64 {
+		p, q := f.buf.Pending(topic), f.inflight[topic]
+		if s, ok := f.sent[topic]; ok && (s.landed || !gatheredAt.Before(s.at)) {
+			q = 0
+		}
+		if d, ok := f.doubt[topic]; ok && gatheredAt.Before(d.at) {
+			q += d.delta // first sent after the gather: it cannot be in it
+		}
+		if p > 1<<63-1-q {
+			return 1<<63 - 1
+		}
+		return p + q
+	})
 }
 
 // New returns a flusher of buf into st. now is the clock (time.Now in
@@ -183,7 +255,7 @@ func New(cfg Config, buf Buffer, st Store, log *zap.Logger, m *Metrics, now func
 		cfg.WriteTimeout = DefaultWriteTimeout
 	}
 	f := &Flusher{cfg: cfg, buf: buf, store: st, log: log.Named("flusher"), metrics: m, now: now,
-		seq: store.NewSequencer(now), pending: make(map[string]*pending), entries: make(map[string]int)}
+		seq: store.NewSequencer(now), pending: make(map[string]*pending), entries: make(map[string]int), doubt: make(map[string]sending)}
 	for _, o := range opts {
 		o(f)
 	}
@@ -234,12 +306,9 @@ func (f *Flusher) Flush(ctx context.Context) error {
 	start := f.now()
 	defer func() { f.metrics.duration.Observe(f.now().Sub(start).Seconds()) }()
 
+	f.viewMu.Lock()
 	window := f.buf.Drain()
-	// The drained messages leave the buffer the ingest keeps alive: keep
-	// them alive here for as long as this flush holds them, so that a slow
-	// flush (a cold start, a slow store) never lets the server hand them to
-	// another sidecar while this one still counts them.
-	defer f.keepAliveWhile(window.Acks)()
+	f.inflight, f.sent = window.Deltas, make(map[string]sending)
 	// Topics with a write in doubt wait for it to settle.
 	held := aggregator.Window{Deltas: make(map[string]int64)}
 	for topic, d := range window.Deltas {
@@ -263,6 +332,12 @@ func (f *Flusher) Flush(ctx context.Context) error {
 		f.metrics.requeued.Add(float64(held.Mentions()))
 		f.buf.Merge(held)
 	}
+	f.viewMu.Unlock()
+	// The drained messages leave the buffer the ingest keeps alive: keep
+	// them alive here for as long as this flush holds them, so that a slow
+	// flush (a cold start, a slow store) never lets the server hand them to
+	// another sidecar while this one still counts them.
+	defer f.keepAliveWhile(window.Acks)()
 
 	counts, err := f.counts(ctx, window)
 	if err != nil {
@@ -304,8 +379,20 @@ func (f *Flusher) Flush(ctx context.Context) error {
 		if p.entry != "" && f.journal.MaybeReplayed(p.recordedAt) {
 			p.write.Replay = true // another sidecar may have applied it
 		}
+		f.viewMu.Lock()
+		if d, ok := f.doubt[topic]; ok {
+			d.landed = false // on its way again: see Sending
+			f.doubt[topic] = d
+		}
+		f.viewMu.Unlock()
 		g.Go(func() error {
 			err := f.settle(ctx, p.write)
+			f.viewMu.Lock()
+			if d, ok := f.doubt[topic]; ok {
+				d.landed = true
+				f.doubt[topic] = d
+			}
+			f.viewMu.Unlock()
 			// Only this goroutine touches p until Wait.
 			if errors.Is(err, store.ErrAmbiguous) {
 				p.write.Retry = true
@@ -326,6 +413,14 @@ func (f *Flusher) Flush(ctx context.Context) error {
 			}
 			settled[topic] = p.write.Delta
 			written += p.write.Delta
+			f.viewMu.Lock()
+			if d, ok := f.doubt[topic]; ok {
+				delete(f.doubt, topic)
+				if f.reader != nil {
+					f.reader.Wrote(topic, d.delta, d.at, f.now())
+				}
+			}
+			f.viewMu.Unlock()
 			return nil
 		})
 	}
@@ -334,8 +429,9 @@ func (f *Flusher) Flush(ctx context.Context) error {
 	// back without a copy. Only the topics written leave it.
 	topics := window.Len()
 	var (
-		wrote   []topicDelta // under mu
-		refused int          // definite failures, under mu
+		wrote     []topicDelta // under mu
+		refused   int          // definite failures but throttles, under mu
+		throttled int          // under mu
 	)
 	for topic, delta := range window.Deltas {
 		mu.Lock()
@@ -347,8 +443,26 @@ func (f *Flusher) Flush(ctx context.Context) error {
 		if down || f.now().After(deadline) {
 			continue // not started: no ambiguity, try next flush
 		}
+		sentAt := f.now()
+		f.viewMu.Lock()
+		f.sent[topic] = sending{at: sentAt}
+		f.viewMu.Unlock()
 		g.Go(func() error {
 			w, err := f.write(ctx, topic, delta, counts[topic])
+			f.viewMu.Lock()
+			switch {
+			case err == nil:
+				f.sent[topic] = sending{at: sentAt, landed: true}
+				if f.reader != nil {
+					f.reader.Wrote(topic, delta, sentAt, f.now())
+				}
+			case errors.Is(err, store.ErrAmbiguous):
+				f.sent[topic] = sending{at: sentAt, landed: true}
+				f.doubt[topic] = sending{at: sentAt, delta: delta, landed: true} // not on its way until sent again
+			default:
+				delete(f.sent, topic) // refused: pending again
+			}
+			f.viewMu.Unlock()
 			mu.Lock()
 			defer mu.Unlock()
 			switch {
@@ -357,6 +471,9 @@ func (f *Flusher) Flush(ctx context.Context) error {
 				wrote = append(wrote, topicDelta{topic, delta})
 			case errors.Is(err, store.ErrAmbiguous):
 				doubt[topic] = w
+				fail(err)
+			case errors.Is(err, store.ErrThrottled):
+				throttled++ // the store is up: this topic is hot
 				fail(err)
 			default:
 				refused++
@@ -367,6 +484,7 @@ func (f *Flusher) Flush(ctx context.Context) error {
 	}
 	_ = g.Wait() // the writes report through the maps, never through the group
 	f.metrics.flushed.Add(float64(written))
+	f.viewMu.Lock()
 	for _, w := range wrote {
 		delete(window.Deltas, w.topic)
 	}
@@ -380,7 +498,9 @@ func (f *Flusher) Flush(ctx context.Context) error {
 	for topic, d := range window.Deltas {
 		failed.Deltas[topic] = d
 	}
-	window.Deltas = nil // failed's now
+	window.Deltas = nil                     // failed's now
+	f.inflight, f.sent = failed.Deltas, nil // what is left was refused or not sent: pending again
+	f.viewMu.Unlock()
 
 	// Settled writes in doubt: their messages are done.
 	var done []aggregator.Message
@@ -444,11 +564,15 @@ func (f *Flusher) Flush(ctx context.Context) error {
 		f.lastProgress.Store(f.now().UnixNano())
 	}
 	f.failing.Store(!progress)
+	f.down.Store(!progress && refused > 0 && throttled == 0)
 	if failed.Len() > 0 || len(f.pending) > 0 || heldTopics > 0 {
 		// Held-back deltas count as unwritten too: Final must flush again.
 		f.keepAlive(failed)
 		kept, failedTopics := failed.Mentions(), failed.Len()
+		f.viewMu.Lock()
 		f.buf.Merge(failed)
+		f.inflight = nil
+		f.viewMu.Unlock()
 		f.metrics.requeued.Add(float64(kept))
 		f.metrics.flushes.WithLabelValues("error").Inc()
 		if firstErr == nil && heldTopics > 0 {
@@ -460,6 +584,9 @@ func (f *Flusher) Flush(ctx context.Context) error {
 		return fmt.Errorf("flusher: %d of %d topics not written (%d mentions kept), %d writes pending (in doubt or journaled), %d topics held back: %w",
 			failedTopics, topics, kept, len(f.pending), heldTopics, firstErr)
 	}
+	f.viewMu.Lock()
+	f.inflight = nil
+	f.viewMu.Unlock()
 	f.metrics.flushes.WithLabelValues("ok").Inc()
 	f.metrics.lastSuccess.Set(float64(f.now().UnixNano()) / 1e9)
 	return nil
@@ -520,6 +647,7 @@ func (f *Flusher) record(ctx context.Context, window *aggregator.Window, counts 
 		f.log.Warn("journal incomplete; the rest waits for the next flush", zap.Int("recorded", len(recorded)), zap.Int("topics", window.Len()), zap.Error(err))
 	}
 	at := f.now()
+	f.viewMu.Lock() // journaled writes leave Pending's view: they may be applied by a replay
 	for _, w := range writes {
 		if r, ok := recorded[w.Topic]; ok {
 			f.pending[w.Topic] = &pending{write: w, entry: r.Key, recordedAt: at, unconfirmed: r.Unconfirmed}
@@ -528,6 +656,8 @@ func (f *Flusher) record(ctx context.Context, window *aggregator.Window, counts 
 		}
 		delete(window.Deltas, w.Topic)
 	}
+	f.inflight = failed.Deltas
+	f.viewMu.Unlock()
 	// Acknowledge what is surely journaled; an unconfirmed entry's
 	// messages wait with its pending writes, those of topics not recorded
 	// go back with their deltas.
@@ -688,9 +818,9 @@ func (f *Flusher) Failing() bool { return f.failing.Load() }
 
 // counts returns the shard count of each topic of w.
 func (f *Flusher) counts(ctx context.Context, w aggregator.Window) (map[string]int, error) {
-	// While the store takes no writes, it answers no lookups either: the
+	// While the store refuses writes, it answers no lookups either: the
 	// window goes to its default shards, which is always safe.
-	if f.shards == nil || w.Len() == 0 || f.Failing() {
+	if f.shards == nil || w.Len() == 0 || f.down.Load() {
 		return nil, nil
 	}
 	var busy []topicDelta

@@ -19,8 +19,11 @@ import (
 
 // Extras are the handler's optional sources, nil when absent.
 type Extras struct {
-	// Pending is this sidecar's not yet flushed delta of a topic.
-	Pending func(topic string) int64
+	// Pending calls read with this sidecar's mentions of topic not yet in
+	// a total gathered at gatheredAt: unwritten, or written after it. It
+	// holds the writer still while read runs, so that a total read from
+	// the cache in read agrees with it.
+	Pending func(topic string, read func(pending func(gatheredAt time.Time) int64))
 	// Hot is this sidecar's top topics by recent rate.
 	Hot func(limit int) []hot.Topic
 	// ShardsOf is a topic's shard count as this sidecar writes it.
@@ -54,7 +57,7 @@ func (s *Service) Handler(log *zap.Logger, x Extras) http.Handler {
 type handler struct {
 	svc      *Service
 	log      *zap.Logger
-	pending  func(string) int64
+	pending  func(string, func(func(time.Time) int64))
 	hot      func(int) []hot.Topic
 	shardsOf func(string) int
 }
@@ -213,10 +216,19 @@ func (h *handler) many(w http.ResponseWriter, r *http.Request) {
 	putBuf(buf)
 }
 
+// addPending adds this sidecar's mentions not yet in t to t: read under
+// the flusher's lock with the cached total as it is now, the two agree
+// (a write moves from one to the other at once). The sum is then held at
+// the highest one served for the topic: counts only grow, and a sum can
+// still fall for a moment when a gather that ended after a write was sent
+// did not see it; each sum served is a count the topic reached.
 func (h *handler) addPending(t *Total) {
-	t.Pending = h.pending(t.Topic)
+	h.pending(t.Topic, func(pending func(time.Time) int64) {
+		*t = h.svc.Current(*t)
+		t.Pending = pending(t.gatheredAt)
+	})
 	t.PendingIncluded = true
-	t.Count = satAdd(t.Count, t.Pending)
+	t.Count = h.svc.Floor(t.Topic, satAdd(t.Count, t.Pending))
 }
 
 func satAdd(x, y int64) int64 {

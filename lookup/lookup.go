@@ -1,10 +1,18 @@
 // Package lookup is the read path: a topic's total is the sum of its shards,
-// gathered in one round trip and cached in an LRU, so that a storm of reads
-// of a hot topic costs the store at most one gather per topic per TTL,
-// whatever the request rate. Once a topic is cached no reader waits on the
-// store again: an expired total is served at once (marked stale) while one
+// gathered in one round trip and cached, so that a storm of reads of a hot
+// topic costs the store at most one gather per topic per TTL, whatever the
+// request rate. Once a topic is cached no reader waits on the store again:
+// past the TTL the total is served at once (marked stale) while one
 // background gather refreshes it. It serves the totals over HTTP to the
 // application next to the sidecar.
+//
+// The cache is otter's: it shares a gather between every reader of a
+// topic, single or batch, refreshes after the TTL, and evicts by
+// frequency. Topics found with no count live in a bounded cache of their
+// own, so that lookups of random names never push a real total out. A
+// total never goes backwards: counts only grow, so a gather lower than the
+// cached one is a stale read (a lagging replica, or a shard-count item
+// read before a raise reached it), read again strongly, and never served.
 package lookup
 
 import (
@@ -12,11 +20,11 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
-	"github.com/hashicorp/golang-lru/v2/expirable"
+	"github.com/maypok86/otter/v2"
 	"github.com/prometheus/client_golang/prometheus"
-	"golang.org/x/sync/singleflight"
 
 	"github.com/hotcount/hotcount/store"
 )
@@ -39,6 +47,10 @@ const (
 // gatherTimeout bounds one gather. A gather is shared by every reader
 // waiting on the topic, so it runs on its own deadline, not a reader's.
 const gatherTimeout = 5 * time.Second
+
+// refreshers bounds the background refreshes running at once: a storm
+// over many stale topics queues them instead of starting one each.
+const refreshers = 16
 
 // Store is what the lookup reads from. Gather returns shards 0..n-1 of
 // topic, in order, zeros for shards never written; GatherMany does it for
@@ -107,18 +119,25 @@ type Total struct {
 	// asked for (include=pending).
 	Pending         int64
 	PendingIncluded bool
+
+	gatheredAt time.Time // when the gather behind Count ended
 }
+
+// GatheredAt is when the gather behind t's count ended: a write sent after
+// it cannot be in the count.
+func (t Total) GatheredAt() time.Time { return t.gatheredAt }
 
 // entry is a cached total.
 type entry struct {
 	count     int64
 	shards    int
 	saturated bool
-	at        time.Time
+	started   time.Time // when the gather that made it began
+	at        time.Time // when it ended
 }
 
 func (e entry) total(topic, source string, now time.Time) Total {
-	return Total{Topic: topic, Count: e.count, Source: source, Shards: e.shards, Saturated: e.saturated, AgeMs: now.Sub(e.at).Milliseconds()}
+	return Total{Topic: topic, Count: e.count, Source: source, Shards: e.shards, Saturated: e.saturated, AgeMs: now.Sub(e.at).Milliseconds(), gatheredAt: e.at}
 }
 
 func newEntry(shards []store.Shard, now time.Time) entry {
@@ -133,49 +152,175 @@ type Service struct {
 	store   Store
 	metrics *metrics
 	now     func() time.Time
-	// The expirable LRU starts a goroutine of its own that expires entries
-	// and never stops; one Service lives as long as the process, so that
-	// costs one goroutine.
-	cache *expirable.LRU[string, entry]
-	group singleflight.Group
-
-	mu         sync.Mutex
-	refreshing map[string]struct{}
-	closed     bool
-	bg         sync.WaitGroup
-	bgCtx      context.Context
-	stopBg     context.CancelFunc
+	// cache holds topics with a count; absent, topics gathered with none
+	// (unknown names), for a TTL, in a space of their own.
+	cache  *otter.Cache[string, entry]
+	absent *otter.Cache[string, entry]
+	// floors holds, per topic, the highest total with pending mentions
+	// served (include=pending): the next is never lower.
+	floors *otter.Cache[string, *atomic.Int64]
+	// writes counts Wrote calls: a gather that a write raced may have
+	// missed it (see load).
+	writes atomic.Uint64
+	// sending reports a write of this sidecar on its way to the store.
+	sending func(topic string) bool
+	pool    *pool
+	bgCtx   context.Context
+	stopBg  context.CancelFunc
 }
 
 // New returns a lookup service over st, its metrics registered with reg.
-// Entries live in the LRU until CacheStale; fresh or stale is decided by
-// their age against CacheTTL.
+// A total is fresh for CacheTTL; then the next read starts a background
+// refresh and is served the old total, marked stale; an entry no refresh
+// has renewed by CacheStale is gone.
 func New(cfg Config, st Store, reg prometheus.Registerer, now func() time.Time) *Service {
 	m := newMetrics(reg)
-	s := &Service{cfg: cfg, store: st, metrics: m, now: now, refreshing: make(map[string]struct{})}
+	s := &Service{cfg: cfg, store: st, metrics: m, now: now, pool: newPool(refreshers)}
 	s.bgCtx, s.stopBg = context.WithCancel(context.Background())
-	s.cache = expirable.NewLRU[string, entry](cfg.CacheSize, func(string, entry) { m.evictions.Inc() }, max(cfg.CacheStale, cfg.CacheTTL))
+	clk := clock{now}
+	s.cache = otter.Must(&otter.Options[string, entry]{
+		MaximumSize:       cfg.CacheSize,
+		ExpiryCalculator:  lifetime{max(cfg.CacheStale, cfg.CacheTTL)},
+		RefreshCalculator: lifetime{cfg.CacheTTL},
+		Executor:          s.pool.run,
+		Clock:             clk,
+		OnDeletion: func(e otter.DeletionEvent[string, entry]) {
+			if e.WasEvicted() {
+				m.evictions.Inc()
+			}
+		},
+	})
+	s.absent = otter.Must(&otter.Options[string, entry]{
+		MaximumSize:      max(cfg.CacheSize/4, 100),
+		ExpiryCalculator: lifetime{cfg.CacheTTL},
+		Clock:            clk,
+	})
+	s.floors = otter.Must(&otter.Options[string, *atomic.Int64]{MaximumSize: cfg.CacheSize})
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "hotcount_cache_entries",
-		Help: "Totals in the cache, fresh or stale.",
-	}, func() float64 { return float64(s.cache.Len()) }))
+		Help: "Totals in the cache, fresh or stale (topics with a count; unknown topics are in hotcount_cache_absent_entries).",
+	}, func() float64 { return float64(s.cache.EstimatedSize()) }), prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "hotcount_cache_absent_entries",
+		Help: "Topics found with no count, remembered for a TTL in a bounded space of their own (a quarter of --cache-size).",
+	}, func() float64 { return float64(s.absent.EstimatedSize()) }))
 	return s
+}
+
+// WatchWrites gives the service the writer's view of writes on their way
+// (flusher.Flusher.Sending): a gather that ran while one was can neither
+// count it nor leave it out, so it waits for the write to land and reads
+// again. Call it before serving.
+func (s *Service) WatchWrites(sending func(topic string) bool) { s.sending = sending }
+
+// clock is the service's time source, for otter.
+type clock struct{ now func() time.Time }
+
+func (c clock) NowNano() int64 { return c.now().UnixNano() }
+
+// Tick drives otter's periodic clean-up.
+func (c clock) Tick(d time.Duration) <-chan time.Time { return time.Tick(d) }
+
+// lifetime is the refresh (TTL) or expiry (CacheStale) time of an entry,
+// counted from the gather that made it: a raise by this sidecar's own
+// writes (Wrote) changes neither.
+type lifetime struct{ d time.Duration }
+
+func (l lifetime) RefreshAfterCreate(otter.Entry[string, entry]) time.Duration { return l.d }
+func (l lifetime) RefreshAfterUpdate(e otter.Entry[string, entry], old entry) time.Duration {
+	return l.same(e, old, e.RefreshableAfter())
+}
+func (l lifetime) RefreshAfterReload(otter.Entry[string, entry], entry) time.Duration { return l.d }
+func (l lifetime) RefreshAfterReloadFailure(otter.Entry[string, entry], error) time.Duration {
+	return l.d
+}
+func (l lifetime) ExpireAfterCreate(otter.Entry[string, entry]) time.Duration { return l.d }
+func (l lifetime) ExpireAfterUpdate(e otter.Entry[string, entry], old entry) time.Duration {
+	return l.same(e, old, e.ExpiresAfter())
+}
+func (l lifetime) ExpireAfterRead(e otter.Entry[string, entry]) time.Duration {
+	return e.ExpiresAfter()
+}
+
+// same keeps the time left when an update is a raise (same gather), and
+// starts again for a new gather.
+func (l lifetime) same(e otter.Entry[string, entry], old entry, left time.Duration) time.Duration {
+	if e.Value.at.Equal(old.at) {
+		return left
+	}
+	return l.d
+}
+
+// pool runs otter's background tasks (refreshes, maintenance) on a fixed
+// number of goroutines. Its queue never blocks the cache, as otter
+// requires; it holds at most one refresh per cached topic.
+type pool struct {
+	mu    sync.Mutex
+	cond  *sync.Cond
+	queue []func()
+	done  bool
+	wg    sync.WaitGroup
+}
+
+func newPool(n int) *pool {
+	p := &pool{}
+	p.cond = sync.NewCond(&p.mu)
+	for range n {
+		p.wg.Go(p.work)
+	}
+	return p
+}
+
+func (p *pool) run(fn func()) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.done {
+		go fn() // after Close: otter must have its tasks run
+		return
+	}
+	p.queue = append(p.queue, fn)
+	p.cond.Signal()
+}
+
+func (p *pool) work() {
+	for {
+		p.mu.Lock()
+		for len(p.queue) == 0 && !p.done {
+			p.cond.Wait()
+		}
+		if len(p.queue) == 0 {
+			p.mu.Unlock()
+			return
+		}
+		fn := p.queue[0]
+		p.queue[0] = nil
+		p.queue = p.queue[1:]
+		p.mu.Unlock()
+		fn()
+	}
+}
+
+func (p *pool) close() {
+	p.mu.Lock()
+	p.done = true
+	p.cond.Broadcast()
+	p.mu.Unlock()
+	p.wg.Wait()
 }
 
 // Close stops background refreshes and waits for those under way.
 func (s *Service) Close() {
-	s.mu.Lock()
-	s.closed = true
-	s.mu.Unlock()
 	s.stopBg()
-	s.bg.Wait()
+	s.pool.close()
+	s.cache.StopAllGoroutines()
+	s.absent.StopAllGoroutines()
+	s.floors.StopAllGoroutines()
 }
 
 // Lookup returns topic's total at consistency c. With Cached: a fresh
-// entry is a hit; an expired one younger than CacheStale is served at once,
-// marked stale, and one background gather refreshes it; a miss waits for a
-// gather shared with every concurrent miss of the topic. An unknown topic has
-// count 0 and is cached like any other.
+// entry is a hit; an older one (up to CacheStale) is served at once,
+// marked stale, while one background gather refreshes it; a miss waits
+// for a gather shared with every concurrent lookup of the topic, batches
+// included. An unknown topic has count 0.
 func (s *Service) Lookup(ctx context.Context, topic string, c Consistency) (Total, error) {
 	if c != Cached {
 		m, err := s.gatherNow(ctx, []string{topic}, c == Strong)
@@ -184,78 +329,74 @@ func (s *Service) Lookup(ctx context.Context, topic string, c Consistency) (Tota
 		}
 		return m[topic], nil
 	}
-	now := s.now()
-	if e, ok := s.cache.Get(topic); ok {
-		t := e.total(topic, "cache", now)
-		if now.Sub(e.at) < s.cfg.CacheTTL {
-			s.metrics.hit.Inc()
-			return t, nil
-		}
-		s.metrics.stale.Inc()
-		s.refresh(topic)
-		t.Stale = true
+	if t, ok := s.unknown(topic); ok {
 		return t, nil
 	}
-	s.metrics.miss.Inc()
-	ch := s.group.DoChan(topic, func() (any, error) { return s.gather(topic) })
-	select {
-	case <-ctx.Done():
-		return Total{}, ctx.Err()
-	case r := <-ch:
-		if r.Err != nil {
-			return Total{}, fmt.Errorf("lookup: %w", r.Err)
-		}
-		return r.Val.(entry).total(topic, "store", s.now()), nil
+	source := s.classify(topic)
+	e, err := s.cache.Get(ctx, topic, loader{s})
+	if errors.Is(err, otter.ErrNotFound) {
+		return s.notFound(topic), nil
 	}
-}
-
-// gather reads topic from the store and caches it, unless the cache holds
-// a fresh entry by now (another gather finished between a reader's look at
-// the cache and this call): so a topic costs at most one gather per TTL.
-// It runs on its own deadline: it is shared by readers that may leave.
-func (s *Service) gather(topic string) (entry, error) {
-	if e, ok := s.cache.Peek(topic); ok && s.now().Sub(e.at) < s.cfg.CacheTTL {
-		return e, nil
-	}
-	ctx, cancel := context.WithTimeout(s.bgCtx, gatherTimeout)
-	defer cancel()
-	shards, err := s.store.Gather(ctx, topic, s.cfg.Shards, false)
 	if err != nil {
-		return entry{}, err
+		return Total{}, fmt.Errorf("lookup: %w", err)
 	}
-	e := newEntry(shards, s.now())
-	s.cache.Add(topic, e)
-	return e, nil
+	return s.served(topic, e, source), nil
 }
 
-// refresh starts one background gather of topic unless one is under way.
-// If it fails, the stale entry keeps being served until it expires at
-// CacheStale; then readers miss and see the error.
-func (s *Service) refresh(topic string) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if _, busy := s.refreshing[topic]; busy || s.closed {
-		return
+// unknown answers a topic gathered with no count within the TTL (raised
+// since by this sidecar's writes, if any).
+func (s *Service) unknown(topic string) (Total, bool) {
+	e, ok := s.absent.GetIfPresent(topic)
+	if !ok {
+		return Total{}, false
 	}
-	s.refreshing[topic] = struct{}{}
-	s.bg.Go(func() {
-		defer func() {
-			s.mu.Lock()
-			delete(s.refreshing, topic)
-			s.mu.Unlock()
-		}()
-		// Through the group: a reader missing at the same moment shares it.
-		ch := s.group.DoChan(topic, func() (any, error) { return s.gather(topic) })
-		if r := <-ch; r.Err != nil {
-			s.metrics.refreshErrors.Inc()
-		}
-	})
+	s.metrics.hit.Inc()
+	t := e.total(topic, "cache", s.now())
+	t.gatheredAt = e.at
+	return t, true
 }
 
-// LookupMany returns the totals of topics (at most MaxBatch, no repeats
-// needed: a repeated topic is answered twice) in the order asked. With
-// Cached, hits and stale entries come from the cache and all misses are
-// gathered together, sharing BatchGetItem calls (100 keys each).
+// notFound answers a topic its load found with no count.
+func (s *Service) notFound(topic string) Total {
+	if e, ok := s.absent.GetIfPresent(topic); ok {
+		return e.total(topic, "store", s.now())
+	}
+	return s.zero(topic, s.now())
+}
+
+func (s *Service) zero(topic string, at time.Time) Total {
+	return Total{Topic: topic, Source: "store", Shards: s.cfg.Shards, AgeMs: s.now().Sub(at).Milliseconds(), gatheredAt: at}
+}
+
+// classify counts a cached lookup as a hit, stale or miss, and says where
+// its answer comes from.
+func (s *Service) classify(topic string) (source string) {
+	e, ok := s.cache.GetEntryQuietly(topic)
+	switch {
+	case !ok:
+		s.metrics.miss.Inc()
+		return "store"
+	case s.now().Sub(e.Value.at) < s.cfg.CacheTTL:
+		s.metrics.hit.Inc()
+	default:
+		s.metrics.stale.Inc()
+	}
+	return "cache"
+}
+
+func (s *Service) served(topic string, e entry, source string) Total {
+	now := s.now()
+	t := e.total(topic, source, now)
+	t.Stale = now.Sub(e.at) >= s.cfg.CacheTTL
+	t.gatheredAt = e.at
+	return t
+}
+
+// LookupMany returns the totals of topics (at most MaxBatch; a repeated
+// topic is answered twice) in the order asked. With Cached, hits and stale
+// entries come from the cache, and all misses are gathered together,
+// sharing BatchGetItem calls (100 keys each) and any gather of the same
+// topics already under way.
 func (s *Service) LookupMany(ctx context.Context, topics []string, c Consistency) ([]Total, error) {
 	if c != Cached {
 		m, err := s.gatherNow(ctx, unique(topics), c == Strong)
@@ -268,46 +409,236 @@ func (s *Service) LookupMany(ctx context.Context, topics []string, c Consistency
 		}
 		return out, nil
 	}
-	now := s.now()
 	out := make([]Total, len(topics))
-	var misses []string
-	missAt := make(map[string][]int)
+	known := make([]bool, len(topics))
+	var ask []string
+	source := make(map[string]string, len(topics))
 	for i, topic := range topics {
-		if e, ok := s.cache.Get(topic); ok {
-			out[i] = e.total(topic, "cache", now)
-			if now.Sub(e.at) < s.cfg.CacheTTL {
-				s.metrics.hit.Inc()
-			} else {
-				s.metrics.stale.Inc()
-				s.refresh(topic)
-				out[i].Stale = true
-			}
+		if t, ok := s.unknown(topic); ok {
+			out[i], known[i] = t, true
 			continue
 		}
-		s.metrics.miss.Inc()
-		if _, seen := missAt[topic]; !seen {
-			misses = append(misses, topic)
+		if _, seen := source[topic]; !seen {
+			source[topic] = s.classify(topic)
+			ask = append(ask, topic)
 		}
-		missAt[topic] = append(missAt[topic], i)
 	}
-	if len(misses) == 0 {
+	if len(ask) == 0 {
 		return out, nil
 	}
-	gathered, err := s.gatherNow(ctx, misses, false)
-	if err != nil {
-		return nil, err
+	got, err := s.cache.BulkGet(ctx, ask, loader{s})
+	if err != nil && !errors.Is(err, otter.ErrNotFound) {
+		return nil, fmt.Errorf("lookup: %w", err)
 	}
-	for topic, idx := range missAt {
-		for _, i := range idx {
-			out[i] = gathered[topic]
+	for i, topic := range topics {
+		if known[i] {
+			continue
+		}
+		if e, ok := got[topic]; ok {
+			out[i] = s.served(topic, e, source[topic])
+		} else {
+			out[i] = s.notFound(topic)
 		}
 	}
 	return out, nil
 }
 
-// gatherNow reads topics from the store in one GatherMany and caches the
-// eventually consistent results (a strong read is fresher than anything
-// cached, but is not cached: it was paid for by one caller).
+// loader gathers for the cache, one topic or many: a miss loads, a stale
+// entry reloads.
+type loader struct{ s *Service }
+
+func (l loader) Load(ctx context.Context, topic string) (entry, error) {
+	m, err := l.s.load(ctx, []string{topic}, nil)
+	if err != nil {
+		return entry{}, err
+	}
+	if e, ok := m[topic]; ok {
+		return e, nil
+	}
+	return entry{}, otter.ErrNotFound
+}
+
+func (l loader) Reload(ctx context.Context, topic string, old entry) (entry, error) {
+	m, err := l.s.load(ctx, []string{topic}, []entry{old})
+	if err != nil {
+		l.s.metrics.refreshErrors.Inc()
+		return entry{}, err
+	}
+	return m[topic], nil
+}
+
+func (l loader) BulkLoad(ctx context.Context, topics []string) (map[string]entry, error) {
+	return l.s.load(ctx, topics, nil)
+}
+
+func (l loader) BulkReload(ctx context.Context, topics []string, olds []entry) (map[string]entry, error) {
+	m, err := l.s.load(ctx, topics, olds)
+	if err != nil {
+		l.s.metrics.refreshErrors.Inc()
+	}
+	return m, err
+}
+
+// load gathers topics; olds, when refreshing, are their cached entries in
+// the same order. A topic gathered with no count and none before goes to
+// the absent cache and is left out. A total lower than the cached one is
+// a stale read, counted in hotcount_cache_regressions_total and gathered
+// again with strongly consistent reads (the shard-count item too); what
+// is served is never lower than before. It runs on its own deadline:
+// readers that leave do not cancel a gather others share.
+func (s *Service) load(ctx context.Context, topics []string, olds []entry) (map[string]entry, error) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), gatherTimeout)
+	defer cancel()
+	stop := context.AfterFunc(s.bgCtx, cancel)
+	defer stop()
+	gen := s.writes.Load()
+	out, absent, err := s.loadOnce(ctx, topics, olds, false)
+	if err != nil || s.writes.Load() == gen {
+		return out, err
+	}
+	// A write of this sidecar landed while the load ran: the gather may or
+	// may not have seen it, and Wrote found nothing cached yet to raise.
+	// Read again, strongly, now that it is in.
+	for _, topic := range absent {
+		s.absent.Invalidate(topic)
+	}
+	if again, _, err := s.loadOnce(ctx, topics, olds, true); err == nil {
+		return again, nil
+	}
+	return out, nil
+}
+
+// settle handles the topics of a gather that this sidecar was writing as
+// it ran: it waits for those writes to land (they are bounded by
+// --write-timeout) and gathers the topics again, strongly, returning the
+// new shards and when that read began.
+func (s *Service) settle(ctx context.Context, topics []string) (map[string][]store.Shard, time.Time, bool) {
+	var racing []string
+	for _, t := range topics {
+		if s.sending(t) {
+			racing = append(racing, t)
+		}
+	}
+	if len(racing) == 0 {
+		return nil, time.Time{}, false
+	}
+	for _, t := range racing {
+		for s.sending(t) {
+			select {
+			case <-ctx.Done():
+				return nil, time.Time{}, false
+			case <-time.After(time.Millisecond):
+			}
+		}
+	}
+	begun := s.now()
+	m, err := s.store.GatherMany(ctx, racing, s.cfg.Shards, true)
+	if err != nil {
+		return nil, time.Time{}, false
+	}
+	return m, begun, true
+}
+
+// loadOnce is one gather of load; it returns the topics it found absent.
+func (s *Service) loadOnce(ctx context.Context, topics []string, olds []entry, consistent bool) (map[string]entry, []string, error) {
+	begun := s.now()
+	m, err := s.store.GatherMany(ctx, topics, s.cfg.Shards, consistent)
+	if err != nil {
+		return nil, nil, err
+	}
+	if s.sending != nil && !consistent {
+		if again, at, ok := s.settle(ctx, topics); ok {
+			for topic, shards := range again {
+				m[topic] = shards
+			}
+			begun = at
+		}
+	}
+	now := s.now()
+	out := make(map[string]entry, len(topics))
+	var behind []string
+	for i, topic := range topics {
+		e := newEntry(m[topic], now)
+		e.started = begun
+		if olds != nil {
+			old := olds[i]
+			if e.count < old.count || e.shards < old.shards {
+				behind = append(behind, topic)
+				// Until a strong read says more, the old total stands.
+				e.count, e.shards, e.saturated = old.count, old.shards, old.saturated
+			}
+		}
+		out[topic] = e
+	}
+	if len(behind) > 0 && !consistent {
+		s.metrics.regressions.Add(float64(len(behind)))
+		again := s.now()
+		if strong, err := s.store.GatherMany(ctx, behind, s.cfg.Shards, true); err == nil {
+			for topic, shards := range strong {
+				if e := newEntry(shards, s.now()); e.count >= out[topic].count {
+					e.started = again
+					out[topic] = e
+				}
+			}
+		}
+	}
+	var absent []string
+	if olds == nil {
+		for topic, e := range out {
+			if e.count == 0 {
+				s.absent.Set(topic, e)
+				absent = append(absent, topic)
+				delete(out, topic)
+			}
+		}
+	}
+	return out, absent, nil
+}
+
+// Wrote tells the cache that this sidecar's write of delta to topic,
+// sent at sent, landed at landed, so that the application next to it
+// reads its own mentions as soon as they are in the store, not a TTL
+// later. A cached total whose gather ended before sent cannot have seen
+// the write: it is raised by delta. One whose gather began after landed
+// has seen it. One whose gather overlapped the write may or may not have:
+// it is dropped, and the next reader gathers again. A raise moves neither
+// the entry's refresh nor its expiry.
+func (s *Service) Wrote(topic string, delta int64, sent, landed time.Time) {
+	s.writes.Add(1)
+	update := func(old entry) (entry, otter.ComputeOp) {
+		switch {
+		case old.started.After(landed):
+			return old, otter.CancelOp
+		case !old.at.Before(sent):
+			return old, otter.InvalidateOp
+		}
+		e := old
+		if e.count > (1<<63-1)-delta {
+			e.count, e.saturated = 1<<63-1, true
+		} else {
+			e.count += delta
+		}
+		return e, otter.WriteOp
+	}
+	s.cache.ComputeIfPresent(topic, update)
+	s.absent.ComputeIfPresent(topic, update)
+}
+
+// Current returns topic's cached total as it is now (raised by Wrote
+// since t was read, if t's gather is the cached one), for a reader that
+// adds pending mentions under the flusher's lock: the two then agree.
+func (s *Service) Current(t Total) Total {
+	for _, c := range []*otter.Cache[string, entry]{s.cache, s.absent} {
+		if e, ok := c.GetIfPresent(t.Topic); ok && e.at.Equal(t.gatheredAt) {
+			t.Count, t.Saturated = e.count, e.saturated
+			return t
+		}
+	}
+	return t
+}
+
+// gatherNow reads topics from the store in one GatherMany, bypassing the
+// cache (eventual or strong, paid for by one caller).
 func (s *Service) gatherNow(ctx context.Context, topics []string, consistent bool) (map[string]Total, error) {
 	ctx, cancel := context.WithTimeout(ctx, gatherTimeout)
 	defer cancel()
@@ -318,11 +649,7 @@ func (s *Service) gatherNow(ctx context.Context, topics []string, consistent boo
 	now := s.now()
 	out := make(map[string]Total, len(m))
 	for topic, shards := range m {
-		e := newEntry(shards, now)
-		if !consistent {
-			s.cache.Add(topic, e)
-		}
-		out[topic] = e.total(topic, "store", now)
+		out[topic] = newEntry(shards, now).total(topic, "store", now)
 	}
 	return out, nil
 }
@@ -337,6 +664,21 @@ func unique(topics []string) []string {
 		}
 	}
 	return out
+}
+
+// Floor holds a total served with pending mentions at the highest one
+// served for the topic before, and returns it.
+func (s *Service) Floor(topic string, count int64) int64 {
+	f, _ := s.floors.ComputeIfAbsent(topic, func() (*atomic.Int64, bool) { return new(atomic.Int64), false })
+	for {
+		seen := f.Load()
+		if count <= seen {
+			return seen
+		}
+		if f.CompareAndSwap(seen, count) {
+			return count
+		}
+	}
 }
 
 // Shards gathers topic's shards now, bypassing the cache: the scatter and
@@ -356,6 +698,7 @@ type metrics struct {
 	hit, miss, stale prometheus.Counter
 	evictions        prometheus.Counter
 	refreshErrors    prometheus.Counter
+	regressions      prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -375,7 +718,11 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "hotcount_cache_refresh_errors_total",
 			Help: "Background refreshes of stale totals that failed (the stale total keeps being served up to --cache-stale).",
 		}),
+		regressions: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "hotcount_cache_regressions_total",
+			Help: "Gathers that read a total lower than the one cached (a stale replica or shard-count item): read again strongly; the lower total is never served.",
+		}),
 	}
-	reg.MustRegister(requests, m.evictions, m.refreshErrors)
+	reg.MustRegister(requests, m.evictions, m.refreshErrors, m.regressions)
 	return m
 }

@@ -310,7 +310,9 @@ func TestHTTP(t *testing.T) {
 	pending := map[string]int64{"eu.west.k8s": 8}
 	tracker := hot.New(16, time.Hour, time.Now)
 	tracker.Observe(map[string]int64{"eu.west.k8s": 40, "a/b": 3, "quiet": 1})
-	srv := httptest.NewServer(svc.Handler(zaptest.NewLogger(t), lookup.Extras{Pending: func(topic string) int64 { return pending[topic] }, Hot: tracker.Top}))
+	srv := httptest.NewServer(svc.Handler(zaptest.NewLogger(t), lookup.Extras{Pending: func(topic string, read func(func(time.Time) int64)) {
+		read(func(time.Time) int64 { return pending[topic] })
+	}, Hot: tracker.Top}))
 	defer srv.Close()
 
 	tests := []struct {
@@ -377,7 +379,9 @@ func FuzzTopicPath(f *testing.F) {
 	}
 	svc := lookup.New(lookup.Config{Shards: 2, CacheTTL: time.Second, CacheStale: time.Second, CacheSize: 10, MaxTopicBytes: 32}, newBolt(f), prometheus.NewRegistry(), time.Now)
 	defer svc.Close()
-	h := svc.Handler(zaptest.NewLogger(f), lookup.Extras{Pending: func(string) int64 { return 1 }})
+	h := svc.Handler(zaptest.NewLogger(f), lookup.Extras{Pending: func(_ string, read func(func(time.Time) int64)) {
+		read(func(time.Time) int64 { return 1 })
+	}})
 	f.Fuzz(func(t *testing.T, topic string) {
 		req, err := http.NewRequest("GET", "http://x/v1/topics/"+topic, nil)
 		if err != nil {

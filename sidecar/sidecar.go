@@ -135,9 +135,18 @@ func (s *Sidecar) Run(ctx context.Context) error {
 	}
 	defer nc.Close()
 
+	lk := lookup.New(lookup.Config{
+		Shards:        cfg.ReadGuess(),
+		CacheTTL:      cfg.CacheTTL,
+		CacheStale:    cfg.CacheStaleAge(),
+		CacheSize:     cfg.CacheSize,
+		MaxTopicBytes: cfg.MaxTopicBytes,
+	}, st, reg, time.Now)
+	defer lk.Close()
+
 	// One writer id for this process's writes, journaled or not.
 	writer := store.NewWriterID()
-	opts := []flusher.Option{flusher.WithObserver(hottest), flusher.WithShards(book)}
+	opts := []flusher.Option{flusher.WithObserver(hottest), flusher.WithShards(book), flusher.WithReader(lk)}
 	var jr *journal.Journal
 	if cfg.NATSMode == config.ModeJetStream {
 		if jr, err = openJournal(ctx, nc, cfg, writer, st, log, reg); err != nil {
@@ -159,6 +168,8 @@ func (s *Sidecar) Run(ctx context.Context) error {
 		KeepAlive:    keepAlive,
 	}, agg, st, log, flusher.NewMetrics(reg), time.Now, opts...)
 
+	lk.WatchWrites(fl.Sending)
+
 	sub, err := newSource(cfg, nc, agg, fl, log, im)
 	if err != nil {
 		return err
@@ -166,14 +177,6 @@ func (s *Sidecar) Run(ctx context.Context) error {
 	if js, ok := sub.(*ingest.JetStreamConsumer); ok && jr != nil {
 		js.SetJournal(jr)
 	}
-	lk := lookup.New(lookup.Config{
-		Shards:        cfg.ReadGuess(),
-		CacheTTL:      cfg.CacheTTL,
-		CacheStale:    cfg.CacheStaleAge(),
-		CacheSize:     cfg.CacheSize,
-		MaxTopicBytes: cfg.MaxTopicBytes,
-	}, st, reg, time.Now)
-	defer lk.Close()
 
 	health := func(context.Context) error {
 		if age := time.Since(fl.LastProgress()); age > cfg.HealthAge() {
@@ -222,7 +225,7 @@ func (s *Sidecar) Run(ctx context.Context) error {
 		}))
 	}
 
-	api := lk.Handler(log, lookup.Extras{Pending: agg.Pending, Hot: hottest.Top, ShardsOf: book.Cached})
+	api := lk.Handler(log, lookup.Extras{Pending: fl.Read, Hot: hottest.Top, ShardsOf: book.Cached})
 	if cfg.HTTPTokenFile != "" {
 		token, err := config.ReadToken(cfg.HTTPTokenFile)
 		if err != nil {
