@@ -42,6 +42,7 @@ bench: deps
 	$(GO) test -run '^$$' -bench 'BenchmarkIngest|BenchmarkCounters' -benchtime 1000000x -count $(COUNT) ./bench/ | tee -a bench.out
 	$(GO) test -run '^$$' -bench BenchmarkFlush -benchtime 3000x -count $(COUNT) ./bench/ | tee -a bench.out
 	$(GO) test -run '^$$' -bench BenchmarkSidecarRSS -benchtime 1000000x -count $(COUNT) ./cmd/hotcount/ | tee -a bench.out
+	$(GO) test -run '^$$' -bench BenchmarkFleetReads -benchtime 2000x -count $(COUNT) ./peers/ | tee -a bench.out
 	$(GO) test -run '^$$' -bench BenchmarkOutageRSS -benchtime 2000000x -count 1 ./cmd/hotcount/ | tee -a bench.out
 	$(GO) run ./bench/report -in bench.out -out docs/BENCHMARKS.md
 

@@ -30,6 +30,7 @@ import (
 	"github.com/hotcount/hotcount/flusher"
 	"github.com/hotcount/hotcount/ingest"
 	"github.com/hotcount/hotcount/lookup"
+	"github.com/hotcount/hotcount/peers"
 	"github.com/hotcount/hotcount/shards"
 	"github.com/hotcount/hotcount/store"
 )
@@ -85,7 +86,10 @@ type Config struct {
 	Subject           string
 	QueueGroup        string
 	DeadLetterSubject string
-	DrainTimeout      time.Duration
+	// ShareTotals is auto (on in JetStream mode), true or false.
+	ShareTotals  string
+	ShareSubject string
+	DrainTimeout time.Duration
 
 	Store            string
 	Table            string
@@ -145,6 +149,8 @@ func Default() Config {
 		Subject:           ingest.DefaultSubject,
 		QueueGroup:        ingest.DefaultQueueGroup,
 		DeadLetterSubject: ingest.DefaultDeadLetterSubject,
+		ShareTotals:       "auto",
+		ShareSubject:      peers.DefaultSubject,
 		DrainTimeout:      ingest.DefaultDrainTimeout,
 		Store:             DefaultStore,
 		Table:             DefaultTable,
@@ -229,6 +235,8 @@ var settings = []setting{
 	{name: "max-ack-pending", usage: "messages delivered and not yet acknowledged, for all sidecars together: the buffer bound of jetstream mode", bind: integer(func(c *Config) *int { return &c.MaxAckPending })},
 	{name: "subject", usage: "subject to subscribe to, <prefix>.>; the topic is what follows the prefix", bind: str(func(c *Config) *string { return &c.Subject })},
 	{name: "queue-group", usage: "NATS queue group shared by the sidecars", bind: str(func(c *Config) *string { return &c.QueueGroup })},
+	{name: "share-totals", usage: "share gathered totals with the other sidecars over NATS, so that the fleet gathers a hot topic about once per TTL instead of once per sidecar: auto (on in jetstream mode), true or false", bind: str(func(c *Config) *string { return &c.ShareTotals })},
+	{name: "share-subject", usage: "subject the sidecars share gathered totals on", bind: str(func(c *Config) *string { return &c.ShareSubject })},
 	{name: "dead-letter-subject", usage: "subject that rejected messages are republished to (empty: none)", bind: str(func(c *Config) *string { return &c.DeadLetterSubject })},
 	{name: "drain-timeout", usage: "at shutdown, how long the NATS drain may take", bind: dur(func(c *Config) *time.Duration { return &c.DrainTimeout })},
 	{name: "store", usage: "store: dynamodb, or bolt (embedded, in --data-dir)", bind: str(func(c *Config) *string { return &c.Store })},
@@ -428,6 +436,18 @@ func (c *Config) Validate() error {
 	if c.DeadLetterSubject != "" && prefix != "" && strings.HasPrefix(c.DeadLetterSubject, prefix) {
 		bad("dead-letter-subject", "%q is under the subscription %q: rejects would come back as mentions", c.DeadLetterSubject, c.Subject)
 	}
+	switch c.ShareTotals {
+	case "auto", "true", "false":
+	default:
+		bad("share-totals", "%q is not auto, true or false", c.ShareTotals)
+	}
+	if c.SharesTotals() {
+		if c.ShareSubject == "" || strings.ContainsAny(c.ShareSubject, "*> \t") {
+			bad("share-subject", "%q is not a plain NATS subject", c.ShareSubject)
+		} else if prefix != "" && strings.HasPrefix(c.ShareSubject, prefix) {
+			bad("share-subject", "%q is under the subscription %q: shared totals would come back as mentions", c.ShareSubject, c.Subject)
+		}
+	}
 	durIn("drain-timeout", c.DrainTimeout, 0, time.Minute)
 	switch c.Store {
 	case StoreDynamoDB:
@@ -575,6 +595,13 @@ func ReadToken(path string) (string, error) {
 		return "", fmt.Errorf("token in %s is %d bytes; use at least 16 (say, openssl rand -hex 32)", path, len(tok))
 	}
 	return tok, nil
+}
+
+// SharesTotals says whether gathered totals are shared with the fleet:
+// --share-totals, where auto is on in JetStream mode (a fleet that shares
+// a stream shares its topics) and off in core mode.
+func (c Config) SharesTotals() bool {
+	return c.ShareTotals == "true" || c.ShareTotals == "auto" && c.NATSMode == ModeJetStream
 }
 
 // BufferBudget is the window's memory budget in bytes, 0 for none, given

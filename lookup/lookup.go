@@ -19,6 +19,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -98,6 +99,8 @@ type Config struct {
 	CacheStale    time.Duration // then served stale, refreshing, up to this age
 	CacheSize     int
 	MaxTopicBytes int
+	// Share jitters refreshes, for a fleet that shares totals (ShareWith).
+	Share bool
 }
 
 // Total is a topic's total as served.
@@ -133,7 +136,8 @@ type entry struct {
 	shards    int
 	saturated bool
 	started   time.Time // when the gather that made it began
-	at        time.Time // when it ended
+	at        time.Time // when it ended (for a peer's total: when it came)
+	peer      bool      // gathered by another sidecar (Offer)
 }
 
 func (e entry) total(topic, source string, now time.Time) Total {
@@ -164,9 +168,11 @@ type Service struct {
 	writes atomic.Uint64
 	// sending reports a write of this sidecar on its way to the store.
 	sending func(topic string) bool
-	pool    *pool
-	bgCtx   context.Context
-	stopBg  context.CancelFunc
+	// share publishes gathered totals to the fleet; nil: not shared.
+	share  Sharer
+	pool   *pool
+	bgCtx  context.Context
+	stopBg context.CancelFunc
 }
 
 // New returns a lookup service over st, its metrics registered with reg.
@@ -180,8 +186,8 @@ func New(cfg Config, st Store, reg prometheus.Registerer, now func() time.Time) 
 	clk := clock{now}
 	s.cache = otter.Must(&otter.Options[string, entry]{
 		MaximumSize:       cfg.CacheSize,
-		ExpiryCalculator:  lifetime{max(cfg.CacheStale, cfg.CacheTTL)},
-		RefreshCalculator: lifetime{cfg.CacheTTL},
+		ExpiryCalculator:  lifetime{d: max(cfg.CacheStale, cfg.CacheTTL)},
+		RefreshCalculator: lifetime{d: cfg.CacheTTL, jitter: cfg.Share},
 		Executor:          s.pool.run,
 		Clock:             clk,
 		OnDeletion: func(e otter.DeletionEvent[string, entry]) {
@@ -192,7 +198,7 @@ func New(cfg Config, st Store, reg prometheus.Registerer, now func() time.Time) 
 	})
 	s.absent = otter.Must(&otter.Options[string, entry]{
 		MaximumSize:      max(cfg.CacheSize/4, 100),
-		ExpiryCalculator: lifetime{cfg.CacheTTL},
+		ExpiryCalculator: lifetime{d: cfg.CacheTTL},
 		Clock:            clk,
 	})
 	s.floors = otter.Must(&otter.Options[string, *atomic.Int64]{MaximumSize: cfg.CacheSize})
@@ -204,6 +210,34 @@ func New(cfg Config, st Store, reg prometheus.Registerer, now func() time.Time) 
 		Help: "Topics found with no count, remembered for a TTL in a bounded space of their own (a quarter of --cache-size).",
 	}, func() float64 { return float64(s.absent.EstimatedSize()) }))
 	return s
+}
+
+// Sharer publishes a total this sidecar gathered to the rest of the fleet
+// (peers.Peers).
+type Sharer interface {
+	Share(topic string, count int64, shards int)
+}
+
+// ShareWith has every total this service gathers published with p. Call
+// it before serving.
+func (s *Service) ShareWith(p Sharer) { s.share = p }
+
+// Offer takes a total another sidecar gathered, as a gather of this
+// sidecar's own, for a topic it caches: unless it is lower than the cached
+// total, it becomes the cached total, fresh, and this sidecar's refresh
+// waits a TTL. It counts as gathered when it arrived (later than it was,
+// so pending mentions are never counted in it twice). Sharing costs
+// read-your-writes some precision: a write of this sidecar that lands
+// after such a total came may or may not be in it, and the answer with
+// pending mentions holds at its last value until the next total.
+func (s *Service) Offer(topic string, count int64, shards int) {
+	now := s.now()
+	s.cache.ComputeIfPresent(topic, func(old entry) (entry, otter.ComputeOp) {
+		if count < old.count {
+			return old, otter.CancelOp
+		}
+		return entry{count: count, shards: max(shards, old.shards), at: now, peer: true}, otter.WriteOp
+	})
 }
 
 // WatchWrites gives the service the writer's view of writes on their way
@@ -222,14 +256,29 @@ func (c clock) Tick(d time.Duration) <-chan time.Time { return time.Tick(d) }
 
 // lifetime is the refresh (TTL) or expiry (CacheStale) time of an entry,
 // counted from the gather that made it: a raise by this sidecar's own
-// writes (Wrote) changes neither.
-type lifetime struct{ d time.Duration }
+// writes (Wrote) changes neither. With jitter (totals shared with peers)
+// a refresh comes at 80-100% of the TTL, so that the sidecars of a fleet
+// do not all refresh a topic at once: the first shares its total and the
+// others take it instead of gathering.
+type lifetime struct {
+	d      time.Duration
+	jitter bool
+}
 
-func (l lifetime) RefreshAfterCreate(otter.Entry[string, entry]) time.Duration { return l.d }
+func (l lifetime) after() time.Duration {
+	if !l.jitter {
+		return l.d
+	}
+	return l.d - time.Duration(rand.Int64N(int64(l.d)/5+1))
+}
+
+func (l lifetime) RefreshAfterCreate(otter.Entry[string, entry]) time.Duration { return l.after() }
 func (l lifetime) RefreshAfterUpdate(e otter.Entry[string, entry], old entry) time.Duration {
 	return l.same(e, old, e.RefreshableAfter())
 }
-func (l lifetime) RefreshAfterReload(otter.Entry[string, entry], entry) time.Duration { return l.d }
+func (l lifetime) RefreshAfterReload(otter.Entry[string, entry], entry) time.Duration {
+	return l.after()
+}
 func (l lifetime) RefreshAfterReloadFailure(otter.Entry[string, entry], error) time.Duration {
 	return l.d
 }
@@ -247,7 +296,13 @@ func (l lifetime) same(e otter.Entry[string, entry], old entry, left time.Durati
 	if e.Value.at.Equal(old.at) {
 		return left
 	}
-	return l.d
+	if e.Value.peer && l.jitter {
+		// A peer's total: refresh a little after a TTL, so that the
+		// sidecar that shared it (due at 80-100%) stays the one that
+		// gathers, and the others take over only if it stops.
+		return l.d + time.Duration(rand.Int64N(int64(l.d)/5+1))
+	}
+	return l.after()
 }
 
 // pool runs otter's background tasks (refreshes, maintenance) on a fixed
@@ -493,19 +548,28 @@ func (s *Service) load(ctx context.Context, topics []string, olds []entry) (map[
 	defer stop()
 	gen := s.writes.Load()
 	out, absent, err := s.loadOnce(ctx, topics, olds, false)
-	if err != nil || s.writes.Load() == gen {
-		return out, err
+	if err == nil && s.writes.Load() != gen {
+		out = s.again(ctx, topics, olds, out, absent)
 	}
-	// A write of this sidecar landed while the load ran: the gather may or
-	// may not have seen it, and Wrote found nothing cached yet to raise.
-	// Read again, strongly, now that it is in.
+	if err == nil && s.share != nil {
+		for topic, e := range out {
+			s.share.Share(topic, e.count, e.shards)
+		}
+	}
+	return out, err
+}
+
+// again reads topics again, strongly, after a write of this sidecar landed
+// while load ran: the gather may or may not have seen it, and Wrote found
+// nothing cached yet to raise.
+func (s *Service) again(ctx context.Context, topics []string, olds []entry, out map[string]entry, absent []string) map[string]entry {
 	for _, topic := range absent {
 		s.absent.Invalidate(topic)
 	}
 	if again, _, err := s.loadOnce(ctx, topics, olds, true); err == nil {
-		return again, nil
+		return again
 	}
-	return out, nil
+	return out
 }
 
 // settle handles the topics of a gather that this sidecar was writing as
@@ -608,6 +672,11 @@ func (s *Service) Wrote(topic string, delta int64, sent, landed time.Time) {
 	update := func(old entry) (entry, otter.ComputeOp) {
 		switch {
 		case old.started.After(landed):
+			return old, otter.CancelOp
+		case !old.at.Before(sent) && old.peer:
+			// Another sidecar's gather may or may not have seen it;
+			// gathering again would undo the sharing, so the answer
+			// holds (include=pending's floor) until the next total.
 			return old, otter.CancelOp
 		case !old.at.Before(sent):
 			return old, otter.InvalidateOp

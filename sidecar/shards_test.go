@@ -40,7 +40,7 @@ func topicNames(n int) []string {
 // every total is exact.
 func TestShardChangesKeepTotals(t *testing.T) {
 	a := newEnv(t, func(c *config.Config) { c.Shards = 4 })
-	b := newEnvOn(t, a, func(c *config.Config) { c.Shards = 8 })
+	b := newEnvOn(t, a, func(c *config.Config) { c.Shards, c.DataDir = 8, t.TempDir() })
 	first := publish(t, a.nats, loadgen.Config{Prefix: "mentions.", Topics: 40, Messages: 8_000, Count: 1, Seed: 70})
 	testenv.Eventually(t, 10*time.Second, func() error {
 		f := testenv.Metric(t, a.sc.Registry(), "hotcount_flusher_flushed_mentions_total") +
@@ -53,7 +53,7 @@ func TestShardChangesKeepTotals(t *testing.T) {
 	if err := errors.Join(a.stop(), b.stop()); err != nil {
 		t.Fatal(err)
 	}
-	c := newEnvOn(t, a, func(c *config.Config) { c.Shards = 2 })
+	c := newEnvOn(t, a, func(c *config.Config) { c.Shards, c.DataDir = 2, t.TempDir() })
 	second := publish(t, a.nats, loadgen.Config{Prefix: "mentions.", Topics: 60, Messages: 6_000, Count: 1, Seed: 71})
 	if err := c.stop(); err != nil {
 		t.Fatal(err)

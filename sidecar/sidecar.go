@@ -30,6 +30,7 @@ import (
 	"github.com/hotcount/hotcount/ingest"
 	"github.com/hotcount/hotcount/journal"
 	"github.com/hotcount/hotcount/lookup"
+	"github.com/hotcount/hotcount/peers"
 	"github.com/hotcount/hotcount/shards"
 	"github.com/hotcount/hotcount/spill"
 	"github.com/hotcount/hotcount/store"
@@ -141,6 +142,7 @@ func (s *Sidecar) Run(ctx context.Context) error {
 		CacheStale:    cfg.CacheStaleAge(),
 		CacheSize:     cfg.CacheSize,
 		MaxTopicBytes: cfg.MaxTopicBytes,
+		Share:         cfg.SharesTotals(),
 	}, st, reg, time.Now)
 	defer lk.Close()
 
@@ -169,6 +171,14 @@ func (s *Sidecar) Run(ctx context.Context) error {
 	}, agg, st, log, flusher.NewMetrics(reg), time.Now, opts...)
 
 	lk.WatchWrites(fl.Sending)
+	if cfg.SharesTotals() {
+		p, err := peers.Join(nc, cfg.ShareSubject, writer, lk, reg, log)
+		if err != nil {
+			return err
+		}
+		defer p.Close() //nolint:errcheck // closing
+		lk.ShareWith(p)
+	}
 
 	sub, err := newSource(cfg, nc, agg, fl, log, im)
 	if err != nil {

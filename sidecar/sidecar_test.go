@@ -78,7 +78,9 @@ func newFaultEnv(t *testing.T, fc *ddbfault.Config, tune func(*config.Config)) *
 }
 
 // newEnvOn starts another sidecar on base's NATS, table and emulator, with
-// base's settings as tune changes them.
+// base's settings as tune changes them: its --data-dir too, which is right
+// for a sidecar that follows base (a restart) and wrong for one that runs
+// next to it (tune gives that one its own).
 func newEnvOn(t *testing.T, base *env, tune func(*config.Config)) *env {
 	cfg := base.cfg
 	if tune != nil {
