@@ -159,7 +159,7 @@ func run(in, out string) error {
 var targets = map[string]float64{
 	"BenchmarkIngest hotcount bare":                           0.9,
 	"BenchmarkFlush hotcount bare-conditional":                0.9,
-	"BenchmarkLookupHTTP hotcount bare":                       0.8,
+	"BenchmarkLookupHTTP hotcount bare":                       0.9,
 	"BenchmarkJetStream hotcount bare":                        0.9,
 	"BenchmarkCounters hotcount-jetstream jetstream-counters": 1.0,
 }
