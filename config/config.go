@@ -597,6 +597,16 @@ func ReadToken(path string) (string, error) {
 	return tok, nil
 }
 
+// StoreScope names the store's data, for sidecars sharing totals: the
+// table, with its endpoint when one is set (DynamoDB), or the data folder
+// (the embedded store).
+func (c Config) StoreScope() string {
+	if c.Store == StoreBolt {
+		return "bolt:" + c.DataDir
+	}
+	return "dynamodb:" + c.DynamoDBEndpoint + "/" + c.Table
+}
+
 // SharesTotals says whether gathered totals are shared with the fleet:
 // --share-totals, where auto is on in JetStream mode (a fleet that shares
 // a stream shares its topics) and off in core mode.

@@ -196,7 +196,7 @@ type Flusher struct {
 	viewMu   sync.RWMutex
 	inflight map[string]int64
 	sent     map[string]sending // inflight topics whose write has started
-	doubt    map[string]sending // writes in doubt (not journaled), by topic
+	doubt    map[string]sending // writes in doubt or journaled, by topic
 }
 
 // sending is a write: when it was first sent, its delta, and whether it
@@ -647,10 +647,14 @@ func (f *Flusher) record(ctx context.Context, window *aggregator.Window, counts 
 		f.log.Warn("journal incomplete; the rest waits for the next flush", zap.Int("recorded", len(recorded)), zap.Int("topics", window.Len()), zap.Error(err))
 	}
 	at := f.now()
-	f.viewMu.Lock() // journaled writes leave Pending's view: they may be applied by a replay
+	f.viewMu.Lock()
 	for _, w := range writes {
 		if r, ok := recorded[w.Topic]; ok {
 			f.pending[w.Topic] = &pending{write: w, entry: r.Key, recordedAt: at, unconfirmed: r.Unconfirmed}
+			// For Read, a journaled write is held like one in doubt: no
+			// total gathered before it was journaled can hold it, and
+			// when it lands the reader is told.
+			f.doubt[w.Topic] = sending{at: at, delta: w.Delta, landed: r.Unconfirmed} // sent this flush unless unconfirmed
 		} else {
 			failed.Deltas[w.Topic] = w.Delta
 		}

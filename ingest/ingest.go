@@ -107,9 +107,14 @@ func (c *checker) check(subject string, data []byte, hdr nats.Header) (topic str
 	if err != nil {
 		return "", 0, c.reject(subject, data, hdr, err)
 	}
+	return topic, delta, ""
+}
+
+// accepted counts a message once its count is in the buffer: a reader
+// that sees the metric then finds the count (include=pending).
+func (c *checker) accepted(delta int64) {
 	c.metrics.events.Inc()
 	c.metrics.mentions.Add(float64(delta))
-	return topic, delta, ""
 }
 
 // reject counts, logs (sampled) and dead-letters a message, and returns the
@@ -209,6 +214,7 @@ func (s *Subscriber) Ready() error {
 func (s *Subscriber) handle(msg *nats.Msg) {
 	if topic, delta, reason := s.check(msg.Subject, msg.Data, msg.Header); reason == "" {
 		s.sink.Add(topic, delta)
+		s.accepted(delta)
 	}
 }
 

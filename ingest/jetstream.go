@@ -229,6 +229,7 @@ func (c *JetStreamConsumer) handle(ctx context.Context, msg jetstream.Msg) {
 		return
 	}
 	c.sink.AddAcked(topic, delta, msg, seq)
+	c.accepted(delta)
 }
 
 // bind creates or updates the durable consumer, retrying with backoff until

@@ -19,6 +19,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/maphash"
 	"math/rand/v2"
 	"sync"
 	"sync/atomic"
@@ -160,12 +161,15 @@ type Service struct {
 	// (unknown names), for a TTL, in a space of their own.
 	cache  *otter.Cache[string, entry]
 	absent *otter.Cache[string, entry]
-	// floors holds, per topic, the highest total with pending mentions
-	// served (include=pending): the next is never lower.
-	floors *otter.Cache[string, *atomic.Int64]
-	// writes counts Wrote calls: a gather that a write raced may have
-	// missed it (see load).
-	writes atomic.Uint64
+	// floors holds, per topic, the highest totals served, plain and with
+	// pending mentions, for --cache-stale from the first: the next is
+	// never lower, whatever a lagging replica says meanwhile, and a total
+	// that was wrong (too high) is not held longer than that.
+	floors *otter.Cache[string, *floor]
+	// writes counts Wrote calls, in stripes by topic: a gather that a
+	// write of one of its topics raced may have missed it (see load).
+	writes [64]atomic.Uint64
+	seed   maphash.Seed
 	// sending reports a write of this sidecar on its way to the store.
 	sending func(topic string) bool
 	// share publishes gathered totals to the fleet; nil: not shared.
@@ -181,7 +185,7 @@ type Service struct {
 // has renewed by CacheStale is gone.
 func New(cfg Config, st Store, reg prometheus.Registerer, now func() time.Time) *Service {
 	m := newMetrics(reg)
-	s := &Service{cfg: cfg, store: st, metrics: m, now: now, pool: newPool(refreshers)}
+	s := &Service{cfg: cfg, store: st, metrics: m, now: now, pool: newPool(refreshers), seed: maphash.MakeSeed()}
 	s.bgCtx, s.stopBg = context.WithCancel(context.Background())
 	clk := clock{now}
 	s.cache = otter.Must(&otter.Options[string, entry]{
@@ -201,7 +205,11 @@ func New(cfg Config, st Store, reg prometheus.Registerer, now func() time.Time) 
 		ExpiryCalculator: lifetime{d: cfg.CacheTTL},
 		Clock:            clk,
 	})
-	s.floors = otter.Must(&otter.Options[string, *atomic.Int64]{MaximumSize: cfg.CacheSize})
+	s.floors = otter.Must(&otter.Options[string, *floor]{
+		MaximumSize:      cfg.CacheSize,
+		ExpiryCalculator: otter.ExpiryWriting[string, *floor](max(cfg.CacheStale, cfg.CacheTTL)),
+		Clock:            clk,
+	})
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "hotcount_cache_entries",
 		Help: "Totals in the cache, fresh or stale (topics with a count; unknown topics are in hotcount_cache_absent_entries).",
@@ -407,16 +415,20 @@ func (s *Service) unknown(topic string) (Total, bool) {
 	}
 	s.metrics.hit.Inc()
 	t := e.total(topic, "cache", s.now())
-	t.gatheredAt = e.at
+	t.Count = s.hold(topic, t.Count, false)
 	return t, true
 }
 
 // notFound answers a topic its load found with no count.
 func (s *Service) notFound(topic string) Total {
 	if e, ok := s.absent.GetIfPresent(topic); ok {
-		return e.total(topic, "store", s.now())
+		t := e.total(topic, "store", s.now())
+		t.Count = s.hold(topic, t.Count, false)
+		return t
 	}
-	return s.zero(topic, s.now())
+	t := s.zero(topic, s.now())
+	t.Count = s.hold(topic, 0, false)
+	return t
 }
 
 func (s *Service) zero(topic string, at time.Time) Total {
@@ -442,6 +454,7 @@ func (s *Service) classify(topic string) (source string) {
 func (s *Service) served(topic string, e entry, source string) Total {
 	now := s.now()
 	t := e.total(topic, source, now)
+	t.Count = s.hold(topic, t.Count, false)
 	t.Stale = now.Sub(e.at) >= s.cfg.CacheTTL
 	t.gatheredAt = e.at
 	return t
@@ -546,9 +559,9 @@ func (s *Service) load(ctx context.Context, topics []string, olds []entry) (map[
 	defer cancel()
 	stop := context.AfterFunc(s.bgCtx, cancel)
 	defer stop()
-	gen := s.writes.Load()
+	gen := s.written(topics)
 	out, absent, err := s.loadOnce(ctx, topics, olds, false)
-	if err == nil && s.writes.Load() != gen {
+	if err == nil && s.written(topics) != gen {
 		out = s.again(ctx, topics, olds, out, absent)
 	}
 	if err == nil && s.share != nil {
@@ -557,6 +570,19 @@ func (s *Service) load(ctx context.Context, topics []string, olds []entry) (map[
 		}
 	}
 	return out, err
+}
+
+func (s *Service) stripe(topic string) *atomic.Uint64 {
+	return &s.writes[maphash.String(s.seed, topic)%uint64(len(s.writes))]
+}
+
+// written sums the write counts of topics' stripes.
+func (s *Service) written(topics []string) uint64 {
+	var n uint64
+	for _, t := range topics {
+		n += s.stripe(t).Load()
+	}
+	return n
 }
 
 // again reads topics again, strongly, after a write of this sidecar landed
@@ -638,11 +664,14 @@ func (s *Service) loadOnce(ctx context.Context, topics []string, olds []entry, c
 		s.metrics.regressions.Add(float64(len(behind)))
 		again := s.now()
 		if strong, err := s.store.GatherMany(ctx, behind, s.cfg.Shards, true); err == nil {
+			// The strong read is the store's word. Lower than the cached
+			// total, it means that total was too high (a wrong shared
+			// total): it is replaced, and the floors hold what was served
+			// for --cache-stale at most.
 			for topic, shards := range strong {
-				if e := newEntry(shards, s.now()); e.count >= out[topic].count {
-					e.started = again
-					out[topic] = e
-				}
+				e := newEntry(shards, s.now())
+				e.started = again
+				out[topic] = e
 			}
 		}
 	}
@@ -668,7 +697,7 @@ func (s *Service) loadOnce(ctx context.Context, topics []string, olds []entry, c
 // it is dropped, and the next reader gathers again. A raise moves neither
 // the entry's refresh nor its expiry.
 func (s *Service) Wrote(topic string, delta int64, sent, landed time.Time) {
-	s.writes.Add(1)
+	s.stripe(topic).Add(1)
 	update := func(old entry) (entry, otter.ComputeOp) {
 		switch {
 		case old.started.After(landed):
@@ -718,7 +747,13 @@ func (s *Service) gatherNow(ctx context.Context, topics []string, consistent boo
 	now := s.now()
 	out := make(map[string]Total, len(m))
 	for topic, shards := range m {
-		out[topic] = newEntry(shards, now).total(topic, "store", now)
+		t := newEntry(shards, now).total(topic, "store", now)
+		if !consistent {
+			// An eventual read may lag what was served: hold it. A strong
+			// read is the store's word and is served as it is.
+			t.Count = s.hold(topic, t.Count, false)
+		}
+		out[topic] = t
 	}
 	return out, nil
 }
@@ -735,20 +770,32 @@ func unique(topics []string) []string {
 	return out
 }
 
-// Floor holds a total served with pending mentions at the highest one
-// served for the topic before, and returns it.
-func (s *Service) Floor(topic string, count int64) int64 {
-	f, _ := s.floors.ComputeIfAbsent(topic, func() (*atomic.Int64, bool) { return new(atomic.Int64), false })
+// floor is a topic's highest totals served: plain, and with pending
+// mentions.
+type floor struct{ plain, pending atomic.Int64 }
+
+// hold returns count, or the highest total served for topic before if
+// that is higher, and remembers it.
+func (s *Service) hold(topic string, count int64, pending bool) int64 {
+	f, _ := s.floors.ComputeIfAbsent(topic, func() (*floor, bool) { return new(floor), false })
+	v := &f.plain
+	if pending {
+		v = &f.pending
+	}
 	for {
-		seen := f.Load()
+		seen := v.Load()
 		if count <= seen {
 			return seen
 		}
-		if f.CompareAndSwap(seen, count) {
+		if v.CompareAndSwap(seen, count) {
 			return count
 		}
 	}
 }
+
+// Floor holds a total served with pending mentions at the highest one
+// served for the topic before, and returns it.
+func (s *Service) Floor(topic string, count int64) int64 { return s.hold(topic, count, true) }
 
 // Shards gathers topic's shards now, bypassing the cache: the scatter and
 // the gather side by side.

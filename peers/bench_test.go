@@ -72,7 +72,7 @@ func BenchmarkFleetReads(b *testing.B) {
 				defer svcs[i].Close()
 				if share {
 					nc := testenv.Connect(b, ns.ClientURL())
-					p, err := peers.Join(nc, peers.DefaultSubject, "sidecar-"+strconv.Itoa(i), svcs[i], prometheus.NewRegistry(), zap.NewNop())
+					p, err := peers.Join(nc, peers.DefaultSubject, "sidecar-"+strconv.Itoa(i), "bench", svcs[i], prometheus.NewRegistry(), zap.NewNop())
 					if err != nil {
 						b.Fatal(err)
 					}

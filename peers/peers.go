@@ -8,7 +8,10 @@
 // fleet gathers a hot topic about once per TTL.
 //
 // Totals travel on core NATS, fire and forget: a lost one only means a
-// sidecar gathers for itself, as it would without sharing.
+// sidecar gathers for itself, as it would without sharing. A total that
+// is wrong (a bug, a stray publisher) is undone by the next gather that
+// reads lower: it is read again strongly, and the strong read is served
+// (lookup.Service's regressions), so a bad total lives at most one TTL.
 package peers
 
 import (
@@ -29,13 +32,19 @@ type Taker interface {
 	Offer(topic string, count int64, shards int)
 }
 
-// total is the message: a topic's gathered total, from a sidecar.
+// total is the message: a topic's gathered total, from a sidecar, of the
+// table (scope) it gathered from.
 type total struct {
 	From   string `json:"from"`
+	Scope  string `json:"scope"`
 	Topic  string `json:"topic"`
 	Count  int64  `json:"count"`
 	Shards int    `json:"shards"`
 }
+
+// maxShards bounds a shared total's shard count (hotcount's own bound is
+// --max-shards, at most 1,000).
+const maxShards = 1000
 
 // Peers publishes this sidecar's gathered totals and hands the others' to
 // a Taker. Close unsubscribes.
@@ -43,6 +52,7 @@ type Peers struct {
 	nc      *nats.Conn
 	subject string
 	id      string
+	scope   string
 	sub     *nats.Subscription
 	sent    prometheus.Counter
 	taken   prometheus.Counter
@@ -53,10 +63,12 @@ type Peers struct {
 
 // Join subscribes to subject on nc and hands the totals other sidecars
 // publish there to t. id tells this sidecar's own totals apart (its writer
-// id).
-func Join(nc *nats.Conn, subject, id string, t Taker, reg prometheus.Registerer, log *zap.Logger) (*Peers, error) {
+// id); scope names what the totals are of (the table): totals of another
+// scope, from a deployment on another table sharing the NATS server, are
+// not this one's and are ignored.
+func Join(nc *nats.Conn, subject, id, scope string, t Taker, reg prometheus.Registerer, log *zap.Logger) (*Peers, error) {
 	p := &Peers{
-		nc: nc, subject: subject, id: id, log: log.Named("peers"),
+		nc: nc, subject: subject, id: id, scope: scope, log: log.Named("peers"),
 		sent: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "hotcount_peers_sent_total",
 			Help: "Gathered totals this sidecar shared with the fleet (--share-totals).",
@@ -73,11 +85,11 @@ func Join(nc *nats.Conn, subject, id string, t Taker, reg prometheus.Registerer,
 	reg.MustRegister(p.sent, p.taken, p.bad)
 	sub, err := nc.Subscribe(subject, func(m *nats.Msg) {
 		var tot total
-		if err := json.Unmarshal(m.Data, &tot); err != nil || tot.Topic == "" || tot.Count < 0 || tot.Shards < 1 {
+		if err := json.Unmarshal(m.Data, &tot); err != nil || tot.Topic == "" || tot.Count < 0 || tot.Shards < 1 || tot.Shards > maxShards {
 			p.bad.Inc()
 			return
 		}
-		if tot.From == p.id {
+		if tot.From == p.id || tot.Scope != p.scope {
 			return
 		}
 		p.taken.Inc()
@@ -92,7 +104,7 @@ func Join(nc *nats.Conn, subject, id string, t Taker, reg prometheus.Registerer,
 
 // Share publishes a total this sidecar gathered.
 func (p *Peers) Share(topic string, count int64, shards int) {
-	data, err := json.Marshal(total{From: p.id, Topic: topic, Count: count, Shards: shards})
+	data, err := json.Marshal(total{From: p.id, Scope: p.scope, Topic: topic, Count: count, Shards: shards})
 	if err == nil {
 		err = p.nc.Publish(p.subject, data)
 	}

@@ -172,7 +172,7 @@ func (s *Sidecar) Run(ctx context.Context) error {
 
 	lk.WatchWrites(fl.Sending)
 	if cfg.SharesTotals() {
-		p, err := peers.Join(nc, cfg.ShareSubject, writer, lk, reg, log)
+		p, err := peers.Join(nc, cfg.ShareSubject, writer, cfg.StoreScope(), lk, reg, log)
 		if err != nil {
 			return err
 		}
