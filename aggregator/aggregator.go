@@ -10,7 +10,9 @@ package aggregator
 
 import (
 	"math"
+	"strings"
 	"sync"
+	"unsafe"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
@@ -21,8 +23,8 @@ const DefaultMaxTopics = 100_000
 
 // TopicOverhead is what a buffered topic costs in memory beyond its name's
 // bytes: its map slot with the map's spare room (BenchmarkWindowMemory
-// measures 35–56 B), rounded up for the name's allocation and what a flush
-// builds per topic. The memory budget is counted in these.
+// measures 46–68 B with the name), rounded up for what a flush builds per
+// topic. The memory budget is counted in these.
 const TopicOverhead = 64
 
 // Spiller keeps windows on disk past the memory budget (spill.Dir is one).
@@ -110,6 +112,7 @@ type Aggregator struct {
 	shed      prometheus.Counter
 
 	mu    sync.Mutex
+	names names // under mu
 	cur   Window
 	total int64 // sum of the window's deltas, for the buffered gauge
 	bytes int64 // the window's memory, as the budget counts it
@@ -215,12 +218,35 @@ func (a *Aggregator) add(topic string, delta int64) (isNew bool) {
 		a.saturated.Inc() // an atomic add: cheap enough under the lock
 		delta = math.MaxInt64 - v
 	}
-	a.cur.Deltas[topic] = v + delta
-	a.total = satAdd(a.total, delta)
 	if !ok {
+		topic = a.names.intern(topic)
 		a.bytes += int64(len(topic)) + TopicOverhead
 	}
+	a.cur.Deltas[topic] = v + delta
+	a.total = satAdd(a.total, delta)
 	return !ok
+}
+
+// names packs the names of new topics into shared chunks. A buffered topic
+// then costs its name's bytes, not an allocation of its own with its size
+// class's slack, and it no longer keeps its whole NATS subject alive (the
+// ingest's topic is a slice of it). The chunks hold no pointers: the
+// garbage collector does not scan them. A chunk lives while any of its
+// names is a key somewhere.
+type names struct{ chunk []byte }
+
+const chunkSize = 64 << 10
+
+func (n *names) intern(s string) string {
+	if len(s) == 0 || len(s) > chunkSize/16 {
+		return strings.Clone(s)
+	}
+	if cap(n.chunk)-len(n.chunk) < len(s) {
+		n.chunk = make([]byte, 0, chunkSize)
+	}
+	start := len(n.chunk)
+	n.chunk = append(n.chunk, s...)
+	return unsafe.String(&n.chunk[start], len(s))
 }
 
 // OverBudget reports whether the window is past its memory budget.
