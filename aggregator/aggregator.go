@@ -31,6 +31,8 @@ const TopicOverhead = 64
 type Spiller interface {
 	// Put stores deltas as one segment; on error the caller keeps them.
 	Put(deltas map[string]int64) error
+	// Keep is Put past the disk budget.
+	Keep(deltas map[string]int64) error
 	// Take removes and returns the oldest segment; nil when none is left.
 	Take() (map[string]int64, error)
 	// Next describes the segment Take would return: its bytes and its
@@ -118,15 +120,20 @@ type Aggregator struct {
 	bytes int64 // the window's memory, as the budget counts it
 
 	// Unspilling, under mu: whether the store took the last non-empty
-	// window drained (its topics merged back were under half of it), how
+	// window drained (not all of it came back through Merge), how
 	// many topics the last drain had and how many came back, and while
 	// the store is not taking writes, how many drains to skip before
 	// trying segments again.
 	storeOK         bool
 	drained, merged int
 	skip, backoff   int
-	persisted       bool       // Persist was called: segments stay on disk
-	spillMu         sync.Mutex // one spill write at a time
+	persisted       bool // Persist was called: segments stay on disk
+	// carrying says the window drained last holds segments taken back
+	// from disk: if any of it comes back through Merge, the window goes
+	// back to disk at once, whatever its size, so that spilled mentions
+	// are out of the folder only for the flush that writes them.
+	carrying bool
+	spillMu  sync.Mutex // one spill write at a time
 }
 
 // New returns an empty aggregator. When a window reaches maxTopics distinct
@@ -232,7 +239,9 @@ func (a *Aggregator) add(topic string, delta int64) (isNew bool) {
 // class's slack, and it no longer keeps its whole NATS subject alive (the
 // ingest's topic is a slice of it). The chunks hold no pointers: the
 // garbage collector does not scan them. A chunk lives while any of its
-// names is a key somewhere.
+// names is a key somewhere. (A Go map stores the caller's string again when
+// an existing key is assigned, so a topic added to twice holds that
+// subject instead: the long tail, where memory goes, is added to once.)
 type names struct{ chunk []byte }
 
 const chunkSize = 64 << 10
@@ -288,7 +297,7 @@ func satAdd(x, y int64) int64 {
 //
 // With a spill, Drain also takes segments back from disk while they fit in
 // the memory budget, as long as the store took the last window drained.
-// While it does not (most of the last window came back through Merge),
+// While it does not (all of the last window came back through Merge),
 // segments stay on disk: Drain tries them again after a number of drains
 // that doubles with each try, up to 64, so that an idle sidecar notices
 // the store's return without reading and rewriting the spill every
@@ -304,7 +313,9 @@ func (a *Aggregator) Drain() Window {
 	}
 	a.total, a.bytes = 0, 0
 	if a.drained > 0 {
-		a.storeOK = a.merged*2 <= a.drained
+		// The store takes writes if it took any of the last window: the
+		// rest may only have missed the flush's deadline.
+		a.storeOK = a.merged < a.drained
 	}
 	unspill := false
 	switch {
@@ -318,13 +329,13 @@ func (a *Aggregator) Drain() Window {
 		a.backoff = min(2*a.backoff+1, 64)
 		a.skip = a.backoff
 	}
-	a.drained, a.merged = len(w.Deltas), 0
+	a.drained, a.merged, a.carrying = len(w.Deltas), 0, false
 	a.mu.Unlock()
 	// The drained window is the caller's: segments are read into it
 	// without the lock, so the ingest never waits for the disk.
 	if unspill && a.unspill(&w, a.maxBytes-windowBytes(w.Deltas)) {
 		a.mu.Lock()
-		a.drained = len(w.Deltas)
+		a.drained, a.carrying = len(w.Deltas), true
 		a.mu.Unlock()
 	}
 	if len(w.Deltas) == 0 {
@@ -421,14 +432,18 @@ func (a *Aggregator) Merge(w Window) {
 	// next interval, not be retried at once against a failing store.
 	var out map[string]int64
 	var mentions int64
-	if a.spill != nil && a.maxBytes > 0 && a.bytes > a.maxBytes && len(a.cur.Acks) == 0 {
+	back := a.carrying && len(w.Deltas) > 0
+	if back {
+		a.carrying = false
+	}
+	if a.spill != nil && len(a.cur.Acks) == 0 && (back || a.maxBytes > 0 && a.bytes > a.maxBytes) {
 		out, mentions = a.cur.Deltas, a.total
 		a.cur.Deltas = make(map[string]int64)
 		a.total, a.bytes = 0, 0
 	}
 	a.mu.Unlock()
 	if out != nil {
-		a.spillOut(out, mentions)
+		a.spillOut(out, mentions, back)
 	}
 }
 
@@ -450,7 +465,7 @@ func (a *Aggregator) Persist() (int64, error) {
 	a.total, a.bytes = 0, 0
 	a.mu.Unlock()
 	a.spillMu.Lock()
-	err := a.spill.Put(out)
+	err := a.spill.Keep(out) // lost otherwise
 	a.spillMu.Unlock()
 	if err != nil {
 		// Back in the window, for the caller to count as unwritten. (No
@@ -466,20 +481,52 @@ func (a *Aggregator) Persist() (int64, error) {
 	return mentions, nil
 }
 
-// spillOut writes a window taken out of memory to the spill folder, or
-// sheds it when the folder cannot take it.
-func (a *Aggregator) spillOut(deltas map[string]int64, mentions int64) {
+// spillOut writes a window taken out of memory to the spill folder, in
+// segments of at most half the memory budget (so that each fits when it
+// comes back), or sheds what the folder cannot take. force (the window
+// holds segments just taken back) writes past the disk budget: those
+// mentions had their room a moment ago.
+func (a *Aggregator) spillOut(deltas map[string]int64, mentions int64, force bool) {
 	a.spillMu.Lock()
 	defer a.spillMu.Unlock()
-	if err := a.spill.Put(deltas); err != nil {
-		// Holding it in memory past the budget is what the budget is
-		// there to prevent: the kernel would take everything.
-		a.shed.Add(float64(mentions))
-		a.log.Error("window past its memory budget could not be spilled; its mentions are dropped",
-			zap.Int("topics", len(deltas)), zap.Int64("mentions", mentions), zap.Error(err))
-		return
+	put := a.spill.Put
+	if force {
+		put = a.spill.Keep
 	}
-	a.spilled.Add(float64(mentions))
+	for _, seg := range split(deltas, a.maxBytes/2) {
+		var n int64
+		for _, d := range seg {
+			n = satAdd(n, d)
+		}
+		if err := put(seg); err != nil {
+			// Holding it in memory past the budget is what the budget is
+			// there to prevent: the kernel would take everything.
+			a.shed.Add(float64(n))
+			a.log.Error("window past its memory budget could not be spilled; its mentions are dropped",
+				zap.Int("topics", len(seg)), zap.Int64("mentions", n), zap.Error(err))
+			continue
+		}
+		a.spilled.Add(float64(n))
+	}
+}
+
+// split cuts deltas into maps of at most limit bytes as the budget counts
+// them (no limit: one).
+func split(deltas map[string]int64, limit int64) []map[string]int64 {
+	if limit <= 0 || windowBytes(deltas) <= limit {
+		return []map[string]int64{deltas}
+	}
+	var out []map[string]int64
+	cur, size := map[string]int64{}, int64(0)
+	for topic, d := range deltas {
+		cost := int64(len(topic)) + TopicOverhead
+		if size+cost > limit && len(cur) > 0 {
+			out = append(out, cur)
+			cur, size = map[string]int64{}, 0
+		}
+		cur[topic], size = d, size+cost
+	}
+	return append(out, cur)
 }
 
 // Held returns the messages held in the current window (a copy), for the

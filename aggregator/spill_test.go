@@ -132,3 +132,46 @@ func TestShedWhenDiskFull(t *testing.T) {
 		t.Errorf("%d topics still in memory after shedding", n)
 	}
 }
+
+// TestTakenBackGoesBackOnFailure: a segment taken back for a flush that
+// fails is on disk again as soon as the window comes back (a crash then
+// loses nothing), even under the memory budget and with the folder full:
+// its mentions had their room a moment ago, and nothing is shed.
+func TestTakenBackGoesBackOnFailure(t *testing.T) {
+	dir := t.TempDir()
+	a, _, _ := spilling(t, dir)
+	a.Add("golang", 7)
+	if _, err := a.Persist(); err != nil { // an earlier process's shutdown
+		t.Fatal(err)
+	}
+	d, err := spill.Open(dir, 1) // a folder already past its budget
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	b := aggregator.New(1_000_000, reg, aggregator.WithBudget(1<<20, d, zaptest.NewLogger(t)))
+	w := b.Drain()
+	if w.Deltas["golang"] != 7 {
+		t.Fatalf("drained %v, want the spilled golang:7", w.Deltas)
+	}
+	if _, segs := d.Stats(); segs != 0 {
+		t.Fatalf("%d segments while the window is out", segs)
+	}
+	b.Add("rust", 1) // new traffic meanwhile
+	b.Merge(w)       // the flush failed
+	if _, segs := d.Stats(); segs == 0 {
+		t.Fatal("the failed window stayed in memory only: a crash now would lose golang's 7")
+	}
+	if n := testenv.Metric(t, reg, "hotcount_aggregator_shed_mentions_total"); n != 0 {
+		t.Errorf("%v mentions shed", n)
+	}
+	got := map[string]int64{}
+	for range 10 {
+		for topic, n := range b.Drain().Deltas {
+			got[topic] += n
+		}
+	}
+	if got["golang"] != 7 || got["rust"] != 1 {
+		t.Errorf("drained %v, want golang:7 rust:1", got)
+	}
+}

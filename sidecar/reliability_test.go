@@ -329,7 +329,7 @@ func TestReliabilitySpill(t *testing.T) {
 	}
 	e.fault.SetWriteFailure(false)
 	// Written while running, not only by the final flush.
-	testenv.Eventually(t, 60*time.Second, func() error {
+	testenv.Eventually(t, 150*time.Second, func() error {
 		if n := testenv.Metric(t, e.sc.Registry(), "hotcount_flusher_flushed_mentions_total"); n != float64(rep.Mentions) {
 			return fmt.Errorf("%v of %d written", n, rep.Mentions)
 		}

@@ -117,13 +117,20 @@ func Size(deltas map[string]int64) int64 {
 // Put writes deltas (non-negative) as a new segment. It fails with ErrFull,
 // writing nothing, when the segment would take the folder past its budget.
 // On any error the deltas are not in the folder: the caller still has them.
-func (d *Dir) Put(deltas map[string]int64) error {
+func (d *Dir) Put(deltas map[string]int64) error { return d.put(deltas, false) }
+
+// Keep is Put past the budget: for deltas that were on disk a moment ago
+// (taken back for a flush that failed) or would be lost otherwise (at the
+// shutdown deadline). The folder may then pass its budget by that much.
+func (d *Dir) Keep(deltas map[string]int64) error { return d.put(deltas, true) }
+
+func (d *Dir) put(deltas map[string]int64, force bool) error {
 	if len(deltas) == 0 {
 		return nil
 	}
 	size := Size(deltas)
 	d.mu.Lock()
-	if d.used+size > d.max {
+	if !force && d.used+size > d.max {
 		d.mu.Unlock()
 		return fmt.Errorf("%w: %d bytes in %d segments, budget %d, segment of %d", ErrFull, d.used, len(d.segs), d.max, size)
 	}
