@@ -8,6 +8,9 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -185,4 +188,57 @@ func TestDev(t *testing.T) {
 	if n := total(); n != 60 {
 		t.Errorf("after restart: count %d, want 60", n)
 	}
+
+	// The README's load step, as written (on this test's NATS port): its
+	// report must match the counts exactly, topic by topic.
+	report := filepath.Join(t.TempDir(), "sent.json")
+	var stdout, stderr bytes.Buffer
+	if err := dispatch(context.Background(), []string{"load", "--topics", "100", "--duration", "5s", "--report", report,
+		"--nats-url", "nats://127.0.0.1:" + natsPort}, nil, &stdout, &stderr); err != nil {
+		t.Fatalf("load: %v\n%s", err, stderr.String())
+	}
+	if !strings.Contains(stdout.String(), "acknowledged by the stream") {
+		t.Errorf("load against dev did not publish with acknowledgements: %s", stdout.String())
+	}
+	raw, err := os.ReadFile(report)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sent struct {
+		Mentions int64            `json:"mentions"`
+		PerTopic map[string]int64 `json:"perTopic"`
+	}
+	if err := json.Unmarshal(raw, &sent); err != nil {
+		t.Fatal(err)
+	}
+	if sent.Mentions == 0 {
+		t.Fatal("the load stored nothing")
+	}
+	testenv.Eventually(t, 60*time.Second, func() error {
+		q := url.Values{}
+		for topic := range sent.PerTopic {
+			q.Add("topic", topic)
+		}
+		resp, err := http.Get("http://" + httpAddr + "/v1/topics?consistency=strong&" + q.Encode())
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		var body struct {
+			Topics []struct {
+				Topic string
+				Count int64
+			}
+		}
+		if err := json.NewDecoder(resp.Body).Decode(&body); err != nil {
+			return err
+		}
+		for _, got := range body.Topics {
+			if got.Count != sent.PerTopic[got.Topic] {
+				return fmt.Errorf("%s: %d in the store, %d in the report", got.Topic, got.Count, sent.PerTopic[got.Topic])
+			}
+		}
+		return nil
+	})
+	t.Logf("%s", strings.TrimSpace(stdout.String()))
 }
