@@ -228,7 +228,7 @@ func (h *handler) addPending(t *Total) {
 		t.Pending = pending(t.gatheredAt)
 	})
 	t.PendingIncluded = true
-	t.Count = h.svc.Floor(t.Topic, satAdd(t.Count, t.Pending))
+	t.Count = h.svc.hold(t.Topic, satAdd(t.Count, t.Pending), true)
 }
 
 func satAdd(x, y int64) int64 {

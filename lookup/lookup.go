@@ -127,10 +127,6 @@ type Total struct {
 	gatheredAt time.Time // when the gather behind Count ended
 }
 
-// GatheredAt is when the gather behind t's count ended: a write sent after
-// it cannot be in the count.
-func (t Total) GatheredAt() time.Time { return t.gatheredAt }
-
 // entry is a cached total.
 type entry struct {
 	count     int64
@@ -792,10 +788,6 @@ func (s *Service) hold(topic string, count int64, pending bool) int64 {
 		}
 	}
 }
-
-// Floor holds a total served with pending mentions at the highest one
-// served for the topic before, and returns it.
-func (s *Service) Floor(topic string, count int64) int64 { return s.hold(topic, count, true) }
 
 // Shards gathers topic's shards now, bypassing the cache: the scatter and
 // the gather side by side.

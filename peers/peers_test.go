@@ -21,15 +21,8 @@ import (
 // ignored.
 func TestSharedTotalIsTaken(t *testing.T) {
 	ns := testenv.NATS(t)
-	bolt, err := store.OpenBolt(t.TempDir(), store.NewMetrics(prometheus.NewRegistry()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer bolt.Close()
+	bolt := hotStore(t)
 	ctx := context.Background()
-	if err := bolt.Add(ctx, testenv.W("hot", 0, 5), time.Now()); err != nil {
-		t.Fatal(err)
-	}
 	st := &counted{Store: bolt}
 	var svcs [2]*lookup.Service
 	var regs [2]*prometheus.Registry
@@ -103,15 +96,8 @@ func TestSharedTotalIsTaken(t *testing.T) {
 // never taken.
 func TestWrongSharedTotalIsUndone(t *testing.T) {
 	ns := testenv.NATS(t)
-	bolt, err := store.OpenBolt(t.TempDir(), store.NewMetrics(prometheus.NewRegistry()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer bolt.Close()
+	bolt := hotStore(t)
 	ctx := context.Background()
-	if err := bolt.Add(ctx, testenv.W("hot", 0, 5), time.Now()); err != nil {
-		t.Fatal(err)
-	}
 	reg := prometheus.NewRegistry()
 	svc := lookup.New(lookup.Config{Shards: 1, CacheTTL: 50 * time.Millisecond, CacheStale: 300 * time.Millisecond, CacheSize: 100, MaxTopicBytes: 64, Share: true}, bolt, reg, time.Now)
 	defer svc.Close()
@@ -158,4 +144,18 @@ func TestWrongSharedTotalIsUndone(t *testing.T) {
 	if n := testenv.Metric(t, reg, "hotcount_cache_regressions_total"); n < 1 {
 		t.Errorf("regressions = %v, want the lower gather counted", n)
 	}
+}
+
+// hotStore is an embedded store holding 5 mentions of "hot".
+func hotStore(t *testing.T) *store.Bolt {
+	t.Helper()
+	bolt, err := store.OpenBolt(t.TempDir(), store.NewMetrics(prometheus.NewRegistry()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { bolt.Close() })
+	if err := bolt.Add(context.Background(), testenv.W("hot", 0, 5), time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	return bolt
 }

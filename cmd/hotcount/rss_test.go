@@ -149,12 +149,13 @@ func BenchmarkOutageRSS(b *testing.B) {
 				b.Fatal(err)
 			}
 			defer pub.Close()
+			one := []byte(`{"count":1}`) // what producers send
 			b.ResetTimer()
 			var topicBytes int64
 			for i := range b.N {
 				topic := "topic-" + strconv.Itoa(i)
 				topicBytes += int64(len(topic))
-				pub.Publish("mentions."+topic, nil) //nolint:errcheck // flushed below
+				pub.Publish("mentions."+topic, one) //nolint:errcheck // flushed below
 				if i%10_000 == 9_999 {
 					// A steady 100-200k new topics a second: a long tail,
 					// not a burst that only measures NATS's buffers.
