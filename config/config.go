@@ -192,7 +192,7 @@ func Dev() Config {
 // setting describes one setting. Its flag name is also its YAML key.
 type setting struct {
 	name   string
-	env    string // empty: EnvPrefix + NAME_IN_CAPS
+	was    string // the variable's former name, still read with a warning
 	usage  string
 	bind   func(fs *pflag.FlagSet, c *Config, name, usage string)
 	secret bool // never printed
@@ -233,7 +233,7 @@ var settings = []setting{
 	{name: "consumer", usage: "durable pull consumer shared by the sidecars (jetstream mode)", bind: str(func(c *Config) *string { return &c.Consumer })},
 	{name: "ack-wait", usage: "how long JetStream waits for an ack before redelivering; held messages are kept alive every third of it", bind: dur(func(c *Config) *time.Duration { return &c.AckWait })},
 	{name: "max-ack-pending", usage: "messages delivered and not yet acknowledged, for all sidecars together: the buffer bound of jetstream mode", bind: integer(func(c *Config) *int { return &c.MaxAckPending })},
-	{name: "subject", usage: "subject to subscribe to, <prefix>.>; the topic is what follows the prefix", bind: str(func(c *Config) *string { return &c.Subject })},
+	{name: "subject", usage: "subject of mentions, <prefix>.>: the sidecar subscribes to it, load publishes to <prefix>.<topic>; the topic is what follows the prefix", bind: str(func(c *Config) *string { return &c.Subject })},
 	{name: "queue-group", usage: "NATS queue group shared by the sidecars", bind: str(func(c *Config) *string { return &c.QueueGroup })},
 	{name: "share-totals", usage: "share gathered totals with the other sidecars over NATS, so that the fleet gathers a hot topic about once per TTL instead of once per sidecar: auto (on in jetstream mode), true or false", bind: str(func(c *Config) *string { return &c.ShareTotals })},
 	{name: "share-subject", usage: "subject the sidecars share gathered totals on", bind: str(func(c *Config) *string { return &c.ShareSubject })},
@@ -261,7 +261,7 @@ var settings = []setting{
 	{name: "cache-ttl", usage: "how long a gathered total is served from the cache", bind: dur(func(c *Config) *time.Duration { return &c.CacheTTL })},
 	{name: "cache-stale", usage: "past the TTL, a total is served stale while one background gather refreshes it, up to this age (0: 10 × cache-ttl)", bind: dur(func(c *Config) *time.Duration { return &c.CacheStale })},
 	{name: "cache-size", usage: "topics whose totals the cache holds", bind: integer(func(c *Config) *int { return &c.CacheSize })},
-	{name: "http", env: EnvPrefix + "HTTP_ADDR", usage: "listen address of the lookup API", bind: str(func(c *Config) *string { return &c.HTTPAddr })},
+	{name: "http", was: EnvPrefix + "HTTP_ADDR", usage: "listen address of the lookup API", bind: str(func(c *Config) *string { return &c.HTTPAddr })},
 	{name: "http-token-file", usage: "file holding the bearer token the lookup API requires (Authorization: Bearer <token>); empty: none, allowed only on a loopback --http or with --http-public", bind: str(func(c *Config) *string { return &c.HTTPTokenFile })},
 	{name: "memory-limit", usage: "the process's memory budget (GOMEMLIMIT is set to 90% of it): bytes with an optional Ki, Mi or Gi suffix; empty: the container's cgroup limit, if any; none: no limit", bind: str(func(c *Config) *string { return &c.MemoryLimit })},
 	{name: "buffer-memory", usage: "memory the buffered window may take (topic names plus 64 B each) before it is flushed early, spilled (core mode) or fetching pauses (JetStream mode): bytes with an optional Ki, Mi or Gi suffix; empty: an eighth of the memory limit, or 256Mi with none; none: no bound", bind: str(func(c *Config) *string { return &c.BufferMemory })},
@@ -269,7 +269,7 @@ var settings = []setting{
 	{name: "http-public", usage: "serve the lookup API beyond this machine without a token (anyone who can reach --http reads every count)", bind: func(fs *pflag.FlagSet, c *Config, name, usage string) {
 		fs.BoolVar(&c.HTTPPublic, name, c.HTTPPublic, usage)
 	}},
-	{name: "admin", env: EnvPrefix + "ADMIN_ADDR", usage: "listen address of /healthz, /readyz and /metrics", bind: str(func(c *Config) *string { return &c.AdminAddr })},
+	{name: "admin", was: EnvPrefix + "ADMIN_ADDR", usage: "listen address of /healthz, /readyz and /metrics", bind: str(func(c *Config) *string { return &c.AdminAddr })},
 	{name: "health-flush-age", usage: "/healthz fails when no flush has written anything of its work for longer than this (0: 5 flush intervals)", bind: dur(func(c *Config) *time.Duration { return &c.HealthFlushAge })},
 	{name: "shutdown-timeout", usage: "whole shutdown budget: NATS drain, final flush, HTTP shutdown", bind: dur(func(c *Config) *time.Duration { return &c.ShutdownTimeout })},
 	{name: "log-format", usage: "log encoding: json or console", bind: str(func(c *Config) *string { return &c.LogFormat })},
@@ -278,9 +278,6 @@ var settings = []setting{
 }
 
 func (s setting) envName() string {
-	if s.env != "" {
-		return s.env
-	}
 	return EnvPrefix + strings.ToUpper(strings.ReplaceAll(s.name, "-", "_"))
 }
 
@@ -301,16 +298,19 @@ func (c *Config) FlagSet(name string, take func(setting string) bool) *pflag.Fla
 
 // Parse fills fs's settings from args, environ (os.Environ's form) and the
 // YAML file named by --config or HOTCOUNT_CONFIG. Flags of fs that are not
-// settings (a command's own) are parsed from args only.
+// settings (a command's own) are parsed from args only. An error names
+// where the bad value came from: the variable or the file (pflag names the
+// flag).
 func Parse(fs *pflag.FlagSet, args, environ []string) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
+	onCommandLine := make(map[string]bool)
+	fs.Visit(func(f *pflag.Flag) { onCommandLine[f.Name] = true })
 	byEnv := make(map[string]string, len(settings))
 	for _, s := range settings {
 		byEnv[s.envName()] = s.name
 	}
-	k := koanf.New(".") // no setting's name has a dot: a nested key is unknown
 
 	path := ""
 	if f := fs.Lookup("config"); f != nil {
@@ -323,21 +323,22 @@ func Parse(fs *pflag.FlagSet, args, environ []string) error {
 			}
 		}
 	}
+	fromFile := koanf.New(".") // no setting's name has a dot: a nested key is unknown
 	if path != "" {
-		if err := k.Load(file.Provider(path), yaml.Parser()); err != nil {
+		if err := fromFile.Load(file.Provider(path), yaml.Parser()); err != nil {
 			return fmt.Errorf("config: read %s: %w", path, err)
 		}
-		for _, key := range k.Keys() {
+		for _, key := range fromFile.Keys() {
 			if f := fs.Lookup(key); f == nil || key == "config" {
 				return fmt.Errorf("config: %s: unknown setting %q", path, key)
 			}
 		}
 	}
 
-	var unknown []string
-	if err := k.Load(env.Provider(".", env.Opt{
+	fromEnv, varOf, unknown := koanf.New("."), make(map[string]string), []string(nil)
+	if err := fromEnv.Load(env.Provider(".", env.Opt{
 		Prefix:      EnvPrefix,
-		EnvironFunc: func() []string { return environ },
+		EnvironFunc: func() []string { return current(environ) },
 		TransformFunc: func(key, v string) (string, any) {
 			name, ok := byEnv[key]
 			if !ok {
@@ -347,6 +348,7 @@ func Parse(fs *pflag.FlagSet, args, environ []string) error {
 			if fs.Lookup(name) == nil || name == "config" {
 				return "", nil // a setting this command does not take
 			}
+			varOf[name] = key
 			return name, v
 		},
 	}), nil); err != nil {
@@ -354,19 +356,122 @@ func Parse(fs *pflag.FlagSet, args, environ []string) error {
 	}
 	if len(unknown) > 0 {
 		slices.Sort(unknown)
-		return fmt.Errorf("config: unknown environment variable(s) %s", strings.Join(unknown, ", "))
+		for i, key := range unknown {
+			if near := nearest(key, byEnv); near != "" {
+				unknown[i] += " (did you mean " + near + "?)"
+			}
+		}
+		return fmt.Errorf("config: unknown environment variable(s) %s: each is %s and a flag's name in capitals with - as _, as --help shows", strings.Join(unknown, ", "), EnvPrefix)
 	}
 
-	for key, v := range k.All() {
-		f := fs.Lookup(key)
-		if f.Changed {
-			continue // the command line wins
-		}
-		if err := fs.Set(key, fmt.Sprint(v)); err != nil {
-			return fmt.Errorf("config: %s: %w", key, err)
+	// The command line wins over the environment, which wins over the
+	// file: set the file's values first.
+	for _, src := range []struct {
+		k    *koanf.Koanf
+		from func(key string) string
+	}{
+		{fromFile, func(key string) string { return path + ": " + key }},
+		{fromEnv, func(key string) string { return "$" + varOf[key] }},
+	} {
+		for key, v := range src.k.All() {
+			if onCommandLine[key] {
+				continue
+			}
+			if err := fs.Set(key, fmt.Sprint(v)); err != nil {
+				return fmt.Errorf("config: %s: %q is not %s (--%s)", src.from(key), fmt.Sprint(v), kind(fs.Lookup(key)), key)
+			}
 		}
 	}
 	return nil
+}
+
+// kind says in words what a flag's value must be.
+func kind(f *pflag.Flag) string {
+	switch f.Value.Type() {
+	case "int", "int64":
+		return "a whole number"
+	case "duration":
+		return "a duration such as 500ms, 2s or 1m"
+	case "bool":
+		return "true or false"
+	default:
+		return "a valid " + f.Value.Type()
+	}
+}
+
+// current returns environ with each deprecated variable renamed to its
+// setting's current one, unless that is set too (it wins).
+func current(environ []string) []string {
+	set := make(map[string]bool, len(environ))
+	for _, kv := range environ {
+		name, _, _ := strings.Cut(kv, "=")
+		set[name] = true
+	}
+	out := make([]string, 0, len(environ))
+	for _, kv := range environ {
+		name, v, _ := strings.Cut(kv, "=")
+		for _, s := range settings {
+			if s.was != "" && name == s.was {
+				if set[s.envName()] {
+					name = "" // dropped: the current name is set
+				} else {
+					name = s.envName()
+				}
+			}
+		}
+		if name != "" {
+			out = append(out, name+"="+v)
+		}
+	}
+	return out
+}
+
+// Deprecated returns a warning for each variable in environ under a name
+// that still works for now but will not in the next release.
+func Deprecated(environ []string) []string {
+	var out []string
+	for _, kv := range environ {
+		name, _, _ := strings.Cut(kv, "=")
+		for _, s := range settings {
+			if s.was != "" && name == s.was {
+				out = append(out, fmt.Sprintf("%s is deprecated and will be refused in the next release: rename it %s", s.was, s.envName()))
+			}
+		}
+	}
+	return out
+}
+
+// nearest returns the known variable closest to an unknown one, if one is
+// a likely typo or a former name (at most 3 edits apart).
+func nearest(key string, known map[string]string) string {
+	best, bestD := "", 4
+	for k := range known {
+		if d := edits(key, k); d < bestD || (d == bestD && k < best) {
+			best, bestD = k, d
+		}
+	}
+	return best
+}
+
+// edits is the Levenshtein distance between a and b.
+func edits(a, b string) int {
+	prev := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur := make([]int, len(b)+1)
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+		}
+		prev = cur
+	}
+	return prev[len(b)]
 }
 
 // jsName is the rule for JetStream stream and consumer names.
@@ -482,6 +587,9 @@ func (c *Config) Validate() error {
 		bad("http", "%s listens beyond this machine and --http-token-file is not set: set a token file, or --http-public to serve every count to anyone who can reach it", c.HTTPAddr)
 	}
 	addr("admin", c.AdminAddr)
+	if overlap(c.HTTPAddr, c.AdminAddr) {
+		bad("admin", "%s and --http %s would bind the same port: give them different ports", c.AdminAddr, c.HTTPAddr)
+	}
 	durIn("health-flush-age", c.HealthFlushAge, 0, 24*time.Hour)
 	durIn("shutdown-timeout", c.ShutdownTimeout, time.Second, 10*time.Minute)
 	if c.ShutdownTimeout <= c.DrainTimeout {
@@ -657,4 +765,18 @@ func ParseBytes(v string) (int64, error) {
 		return 0, fmt.Errorf("%q is not a size (bytes, or a number with Ki, Mi or Gi)", v)
 	}
 	return n * mult, nil
+}
+
+// overlap says whether two listen addresses would bind the same port: the
+// same port on the same host, or on any host when one binds every
+// interface (an empty host, 0.0.0.0 or ::). Port 0 picks a free port, so
+// it never conflicts.
+func overlap(a, b string) bool {
+	ha, pa, errA := net.SplitHostPort(a)
+	hb, pb, errB := net.SplitHostPort(b)
+	if errA != nil || errB != nil || pa != pb || pa == "0" {
+		return false
+	}
+	every := func(h string) bool { return h == "" || h == "0.0.0.0" || h == "::" }
+	return ha == hb || every(ha) || every(hb)
 }

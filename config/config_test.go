@@ -27,7 +27,7 @@ func TestPrecedence(t *testing.T) {
 	fs := cfg.FlagSet("run", nil)
 	err := config.Parse(fs,
 		[]string{"--config", file, "--shards", "16"},
-		[]string{"HOTCOUNT_SHARDS=12", "HOTCOUNT_FLUSH_INTERVAL=2s", "HOTCOUNT_HTTP_ADDR=127.0.0.1:2222", "PATH=/bin"})
+		[]string{"HOTCOUNT_SHARDS=12", "HOTCOUNT_FLUSH_INTERVAL=2s", "HOTCOUNT_HTTP=127.0.0.1:2222", "PATH=/bin"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -38,7 +38,7 @@ func TestPrecedence(t *testing.T) {
 		t.Errorf("flush-interval = %s, want 2s (env over file)", cfg.FlushInterval)
 	}
 	if cfg.HTTPAddr != "127.0.0.1:2222" {
-		t.Errorf("http = %s, want 127.0.0.1:2222 (HOTCOUNT_HTTP_ADDR)", cfg.HTTPAddr)
+		t.Errorf("http = %s, want 127.0.0.1:2222 (HOTCOUNT_HTTP)", cfg.HTTPAddr)
 	}
 	if cfg.Table != "from-file" {
 		t.Errorf("table = %s, want from-file", cfg.Table)
@@ -73,7 +73,9 @@ func TestStrictness(t *testing.T) {
 		{"unknown file key", "shard: 4\n", nil, nil, `unknown setting "shard"`},
 		{"nested file key", "nats:\n  url: x\n", nil, nil, `unknown setting "nats.url"`},
 		{"file type", "shards: many\n", nil, nil, `shards`},
-		{"unknown env", "", nil, []string{"HOTCOUNT_SHARD=4"}, "HOTCOUNT_SHARD"},
+		{"unknown env", "", nil, []string{"HOTCOUNT_SHARD=4"}, "HOTCOUNT_SHARD (did you mean HOTCOUNT_SHARDS?)"},
+		{"env type names the variable", "", nil, []string{"HOTCOUNT_SHARDS=abc"}, `$HOTCOUNT_SHARDS: "abc" is not a whole number (--shards)`},
+		{"file type names the file", "shards: abc\n", nil, nil, `: shards: "abc" is not a whole number (--shards)`},
 		{"env type", "", nil, []string{"HOTCOUNT_FLUSH_INTERVAL=soon"}, "flush-interval"},
 		{"unknown flag", "", []string{"--shard", "4"}, nil, "shard"},
 		{"missing file", "", []string{"--config", "/nonexistent/x.yaml"}, nil, "/nonexistent/x.yaml"},
@@ -117,6 +119,8 @@ func TestValidate(t *testing.T) {
 		{"flush interval", func(c *config.Config) { c.FlushInterval = time.Millisecond }, "flush-interval: 1ms is outside 10ms..1h0m0s"},
 		{"cache ttl", func(c *config.Config) { c.CacheTTL = 0 }, "cache-ttl:"},
 		{"http addr", func(c *config.Config) { c.HTTPAddr = "8080" }, "http:"},
+		{"same port", func(c *config.Config) { c.HTTPAddr, c.AdminAddr = ":9091", ":9091" }, "admin: :9091 and --http :9091 would bind the same port"},
+		{"same port, one on every interface", func(c *config.Config) { c.HTTPAddr, c.AdminAddr = "127.0.0.1:9091", ":9091" }, "would bind the same port"},
 		{"shutdown budget", func(c *config.Config) { c.ShutdownTimeout = 3 * time.Second }, "shutdown-timeout: 3s must be longer than drain-timeout"},
 		{"log level", func(c *config.Config) { c.LogLevel = "loud" }, "log-level:"},
 		{"queue group", func(c *config.Config) { c.QueueGroup = "" }, "queue-group:"},
@@ -197,5 +201,33 @@ func TestSecretsAreRedacted(t *testing.T) {
 	}
 	if !strings.Contains(out.String(), `nats-token: "REDACTED"`) || !strings.Contains(out.String(), "alice:REDACTED@nats-1") {
 		t.Errorf("redaction markers missing:\n%s", out.String())
+	}
+}
+
+// TestDeprecatedVariables: the variables' former names still work, with a
+// warning naming the new one; the new name wins when both are set.
+func TestDeprecatedVariables(t *testing.T) {
+	cfg := config.Default()
+	old := []string{"HOTCOUNT_HTTP_ADDR=127.0.0.1:2222", "HOTCOUNT_ADMIN_ADDR=127.0.0.1:3333"}
+	if err := config.Parse(cfg.FlagSet("run", nil), nil, old); err != nil {
+		t.Fatal(err)
+	}
+	if cfg.HTTPAddr != "127.0.0.1:2222" || cfg.AdminAddr != "127.0.0.1:3333" {
+		t.Errorf("http, admin = %s, %s; want the former variables' 127.0.0.1:2222, 127.0.0.1:3333", cfg.HTTPAddr, cfg.AdminAddr)
+	}
+	warnings := config.Deprecated(old)
+	if len(warnings) != 2 || !strings.Contains(warnings[0], "rename it HOTCOUNT_HTTP") || !strings.Contains(warnings[1], "rename it HOTCOUNT_ADMIN") {
+		t.Errorf("Deprecated = %q, want one warning per former name naming the new one", warnings)
+	}
+	if w := config.Deprecated([]string{"HOTCOUNT_HTTP=x", "HOTCOUNT_SHARDS=2"}); len(w) != 0 {
+		t.Errorf("Deprecated(current names) = %q, want none", w)
+	}
+
+	both := config.Default()
+	if err := config.Parse(both.FlagSet("run", nil), nil, []string{"HOTCOUNT_HTTP_ADDR=127.0.0.1:2222", "HOTCOUNT_HTTP=127.0.0.1:4444"}); err != nil {
+		t.Fatal(err)
+	}
+	if both.HTTPAddr != "127.0.0.1:4444" {
+		t.Errorf("http = %s with both names set, want the current name's 127.0.0.1:4444", both.HTTPAddr)
 	}
 }

@@ -171,7 +171,7 @@ func (h *handler) one(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("Cache-Control", h.cacheControl(t, o))
 	buf := getBuf()
-	*buf = appendTotal(*buf, t)
+	*buf = append(appendTotal(*buf, t), '\n')
 	writeBody(w, http.StatusOK, *buf)
 	putBuf(buf)
 }
@@ -292,7 +292,7 @@ func (h *handler) storeError(w http.ResponseWriter, r *http.Request, err error) 
 	writeError(w, http.StatusServiceUnavailable, err.Error())
 }
 
-// appendTotal writes t as a JSON object and a newline. It is written by hand
+// appendTotal writes t as a JSON object (the single lookup adds a newline). It is written by hand
 // because it is the hot path: encoding/json's reflection cost more than the
 // rest of a cached lookup (BenchmarkAppendTotal).
 func appendTotal(b []byte, t Total) []byte {
@@ -316,7 +316,7 @@ func appendTotal(b []byte, t Total) []byte {
 		b = strconv.AppendInt(b, t.Pending, 10)
 		b = append(b, `,"includesPending":true`...)
 	}
-	return append(b, "}\n"...)
+	return append(b, '}')
 }
 
 // appendString writes s as a JSON string. Topics are valid UTF-8 without

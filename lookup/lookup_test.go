@@ -1,6 +1,7 @@
 package lookup_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -357,6 +358,10 @@ func TestHTTP(t *testing.T) {
 			}
 			if !json.Valid([]byte(body)) {
 				t.Errorf("body is not JSON: %s", body)
+			}
+			var compact bytes.Buffer
+			if err := json.Compact(&compact, []byte(body)); err == nil && compact.String()+"\n" != body {
+				t.Errorf("body is not one line of compact JSON and a newline: %q", body)
 			}
 		})
 	}

@@ -14,6 +14,7 @@ import (
 	"runtime/debug"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -392,6 +393,9 @@ func (s *Sidecar) listen(handlers map[string]http.Handler) ([]*server, error) {
 		if err != nil {
 			for _, srv := range out {
 				srv.ln.Close()
+			}
+			if errors.Is(err, syscall.EADDRINUSE) {
+				return nil, fmt.Errorf("sidecar: --%s %s is in use by another process (another hotcount?): stop it, or choose another --%s: %w", name, addrs[name], name, err)
 			}
 			return nil, fmt.Errorf("sidecar: listen --%s %s: %w", name, addrs[name], err)
 		}

@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"math"
 	"os"
@@ -11,7 +12,11 @@ import (
 	"time"
 
 	bolt "go.etcd.io/bbolt"
+	berrors "go.etcd.io/bbolt/errors"
 )
+
+// BoltFile is the embedded store's file in its data directory.
+const BoltFile = "hotcount.db"
 
 // boltBucket holds every shard item, keyed by ShardKey.
 var boltBucket = []byte("shards")
@@ -32,8 +37,11 @@ func OpenBolt(dir string, m *Metrics) (*Bolt, error) {
 	if err := os.MkdirAll(dir, 0o750); err != nil {
 		return nil, fmt.Errorf("store: create data dir: %w", err)
 	}
-	path := filepath.Join(dir, "hotcount.db")
+	path := filepath.Join(dir, BoltFile)
 	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: time.Second})
+	if errors.Is(err, berrors.ErrTimeout) {
+		return nil, fmt.Errorf("store: %s is locked by another process (a hotcount dev or run --store bolt on this --data-dir): stop it, or choose another --data-dir: %w", path, err)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("store: open %s: %w", path, err)
 	}

@@ -9,6 +9,7 @@ import (
 	"github.com/hotcount/hotcount/config"
 	"github.com/hotcount/hotcount/ingest"
 	"github.com/hotcount/hotcount/internal/embeddednats"
+	"github.com/hotcount/hotcount/sidecar"
 )
 
 // defaultNATSPort is the embedded NATS server's port in dev mode: NATS's own.
@@ -26,7 +27,10 @@ func ensureStream(ctx context.Context, cfg config.Config) error {
 }
 
 // cmdDev runs an in-process NATS server (JetStream on, stored under
-// --data-dir) and the sidecar on the embedded store, all on localhost.
+// --data-dir) and the sidecar on the embedded store, all on localhost. Each
+// conflict with another process fails at once and says so: the data
+// directory first (before anything opens a file in it), then the NATS
+// port, then the HTTP ports (before the banner says where to publish).
 func cmdDev(ctx context.Context, args, environ []string, stdout, stderr io.Writer) error {
 	cfg := config.Dev()
 	fs := cfg.FlagSet("hotcount dev", func(s string) bool { return s != "nats-url" })
@@ -34,6 +38,11 @@ func cmdDev(ctx context.Context, args, environ []string, stdout, stderr io.Write
 	if err := parse(&cfg, fs, args, environ, stderr); err != nil {
 		return err
 	}
+	unlock, err := lockDataDir(cfg.DataDir)
+	if err != nil {
+		return err
+	}
+	defer unlock()
 	ns, err := embeddednats.Start(*port, filepath.Join(cfg.DataDir, "jetstream"))
 	if err != nil {
 		return err
@@ -50,7 +59,8 @@ func cmdDev(ctx context.Context, args, environ []string, stdout, stderr io.Write
 	}
 
 	prefix := cfg.Subject[:len(cfg.Subject)-1] // "mentions.>" -> "mentions."
-	fmt.Fprintf(stdout, `hotcount dev: NATS at %s (%s mode), counts in %s (store %s)
+	return runSidecar(ctx, cfg, stderr, func(sc *sidecar.Sidecar) {
+		fmt.Fprintf(stdout, `hotcount dev: NATS at %s (%s mode), counts in %s (store %s)
   publish:  nats --server %s pub %sgolang ''            (+1)
             nats --server %s pub %sgolang '{"count":5}' (+5)
             go run ./cmd/hotcount load --nats-url %s --duration 5s
@@ -59,6 +69,6 @@ func cmdDev(ctx context.Context, args, environ []string, stdout, stderr io.Write
   metrics:  curl http://%s/metrics
 Ctrl-C stops it; counts stay in %s.
 `, cfg.NATSURL, cfg.NATSMode, cfg.DataDir, cfg.Store, cfg.NATSURL, prefix, cfg.NATSURL, prefix, cfg.NATSURL,
-		cfg.HTTPAddr, cfg.HTTPAddr, cfg.AdminAddr, cfg.DataDir)
-	return runSidecar(ctx, cfg, stderr)
+			sc.HTTPAddr(), sc.HTTPAddr(), sc.AdminAddr(), cfg.DataDir)
+	})
 }

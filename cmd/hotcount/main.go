@@ -94,13 +94,21 @@ func dispatch(ctx context.Context, args, environ []string, stdout, stderr io.Wri
 	case "dev":
 		return cmdDev(ctx, rest, environ, stdout, stderr)
 	case "table":
+		if help(rest) {
+			fmt.Fprint(stdout, "Usage:\n  hotcount table create [flags]   create the DynamoDB table if absent (hotcount table create --help: its flags)\n")
+			return nil
+		}
 		if len(rest) == 0 || rest[0] != "create" {
-			return usageError{errors.New(`"table" takes one subcommand: create`)}
+			return usageError{errors.New(`"table" takes one subcommand: create (hotcount table --help)`)}
 		}
 		return cmdTableCreate(ctx, rest[1:], environ, stdout, stderr)
 	case "stream":
+		if help(rest) {
+			fmt.Fprint(stdout, "Usage:\n  hotcount stream create [flags]  create the JetStream stream of mentions if absent (hotcount stream create --help: its flags)\n")
+			return nil
+		}
 		if len(rest) == 0 || rest[0] != "create" {
-			return usageError{errors.New(`"stream" takes one subcommand: create`)}
+			return usageError{errors.New(`"stream" takes one subcommand: create (hotcount stream --help)`)}
 		}
 		return cmdStreamCreate(ctx, rest[1:], environ, stdout, stderr)
 	case "load":
@@ -132,14 +140,18 @@ func parse(cfg *config.Config, fs *pflag.FlagSet, args, environ []string, stderr
 		}
 		return usageError{err}
 	}
+	for _, w := range config.Deprecated(environ) {
+		fmt.Fprintln(stderr, "hotcount: warning:", w)
+	}
 	if err := cfg.Validate(); err != nil {
 		return usageError{err}
 	}
 	return nil
 }
 
-// newLogger builds the logger the settings ask for: JSON (sampled, for
-// production) or console (for people).
+// newLogger builds the logger the settings ask for: JSON (for production) or
+// console (for people), coloured only on a terminal: a log file or a pipe
+// gets no escape codes.
 func newLogger(cfg config.Config, stderr io.Writer) (*zap.Logger, error) {
 	level, err := zapcore.ParseLevel(cfg.LogLevel)
 	if err != nil {
@@ -148,7 +160,10 @@ func newLogger(cfg config.Config, stderr io.Writer) (*zap.Logger, error) {
 	var enc zapcore.Encoder
 	if cfg.LogFormat == "console" {
 		ec := zap.NewDevelopmentEncoderConfig()
-		ec.EncodeLevel = zapcore.CapitalColorLevelEncoder
+		ec.EncodeLevel = zapcore.CapitalLevelEncoder
+		if terminal(stderr) {
+			ec.EncodeLevel = zapcore.CapitalColorLevelEncoder
+		}
 		enc = zapcore.NewConsoleEncoder(ec)
 	} else {
 		enc = zapcore.NewJSONEncoder(zap.NewProductionEncoderConfig())
@@ -163,7 +178,7 @@ func cmdRun(ctx context.Context, args, environ []string, stderr io.Writer) error
 	if err := parse(&cfg, fs, args, environ, stderr); err != nil {
 		return err
 	}
-	return runSidecar(ctx, cfg, stderr)
+	return runSidecar(ctx, cfg, stderr, nil)
 }
 
 func cmdCheckConfig(args, environ []string, stdout, stderr io.Writer) error {
@@ -174,4 +189,21 @@ func cmdCheckConfig(args, environ []string, stdout, stderr io.Writer) error {
 	}
 	fmt.Fprintln(stdout, "# configuration is valid; effective settings:")
 	return config.Print(stdout, fs)
+}
+
+// help says whether a command's arguments ask for its help rather than name
+// a subcommand.
+func help(args []string) bool {
+	return len(args) > 0 && (args[0] == "--help" || args[0] == "-h" || args[0] == "help")
+}
+
+// terminal says whether w is a terminal (a character device), where
+// colour codes show as colours rather than as escape sequences.
+func terminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	st, err := f.Stat()
+	return err == nil && st.Mode()&os.ModeCharDevice != 0
 }

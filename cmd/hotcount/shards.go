@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
+	"path/filepath"
 	"strconv"
 	"time"
 
@@ -21,8 +23,12 @@ import (
 //	hotcount shards show TOPIC...
 //	hotcount shards set TOPIC N
 func cmdShards(ctx context.Context, args, environ []string, stdout, stderr io.Writer) error {
+	if help(args) {
+		fmt.Fprint(stdout, shardsUsage)
+		return nil
+	}
 	if len(args) == 0 || (args[0] != "show" && args[0] != "set") {
-		return usageError{errors.New(`"shards" takes show TOPIC... or set TOPIC N`)}
+		return usageError{errors.New(`"shards" takes show TOPIC... or set TOPIC N (hotcount shards --help)`)}
 	}
 	verb := args[0]
 	cfg := config.Default()
@@ -33,6 +39,12 @@ func cmdShards(ctx context.Context, args, environ []string, stdout, stderr io.Wr
 		return err
 	}
 	rest := fs.Args()
+	if !fs.Changed("store") && cfg.Store != config.StoreBolt && devStore(cfg.DataDir) {
+		// `hotcount dev` left its store here: a newcomer means that one,
+		// not a DynamoDB table they have no credentials for.
+		cfg.Store = config.StoreBolt
+		fmt.Fprintf(stderr, "hotcount shards: reading the embedded store in %s (hotcount dev's); --store dynamodb reads the table\n", cfg.DataDir)
+	}
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
 	st, err := sidecar.OpenStore(ctx, cfg, store.NewMetrics(prometheus.NewRegistry()))
@@ -76,8 +88,31 @@ func cmdShards(ctx context.Context, args, environ []string, stdout, stderr io.Wr
 		}
 		fmt.Fprintf(stdout, "%s: total %d; writes on %d shards, reads %d (%s)\n", topic, sum, m.Write(), len(got), recorded)
 		for _, s := range got {
-			fmt.Fprintf(stdout, "  shard %d: %d (updated %d)\n", s.Shard, s.Count, s.UpdatedAt)
+			fmt.Fprintf(stdout, "  shard %d: %d (updated %s)\n", s.Shard, s.Count, updated(s.UpdatedAt))
 		}
 	}
 	return nil
+}
+
+const shardsUsage = `Usage:
+  hotcount shards show TOPIC... [flags]  a topic's total, shard counts and shards
+  hotcount shards set TOPIC N [flags]    set a topic's shard count (reads never shrink)
+
+Without --store, a --data-dir holding hotcount dev's store is read;
+otherwise the DynamoDB table. hotcount shards show --help lists the flags.
+`
+
+// devStore says whether dir holds an embedded store (hotcount.db).
+func devStore(dir string) bool {
+	_, err := os.Stat(filepath.Join(dir, store.BoltFile))
+	return err == nil
+}
+
+// updated prints a shard's updatedAt (Unix milliseconds) as RFC 3339 in UTC,
+// or "never" for a shard not yet written.
+func updated(ms int64) string {
+	if ms == 0 {
+		return "never"
+	}
+	return time.UnixMilli(ms).UTC().Format("2006-01-02T15:04:05.000Z07:00")
 }

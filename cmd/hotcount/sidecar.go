@@ -18,15 +18,28 @@ import (
 const memoryShare = 0.9
 
 // runSidecar builds the logger, sets the memory limit and runs the sidecar
-// until ctx ends.
-func runSidecar(ctx context.Context, cfg config.Config, stderr io.Writer) error {
+// until ctx ends. started, if set, runs once the sidecar's listeners are
+// bound and its pipeline runs: what it prints is then true.
+func runSidecar(ctx context.Context, cfg config.Config, stderr io.Writer, started func(*sidecar.Sidecar)) error {
 	log, err := newLogger(cfg, stderr)
 	if err != nil {
 		return err
 	}
 	defer log.Sync() //nolint:errcheck // stderr may not support sync
 	setMemoryLimit(cfg, log)
-	return sidecar.New(cfg, log).Run(ctx)
+	sc := sidecar.New(cfg, log)
+	if started == nil {
+		return sc.Run(ctx)
+	}
+	done := make(chan error, 1)
+	go func() { done <- sc.Run(ctx) }()
+	select {
+	case <-sc.Started():
+		started(sc)
+		return <-done
+	case err := <-done:
+		return err
+	}
 }
 
 // setMemoryLimit sets GOMEMLIMIT to memoryShare of the budget: the

@@ -4,6 +4,8 @@ package embeddednats
 
 import (
 	"fmt"
+	"net"
+	"strconv"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -12,8 +14,17 @@ import (
 // Start starts a NATS server on 127.0.0.1:port (-1: a free port) with
 // JetStream storing in storeDir (empty: a temporary folder, removed by the
 // server on shutdown only if the caller removes it). Shutdown is the
-// caller's: call Shutdown and WaitForShutdown.
+// caller's: call Shutdown and WaitForShutdown. A port in use fails at once:
+// the server itself, with its logs off, would only never become ready.
 func Start(port int, storeDir string) (*server.Server, error) {
+	if port > 0 {
+		addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+		ln, err := net.Listen("tcp", addr)
+		if err != nil {
+			return nil, fmt.Errorf("embeddednats: port %d is in use (another NATS server or hotcount dev?): stop it, or choose another with --nats-port: %w", port, err)
+		}
+		ln.Close()
+	}
 	opts := &server.Options{
 		ServerName: "hotcount-dev",
 		Host:       "127.0.0.1",
