@@ -5,7 +5,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -27,11 +29,21 @@ func streamTakes(ctx context.Context, nc *nats.Conn, subject string) bool {
 	return err == nil
 }
 
-// cmdLoad publishes synthetic mentions and reports what it sent: what the
-// stream acknowledged, when a stream takes the subject.
+// cmdLoad publishes synthetic mentions with a client.Publisher (one
+// message per event) and reports what was published: what the stream
+// acknowledged, when a stream takes the subject; else what the NATS server
+// confirmed reading.
 func cmdLoad(ctx context.Context, args, environ []string, stdout, stderr io.Writer) error {
 	cfg := config.Default()
 	fs := cfg.FlagSet("hotcount load", natsSettings)
+	// The setting is the sidecar's subscription; load publishes under it.
+	if f := fs.Lookup("subject"); f != nil {
+		env := "" // config's " ($HOTCOUNT_SUBJECT)"
+		if i := strings.LastIndex(f.Usage, " ($"); i >= 0 {
+			env = f.Usage[i:]
+		}
+		f.Usage = "subject prefix to publish to, as <prefix>.> (the sidecar's --subject): a mention of topic T goes to <prefix>.T" + env
+	}
 	var lc loadgen.Config
 	fs.IntVar(&lc.Topics, "topics", 1000, "distinct topics (topic-0, topic-1, ...)")
 	fs.Float64Var(&lc.Zipf, "zipf", 1.1, "Zipf skew s of the topic distribution, > 1; 0 is uniform")
@@ -39,9 +51,9 @@ func cmdLoad(ctx context.Context, args, environ []string, stdout, stderr io.Writ
 	fs.DurationVar(&lc.Duration, "duration", 10*time.Second, "how long to publish; 0 is until --messages")
 	fs.Int64Var(&lc.Messages, "messages", 0, "stop after this many messages; 0 is no bound")
 	fs.Int64Var(&lc.Count, "count", 1, `count per message: 1 sends empty payloads, more sends {"count": n}`)
-	fs.Uint64Var(&lc.Seed, "seed", uint64(time.Now().UnixNano()), "seed of the topic sequence")
-	report := fs.String("report", "", "write the per-topic counts published (acknowledged, with JetStream) to this JSON file")
-	mode := fs.String("jetstream", "auto", "publish with JetStream acknowledgements and count only what the stream stored: auto (when a stream takes the subject, as with hotcount dev), true or false (core publishes, fire and forget)")
+	fs.Uint64Var(&lc.Seed, "seed", 0, "seed of the topic sequence; 0 picks one at random and prints it, to repeat the run with")
+	report := fs.String("report", "", "write the per-topic counts published (acknowledged by the stream, or received by the NATS server) to this JSON file")
+	mode := fs.String("jetstream", "auto", "publish with JetStream acknowledgements and count only what the stream stored: auto (when a stream takes the subject, as with hotcount dev), true or false (core publishes: counted when the NATS server has them, which a slow subscriber may still drop)")
 	if err := parse(&cfg, fs, args, environ, stderr); err != nil {
 		return err
 	}
@@ -54,6 +66,9 @@ func cmdLoad(ctx context.Context, args, environ []string, stdout, stderr io.Writ
 	default:
 		return usageError{fmt.Errorf("--jetstream %q is not auto, true or false", *mode)}
 	}
+	for lc.Seed == 0 {
+		lc.Seed = rand.Uint64()
+	}
 	nc, err := connect(cfg, "hotcount-load")
 	if err != nil {
 		return err
@@ -63,19 +78,20 @@ func cmdLoad(ctx context.Context, args, environ []string, stdout, stderr io.Writ
 	if *mode == "auto" {
 		lc.JetStream = streamTakes(ctx, nc, lc.Prefix+loadgen.Topic(0))
 	}
-	if !lc.JetStream {
-		fmt.Fprintln(stderr, "hotcount load: core NATS publishes, fire and forget: what a slow subscriber or a full stream drops is still counted as sent (--jetstream true counts only what a stream stored)")
-	}
+	fmt.Fprintf(stdout, "hotcount load: seed %d (--seed %d repeats the topic sequence)\n", lc.Seed, lc.Seed)
 	rep, err := loadgen.Run(ctx, nc, lc)
-	verb := "sent"
+	verb := "received by the NATS server (a round trip after the last message confirmed it)"
 	if lc.JetStream {
 		verb = "stored (acknowledged by the stream)"
 	}
-	fmt.Fprintf(stdout, "%s %d messages (%d mentions) over %d topics in %s: %.0f messages/s\n",
+	fmt.Fprintf(stdout, "%s: %d messages (%d mentions) over %d topics in %s: %.0f messages/s\n",
 		verb, rep.Messages, rep.Mentions, len(rep.PerTopic), rep.Elapsed.Round(time.Millisecond),
 		float64(rep.Messages)/rep.Elapsed.Seconds())
 	if rep.Unacknowledged > 0 {
-		fmt.Fprintf(stdout, "%d messages not acknowledged by the stream (left out of the counts)\n", rep.Unacknowledged)
+		fmt.Fprintf(stdout, "%d messages not published (left out of the counts)\n", rep.Unacknowledged)
+	}
+	if !lc.JetStream {
+		fmt.Fprintln(stderr, "hotcount load: warning: core NATS is at-most-once: a subscriber that is slow or not there drops what the server received, so the store may hold fewer (--jetstream true counts only what a stream stored)")
 	}
 	if *report != "" {
 		b, jerr := json.MarshalIndent(rep, "", "  ")

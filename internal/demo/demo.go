@@ -11,9 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math"
 	"math/rand/v2"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -161,55 +159,4 @@ func race(ctx context.Context, cfg Config, n int, coalesced bool) (Result, error
 		Writes:    float64(writes.Load()) / elapsed,
 		Throttled: proxy.Stats().Did[ddbfault.Throttled],
 	}, nil
-}
-
-// WriteSVG draws the results: accepted mentions per second (log scale) for
-// each shard count, direct and coalesced side by side, with the ceiling
-// N × Ceiling marked.
-func WriteSVG(w io.Writer, cfg Config, results []Result) error {
-	const width, height, left, bottom, top = 640, 360, 70, 40, 40
-	plotH := float64(height - bottom - top)
-	maxV := cfg.Ceiling
-	for _, r := range results {
-		maxV = math.Max(maxV, r.Mentions)
-	}
-	lo, hi := math.Floor(math.Log10(math.Max(cfg.Ceiling/10, 1))), math.Ceil(math.Log10(maxV))
-	y := func(v float64) float64 {
-		if v < 1 {
-			v = 1
-		}
-		return float64(height-bottom) - (math.Log10(v)-lo)/(hi-lo)*plotH
-	}
-	var b strings.Builder
-	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" font-family="sans-serif" font-size="12">`+"\n", width, height)
-	fmt.Fprintf(&b, `<text x="%d" y="20" font-size="14">Accepted mentions/s on one hot topic (ceiling %.0f writes/s per key)</text>`+"\n", left, cfg.Ceiling)
-	for e := lo; e <= hi; e++ {
-		fmt.Fprintf(&b, `<line x1="%d" x2="%d" y1="%.1f" y2="%.1f" stroke="#ddd"/><text x="%d" y="%.1f" text-anchor="end">1e%.0f</text>`+"\n",
-			left, width-10, y(math.Pow(10, e)), y(math.Pow(10, e)), left-6, y(math.Pow(10, e))+4, e)
-	}
-	group := float64(width-left-20) / float64(len(cfg.Shards))
-	for i, n := range cfg.Shards {
-		x0 := float64(left) + group*float64(i) + group*0.15
-		barW := group * 0.3
-		ceil := y(float64(n) * cfg.Ceiling)
-		fmt.Fprintf(&b, `<line x1="%.1f" x2="%.1f" y1="%.1f" y2="%.1f" stroke="#c00" stroke-dasharray="4 3"/>`+"\n", x0-4, x0+2*barW+4, ceil, ceil)
-		for _, r := range results {
-			if r.Shards != n {
-				continue
-			}
-			x, color := x0, "#888"
-			if r.Coalesced {
-				x, color = x0+barW, "#2a7"
-			}
-			fmt.Fprintf(&b, `<rect x="%.1f" y="%.1f" width="%.1f" height="%.1f" fill="%s"><title>%s: %.0f/s</title></rect>`+"\n",
-				x, y(r.Mentions), barW-2, float64(height-bottom)-y(r.Mentions), color, mode(r.Coalesced), r.Mentions)
-		}
-		fmt.Fprintf(&b, `<text x="%.1f" y="%d" text-anchor="middle">N = %d</text>`+"\n", x0+barW, height-bottom+16, n)
-	}
-	fmt.Fprintf(&b, `<rect x="%d" y="%d" width="10" height="10" fill="#888"/><text x="%d" y="%d">direct (one write per mention)</text>`+"\n", left, height-14, left+14, height-5)
-	fmt.Fprintf(&b, `<rect x="%d" y="%d" width="10" height="10" fill="#2a7"/><text x="%d" y="%d">coalesced (hotcount)</text>`+"\n", left+230, height-14, left+244, height-5)
-	fmt.Fprintf(&b, `<line x1="%d" x2="%d" y1="%d" y2="%d" stroke="#c00" stroke-dasharray="4 3"/><text x="%d" y="%d">N × ceiling</text>`+"\n", left+400, left+420, height-9, height-9, left+424, height-5)
-	b.WriteString("</svg>\n")
-	_, err := io.WriteString(w, b.String())
-	return err
 }

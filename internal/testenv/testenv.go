@@ -104,6 +104,17 @@ func binary() (string, error) {
 	return bin, nil
 }
 
+// DynaliteBinary returns the path of test/dynalite's dynalite, for a test
+// of code that starts it itself (hotcount demo).
+func DynaliteBinary(t testing.TB) string {
+	t.Helper()
+	bin, err := binary()
+	if err != nil {
+		unavailable(t, "dynalite: %v", err)
+	}
+	return bin
+}
+
 // StartDynalite starts dynalite on a free port, persisting to a folder of
 // the test's (so that Restart keeps the data), and stops it when the test
 // ends.
