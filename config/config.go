@@ -59,9 +59,15 @@ const (
 
 // NATS modes.
 const (
-	ModeCore      = "core"
-	ModeJetStream = "jetstream"
+	ModeCore        = "core"
+	ModeJetStream   = "jetstream"
+	ModePartitioned = "partitioned"
 )
+
+// DefaultPartitions is the partitions of the stream in partitioned mode:
+// enough for a fleet of 64 sidecars to each own one; a larger fleet needs
+// more (a sidecar beyond the partition count owns none and idles).
+const DefaultPartitions = 64
 
 // Store kinds.
 const (
@@ -83,6 +89,7 @@ type Config struct {
 	Consumer          string
 	AckWait           time.Duration
 	MaxAckPending     int
+	Partitions        int
 	Subject           string
 	QueueGroup        string
 	DeadLetterSubject string
@@ -146,6 +153,7 @@ func Default() Config {
 		Consumer:          ingest.DefaultConsumer,
 		AckWait:           ingest.DefaultAckWait,
 		MaxAckPending:     ingest.DefaultMaxAckPending,
+		Partitions:        DefaultPartitions,
 		Subject:           ingest.DefaultSubject,
 		QueueGroup:        ingest.DefaultQueueGroup,
 		DeadLetterSubject: ingest.DefaultDeadLetterSubject,
@@ -222,7 +230,7 @@ func dur(field func(*Config) *time.Duration) func(*pflag.FlagSet, *Config, strin
 // settings lists every setting, in the order --help shows them.
 var settings = []setting{
 	{name: "nats-url", usage: "NATS server URL(s), comma-separated", bind: str(func(c *Config) *string { return &c.NATSURL })},
-	{name: "nats-mode", usage: "core (at-most-once, a crash loses the buffer) or jetstream (durable pull consumer, at-least-once)", bind: str(func(c *Config) *string { return &c.NATSMode })},
+	{name: "nats-mode", usage: "core (at most once: a crash loses the buffer), jetstream (a durable consumer shared by the fleet; exactly once) or partitioned (jetstream with the stream partitioned by topic and each partition consumed by one sidecar, so the fleet writes a hot topic once per flush)", bind: str(func(c *Config) *string { return &c.NATSMode })},
 	{name: "nats-creds", usage: "NATS credentials file (JWT and NKey seed)", bind: str(func(c *Config) *string { return &c.NATSCreds })},
 	{name: "nats-nkey", usage: "NATS NKey seed file", bind: str(func(c *Config) *string { return &c.NATSNKey })},
 	{name: "nats-token", usage: "NATS authentication token (prefer the environment variable; never printed)", bind: str(func(c *Config) *string { return &c.NATSToken }), secret: true},
@@ -233,6 +241,7 @@ var settings = []setting{
 	{name: "consumer", usage: "durable pull consumer shared by the sidecars (jetstream mode)", bind: str(func(c *Config) *string { return &c.Consumer })},
 	{name: "ack-wait", usage: "how long JetStream waits for an ack before redelivering; held messages are kept alive every third of it", bind: dur(func(c *Config) *time.Duration { return &c.AckWait })},
 	{name: "max-ack-pending", usage: "messages delivered and not yet acknowledged, for all sidecars together: the buffer bound of jetstream mode", bind: integer(func(c *Config) *int { return &c.MaxAckPending })},
+	{name: "partitions", usage: "partitioned mode: partitions of the stream (hotcount stream create --partitions sets them up); at least the fleet's size", bind: integer(func(c *Config) *int { return &c.Partitions })},
 	{name: "subject", usage: "subject of mentions, <prefix>.>: the sidecar subscribes to it, load publishes to <prefix>.<topic>; the topic is what follows the prefix", bind: str(func(c *Config) *string { return &c.Subject })},
 	{name: "queue-group", usage: "NATS queue group shared by the sidecars", bind: str(func(c *Config) *string { return &c.QueueGroup })},
 	{name: "share-totals", usage: "share gathered totals with the other sidecars over NATS, so that the fleet gathers a hot topic about once per TTL instead of once per sidecar: auto (on in jetstream mode), true or false", bind: str(func(c *Config) *string { return &c.ShareTotals })},
@@ -243,7 +252,7 @@ var settings = []setting{
 	{name: "table", usage: "DynamoDB table", bind: str(func(c *Config) *string { return &c.Table })},
 	{name: "dynamodb-endpoint", usage: "DynamoDB endpoint URL (empty: AWS's own; set for dynalite, DynamoDB Local, LocalStack)", bind: str(func(c *Config) *string { return &c.DynamoDBEndpoint })},
 	{name: "data-dir", usage: "folder of the embedded store (--store bolt)", bind: str(func(c *Config) *string { return &c.DataDir })},
-	{name: "shards", usage: fmt.Sprintf("shards of a new topic, 1..%d (a topic keeps the count recorded when it was first written: see README)", store.MaxShards), bind: integer(func(c *Config) *int { return &c.Shards })},
+	{name: "shards", usage: fmt.Sprintf("shards of a new topic, 1..%d (a topic keeps the count recorded when it was first written: see docs/SIZING.md)", store.MaxShards), bind: integer(func(c *Config) *int { return &c.Shards })},
 	{name: "adaptive", usage: "double a topic's shards (up to max-shards) when its writes are throttled (on by default; --adaptive=false keeps every topic at its first count)", bind: func(fs *pflag.FlagSet, c *Config, name, usage string) {
 		fs.BoolVar(&c.Adaptive, name, c.Adaptive, usage)
 	}},
@@ -508,7 +517,7 @@ func (c *Config) Validate() error {
 	}
 	switch c.NATSMode {
 	case ModeCore:
-	case ModeJetStream:
+	case ModeJetStream, ModePartitioned:
 		if !jsName.MatchString(c.Stream) {
 			bad("stream", "%q is not a JetStream name (letters, digits, - and _)", c.Stream)
 		}
@@ -522,8 +531,11 @@ func (c *Config) Validate() error {
 			bad("ack-wait", "%s is shorter than 1.5 × (flush-timeout + write-timeout) = %s: held messages would be redelivered and counted twice", c.AckWait, minWait)
 		}
 		intIn("max-ack-pending", int64(c.MaxAckPending), 1, 10_000_000)
+		if c.NATSMode == ModePartitioned {
+			intIn("partitions", int64(c.Partitions), 1, 1024)
+		}
 	default:
-		bad("nats-mode", "%q is not %s or %s", c.NATSMode, ModeCore, ModeJetStream)
+		bad("nats-mode", "%q is not %s, %s or %s", c.NATSMode, ModeCore, ModeJetStream, ModePartitioned)
 	}
 	if (c.NATSTLSCert == "") != (c.NATSTLSKey == "") {
 		bad("nats-tls-cert", "and nats-tls-key go together")
@@ -719,7 +731,7 @@ func (c Config) StoreScope() string {
 // --share-totals, where auto is on in JetStream mode (a fleet that shares
 // a stream shares its topics) and off in core mode.
 func (c Config) SharesTotals() bool {
-	return c.ShareTotals == "true" || c.ShareTotals == "auto" && c.NATSMode == ModeJetStream
+	return c.ShareTotals == "true" || c.ShareTotals == "auto" && c.Durable()
 }
 
 // BufferBudget is the window's memory budget in bytes, 0 for none, given
@@ -780,3 +792,8 @@ func overlap(a, b string) bool {
 	every := func(h string) bool { return h == "" || h == "0.0.0.0" || h == "::" }
 	return ha == hb || every(ha) || every(hb)
 }
+
+// Durable says whether mentions come from a JetStream stream and are
+// acknowledged after their write (jetstream and partitioned modes), as
+// opposed to core NATS.
+func (c Config) Durable() bool { return c.NATSMode == ModeJetStream || c.NATSMode == ModePartitioned }

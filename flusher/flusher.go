@@ -134,6 +134,9 @@ type Journal interface {
 	// MaybeReplayed says whether an entry recorded at t may have been
 	// replayed by another sidecar (this writer's heartbeat lapsed since).
 	MaybeReplayed(t time.Time) bool
+	// Settled retires an entry whose writes are all in the store, or says
+	// journal.ErrNotAcknowledged while its messages' acknowledgements are
+	// not all recorded by the consumer (it is asked again next flush).
 	Settled(ctx context.Context, key string) error
 }
 
@@ -710,7 +713,10 @@ func (f *Flusher) confirm(ctx context.Context) {
 func (f *Flusher) retire(ctx context.Context) {
 	var left []string
 	for _, key := range f.unretired {
-		if err := f.journal.Settled(ctx, key); err != nil {
+		switch err := f.journal.Settled(ctx, key); {
+		case errors.Is(err, journal.ErrNotAcknowledged):
+			left = append(left, key) // the usual case for the latest entries
+		case err != nil:
 			f.log.Warn("journal entry not retired; trying again next flush", zap.Error(err))
 			left = append(left, key)
 		}

@@ -228,6 +228,8 @@ type Metrics struct {
 	redelivered prometheus.Counter
 	journaled   prometheus.Counter
 	paused      prometheus.Counter
+	partitions  prometheus.Gauge   // partitioned mode
+	handovers   prometheus.Counter // partitioned mode
 
 	mu          sync.Mutex
 	seenDropped map[*nats.Subscription]int
@@ -266,7 +268,15 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Name: "hotcount_ingest_journaled_redeliveries_total",
 		Help: "Redelivered JetStream messages acknowledged without counting, because a dead writer's journal entry already carries their count.",
 	})
-	reg.MustRegister(m.events, m.mentions, m.invalid, m.dropped, m.redelivered, m.journaled, m.paused)
+	m.partitions = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "hotcount_ingest_partitions_owned",
+		Help: "Partitions of the stream this sidecar consumes now (partitioned mode).",
+	})
+	m.handovers = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "hotcount_ingest_partition_handovers_total",
+		Help: "Partitions this sidecar gave up to another owner, after handing what it held to its window (partitioned mode).",
+	})
+	reg.MustRegister(m.events, m.mentions, m.invalid, m.dropped, m.redelivered, m.journaled, m.paused, m.partitions, m.handovers)
 	for _, r := range []string{ReasonTopic, ReasonPayload, ReasonCount} {
 		m.invalid.WithLabelValues(r)
 	}

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -46,6 +48,23 @@ type JetStreamConfig struct {
 	Consumer      string
 	AckWait       time.Duration
 	MaxAckPending int
+	// Partitions, when set, is partitioned mode: the stream stores each
+	// mention under <partition>.<subject>, each partition has a durable
+	// consumer pinned to one sidecar, and this sidecar consumes those
+	// Owner says it owns.
+	Partitions int
+	Owner      Owner
+}
+
+// Owner says which partitions this sidecar owns (fleet.Fleet).
+type Owner interface {
+	// Owned returns the partitions of 0..n-1 this sidecar owns now.
+	Owned(n int) []int
+	// Changed receives a value when the owners may have changed.
+	Changed() <-chan struct{}
+	// Settled says whether the view of the fleet is complete enough to
+	// claim partitions.
+	Settled() bool
 }
 
 // AckSink receives accepted durable messages and gives back those it holds.
@@ -68,6 +87,9 @@ type JetStreamConsumer struct {
 	paused  func() bool
 	bound   atomic.Bool
 	journal Covering // nil: none
+
+	lanes  map[int]*lane    // Run's: by partition (0 alone when not partitioned)
+	stream jetstream.Stream // partitioned mode: for unpinning
 }
 
 // Covering says whether a message's count is already carried by a journal
@@ -92,40 +114,31 @@ func NewJetStreamConsumer(nc *nats.Conn, cfg Config, jcfg JetStreamConfig, sink 
 	if err != nil {
 		return nil, fmt.Errorf("ingest: jetstream: %w", err)
 	}
-	return &JetStreamConsumer{checker: c, js: js, jcfg: jcfg, sink: sink, paused: paused}, nil
+	if jcfg.Partitions > 0 && jcfg.Owner == nil {
+		return nil, errors.New("ingest: partitioned mode needs an Owner")
+	}
+	return &JetStreamConsumer{checker: c, js: js, jcfg: jcfg, sink: sink, paused: paused, lanes: make(map[int]*lane)}, nil
 }
 
 // Run binds the durable consumer (retrying until the stream exists and NATS
 // answers), takes messages until ctx ends, then drains (at most the drain
 // timeout): it stops pulling and hands what was already delivered to the
-// sink, so the final flush writes and acknowledges it.
+// sink, so the final flush writes and acknowledges it. In partitioned mode
+// it consumes the partitions this sidecar owns, and follows the fleet as
+// their owners change.
 func (c *JetStreamConsumer) Run(ctx context.Context) error {
-	cons := c.bind(ctx)
-	if cons == nil {
-		return nil // ctx ended first
-	}
-	consume := func() (jetstream.ConsumeContext, error) {
-		return cons.Consume(func(msg jetstream.Msg) { c.handle(ctx, msg) },
-			jetstream.PullMaxMessages(pullBatch),
-			jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
-				// Missed heartbeats and the like during a NATS restart:
-				// nats.go pulls again by itself once the connection is back.
-				c.sampled.Warn("consume", zap.Error(err))
-			}),
-		)
-	}
-	var cc jetstream.ConsumeContext // nil while stopped
-	if !c.paused() {
-		var err error
-		if cc, err = consume(); err != nil {
-			return fmt.Errorf("ingest: consume %s/%s: %w", c.jcfg.Stream, c.jcfg.Consumer, err)
+	if c.jcfg.Partitions == 0 {
+		cons := c.bind(ctx)
+		if cons == nil {
+			return nil // ctx ended first
 		}
-	} else {
-		c.metrics.paused.Inc()
+		c.lanes[0] = &lane{cons: cons}
+	} else if !c.checkPartitioned(ctx) {
+		return nil // ctx ended first
 	}
 	c.bound.Store(true)
 	defer c.bound.Store(false)
-	c.log.Info("consuming", zap.String("stream", c.jcfg.Stream), zap.String("consumer", c.jcfg.Consumer))
+	c.log.Info("consuming", zap.String("stream", c.jcfg.Stream), zap.String("consumer", c.jcfg.Consumer), zap.Int("partitions", c.jcfg.Partitions))
 
 	var wg sync.WaitGroup
 	kaCtx, stopKeepAlive := context.WithCancel(context.Background())
@@ -144,48 +157,276 @@ func (c *JetStreamConsumer) Run(ctx context.Context) error {
 	// redelivers those messages after --ack-wait.
 	tick := time.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()
+	wasPaused := false
 	for {
-		select {
-		case <-ctx.Done():
-			if cc == nil {
-				return nil
-			}
-			return c.drain(cc)
-		case <-tick.C:
-		}
-		switch paused := c.paused(); {
-		case paused && cc != nil:
-			cc.Stop()
-			<-cc.Closed()
-			cc = nil
+		paused := c.paused()
+		switch {
+		case paused && !wasPaused:
 			c.metrics.paused.Inc()
 			c.log.Warn("flushes write nothing: consuming stopped until they do")
-		case !paused && cc == nil:
-			var err error
-			if cc, err = consume(); err != nil {
-				cc = nil
-				c.sampled.Warn("consume again", zap.Error(err))
-				continue
-			}
+		case !paused && wasPaused:
 			c.log.Info("flushes write again: consuming")
+		}
+		wasPaused = paused
+		c.follow(ctx, paused)
+		select {
+		case <-ctx.Done():
+			return c.drainAll()
+		case <-tick.C:
+		case <-c.changes():
 		}
 	}
 }
 
-// drain stops pulling; what nats.go already holds goes through the
-// handler, so that the final flush writes and acknowledges it.
-func (c *JetStreamConsumer) drain(cc jetstream.ConsumeContext) error {
-	cc.Drain()
+// lane is one consumer this sidecar pulls from: the shared durable
+// consumer, or one partition's.
+type lane struct {
+	cons jetstream.Consumer
+	cc   jetstream.ConsumeContext // nil while not consuming
+}
+
+// wanted returns the lanes this sidecar should be consuming now.
+func (c *JetStreamConsumer) wanted(paused bool) []int {
+	switch {
+	case paused:
+		return nil
+	case c.jcfg.Partitions == 0:
+		return []int{0}
+	case !c.jcfg.Owner.Settled():
+		return nil // listen to the fleet before claiming its partitions
+	}
+	return c.jcfg.Owner.Owned(c.jcfg.Partitions)
+}
+
+func (c *JetStreamConsumer) changes() <-chan struct{} {
+	if c.jcfg.Owner == nil {
+		return nil
+	}
+	return c.jcfg.Owner.Changed()
+}
+
+// follow starts the lanes wanted and stops the others. A lane given up
+// while not paused is handed over (another sidecar owns it now): what
+// nats.go already holds goes through the handler, then the pin is given up
+// so that the new owner receives at once. Paused lanes are stopped (see
+// Run).
+func (c *JetStreamConsumer) follow(ctx context.Context, paused bool) {
+	want := make(map[int]bool)
+	for _, p := range c.wanted(paused) {
+		want[p] = true
+	}
+	for p, l := range c.lanes {
+		if want[p] || l.cc == nil {
+			continue
+		}
+		if paused {
+			l.cc.Stop()
+			<-l.cc.Closed()
+		} else {
+			c.handOver(p, l)
+		}
+		l.cc = nil
+	}
+	for p := range want {
+		l := c.lanes[p]
+		if l == nil {
+			cons, err := c.bindPartition(ctx, p)
+			if err != nil {
+				c.sampled.Warn("cannot bind partition consumer; retrying", zap.Int("partition", p), zap.Error(err))
+				continue
+			}
+			l = &lane{cons: cons}
+			c.lanes[p] = l
+		}
+		if l.cc != nil {
+			continue
+		}
+		cc, err := c.consume(ctx, l.cons)
+		if err != nil {
+			c.sampled.Warn("consume", zap.Int("partition", p), zap.Error(err))
+			continue
+		}
+		l.cc = cc
+		if c.jcfg.Partitions > 0 {
+			c.log.Info("partition claimed", zap.Int("partition", p))
+		}
+	}
+	if c.jcfg.Partitions > 0 {
+		n := 0
+		for _, l := range c.lanes {
+			if l.cc != nil {
+				n++
+			}
+		}
+		c.metrics.partitions.Set(float64(n))
+	}
+}
+
+// handOver stops pulling partition p, hands what nats.go holds of it to
+// the window (flushed and acknowledged by this sidecar as usual, its
+// keep-alive included: the new owner never receives those messages unless
+// this sidecar dies), then unpins it for the new owner. Bounded by the
+// drain timeout.
+func (c *JetStreamConsumer) handOver(p int, l *lane) {
+	l.cc.Drain()
 	t := time.NewTimer(c.cfg.DrainTimeout)
 	defer t.Stop()
 	select {
-	case <-cc.Closed():
-		c.log.Info("drained")
-		return nil
+	case <-l.cc.Closed():
 	case <-t.C:
-		cc.Stop()
-		return fmt.Errorf("ingest: drain timed out after %s; undelivered messages will be redelivered", c.cfg.DrainTimeout)
+		l.cc.Stop() // the rest is redelivered to the new owner after --ack-wait
 	}
+	c.unpin(p)
+	c.metrics.handovers.Inc()
+	c.log.Info("partition handed over", zap.Int("partition", p))
+}
+
+// consume starts pulling from cons into the handler.
+func (c *JetStreamConsumer) consume(ctx context.Context, cons jetstream.Consumer) (jetstream.ConsumeContext, error) {
+	opts := []jetstream.PullConsumeOpt{
+		jetstream.PullMaxMessages(c.batch()),
+		jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
+			// Missed heartbeats and the like during a NATS restart:
+			// nats.go pulls again by itself once the connection is back.
+			// A partition pinned to another sidecar answers its pulls
+			// with errors too, until the pin moves.
+			c.sampled.Warn("consume", zap.Error(err))
+		}),
+	}
+	if c.jcfg.Partitions > 0 {
+		opts = append(opts, jetstream.PullPriorityGroup(pinGroup))
+	}
+	return cons.Consume(func(msg jetstream.Msg) { c.handle(ctx, msg) }, opts...)
+}
+
+// batch is how many messages one pull asks for: pullBatch for the shared
+// consumer, shared out among the partitions this sidecar may own so that
+// what nats.go buffers stays about the same.
+func (c *JetStreamConsumer) batch() int {
+	if c.jcfg.Partitions == 0 {
+		return pullBatch
+	}
+	return max(pullBatch/8, 10)
+}
+
+// drainAll stops pulling on every lane; what nats.go already holds goes
+// through the handler, so that the final flush writes and acknowledges it.
+func (c *JetStreamConsumer) drainAll() error {
+	var running []jetstream.ConsumeContext
+	for _, l := range c.lanes {
+		if l.cc != nil {
+			l.cc.Drain()
+			running = append(running, l.cc)
+		}
+	}
+	t := time.NewTimer(c.cfg.DrainTimeout)
+	defer t.Stop()
+	for i, cc := range running {
+		select {
+		case <-cc.Closed():
+		case <-t.C:
+			for _, cc := range running[i:] {
+				cc.Stop()
+			}
+			return fmt.Errorf("ingest: drain timed out after %s; undelivered messages will be redelivered", c.cfg.DrainTimeout)
+		}
+	}
+	c.log.Info("drained")
+	if c.jcfg.Partitions > 0 {
+		// What was drained is this sidecar's to flush and acknowledge;
+		// new messages are the next owner's at once, not after the pin
+		// lapses.
+		for p, l := range c.lanes {
+			if l.cc != nil {
+				c.unpin(p)
+			}
+		}
+	}
+	return nil
+}
+
+// unpin gives up partition p's pin, so that the next owner's pulls are
+// answered at once. A failure only delays them by pinnedTTL.
+func (c *JetStreamConsumer) unpin(p int) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if err := c.stream.UnpinConsumer(ctx, c.partitionConsumer(p), pinGroup); err != nil {
+		c.sampled.Warn("unpin partition", zap.Int("partition", p), zap.Error(err))
+	}
+}
+
+// Partitioned mode's names and timings.
+const (
+	// pinGroup is the priority group every partition consumer pins.
+	pinGroup = "hotcount"
+	// pinnedTTL is how long a partition stays pinned to a sidecar that
+	// stopped pulling (it died) before another may take it.
+	pinnedTTL = 5 * time.Second
+)
+
+// partitionConsumer names partition p's durable consumer.
+func (c *JetStreamConsumer) partitionConsumer(p int) string {
+	return PartitionConsumer(c.jcfg.Consumer, p)
+}
+
+// PartitionConsumer names partition p's durable consumer in partitioned
+// mode: the --consumer name and the partition.
+func PartitionConsumer(consumer string, p int) string { return fmt.Sprintf("%s-p%d", consumer, p) }
+
+// PartitionSubject is the subject partition p's messages are stored under:
+// the stream's transform puts the partition number first.
+func PartitionSubject(p int) string { return strconv.Itoa(p) + ".>" }
+
+// PartitionTransform is the stream's subject transform of partitioned mode:
+// subject → <partition>.subject, the partition a hash of the whole subject
+// (so of the topic), the same for every publisher and server.
+func PartitionTransform(subject string, partitions int) *jetstream.SubjectTransformConfig {
+	return &jetstream.SubjectTransformConfig{Source: subject, Destination: fmt.Sprintf("{{partition(%d)}}.%s", partitions, subject)}
+}
+
+// checkPartitioned waits until the stream exists and partitions as this
+// sidecar expects (retrying with backoff until ctx ends: false then). A
+// stream partitioned otherwise is logged and waited on, not consumed.
+func (c *JetStreamConsumer) checkPartitioned(ctx context.Context) bool {
+	backoff := 100 * time.Millisecond
+	want := PartitionTransform(c.cfg.Subject, c.jcfg.Partitions)
+	for {
+		s, err := c.js.Stream(ctx, c.jcfg.Stream)
+		if err == nil {
+			tr := s.CachedInfo().Config.SubjectTransform
+			if tr != nil && tr.Source == want.Source && tr.Destination == want.Destination {
+				c.stream = s
+				return true
+			}
+			err = fmt.Errorf("stream %s does not partition %s into %d partitions (its transform: %+v): create it with `hotcount stream create --partitions %d`", c.jcfg.Stream, c.cfg.Subject, c.jcfg.Partitions, tr, c.jcfg.Partitions)
+		}
+		if ctx.Err() != nil {
+			return false
+		}
+		c.log.Warn("cannot consume the partitioned stream; retrying", zap.Error(err))
+		sleep(ctx, backoff)
+		backoff = min(2*backoff, 5*time.Second)
+	}
+}
+
+// bindPartition creates or updates partition p's durable consumer: its
+// partition only, pinned to one puller at a time.
+func (c *JetStreamConsumer) bindPartition(ctx context.Context, p int) (jetstream.Consumer, error) {
+	bctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	return c.js.CreateOrUpdateConsumer(bctx, c.jcfg.Stream, jetstream.ConsumerConfig{
+		Durable:        c.partitionConsumer(p),
+		Description:    fmt.Sprintf("hotcount sidecars: partition %d of %d", p, c.jcfg.Partitions),
+		FilterSubject:  PartitionSubject(p),
+		AckPolicy:      jetstream.AckExplicitPolicy,
+		AckWait:        c.jcfg.AckWait,
+		MaxAckPending:  max(c.jcfg.MaxAckPending/c.jcfg.Partitions, 1000),
+		MaxDeliver:     -1,
+		DeliverPolicy:  jetstream.DeliverAllPolicy,
+		PriorityGroups: []string{pinGroup},
+		PriorityPolicy: jetstream.PriorityPolicyPinned,
+		PinnedTTL:      pinnedTTL,
+	})
 }
 
 func (c *JetStreamConsumer) handle(ctx context.Context, msg jetstream.Msg) {
@@ -197,6 +438,7 @@ func (c *JetStreamConsumer) handle(ctx context.Context, msg jetstream.Msg) {
 	}
 	seq := int64(md.Sequence.Stream)
 	if md.NumDelivered > 1 {
+		c.log.Debug("redelivered", zap.String("subject", msg.Subject()), zap.Uint64("delivered", md.NumDelivered), zap.Uint64("seq", md.Sequence.Stream), zap.Time("ts", md.Timestamp), zap.String("consumer", md.Consumer))
 		c.metrics.redelivered.Inc()
 		if c.journal != nil {
 			jctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
@@ -220,7 +462,11 @@ func (c *JetStreamConsumer) handle(ctx context.Context, msg jetstream.Msg) {
 			}
 		}
 	}
-	topic, delta, reason := c.check(msg.Subject(), msg.Data(), msg.Headers())
+	subject := msg.Subject()
+	if c.jcfg.Partitions > 0 {
+		_, subject, _ = strings.Cut(subject, ".") // the partition number the stream put first
+	}
+	topic, delta, reason := c.check(subject, msg.Data(), msg.Headers())
 	if reason != "" {
 		// Terminated, never redelivered: a bad message stays bad.
 		if err := msg.TermWithReason(reason); err != nil {
@@ -314,10 +560,17 @@ const (
 	DefaultStreamMaxBytes = 1 << 30
 )
 
-// StreamLimits bound the stream of mentions; zero fields take the defaults.
-type StreamLimits struct {
+// StreamOptions shape the stream of mentions; zero fields take the
+// defaults.
+type StreamOptions struct {
 	MaxAge   time.Duration
 	MaxBytes int64
+	// Partitions, when set, partitions the stream for partitioned mode:
+	// each mention is stored under <partition>.<subject>.
+	Partitions int
+	// Replicas is the stream's replication factor in a NATS cluster
+	// (default 1; 3 keeps it through the loss of a node).
+	Replicas int
 }
 
 // EnsureStream creates the stream of mentions (subjects: subject; file
@@ -325,8 +578,8 @@ type StreamLimits struct {
 // default DefaultStreamMaxAge and DefaultStreamMaxBytes, past which new
 // publishes are refused) unless a stream of that name exists, which is then
 // used as it is.
-func EnsureStream(ctx context.Context, nc *nats.Conn, name, subject string, duplicates time.Duration, limits ...StreamLimits) (created bool, err error) {
-	var lim StreamLimits
+func EnsureStream(ctx context.Context, nc *nats.Conn, name, subject string, duplicates time.Duration, limits ...StreamOptions) (created bool, err error) {
+	var lim StreamOptions
 	if len(limits) > 0 {
 		lim = limits[0]
 	}
@@ -345,7 +598,7 @@ func EnsureStream(ctx context.Context, nc *nats.Conn, name, subject string, dupl
 	} else if !errors.Is(err, jetstream.ErrStreamNotFound) {
 		return false, fmt.Errorf("ingest: look up stream %s: %w", name, err)
 	}
-	_, err = js.CreateStream(ctx, jetstream.StreamConfig{
+	sc := jetstream.StreamConfig{
 		Name:        name,
 		Description: "mentions for hotcount",
 		Subjects:    []string{subject},
@@ -355,7 +608,13 @@ func EnsureStream(ctx context.Context, nc *nats.Conn, name, subject string, dupl
 		MaxAge:      lim.MaxAge,
 		MaxBytes:    lim.MaxBytes,
 		Discard:     jetstream.DiscardNew,
-	})
+		Replicas:    max(lim.Replicas, 1),
+	}
+	if lim.Partitions > 0 {
+		sc.SubjectTransform = PartitionTransform(subject, lim.Partitions)
+		sc.Description = fmt.Sprintf("mentions for hotcount, in %d partitions by topic", lim.Partitions)
+	}
+	_, err = js.CreateStream(ctx, sc)
 	if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
 		return false, nil // another replica created it first
 	}

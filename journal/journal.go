@@ -26,6 +26,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -39,6 +40,7 @@ import (
 	"go.uber.org/zap"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/hotcount/hotcount/ingest"
 	"github.com/hotcount/hotcount/store"
 )
 
@@ -95,7 +97,7 @@ type Journal struct {
 	nc      *nats.Conn
 	kv      jetstream.KeyValue
 	writers jetstream.KeyValue
-	cons    func(ctx context.Context) (jetstream.Consumer, error)
+	floor   func(ctx context.Context) (int64, error) // ackFloor's
 	writer  string
 	st      Store
 	log     *zap.Logger
@@ -107,6 +109,9 @@ type Journal struct {
 	mu          sync.Mutex
 	n           int64             // entries recorded by this writer
 	unconfirmed map[string][]byte // entries whose put's answer was lost
+	last        map[string]int64  // this writer's entries not retired: their last stream sequence
+	floorV      int64             // the ack floor last read (cachedFloor)
+	floorAt     time.Time
 
 	coverMu sync.Mutex // held while reading entries: only redeliveries wait
 	covered map[string][][2]int64
@@ -118,7 +123,10 @@ type Journal struct {
 type Config struct {
 	Bucket, WritersBucket string
 	Stream, Consumer      string
-	// Replicas of the buckets (as the stream's).
+	// Partitions, in partitioned mode, is the count of partition
+	// consumers (ingest.PartitionConsumer) standing in for Consumer.
+	Partitions int
+	// Replicas of the buckets; 0: as the stream's.
 	Replicas int
 }
 
@@ -128,6 +136,16 @@ func Open(ctx context.Context, nc *nats.Conn, cfg Config, writer string, st Stor
 	js, err := jetstream.New(nc)
 	if err != nil {
 		return nil, fmt.Errorf("journal: jetstream: %w", err)
+	}
+	if cfg.Replicas == 0 {
+		// As many as the stream: a journal on fewer nodes than the
+		// mentions it covers would stop the flushes when its node goes.
+		// A stream not there yet: one replica for now; the next start
+		// after it is created brings the buckets to its count.
+		cfg.Replicas = 1
+		if s, err := js.Stream(ctx, cfg.Stream); err == nil {
+			cfg.Replicas = s.CachedInfo().Config.Replicas
+		}
 	}
 	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
 		Bucket:      cfg.Bucket,
@@ -150,15 +168,57 @@ func Open(ctx context.Context, nc *nats.Conn, cfg Config, writer string, st Stor
 	if err != nil {
 		return nil, fmt.Errorf("journal: bucket %s: %w", cfg.WritersBucket, err)
 	}
-	cons := func(ctx context.Context) (jetstream.Consumer, error) {
-		return js.Consumer(ctx, cfg.Stream, cfg.Consumer)
-	}
-	j := &Journal{nc: nc, kv: kv, writers: writers, cons: cons, writer: writer, st: st, log: log.Named("journal"), m: m,
-		unconfirmed: make(map[string][]byte)}
+	j := &Journal{nc: nc, kv: kv, writers: writers, floor: ackFloor(js, cfg), writer: writer, st: st, log: log.Named("journal"), m: m,
+		unconfirmed: make(map[string][]byte), last: make(map[string]int64)}
 	if err := j.beat(ctx); err != nil {
 		return nil, err
 	}
 	return j, nil
+}
+
+// ackFloor returns a function giving the stream sequence at or below which
+// every message delivered to the sidecars is acknowledged: the consumer's
+// ack floor, or in partitioned mode the lowest of the partition consumers'
+// that have messages outstanding (one with none outstanding holds no
+// message back, and one never created has delivered nothing).
+func ackFloor(js jetstream.JetStream, cfg Config) func(ctx context.Context) (int64, error) {
+	names := []string{cfg.Consumer}
+	if cfg.Partitions > 0 {
+		names = make([]string, cfg.Partitions)
+		for p := range names {
+			names[p] = ingest.PartitionConsumer(cfg.Consumer, p)
+		}
+	}
+	return func(ctx context.Context) (int64, error) {
+		floor := int64(math.MaxInt64)
+		for _, name := range names {
+			c, err := js.Consumer(ctx, cfg.Stream, name)
+			if errors.Is(err, jetstream.ErrConsumerNotFound) && cfg.Partitions > 0 {
+				continue
+			}
+			if err != nil {
+				return 0, fmt.Errorf("journal: consumer %s: %w", name, err)
+			}
+			info, err := c.Info(ctx)
+			if err != nil {
+				return 0, fmt.Errorf("journal: consumer %s info: %w", name, err)
+			}
+			if cfg.Partitions > 0 && info.NumPending == 0 && info.NumAckPending == 0 {
+				continue
+			}
+			floor = min(floor, int64(info.AckFloor.Stream))
+		}
+		if floor == math.MaxInt64 {
+			// Nothing outstanding anywhere: every delivered message is
+			// acknowledged.
+			info, err := js.Stream(ctx, cfg.Stream)
+			if err != nil {
+				return 0, fmt.Errorf("journal: stream: %w", err)
+			}
+			floor = int64(info.CachedInfo().State.LastSeq)
+		}
+		return floor, nil
+	}
 }
 
 // Recorded is an entry as the flusher tracks it: its key and the topics of
@@ -197,6 +257,7 @@ func (j *Journal) Record(ctx context.Context, writes []store.Write, seqs map[str
 		j.mu.Lock()
 		j.n++
 		rec.Key = j.writer + "." + strconv.FormatInt(j.n, 10)
+		j.last[rec.Key] = lastSeq(e.Seqs)
 		j.mu.Unlock()
 		if err := j.create(ctx, rec.Key, b); err != nil {
 			j.mu.Lock()
@@ -291,20 +352,67 @@ func sleep(ctx context.Context, d time.Duration) {
 	}
 }
 
-// Settled retires an entry whose writes are all in the store: it flushes
-// the acknowledgements sent so far to the server (so that its messages are
-// not redelivered once the entry is gone), then deletes it.
+// ErrNotAcknowledged is Settled's answer for an entry whose messages the
+// consumer has not all recorded as acknowledged yet: it stays, and is
+// retired by a later call.
+var ErrNotAcknowledged = errors.New("journal: messages not all acknowledged yet")
+
+// Settled retires an entry of this writer whose writes are all in the
+// store, once the consumer's ack floor is past every message it covers.
+// Until then a message of it may still be redelivered (an acknowledgement
+// the server received but lost: a NATS node that died before the consumer
+// recorded it), and the entry keeps its count from being counted again.
+// It flushes the acknowledgements sent so far first, so that the floor is
+// as high as it can be.
 func (j *Journal) Settled(ctx context.Context, key string) error {
-	fctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	if err := j.nc.FlushWithContext(fctx); err != nil {
-		return fmt.Errorf("journal: flush acknowledgements before retiring %s: %w", key, err)
+	j.mu.Lock()
+	last, known := j.last[key]
+	j.mu.Unlock()
+	if known {
+		floor, err := j.cachedFloor(ctx)
+		if err != nil {
+			return err
+		}
+		if last > floor {
+			return ErrNotAcknowledged
+		}
 	}
 	if err := j.kv.Delete(ctx, key); err != nil {
 		j.m.errors.WithLabelValues("retire").Inc()
 		return fmt.Errorf("journal: retire %s: %w", key, err)
 	}
+	j.mu.Lock()
+	delete(j.last, key)
+	j.mu.Unlock()
 	return nil
+}
+
+// floorFresh is how long Settled trusts an ack floor it read: the floor
+// only rises, so an old one only delays a retirement.
+const floorFresh = 500 * time.Millisecond
+
+// cachedFloor is the ack floor (ackFloor's), read at most every floorFresh,
+// after the acknowledgements sent so far have reached the server.
+func (j *Journal) cachedFloor(ctx context.Context) (int64, error) {
+	j.mu.Lock()
+	floor, at := j.floorV, j.floorAt
+	j.mu.Unlock()
+	if time.Since(at) < floorFresh {
+		return floor, nil
+	}
+	fctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if err := j.nc.FlushWithContext(fctx); err != nil {
+		return 0, fmt.Errorf("journal: flush acknowledgements: %w", err)
+	}
+	floor, err := j.floor(fctx)
+	if err != nil {
+		return 0, err
+	}
+	j.mu.Lock()
+	j.floorV, j.floorAt = floor, time.Now()
+	j.mu.Unlock()
+	return floor, nil
 }
 
 // Covered says whether the message at stream sequence seq is carried by a
@@ -445,15 +553,9 @@ func (j *Journal) Replay(ctx context.Context) error {
 			return j.replay(ctx, key, e, rev)
 		}
 		if floor < 0 {
-			c, err := j.cons(ctx)
-			if err != nil {
-				return fmt.Errorf("journal: consumer: %w", err)
+			if floor, err = j.floor(ctx); err != nil {
+				return err
 			}
-			info, err := c.Info(ctx)
-			if err != nil {
-				return fmt.Errorf("journal: consumer info: %w", err)
-			}
-			floor = int64(info.AckFloor.Stream)
 		}
 		if last := lastSeq(e.Seqs); last <= floor {
 			if err := j.kv.Delete(ctx, key, jetstream.LastRevision(rev)); err == nil {

@@ -2,6 +2,7 @@ package journal_test
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -106,5 +107,84 @@ func TestReplayAppliesOnce(t *testing.T) {
 	got, _ := st.Gather(ctx, "zig", 1, true)
 	if got[0].Count != 9 {
 		t.Errorf("zig after a second replay = %d, want 9", got[0].Count)
+	}
+}
+
+// TestSettledWaitsForTheAckFloor: an entry whose writes are in the store is
+// not retired while any of its messages is unacknowledged at the consumer
+// (an acknowledgement a failing server lost brings the message back, and
+// the entry must still be there to recognise it); once the consumer has
+// them all, it is.
+func TestSettledWaitsForTheAckFloor(t *testing.T) {
+	ns := testenv.NATS(t)
+	nc := testenv.Connect(t, ns.ClientURL())
+	ctx := context.Background()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "MENTIONS", Subjects: []string{"mentions.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	cons, err := js.CreateOrUpdateConsumer(ctx, "MENTIONS", jetstream.ConsumerConfig{Durable: "hotcount", AckPolicy: jetstream.AckExplicitPolicy})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		if _, err := js.Publish(ctx, "mentions.golang", nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	batch, err := cons.Fetch(3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var msgs []jetstream.Msg
+	for m := range batch.Messages() {
+		msgs = append(msgs, m)
+	}
+	if len(msgs) != 3 {
+		t.Fatalf("fetched %d messages", len(msgs))
+	}
+	st, err := store.OpenBolt(t.TempDir(), store.NewMetrics(prometheus.NewRegistry()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	cfg := journal.Config{Bucket: journal.DefaultBucket, WritersBucket: journal.DefaultWritersBucket, Stream: "MENTIONS", Consumer: "hotcount"}
+	j, err := journal.Open(ctx, nc, cfg, "writera", st, zaptest.NewLogger(t), journal.NewMetrics(prometheus.NewRegistry()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := store.Write{Topic: "golang", Delta: 3, Writer: "writera", Seq: store.NewSequencer(time.Now).Next()}
+	recs, err := j.Record(ctx, []store.Write{w}, map[string][]int64{"golang": {1, 2, 3}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := recs[0].Key
+
+	// Two of three acknowledged: the third may come back.
+	for _, m := range msgs[:2] {
+		if err := m.DoubleAck(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := j.Settled(ctx, key); !errors.Is(err, journal.ErrNotAcknowledged) {
+		t.Fatalf("Settled with a message unacknowledged = %v, want ErrNotAcknowledged", err)
+	}
+	if covered, err := j.Covered(ctx, 3); err != nil || !covered {
+		t.Errorf("Covered(3) = %v, %v while its entry waits: a redelivery would count twice", covered, err)
+	}
+
+	if err := msgs[2].DoubleAck(ctx); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 5*time.Second, func() error { return j.Settled(ctx, key) })
+	kv, err := js.KeyValue(ctx, journal.DefaultBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.Get(ctx, key); !errors.Is(err, jetstream.ErrKeyNotFound) {
+		t.Errorf("entry after every acknowledgement: %v, want retired", err)
 	}
 }

@@ -26,6 +26,7 @@ import (
 	"github.com/hotcount/hotcount/admin"
 	"github.com/hotcount/hotcount/aggregator"
 	"github.com/hotcount/hotcount/config"
+	"github.com/hotcount/hotcount/fleet"
 	"github.com/hotcount/hotcount/flusher"
 	"github.com/hotcount/hotcount/hot"
 	"github.com/hotcount/hotcount/ingest"
@@ -151,14 +152,14 @@ func (s *Sidecar) Run(ctx context.Context) error {
 	writer := store.NewWriterID()
 	opts := []flusher.Option{flusher.WithObserver(hottest), flusher.WithShards(book), flusher.WithReader(lk)}
 	var jr *journal.Journal
-	if cfg.NATSMode == config.ModeJetStream {
+	if cfg.Durable() {
 		if jr, err = openJournal(ctx, nc, cfg, writer, st, log, reg); err != nil {
 			return err
 		}
 		opts = append(opts, flusher.WithJournal(jr))
 	}
 	var keepAlive time.Duration
-	if cfg.NATSMode == config.ModeJetStream {
+	if cfg.Durable() {
 		keepAlive = cfg.AckWait / 3 // as the ingest keeps the buffer alive
 	}
 	fl := flusher.New(flusher.Config{
@@ -181,7 +182,16 @@ func (s *Sidecar) Run(ctx context.Context) error {
 		lk.ShareWith(p)
 	}
 
-	sub, err := newSource(cfg, nc, agg, fl, log, im)
+	// Partitioned mode: the fleet divides the stream's partitions among
+	// the sidecars it sees alive.
+	var members *fleet.Fleet
+	if cfg.NATSMode == config.ModePartitioned {
+		if members, err = fleet.Join(nc, fleet.DefaultSubject, writer, cfg.Stream+"/"+cfg.Consumer, fleet.DefaultInterval, log); err != nil {
+			return fmt.Errorf("sidecar: join the fleet: %w", err)
+		}
+		defer members.Leave()
+	}
+	sub, err := newSource(cfg, nc, agg, fl, members, log, im)
 	if err != nil {
 		return err
 	}
@@ -294,6 +304,12 @@ func (s *Sidecar) Run(ctx context.Context) error {
 
 	stopPipe()
 	pipeErr := pipe.Wait()
+	if members != nil {
+		// The drain has unpinned this sidecar's partitions: the others
+		// take them now rather than after fleet.Expiry intervals, while
+		// the final flush below writes what this one holds.
+		members.Leave()
+	}
 	// The final flush leaves a tenth of the budget (at most a second) for
 	// what must follow it: acknowledgements, leaving the journal, HTTP.
 	reserve := min(cfg.ShutdownTimeout/10, time.Second)
@@ -330,6 +346,9 @@ func (s *Sidecar) Run(ctx context.Context) error {
 func openJournal(ctx context.Context, nc *nats.Conn, cfg config.Config, writer string, st Store, log *zap.Logger, reg prometheus.Registerer) (*journal.Journal, error) {
 	m := journal.NewMetrics(reg)
 	jcfg := journal.Config{Bucket: journal.DefaultBucket, WritersBucket: journal.DefaultWritersBucket, Stream: cfg.Stream, Consumer: cfg.Consumer}
+	if cfg.NATSMode == config.ModePartitioned {
+		jcfg.Partitions = cfg.Partitions
+	}
 	backoff := 100 * time.Millisecond
 	for {
 		octx, cancel := context.WithTimeout(ctx, 10*time.Second)
@@ -353,7 +372,7 @@ type source interface {
 	Ready() error
 }
 
-func newSource(cfg config.Config, nc *nats.Conn, agg *aggregator.Aggregator, fl *flusher.Flusher, log *zap.Logger, m *ingest.Metrics) (source, error) {
+func newSource(cfg config.Config, nc *nats.Conn, agg *aggregator.Aggregator, fl *flusher.Flusher, members *fleet.Fleet, log *zap.Logger, m *ingest.Metrics) (source, error) {
 	icfg := ingest.Config{
 		Subject:           cfg.Subject,
 		QueueGroup:        cfg.QueueGroup,
@@ -361,13 +380,17 @@ func newSource(cfg config.Config, nc *nats.Conn, agg *aggregator.Aggregator, fl 
 		DrainTimeout:      cfg.DrainTimeout,
 		Limits:            ingest.Limits{MaxCount: cfg.MaxCount, MaxTopicBytes: cfg.MaxTopicBytes},
 	}
-	if cfg.NATSMode == config.ModeJetStream {
-		return ingest.NewJetStreamConsumer(nc, icfg, ingest.JetStreamConfig{
+	if cfg.Durable() {
+		jcfg := ingest.JetStreamConfig{
 			Stream:        cfg.Stream,
 			Consumer:      cfg.Consumer,
 			AckWait:       cfg.AckWait,
 			MaxAckPending: cfg.MaxAckPending,
-		}, agg, func() bool { return fl.Failing() || agg.OverBudget() }, log, m)
+		}
+		if members != nil {
+			jcfg.Partitions, jcfg.Owner = cfg.Partitions, members
+		}
+		return ingest.NewJetStreamConsumer(nc, icfg, jcfg, agg, func() bool { return fl.Failing() || agg.OverBudget() }, log, m)
 	}
 	return ingest.NewSubscriber(nc, icfg, agg, log, m)
 }

@@ -172,6 +172,7 @@ go test -run '^$' -bench 'BenchmarkIngest|BenchmarkCounters' -benchtime 1000000x
 go test -run '^$' -bench BenchmarkFlush -benchtime 3000x -count 3 ./bench/
 go test -run '^$' -bench BenchmarkSidecarRSS -benchtime 1000000x -count 3 ./cmd/hotcount/
 go test -run '^$' -bench BenchmarkFleetReads -benchtime 2000x -count 3 ./peers/
+go test -run '^$' -bench BenchmarkFleetWrites -benchtime 4000x -count 3 ./sidecar/
 go test -run '^$' -bench BenchmarkOutageRSS -benchtime 2000000x -count 1 ./cmd/hotcount/
 `
 
@@ -186,6 +187,7 @@ const notes = `
 - ` + "`lookup.BenchmarkLookupHTTP`" + `: 16 keep-alive clients GET one hot topic over loopback: hotcount's cached lookup against a trivial handler writing the same JSON; p50/p99 latency, and the shard reads of the storm against the bound (duration / TTL + 1) × N.
 - ` + "`aggregator.BenchmarkWindowMemory`" + `: heap per buffered topic: its map slot and its name, copied into the window's shared chunks (the caller's string is not kept).
 - ` + "`peers.BenchmarkFleetReads`" + `: a read storm on 10 hot topics from 4 sidecars (lookup services) on one NATS server and one embedded store, 100 ms TTL: gathers per topic per TTL for the whole fleet, each sidecar gathering alone against ` + "`--share-totals`" + ` (target: 1.5 or fewer shared).
+- ` + "`sidecar.BenchmarkFleetWrites`" + `: 4 sidecars on one NATS server and one dynalite table take mentions over 1,000 Zipf topics at 400 a second (the store keeps up in every mode), 500 ms flush interval, 16 partitions: UpdateItem calls counted at the table while they stream in. queue = core NATS queue group, jetstream = one durable consumer shared by the fleet, partitioned = ` + "`--nats-mode partitioned`" + `. ` + "`hot-writes/interval`" + ` is the hottest topic's writes per flush interval for the whole fleet (target: at most 1.2 partitioned, against about 4 shared); ` + "`writes/s`" + ` all topics'.
 - ` + "`cmd/hotcount.BenchmarkOutageRSS`" + `: a real ` + "`hotcount run`" + ` process in core mode whose DynamoDB endpoint does not answer takes b.N mentions of b.N distinct topics (2,000,000). spill: the manifests' 256 MiB limit and the default ` + "`--buffer-memory`" + ` (an eighth of it): the window spills to disk and the peak RSS must stay under the limit. memory: no limit, no spill, every topic in memory; ` + "`B/topic`" + ` is (peak − idle RSS) per topic beyond the topic's own bytes, GC headroom included (target: 100 B). Both must take every mention.
 
 ## Write reduction

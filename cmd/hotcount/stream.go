@@ -38,6 +38,8 @@ func connect(cfg config.Config, name string) (*nats.Conn, error) {
 func cmdStreamCreate(ctx context.Context, args, environ []string, stdout, stderr io.Writer) error {
 	cfg := config.Default()
 	fs := cfg.FlagSet("hotcount stream create", func(s string) bool { return natsSettings(s) || s == "stream" })
+	partitions := fs.Int("partitions", 0, "partition the stream by topic into this many partitions, for --nats-mode partitioned (the sidecars' --partitions); 0: not partitioned, for core and jetstream modes")
+	replicas := fs.Int("replicas", 1, "the stream's replicas in a NATS cluster: 3 keeps every stored mention through the loss of a node")
 	dup := fs.Duration("duplicate-window", ingest.DefaultDuplicateWindow, "window in which a repeated Nats-Msg-Id is dropped by the stream")
 	maxAge := fs.Duration("max-age", ingest.DefaultStreamMaxAge, "how long the stream keeps a mention (counted or not)")
 	maxBytes := fs.Int64("max-bytes", ingest.DefaultStreamMaxBytes, "the stream's storage bound in bytes; full, it refuses new publishes rather than drop stored mentions")
@@ -52,14 +54,20 @@ func cmdStreamCreate(ctx context.Context, args, environ []string, stdout, stderr
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	if *maxAge <= 0 || *maxBytes <= 0 {
-		return fmt.Errorf("--max-age and --max-bytes must be positive (got %s, %d)", *maxAge, *maxBytes)
+		return usageError{fmt.Errorf("--max-age and --max-bytes must be positive (got %s, %d)", *maxAge, *maxBytes)}
 	}
-	created, err := ingest.EnsureStream(ctx, nc, cfg.Stream, cfg.Subject, *dup, ingest.StreamLimits{MaxAge: *maxAge, MaxBytes: *maxBytes})
+	if *partitions < 0 || *partitions > 1024 || *replicas < 1 || *replicas > 5 {
+		return usageError{fmt.Errorf("--partitions is 0..1024 and --replicas 1..5 (got %d, %d)", *partitions, *replicas)}
+	}
+	created, err := ingest.EnsureStream(ctx, nc, cfg.Stream, cfg.Subject, *dup, ingest.StreamOptions{MaxAge: *maxAge, MaxBytes: *maxBytes, Partitions: *partitions, Replicas: *replicas})
 	if err != nil {
 		return err
 	}
 	if created {
-		fmt.Fprintf(stdout, "stream %s created (subjects %s, file storage, duplicate window %s, max age %s, max bytes %d, new publishes refused when full)\n", cfg.Stream, cfg.Subject, *dup, *maxAge, *maxBytes)
+		fmt.Fprintf(stdout, "stream %s created (subjects %s, file storage, %d replica(s), duplicate window %s, max age %s, max bytes %d, new publishes refused when full)\n", cfg.Stream, cfg.Subject, *replicas, *dup, *maxAge, *maxBytes)
+		if *partitions > 0 {
+			fmt.Fprintf(stdout, "partitioned by topic into %d partitions: run the sidecars with --nats-mode partitioned --partitions %d\n", *partitions, *partitions)
+		}
 	} else {
 		fmt.Fprintf(stdout, "stream %s exists; left as it is\n", cfg.Stream)
 	}

@@ -1,0 +1,198 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"strconv"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/hotcount/hotcount/client"
+	"github.com/hotcount/hotcount/ingest"
+	"github.com/hotcount/hotcount/internal/testenv"
+	"github.com/hotcount/hotcount/journal"
+)
+
+// TestPartitionedClusterLosesNothing runs the fleet as it runs in
+// production: a 3-node NATS cluster, an R3 partitioned stream, three
+// `hotcount run --nats-mode partitioned` processes and a producer on
+// package client. Mid-stream one NATS node goes (the stream's leader in one
+// run, a follower in the other) and one sidecar is SIGKILLed; both come
+// back. The table ends with exactly what the stream acknowledged to the
+// producer, topic by topic.
+func TestPartitionedClusterLosesNothing(t *testing.T) {
+	for _, lose := range []string{"leader", "follower"} {
+		t.Run(lose, func(t *testing.T) { clusterRun(t, lose) })
+	}
+}
+
+func clusterRun(t *testing.T, lose string) {
+	const partitions = 8
+	cl := testenv.NATSCluster(t, 3)
+	nc, err := nats.Connect(cl.URLs(), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	ctx := context.Background()
+	testenv.Eventually(t, 30*time.Second, func() error {
+		_, err := ingest.EnsureStream(ctx, nc, "MENTIONS", "mentions.>", ingest.DefaultDuplicateWindow, ingest.StreamOptions{Partitions: partitions, Replicas: 3})
+		return err
+	})
+	d := testenv.StartDynalite(t)
+	table := d.Table(t, "cluster")
+	testenv.AWSEnv(t)
+	args := []string{"--nats-mode", "partitioned", "--partitions", strconv.Itoa(partitions), "--nats-url", cl.URLs(),
+		"--dynamodb-endpoint", d.Endpoint, "--table", table, "--flush-interval", "300ms", "--flush-timeout", "1s",
+		"--ack-wait", "10s", "--log-level", "warn"}
+	fleet := []*child{startChild(t, args...), startChild(t, args...), startChild(t, args...)}
+	owned := func(cs []*child) error {
+		var n float64
+		for _, c := range cs {
+			n += c.metric(t, "hotcount_ingest_partitions_owned")
+		}
+		if n != partitions {
+			return fmt.Errorf("the fleet owns %v of %d partitions", n, partitions)
+		}
+		return nil
+	}
+	testenv.Eventually(t, 30*time.Second, func() error { return owned(fleet) })
+
+	// The producer: what the stream acknowledged, topic by topic.
+	var mu sync.Mutex
+	acked, failed := map[string]int64{}, 0
+	pub, err := client.NewPublisher(nc, client.WithLinger(20*time.Millisecond), client.WithRetry(2*time.Second, time.Minute),
+		client.WithOnDone(func(topic string, n int64, err error) {
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				failed++
+				return
+			}
+			acked[topic] += n
+		}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stopPub := make(chan struct{})
+	pubDone := make(chan error, 1)
+	go func() {
+		rng := rand.New(rand.NewPCG(5, 5))
+		zipf := rand.NewZipf(rng, 1.2, 1, 199)
+		tick := time.NewTicker(time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-stopPub:
+				pubDone <- nil
+				return
+			case <-tick.C:
+			}
+			for range 2 { // about 2,000 mentions a second
+				if err := pub.Mention(ctx, "topic-"+strconv.FormatUint(zipf.Uint64(), 10), 1); err != nil {
+					pubDone <- err
+					return
+				}
+			}
+		}
+	}()
+
+	time.Sleep(3 * time.Second)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := js.Stream(ctx, "MENTIONS")
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := s.Info(ctx)
+	if err != nil || info.Cluster == nil {
+		t.Fatalf("stream info: %v", err)
+	}
+	node := cl.Node(info.Cluster.Leader)
+	if lose == "follower" {
+		node = cl.Node(info.Cluster.Replicas[0].Name)
+	}
+	t.Logf("stopping NATS node %d (%s, the stream's %s) and SIGKILLing a sidecar", node, cl.Name(node), lose)
+	cl.Stop(node)
+	if err := fleet[0].cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	fleet[0].cmd.Wait() //nolint:errcheck // killed
+	time.Sleep(4 * time.Second)
+	cl.Start(node)
+	fleet[0] = startChild(t, args...)
+	time.Sleep(4 * time.Second)
+	close(stopPub)
+	if err := <-pubDone; err != nil {
+		t.Fatal(err)
+	}
+	if err := pub.Close(ctx); err != nil {
+		t.Fatalf("producer: %v", err)
+	}
+	if failed > 0 {
+		t.Fatalf("%d publishes failed after their retries", failed)
+	}
+
+	// Everything acknowledged by the sidecars, the dead one's journal
+	// replayed by the others.
+	testenv.Eventually(t, 30*time.Second, func() error { return owned(fleet) })
+	testenv.Eventually(t, 2*journal.Lease+time.Minute, func() error {
+		for p := range partitions {
+			c, err := js.Consumer(ctx, "MENTIONS", ingest.PartitionConsumer("hotcount", p))
+			if err != nil {
+				return err
+			}
+			ci, err := c.Info(ctx)
+			if err != nil {
+				return err
+			}
+			if ci.NumPending != 0 || ci.NumAckPending != 0 {
+				return fmt.Errorf("partition %d: %d pending, %d unacknowledged", p, ci.NumPending, ci.NumAckPending)
+			}
+		}
+		if open, err := openJournalEntries(nc); err != nil || open > 0 {
+			return fmt.Errorf("%d journal entries not yet replayed (%v)", open, err)
+		}
+		return nil
+	})
+	var redelivered, journaled float64
+	for _, c := range fleet { // the survivors and the killed one's successor
+		redelivered += c.metric(t, "hotcount_ingest_redelivered_total")
+		journaled += c.metric(t, "hotcount_ingest_journaled_redeliveries_total")
+	}
+	if redelivered == 0 {
+		t.Error("nothing was redelivered: the SIGKILL took no held message with it, and the test proves less than it says")
+	}
+	for _, c := range fleet {
+		if err := c.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.cmd.Wait(); err != nil {
+			t.Errorf("SIGTERM: %v\n%s", err, c.logs)
+		}
+	}
+
+	got, _ := d.Counts(t, table)
+	var total, want int64
+	for topic, n := range acked {
+		want += n
+		if got[topic] != n {
+			t.Errorf("topic %s: table %d, acknowledged %d", topic, got[topic], n)
+		}
+	}
+	for _, n := range got {
+		total += n
+	}
+	t.Logf("lost the %s: acknowledged %d mentions over %d topics, table %d; the survivors took %v redeliveries, %v of them already journaled", lose, want, len(acked), total, redelivered, journaled)
+	if total != want {
+		t.Errorf("table holds %d mentions, the stream acknowledged %d", total, want)
+	}
+}

@@ -1,0 +1,134 @@
+package sidecar_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/hotcount/hotcount/config"
+	"github.com/hotcount/hotcount/ingest"
+	"github.com/hotcount/hotcount/internal/testenv"
+	"github.com/hotcount/hotcount/loadgen"
+)
+
+// partitioned tunes a sidecar for partitioned mode with n partitions.
+func partitioned(n int) func(*config.Config) {
+	return func(c *config.Config) {
+		c.NATSMode = config.ModePartitioned
+		c.Partitions = n
+		c.FlushInterval = 100 * time.Millisecond
+		// Far beyond the test's waits: a message left unacknowledged by a
+		// partition's old owner would hold its partition busy past them.
+		c.AckWait = 2 * time.Minute
+	}
+}
+
+// partitionsIdle waits until every partition has a consumer and none has a
+// message pending or unacknowledged.
+func partitionsIdle(t *testing.T, url string, cfg config.Config, timeout time.Duration) {
+	t.Helper()
+	js, err := jetstream.New(testenv.Connect(t, url))
+	if err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, timeout, func() error {
+		for p := range cfg.Partitions {
+			c, err := js.Consumer(context.Background(), cfg.Stream, ingest.PartitionConsumer(cfg.Consumer, p))
+			if err != nil {
+				return fmt.Errorf("partition %d: %w", p, err)
+			}
+			info, err := c.Info(context.Background())
+			if err != nil {
+				return err
+			}
+			if info.NumPending != 0 || info.NumAckPending != 0 {
+				return fmt.Errorf("partition %d: %d pending, %d unacknowledged", p, info.NumPending, info.NumAckPending)
+			}
+		}
+		return nil
+	})
+}
+
+// owned returns the partitions each sidecar consumes now.
+func owned(t *testing.T, es ...*env) (counts []float64, total float64) {
+	for _, e := range es {
+		n := testenv.Metric(t, e.sc.Registry(), "hotcount_ingest_partitions_owned")
+		counts = append(counts, n)
+		total += n
+	}
+	return counts, total
+}
+
+// TestPartitionedFleetCountsExactly: three sidecars in partitioned mode
+// divide the partitions among them; a fourth joins and one leaves while
+// mentions stream in (two rebalances). The table holds exactly what the
+// stream acknowledged, and every partition is idle well before --ack-wait
+// (2 minutes): each was handed over, with nothing left unacknowledged by
+// its old owner. (Messages the server had sent to an owner that stopped
+// pulling before they arrived are redelivered to the next at once, and
+// counted there for the first time.)
+func TestPartitionedFleetCountsExactly(t *testing.T) {
+	const parts = 12
+	a := newEnv(t, partitioned(parts))
+	others := func(c *config.Config) { partitioned(parts)(c); c.DataDir = t.TempDir() }
+	b, c := newEnvOn(t, a, others), newEnvOn(t, a, others)
+	testenv.Eventually(t, 20*time.Second, func() error {
+		counts, total := owned(t, a, b, c)
+		if total != parts || counts[0] == 0 || counts[1] == 0 || counts[2] == 0 {
+			return fmt.Errorf("partitions owned %v, want all %d shared by the three", counts, parts)
+		}
+		return nil
+	})
+
+	first := publish(t, a.nats, loadgen.Config{Prefix: "mentions.", Topics: 300, Zipf: 1.2, Messages: 20_000, Count: 1, Seed: 21, JetStream: true})
+	var second loadgen.Report
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		second = publish(t, a.nats, loadgen.Config{Prefix: "mentions.", Topics: 300, Zipf: 1.2, Messages: 30_000, Rate: 10_000, Count: 2, Seed: 22, JetStream: true})
+	})
+	time.Sleep(500 * time.Millisecond)
+	d := newEnvOn(t, a, others) // joins mid-stream
+	time.Sleep(time.Second)
+	if err := b.stop(); err != nil { // leaves mid-stream
+		t.Fatalf("b's shutdown: %v", err)
+	}
+	wg.Wait()
+	testenv.Eventually(t, 20*time.Second, func() error {
+		counts, total := owned(t, a, c, d)
+		if total != parts || counts[2] == 0 {
+			return fmt.Errorf("partitions owned %v, want all %d, the newcomer's among them", counts, parts)
+		}
+		return nil
+	})
+	partitionsIdle(t, a.nats, a.cfg, 30*time.Second)
+	for _, e := range []*env{a, c, d} {
+		if err := e.stop(); err != nil {
+			t.Fatalf("shutdown: %v", err)
+		}
+	}
+
+	got, _ := tableCounts(t, a.dyn, a.cfg.Table)
+	want := make(map[string]int64)
+	for _, r := range []loadgen.Report{first, second} {
+		for topic, n := range r.PerTopic {
+			want[topic] += n
+		}
+	}
+	if sum(got) != sum(want) {
+		t.Errorf("table holds %d mentions, the stream acknowledged %d", sum(got), sum(want))
+	}
+	for topic, n := range want {
+		if got[topic] != n {
+			t.Errorf("topic %s: table %d, acknowledged %d", topic, got[topic], n)
+		}
+	}
+	var redelivered float64
+	for _, e := range []*env{a, b, c, d} {
+		redelivered += testenv.Metric(t, e.sc.Registry(), "hotcount_ingest_redelivered_total")
+	}
+	t.Logf("%v messages redelivered (sent to an owner as it stopped pulling)", redelivered)
+}
