@@ -99,7 +99,7 @@ func TestShardsShowFindsDevStore(t *testing.T) {
 // TestDevStartupConflicts: each conflict with another process fails within a
 // second, on one line that names it, and before the banner.
 func TestDevStartupConflicts(t *testing.T) {
-	dev := func(t *testing.T, args ...string) (error, string, time.Duration) {
+	dev := func(t *testing.T, args ...string) (string, time.Duration, error) {
 		t.Helper()
 		var stdout, stderr bytes.Buffer
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -109,7 +109,7 @@ func TestDevStartupConflicts(t *testing.T) {
 		if stdout.Len() > 0 {
 			t.Errorf("the banner printed before the failure:\n%s", stdout.String())
 		}
-		return err, stderr.String(), time.Since(start)
+		return stderr.String(), time.Since(start), err
 	}
 	free := func() string { _, p, _ := net.SplitHostPort(freeAddr(t)); return p }
 
@@ -120,7 +120,7 @@ func TestDevStartupConflicts(t *testing.T) {
 		}
 		defer ln.Close()
 		_, port, _ := net.SplitHostPort(ln.Addr().String())
-		err, _, took := dev(t, "--nats-port", port, "--data-dir", t.TempDir(), "--http", freeAddr(t), "--admin", freeAddr(t))
+		_, took, err := dev(t, "--nats-port", port, "--data-dir", t.TempDir(), "--http", freeAddr(t), "--admin", freeAddr(t))
 		if err == nil || !strings.Contains(err.Error(), "port "+port+" is in use") || !strings.Contains(err.Error(), "--nats-port") {
 			t.Errorf("err = %v, want the NATS port named as in use, and the flag that moves it", err)
 		}
@@ -136,7 +136,7 @@ func TestDevStartupConflicts(t *testing.T) {
 		}
 		defer unlock()
 		jsDir := filepath.Join(dir, "jetstream")
-		err, _, took := dev(t, "--nats-port", free(), "--data-dir", dir, "--http", freeAddr(t), "--admin", freeAddr(t))
+		_, took, err := dev(t, "--nats-port", free(), "--data-dir", dir, "--http", freeAddr(t), "--admin", freeAddr(t))
 		if err == nil || !strings.Contains(err.Error(), "in use by another hotcount process") {
 			t.Errorf("err = %v, want the data directory named as in use", err)
 		}
@@ -153,7 +153,7 @@ func TestDevStartupConflicts(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer ln.Close()
-		err, _, took := dev(t, "--nats-port", free(), "--data-dir", t.TempDir(), "--http", ln.Addr().String(), "--admin", freeAddr(t))
+		_, took, err := dev(t, "--nats-port", free(), "--data-dir", t.TempDir(), "--http", ln.Addr().String(), "--admin", freeAddr(t))
 		if err == nil || !strings.Contains(err.Error(), "--http "+ln.Addr().String()+" is in use") {
 			t.Errorf("err = %v, want the HTTP address named as in use", err)
 		}

@@ -10,7 +10,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
-	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -189,12 +189,21 @@ func TestDev(t *testing.T) {
 		t.Errorf("after restart: count %d, want 60", n)
 	}
 
-	// The README's load step, as written (on this test's NATS port): its
-	// report must match the counts exactly, topic by topic.
-	report := filepath.Join(t.TempDir(), "sent.json")
+	// The README's load step, as written (on this test's NATS port, in
+	// this test's folder): its report must match the counts exactly, topic
+	// by topic.
+	loads := readmeCommands(t, "go run ./cmd/hotcount load ")
+	if len(loads) != 1 {
+		t.Fatalf("the README has %d load commands, want the one this test runs", len(loads))
+	}
+	curls := readmeCommands(t, "curl ")
+	t.Chdir(t.TempDir())
+	report := "sent.json"
+	if !slices.Contains(loads[0], "--report") || !slices.Contains(loads[0], report) {
+		t.Fatalf("the README's load command %q does not write %s", loads[0], report)
+	}
 	var stdout, stderr bytes.Buffer
-	if err := dispatch(context.Background(), []string{"load", "--topics", "100", "--duration", "5s", "--report", report,
-		"--nats-url", "nats://127.0.0.1:" + natsPort}, nil, &stdout, &stderr); err != nil {
+	if err := dispatch(context.Background(), append(hotcountArgs(loads[0]), "--nats-url", "nats://127.0.0.1:"+natsPort), nil, &stdout, &stderr); err != nil {
 		t.Fatalf("load: %v\n%s", err, stderr.String())
 	}
 	if !strings.Contains(stdout.String(), "acknowledged by the stream") {
@@ -241,4 +250,33 @@ func TestDev(t *testing.T) {
 		return nil
 	})
 	t.Logf("%s", strings.TrimSpace(stdout.String()))
+
+	// The README's queries, as written (on this test's ports): each answers
+	// 200, and the counts it shows are the report's.
+	for _, curl := range curls {
+		u := strings.NewReplacer("localhost:8080", httpAddr, "localhost:9091", adminAddr).Replace(curl[len(curl)-1])
+		resp, err := http.Get("http://" + u)
+		if err != nil {
+			t.Errorf("README %q: %v", curl, err)
+			continue
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Errorf("README %q: %d %s", curl, resp.StatusCode, body)
+		}
+		var batch struct {
+			Topics []struct {
+				Topic string
+				Count int64
+			}
+		}
+		if json.Unmarshal(body, &batch) == nil {
+			for _, got := range batch.Topics {
+				if got.Count != sent.PerTopic[got.Topic] {
+					t.Errorf("README %q: %s is %d, sent.json says %d", curl, got.Topic, got.Count, sent.PerTopic[got.Topic])
+				}
+			}
+		}
+	}
 }
