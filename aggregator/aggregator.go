@@ -9,6 +9,7 @@
 package aggregator
 
 import (
+	"errors"
 	"math"
 	"strings"
 	"sync"
@@ -16,6 +17,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
+
+	"github.com/hotcount/hotcount/spill"
 )
 
 // DefaultMaxTopics is the default bound on distinct topics in one window.
@@ -112,6 +115,7 @@ type Aggregator struct {
 	saturated prometheus.Counter
 	spilled   prometheus.Counter
 	shed      prometheus.Counter
+	corrupt   prometheus.Counter
 
 	mu    sync.Mutex
 	names names // under mu
@@ -163,8 +167,12 @@ func New(maxTopics int, reg prometheus.Registerer, opts ...Option) *Aggregator {
 		Name: "hotcount_aggregator_shed_mentions_total",
 		Help: "Mentions dropped because the window passed its memory budget and the spill folder could not take them (disk budget exhausted or disk error). Expected 0.",
 	})
+	a.corrupt = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "hotcount_aggregator_spill_corrupt_total",
+		Help: "Spill segments that could not be read back (damaged on disk) and were moved aside as .bad files: their mentions are not counted. Expected 0.",
+	})
 	reg.MustRegister(
-		a.saturated, a.spilled, a.shed,
+		a.saturated, a.spilled, a.shed, a.corrupt,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "hotcount_aggregator_buffered_bytes",
 			Help: "Memory of the current window as the budget counts it: topic names plus a fixed overhead per topic.",
@@ -375,6 +383,9 @@ func (a *Aggregator) unspill(w *Window, room int64) (took bool) {
 			// A damaged segment is moved aside (its mentions are lost, and
 			// the log says where they are); a disk error is tried again
 			// next drain.
+			if errors.Is(err, spill.ErrCorrupt) {
+				a.corrupt.Inc()
+			}
 			a.log.Error("spilled mentions could not be read back", zap.Error(err))
 			return took
 		}

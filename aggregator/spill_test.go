@@ -2,6 +2,9 @@ package aggregator_test
 
 import (
 	"maps"
+	"os"
+	"path/filepath"
+	"slices"
 	"strconv"
 	"testing"
 
@@ -173,5 +176,45 @@ func TestTakenBackGoesBackOnFailure(t *testing.T) {
 	}
 	if got["golang"] != 7 || got["rust"] != 1 {
 		t.Errorf("drained %v, want golang:7 rust:1", got)
+	}
+}
+
+// TestCorruptSegmentIsCounted: a segment damaged on disk is moved aside,
+// counted in hotcount_aggregator_spill_corrupt_total, and the segments
+// behind it still come back.
+func TestCorruptSegmentIsCounted(t *testing.T) {
+	dir := t.TempDir()
+	a, _, _ := spilling(t, dir)
+	a.Add("golang", 7)
+	if _, err := a.Persist(); err != nil {
+		t.Fatal(err)
+	}
+	a.Add("rust", 3)
+	if _, err := a.Persist(); err != nil {
+		t.Fatal(err)
+	}
+	segs, err := filepath.Glob(filepath.Join(dir, "*"))
+	if err != nil || len(segs) != 2 {
+		t.Fatalf("segments %v, %v; want 2", segs, err)
+	}
+	slices.Sort(segs)
+	if err := os.WriteFile(segs[0], []byte{0xff, 0xff, 0xff}, 0o640); err != nil { // golang's
+		t.Fatal(err)
+	}
+	b, _, reg := spilling(t, dir)
+	var got map[string]int64
+	for range 3 { // the damaged segment, then rust's
+		if w := b.Drain(); w.Len() > 0 {
+			got = w.Deltas
+		}
+	}
+	if got["rust"] != 3 || len(got) != 1 {
+		t.Errorf("drained %v, want rust:3 from the segment behind the damaged one", got)
+	}
+	if n := testenv.Metric(t, reg, "hotcount_aggregator_spill_corrupt_total"); n != 1 {
+		t.Errorf("hotcount_aggregator_spill_corrupt_total = %v, want 1", n)
+	}
+	if bad, _ := filepath.Glob(filepath.Join(dir, "*.bad")); len(bad) != 1 {
+		t.Errorf(".bad files %v, want the damaged segment", bad)
 	}
 }

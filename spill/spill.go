@@ -198,6 +198,15 @@ func (d *Dir) write(name string, deltas map[string]int64) (err error) {
 	if err := os.Rename(tmp, path); err != nil {
 		return fmt.Errorf("spill: %w", err)
 	}
+	// The rename is in the folder's entry, which reaches the disk with
+	// the folder's own sync: without it a power loss could leave the
+	// segment's data with no name. Best effort: the segment is in place
+	// now, and reporting a failure would have the caller keep its deltas
+	// too, counting them twice once the segment is read back.
+	if dir, err := os.Open(d.dir); err == nil {
+		dir.Sync() //nolint:errcheck // see above
+		dir.Close()
+	}
 	return nil
 }
 
