@@ -240,7 +240,7 @@ var settings = []setting{
 	{name: "stream", usage: "JetStream stream of mentions (jetstream mode)", bind: str(func(c *Config) *string { return &c.Stream })},
 	{name: "consumer", usage: "durable pull consumer shared by the sidecars (jetstream mode)", bind: str(func(c *Config) *string { return &c.Consumer })},
 	{name: "ack-wait", usage: "how long JetStream waits for an ack before redelivering; held messages are kept alive every third of it", bind: dur(func(c *Config) *time.Duration { return &c.AckWait })},
-	{name: "max-ack-pending", usage: "messages delivered and not yet acknowledged, for all sidecars together: the buffer bound of jetstream mode", bind: integer(func(c *Config) *int { return &c.MaxAckPending })},
+	{name: "max-ack-pending", usage: "messages delivered and not yet acknowledged, per consumer: for all sidecars together in jetstream mode, per partition in partitioned mode (so a hot topic's partition takes up to this many per flush interval): the buffer bound of the durable modes", bind: integer(func(c *Config) *int { return &c.MaxAckPending })},
 	{name: "partitions", usage: "partitioned mode: partitions of the stream (hotcount stream create --partitions sets them up); at least the fleet's size", bind: integer(func(c *Config) *int { return &c.Partitions })},
 	{name: "subject", usage: "subject of mentions, <prefix>.>: the sidecar subscribes to it, load publishes to <prefix>.<topic>; the topic is what follows the prefix", bind: str(func(c *Config) *string { return &c.Subject })},
 	{name: "queue-group", usage: "NATS queue group shared by the sidecars", bind: str(func(c *Config) *string { return &c.QueueGroup })},

@@ -56,8 +56,9 @@ type Fleet struct {
 	started  time.Time
 	leave    sync.Once
 
-	mu   sync.Mutex
-	seen map[string]time.Time // id → last announcement
+	mu    sync.Mutex
+	seen  map[string]time.Time // id → last announcement
+	heard time.Time            // when this sidecar last heard its own announcement
 }
 
 // Join announces the sidecar id, of scope, on subject every interval, and
@@ -71,6 +72,7 @@ func Join(nc *nats.Conn, subject, id, scope string, interval time.Duration, log 
 		done:    make(chan struct{}),
 		started: time.Now(),
 		seen:    map[string]time.Time{id: time.Now()},
+		heard:   time.Now(),
 	}
 	sub, err := nc.Subscribe(subject, f.receive)
 	if err != nil {
@@ -153,8 +155,14 @@ func (f *Fleet) announce(leaving bool) {
 
 func (f *Fleet) receive(m *nats.Msg) {
 	var a announcement
-	if err := json.Unmarshal(m.Data, &a); err != nil || a.ID == "" || a.Scope != f.self.Scope || a.ID == f.self.ID {
-		return // not one of this fleet's sidecars, or this one
+	if err := json.Unmarshal(m.Data, &a); err != nil || a.ID == "" || a.Scope != f.self.Scope {
+		return // not one of this fleet's sidecars
+	}
+	if a.ID == f.self.ID {
+		f.mu.Lock()
+		f.heard = time.Now() // the subject carries this sidecar's voice: it hears the others too
+		f.mu.Unlock()
+		return
 	}
 	f.mu.Lock()
 	_, known := f.seen[a.ID]
@@ -174,9 +182,16 @@ func (f *Fleet) receive(m *nats.Msg) {
 	}
 }
 
-// expire forgets the sidecars not heard from for Expiry intervals.
+// expire forgets the sidecars not heard from for Expiry intervals, unless
+// this sidecar has not heard itself either: then it is the one cut off (a
+// lost NATS connection, a long pause), and forgetting the others would
+// have it claim every partition.
 func (f *Fleet) expire() {
 	f.mu.Lock()
+	if time.Since(f.heard) > Expiry*f.interval {
+		f.mu.Unlock()
+		return
+	}
 	var gone []string
 	for id, at := range f.seen {
 		if id != f.self.ID && time.Since(at) > Expiry*f.interval {

@@ -97,9 +97,15 @@ func TestFleetFollowsMembers(t *testing.T) {
 	t.Cleanup(d.Leave)
 	sees(a, "a", "b", "d")
 	sees(b, "a", "b", "d")
+	sees(d, "a", "b", "d")
 	dConn.Close()
 	sees(a, "a", "b")
 	sees(b, "a", "b")
+	// d, cut off, hears nobody, itself included: it must not conclude that
+	// the others died and claim every partition.
+	if got := d.Members(); !slices.Equal(got, []string{"a", "b", "d"}) {
+		t.Errorf("the cut-off sidecar sees %v, want the fleet it last heard", got)
+	}
 	if got := len(a.Owned(64)) + len(b.Owned(64)); got != 64 {
 		t.Errorf("a and b own %d of 64 partitions", got)
 	}

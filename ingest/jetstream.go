@@ -183,6 +183,7 @@ func (c *JetStreamConsumer) Run(ctx context.Context) error {
 type lane struct {
 	cons jetstream.Consumer
 	cc   jetstream.ConsumeContext // nil while not consuming
+	pin  atomic.Value             // string: the pin id of the last message received (partitioned mode)
 }
 
 // wanted returns the lanes this sidecar should be consuming now.
@@ -241,7 +242,7 @@ func (c *JetStreamConsumer) follow(ctx context.Context, paused bool) {
 		if l.cc != nil {
 			continue
 		}
-		cc, err := c.consume(ctx, l.cons)
+		cc, err := c.consume(ctx, l)
 		if err != nil {
 			c.sampled.Warn("consume", zap.Int("partition", p), zap.Error(err))
 			continue
@@ -276,13 +277,13 @@ func (c *JetStreamConsumer) handOver(p int, l *lane) {
 	case <-t.C:
 		l.cc.Stop() // the rest is redelivered to the new owner after --ack-wait
 	}
-	c.unpin(p)
+	c.unpin(p, l)
 	c.metrics.handovers.Inc()
 	c.log.Info("partition handed over", zap.Int("partition", p))
 }
 
-// consume starts pulling from cons into the handler.
-func (c *JetStreamConsumer) consume(ctx context.Context, cons jetstream.Consumer) (jetstream.ConsumeContext, error) {
+// consume starts pulling from l's consumer into the handler.
+func (c *JetStreamConsumer) consume(ctx context.Context, l *lane) (jetstream.ConsumeContext, error) {
 	opts := []jetstream.PullConsumeOpt{
 		jetstream.PullMaxMessages(c.batch()),
 		jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
@@ -293,10 +294,16 @@ func (c *JetStreamConsumer) consume(ctx context.Context, cons jetstream.Consumer
 			c.sampled.Warn("consume", zap.Error(err))
 		}),
 	}
-	if c.jcfg.Partitions > 0 {
-		opts = append(opts, jetstream.PullPriorityGroup(pinGroup))
+	if c.jcfg.Partitions == 0 {
+		return l.cons.Consume(func(msg jetstream.Msg) { c.handle(ctx, msg) }, opts...)
 	}
-	return cons.Consume(func(msg jetstream.Msg) { c.handle(ctx, msg) }, opts...)
+	opts = append(opts, jetstream.PullPriorityGroup(pinGroup), jetstream.PullExpiry(pinExpiry))
+	return l.cons.Consume(func(msg jetstream.Msg) {
+		if id := msg.Headers().Get("Nats-Pin-Id"); id != "" {
+			l.pin.Store(id)
+		}
+		c.handle(ctx, msg)
+	}, opts...)
 }
 
 // batch is how many messages one pull asks for: pullBatch for the shared
@@ -338,18 +345,34 @@ func (c *JetStreamConsumer) drainAll() error {
 		// lapses.
 		for p, l := range c.lanes {
 			if l.cc != nil {
-				c.unpin(p)
+				c.unpin(p, l)
 			}
 		}
 	}
 	return nil
 }
 
-// unpin gives up partition p's pin, so that the next owner's pulls are
-// answered at once. A failure only delays them by pinnedTTL.
-func (c *JetStreamConsumer) unpin(p int) {
+// unpin gives up partition p's pin, if this sidecar holds it, so that the
+// next owner's pulls are answered at once. A pin held by another sidecar
+// (this one claimed p from a different view of the fleet and never won
+// it) is left alone. A failure only delays the next owner by pinnedTTL.
+func (c *JetStreamConsumer) unpin(p int, l *lane) {
+	mine, _ := l.pin.Load().(string)
+	if mine == "" {
+		return // never received anything: the pin is someone else's, or none
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
+	info, err := l.cons.Info(ctx)
+	if err != nil {
+		c.sampled.Warn("unpin partition: consumer info", zap.Int("partition", p), zap.Error(err))
+		return
+	}
+	for _, g := range info.PriorityGroups {
+		if g.Group == pinGroup && g.PinnedClientID != mine {
+			return
+		}
+	}
 	if err := c.stream.UnpinConsumer(ctx, c.partitionConsumer(p), pinGroup); err != nil {
 		c.sampled.Warn("unpin partition", zap.Int("partition", p), zap.Error(err))
 	}
@@ -360,8 +383,14 @@ const (
 	// pinGroup is the priority group every partition consumer pins.
 	pinGroup = "hotcount"
 	// pinnedTTL is how long a partition stays pinned to a sidecar that
-	// stopped pulling (it died) before another may take it.
-	pinnedTTL = 5 * time.Second
+	// stopped pulling (it died) before another may take it. The server
+	// renews a pin only when its holder pulls again, so it must outlast
+	// pinExpiry, the longest a pull waits before the next is sent, with
+	// room for a slow round trip: otherwise a quiet partition's pin lapses
+	// and a sidecar with a different view of the fleet takes it.
+	pinnedTTL = 15 * time.Second
+	// pinExpiry bounds how long one pull waits for messages.
+	pinExpiry = 5 * time.Second
 )
 
 // partitionConsumer names partition p's durable consumer.
@@ -415,12 +444,15 @@ func (c *JetStreamConsumer) bindPartition(ctx context.Context, p int) (jetstream
 	bctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	return c.js.CreateOrUpdateConsumer(bctx, c.jcfg.Stream, jetstream.ConsumerConfig{
-		Durable:        c.partitionConsumer(p),
-		Description:    fmt.Sprintf("hotcount sidecars: partition %d of %d", p, c.jcfg.Partitions),
-		FilterSubject:  PartitionSubject(p),
-		AckPolicy:      jetstream.AckExplicitPolicy,
-		AckWait:        c.jcfg.AckWait,
-		MaxAckPending:  max(c.jcfg.MaxAckPending/c.jcfg.Partitions, 1000),
+		Durable:       c.partitionConsumer(p),
+		Description:   fmt.Sprintf("hotcount sidecars: partition %d of %d", p, c.jcfg.Partitions),
+		FilterSubject: PartitionSubject(p),
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		AckWait:       c.jcfg.AckWait,
+		// Per partition, not shared out: messages are acknowledged after
+		// the flush, so a partition's bound is its topics' rate per flush
+		// interval, and a partition holds the hottest topics whole.
+		MaxAckPending:  c.jcfg.MaxAckPending,
 		MaxDeliver:     -1,
 		DeliverPolicy:  jetstream.DeliverAllPolicy,
 		PriorityGroups: []string{pinGroup},
@@ -483,6 +515,17 @@ func (c *JetStreamConsumer) handle(ctx context.Context, msg jetstream.Msg) {
 func (c *JetStreamConsumer) bind(ctx context.Context) jetstream.Consumer {
 	backoff := 100 * time.Millisecond
 	for {
+		// A partitioned stream stores mentions under <partition>.<subject>:
+		// a consumer of <subject> would bind and receive nothing, silently.
+		if s, err := c.js.Stream(ctx, c.jcfg.Stream); err == nil && s.CachedInfo().Config.SubjectTransform != nil {
+			c.log.Error("the stream is partitioned: run the sidecars with --nats-mode partitioned and its --partitions; retrying",
+				zap.String("stream", c.jcfg.Stream), zap.String("transform", s.CachedInfo().Config.SubjectTransform.Destination))
+			sleep(ctx, 5*time.Second)
+			if ctx.Err() != nil {
+				return nil
+			}
+			continue
+		}
 		cons, err := c.js.CreateOrUpdateConsumer(ctx, c.jcfg.Stream, jetstream.ConsumerConfig{
 			Durable:       c.jcfg.Consumer,
 			Description:   "hotcount sidecars: mentions coalesced into sharded DynamoDB counters",
@@ -593,7 +636,14 @@ func EnsureStream(ctx context.Context, nc *nats.Conn, name, subject string, dupl
 	if err != nil {
 		return false, fmt.Errorf("ingest: jetstream: %w", err)
 	}
-	if _, err := js.Stream(ctx, name); err == nil {
+	if s, err := js.Stream(ctx, name); err == nil {
+		tr := s.CachedInfo().Config.SubjectTransform
+		switch want := PartitionTransform(subject, lim.Partitions); {
+		case lim.Partitions == 0 && tr != nil:
+			return false, fmt.Errorf("ingest: stream %s exists and is partitioned (%s): use it with --nats-mode partitioned, or delete it first", name, tr.Destination)
+		case lim.Partitions > 0 && (tr == nil || tr.Destination != want.Destination):
+			return false, fmt.Errorf("ingest: stream %s exists and is not partitioned into %d partitions (its transform: %v): a stream's partitions cannot change; delete it first or pick another --stream", name, lim.Partitions, tr)
+		}
 		return false, nil
 	} else if !errors.Is(err, jetstream.ErrStreamNotFound) {
 		return false, fmt.Errorf("ingest: look up stream %s: %w", name, err)

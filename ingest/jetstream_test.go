@@ -3,6 +3,7 @@ package ingest_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -250,5 +251,25 @@ func TestLongPauseCountsOnce(t *testing.T) {
 	time.Sleep(2 * time.Second) // any redelivered copy would arrive by now
 	if n := fx.sink.count("wait"); n != 500 {
 		t.Errorf("handled %d, published 500: messages counted twice", n)
+	}
+}
+
+// TestEnsureStreamRefusesOtherPartitioning: a stream's partitions cannot
+// change, so asking for another partitioning of an existing stream (or
+// none of a partitioned one) is an error that says so, not a silent "left
+// as it is" that leaves sidecars consuming nothing.
+func TestEnsureStreamRefusesOtherPartitioning(t *testing.T) {
+	nc := testenv.Connect(t, testenv.NATS(t).ClientURL())
+	ctx := context.Background()
+	if _, err := ingest.EnsureStream(ctx, nc, "MENTIONS", "mentions.>", time.Minute, ingest.StreamOptions{Partitions: 8}); err != nil {
+		t.Fatal(err)
+	}
+	if created, err := ingest.EnsureStream(ctx, nc, "MENTIONS", "mentions.>", time.Minute, ingest.StreamOptions{Partitions: 8}); err != nil || created {
+		t.Errorf("the same partitioning again = %v, %v; want left as it is", created, err)
+	}
+	for _, p := range []int{0, 16} {
+		if _, err := ingest.EnsureStream(ctx, nc, "MENTIONS", "mentions.>", time.Minute, ingest.StreamOptions{Partitions: p}); err == nil || !strings.Contains(err.Error(), "partition") {
+			t.Errorf("EnsureStream with %d partitions on an 8-partition stream = %v, want an error naming the partitioning", p, err)
+		}
 	}
 }

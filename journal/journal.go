@@ -111,6 +111,7 @@ type Journal struct {
 	unconfirmed map[string][]byte // entries whose put's answer was lost
 	last        map[string]int64  // this writer's entries not retired: their last stream sequence
 	floorV      int64             // the ack floor last read (cachedFloor)
+	floorErr    error             // the last reading's failure, if it failed
 	floorAt     time.Time
 
 	coverMu sync.Mutex // held while reading entries: only redeliveries wait
@@ -192,6 +193,7 @@ func ackFloor(js jetstream.JetStream, cfg Config) func(ctx context.Context) (int
 	return func(ctx context.Context) (int64, error) {
 		floor := int64(math.MaxInt64)
 		for _, name := range names {
+			// One request per consumer: looking it up returns its info.
 			c, err := js.Consumer(ctx, cfg.Stream, name)
 			if errors.Is(err, jetstream.ErrConsumerNotFound) && cfg.Partitions > 0 {
 				continue
@@ -199,10 +201,7 @@ func ackFloor(js jetstream.JetStream, cfg Config) func(ctx context.Context) (int
 			if err != nil {
 				return 0, fmt.Errorf("journal: consumer %s: %w", name, err)
 			}
-			info, err := c.Info(ctx)
-			if err != nil {
-				return 0, fmt.Errorf("journal: consumer %s info: %w", name, err)
-			}
+			info := c.CachedInfo()
 			if cfg.Partitions > 0 && info.NumPending == 0 && info.NumAckPending == 0 {
 				continue
 			}
@@ -387,32 +386,36 @@ func (j *Journal) Settled(ctx context.Context, key string) error {
 	return nil
 }
 
-// floorFresh is how long Settled trusts an ack floor it read: the floor
-// only rises, so an old one only delays a retirement.
-const floorFresh = 500 * time.Millisecond
+// floorFresh is how long Settled trusts an ack floor it read (or a failure
+// to read it): the floor only rises, so an old one only delays a
+// retirement, and reading it costs a request per consumer (per partition
+// in partitioned mode).
+const floorFresh = 2 * time.Second
 
 // cachedFloor is the ack floor (ackFloor's), read at most every floorFresh,
 // after the acknowledgements sent so far have reached the server.
 func (j *Journal) cachedFloor(ctx context.Context) (int64, error) {
 	j.mu.Lock()
-	floor, at := j.floorV, j.floorAt
+	floor, ferr, at := j.floorV, j.floorErr, j.floorAt
 	j.mu.Unlock()
 	if time.Since(at) < floorFresh {
-		return floor, nil
+		return floor, ferr
 	}
 	fctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	if err := j.nc.FlushWithContext(fctx); err != nil {
-		return 0, fmt.Errorf("journal: flush acknowledgements: %w", err)
-	}
-	floor, err := j.floor(fctx)
-	if err != nil {
-		return 0, err
+	if ferr = j.nc.FlushWithContext(fctx); ferr != nil {
+		ferr = fmt.Errorf("journal: flush acknowledgements: %w", ferr)
+	} else {
+		floor, ferr = j.floor(fctx)
 	}
 	j.mu.Lock()
-	j.floorV, j.floorAt = floor, time.Now()
+	if ferr == nil {
+		j.floorV = floor
+	}
+	j.floorErr, j.floorAt = ferr, time.Now()
+	floor = j.floorV
 	j.mu.Unlock()
-	return floor, nil
+	return floor, ferr
 }
 
 // Covered says whether the message at stream sequence seq is carried by a
