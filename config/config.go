@@ -129,6 +129,10 @@ type Config struct {
 	LogFormat string
 	LogLevel  string
 
+	// ConsoleRace shows the race button on the admin listener's /console
+	// (--console-race; on in hotcount dev).
+	ConsoleRace bool
+
 	// MemoryLimit is the process's memory budget (--memory-limit): bytes,
 	// with an optional Ki, Mi or Gi suffix; empty: the cgroup's limit;
 	// "none": no limit.
@@ -194,6 +198,7 @@ func Dev() Config {
 	c.Store = StoreBolt
 	c.AdminAddr = "127.0.0.1:9091"
 	c.LogFormat = "console"
+	c.ConsoleRace = true
 	return c
 }
 
@@ -283,6 +288,9 @@ var settings = []setting{
 	{name: "shutdown-timeout", usage: "whole shutdown budget: NATS drain, final flush, HTTP shutdown", bind: dur(func(c *Config) *time.Duration { return &c.ShutdownTimeout })},
 	{name: "log-format", usage: "log encoding: json or console", bind: str(func(c *Config) *string { return &c.LogFormat })},
 	{name: "log-level", usage: "lowest level logged: debug, info, warn, error", bind: str(func(c *Config) *string { return &c.LogLevel })},
+	{name: "console-race", usage: "offer the race on the admin listener's /console: direct writes against coalesced ones, on a throwaway in-memory store with an emulated per-key ceiling (never the real store); on in hotcount dev", bind: func(fs *pflag.FlagSet, c *Config, name, usage string) {
+		fs.BoolVar(&c.ConsoleRace, name, c.ConsoleRace, usage)
+	}},
 	{name: "config", usage: "YAML file of settings, keyed by flag name", bind: str(func(c *Config) *string { return &c.File })},
 }
 

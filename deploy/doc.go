@@ -2,7 +2,8 @@
 // container image (Dockerfile), Kubernetes manifests (kubernetes/, a
 // Kustomize base with hotcount as a native sidecar, an example overlay and a
 // standalone pool), the IAM policies (iam/), the table (table/) and the
-// JetStream stream (nats/). Its tests render and check them, and the
-// repository's compose.yaml (a local stack, built from the Dockerfile); see
-// README.md.
+// JetStream stream (nats/), and the operator pack (observability/: a
+// Grafana dashboard, Prometheus alerting rules, a PodMonitor). Its tests
+// render and check them, and the repository's compose.yaml (a local stack,
+// built from the Dockerfile); see README.md.
 package deploy

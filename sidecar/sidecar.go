@@ -26,6 +26,7 @@ import (
 	"github.com/hotcount/hotcount/admin"
 	"github.com/hotcount/hotcount/aggregator"
 	"github.com/hotcount/hotcount/config"
+	"github.com/hotcount/hotcount/console"
 	"github.com/hotcount/hotcount/fleet"
 	"github.com/hotcount/hotcount/flusher"
 	"github.com/hotcount/hotcount/hot"
@@ -247,6 +248,13 @@ func (s *Sidecar) Run(ctx context.Context) error {
 	}
 
 	api := lk.Handler(log, lookup.Extras{Pending: fl.Read, Hot: hottest.Top, ShardsOf: book.Cached})
+	// The console reads the lookup API in-process, past its token: it
+	// guards its own data (loopback only, unless --http-public).
+	con := console.New(console.Config{API: api, WriteShards: book.Cached, Metrics: reg, Race: cfg.ConsoleRace, Open: cfg.HTTPPublic}, log)
+	adminMux := http.NewServeMux()
+	adminMux.Handle("/", admin.Handler(reg, health, ready, deps))
+	adminMux.Handle(console.Path, con)
+	adminMux.Handle(console.Path+"/", con)
 	if cfg.HTTPTokenFile != "" {
 		token, err := config.ReadToken(cfg.HTTPTokenFile)
 		if err != nil {
@@ -256,7 +264,7 @@ func (s *Sidecar) Run(ctx context.Context) error {
 	}
 	servers, err := s.listen(map[string]http.Handler{
 		"http":  api,
-		"admin": admin.Handler(reg, health, ready, deps),
+		"admin": adminMux,
 	})
 	if err != nil {
 		return err
@@ -281,6 +289,7 @@ func (s *Sidecar) Run(ctx context.Context) error {
 	if jr != nil {
 		pipe.Go(func() error { return jr.Run(pctx) })
 	}
+	pipe.Go(func() error { return con.Run(pctx) })
 
 	close(s.started)
 	log.Info("started",

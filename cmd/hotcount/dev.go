@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 
 	"github.com/hotcount/hotcount/config"
+	"github.com/hotcount/hotcount/console"
 	"github.com/hotcount/hotcount/ingest"
 	"github.com/hotcount/hotcount/internal/embeddednats"
 	"github.com/hotcount/hotcount/sidecar"
@@ -67,8 +68,9 @@ func cmdDev(ctx context.Context, args, environ []string, stdout, stderr io.Write
   query:    curl http://%s/v1/topics/golang
             curl http://%s/v1/topics/golang/shards
   metrics:  curl http://%s/metrics
+  console:  http://%s%s  (live totals, shards, charts and the race)
 Ctrl-C stops it; counts stay in %s.
 `, cfg.NATSURL, cfg.NATSMode, cfg.DataDir, cfg.Store, cfg.NATSURL, prefix, cfg.NATSURL, prefix, cfg.NATSURL,
-			sc.HTTPAddr(), sc.HTTPAddr(), sc.AdminAddr(), cfg.DataDir)
+			sc.HTTPAddr(), sc.HTTPAddr(), sc.AdminAddr(), sc.AdminAddr(), console.Path, cfg.DataDir)
 	})
 }

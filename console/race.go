@@ -1,0 +1,244 @@
+package console
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+	"golang.org/x/time/rate"
+
+	"github.com/hotcount/hotcount/aggregator"
+	"github.com/hotcount/hotcount/flusher"
+	"github.com/hotcount/hotcount/store"
+)
+
+// The race is internal/demo's, made live and self-contained: demo races
+// against a DynamoDB API through store/ddbfault, and hotcount dev has no
+// DynamoDB, so here the per-key ceiling is a rate limiter in front of a
+// store that only counts what it accepts. Nothing reaches the sidecar's
+// store or its metrics.
+
+// raceTopic is the one hot topic of a race, in the race's own store.
+const raceTopic = "race"
+
+// raceParams is what a race runs.
+type raceParams struct {
+	// Shards is the shard count both writers write the topic on.
+	Shards int
+	// Ceiling is the emulated write units per second per key, and Burst
+	// what a key takes at once: DynamoDB's is 1,000/s, scaled down as
+	// make demo does so that a laptop reaches it.
+	Ceiling float64
+	Burst   int
+	// Writers each offer Offered/Writers mentions a second, in each mode.
+	Writers int
+	Offered float64
+	// FlushInterval is the coalescing flusher's interval.
+	FlushInterval time.Duration
+	// Duration is how long a race runs.
+	Duration time.Duration
+}
+
+// defaultRace is the race the button starts: 2,000 mentions/s offered
+// both ways against a ceiling of 100 writes/s on one key, for 30 s.
+// Direct, each mention is a write and 95% are throttled; coalesced, ten
+// writes a second carry them all.
+func defaultRace() raceParams {
+	return raceParams{Shards: 1, Ceiling: 100, Burst: 10, Writers: 8, Offered: 2000,
+		FlushInterval: 100 * time.Millisecond, Duration: 30 * time.Second}
+}
+
+// race is one race: written by its run, read by the page's polls.
+type race struct {
+	p                 raceParams
+	started           time.Time
+	direct, coalesced *ceilingStore
+
+	mu     sync.Mutex
+	points []racePoint
+	ended  time.Time // zero while it runs
+}
+
+// racePoint is one second of a race, per second.
+type racePoint struct {
+	T                  int64  `json:"t"` // ms since the start
+	Direct             number `json:"direct"`
+	Coalesced          number `json:"coalesced"`
+	DirectThrottled    number `json:"directThrottled"`
+	CoalescedThrottled number `json:"coalescedThrottled"`
+	DirectWrites       number `json:"directWrites"`
+	CoalescedWrites    number `json:"coalescedWrites"`
+}
+
+func newRace(p raceParams, now time.Time) *race {
+	return &race{p: p, started: now,
+		direct: newCeilingStore(p.Ceiling, p.Burst), coalesced: newCeilingStore(p.Ceiling, p.Burst)}
+}
+
+// run races until the race's duration has passed or ctx ends, and returns
+// once every goroutine it started has stopped.
+func (r *race) run(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(ctx, r.p.Duration)
+	defer cancel()
+	// The race's own registry: its aggregator and flusher must not count
+	// into the sidecar's metrics.
+	reg := prometheus.NewRegistry()
+	agg := aggregator.New(aggregator.DefaultMaxTopics, reg)
+	fl := flusher.New(flusher.Config{Shards: r.p.Shards, Interval: r.p.FlushInterval, Timeout: r.p.FlushInterval, Concurrency: 4},
+		agg, r.coalesced, zap.NewNop(), flusher.NewMetrics(reg), time.Now)
+	every := time.Duration(float64(time.Second) * float64(r.p.Writers) / r.p.Offered)
+	var wg sync.WaitGroup
+	wg.Go(func() { fl.Run(ctx) }) //nolint:errcheck // it returns nil
+	for range r.p.Writers {
+		wg.Go(func() {
+			// Each direct writer is a writer of its own, as an app
+			// writing to DynamoDB is.
+			id, seq := store.NewWriterID(), store.NewSequencer(time.Now)
+			paced(ctx, every, func() {
+				w := store.Write{Topic: raceTopic, Shard: rand.IntN(r.p.Shards), Delta: 1, Writer: id, Seq: seq.Next()}
+				r.direct.Add(ctx, w, time.Now()) //nolint:errcheck // counted by the store; a throttled mention is lost, as the app's would be
+			})
+		})
+		wg.Go(func() { paced(ctx, every, func() { agg.Add(raceTopic, 1) }) })
+	}
+	wg.Go(func() { r.record(ctx) })
+	wg.Wait()
+	r.mu.Lock()
+	r.ended = time.Now()
+	r.mu.Unlock()
+}
+
+// paced calls fn every interval until ctx ends. A ticker drops the ticks
+// it is late for, so a busy machine offers less rather than bursting.
+func paced(ctx context.Context, every time.Duration, fn func()) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			fn()
+		}
+	}
+}
+
+// record adds a point each second, and a last one when the race ends.
+func (r *race) record(ctx context.Context) {
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	last, lastAt := [2]counts{}, r.started
+	for {
+		var now time.Time
+		select {
+		case <-ctx.Done():
+			now = time.Now()
+		case now = <-t.C:
+		}
+		cur := [2]counts{r.direct.counts(), r.coalesced.counts()}
+		dt := now.Sub(lastAt).Seconds()
+		per := func(x, y int64) number { return number(float64(y-x) / dt) }
+		if dt > 0.1 { // skip a sliver at the end
+			r.mu.Lock()
+			r.points = append(r.points, racePoint{
+				T:                  now.Sub(r.started).Milliseconds(),
+				Direct:             per(last[0].Mentions, cur[0].Mentions),
+				Coalesced:          per(last[1].Mentions, cur[1].Mentions),
+				DirectThrottled:    per(last[0].Throttled, cur[0].Throttled),
+				CoalescedThrottled: per(last[1].Throttled, cur[1].Throttled),
+				DirectWrites:       per(last[0].Writes, cur[0].Writes),
+				CoalescedWrites:    per(last[1].Writes, cur[1].Writes),
+			})
+			r.mu.Unlock()
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		last, lastAt = cur, now
+	}
+}
+
+// raceState is a race as the page shows it.
+type raceState struct {
+	Running         bool        `json:"running"`
+	ElapsedMs       int64       `json:"elapsedMs"`
+	DurationMs      int64       `json:"durationMs"`
+	Shards          int         `json:"shards"`
+	Ceiling         float64     `json:"ceiling"`
+	Offered         float64     `json:"offered"`
+	Writers         int         `json:"writers"`
+	FlushIntervalMs int64       `json:"flushIntervalMs"`
+	Direct          counts      `json:"direct"`
+	Coalesced       counts      `json:"coalesced"`
+	Points          []racePoint `json:"points"`
+}
+
+func (r *race) snapshot(now time.Time) *raceState {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	end := now
+	if !r.ended.IsZero() {
+		end = r.ended
+	}
+	return &raceState{
+		Running: r.ended.IsZero(), ElapsedMs: end.Sub(r.started).Milliseconds(), DurationMs: r.p.Duration.Milliseconds(),
+		Shards: r.p.Shards, Ceiling: r.p.Ceiling, Offered: r.p.Offered, Writers: r.p.Writers,
+		FlushIntervalMs: r.p.FlushInterval.Milliseconds(),
+		Direct:          r.direct.counts(), Coalesced: r.coalesced.counts(),
+		Points: append([]racePoint(nil), r.points...),
+	}
+}
+
+// counts is what a ceiling store accepted and refused.
+type counts struct {
+	Mentions  int64 `json:"mentions"`
+	Writes    int64 `json:"writes"`
+	Throttled int64 `json:"throttled"`
+}
+
+// ceilingStore emulates DynamoDB's per-key write ceiling in front of a
+// store that keeps only what the race shows: the mentions and writes it
+// accepted, and the writes it refused. Add is safe for concurrent use.
+type ceilingStore struct {
+	ceiling rate.Limit
+	burst   int
+
+	mu   sync.Mutex
+	keys map[string]*rate.Limiter
+
+	mentions, writes, throttled atomic.Int64
+}
+
+func newCeilingStore(ceiling float64, burst int) *ceilingStore {
+	return &ceilingStore{ceiling: rate.Limit(ceiling), burst: burst, keys: make(map[string]*rate.Limiter)}
+}
+
+// Add applies w unless its key is over the ceiling; then it returns an
+// error wrapping store.ErrThrottled, as the DynamoDB store does, and the
+// flusher moves the delta to another shard or keeps it for the next flush.
+func (s *ceilingStore) Add(_ context.Context, w store.Write, now time.Time) error {
+	s.mu.Lock()
+	l, ok := s.keys[w.Key()]
+	if !ok {
+		l = rate.NewLimiter(s.ceiling, s.burst)
+		s.keys[w.Key()] = l
+	}
+	allowed := l.AllowN(now, 1)
+	s.mu.Unlock()
+	if !allowed {
+		s.throttled.Add(1)
+		return fmt.Errorf("console: race: %s is over %.0f writes/s: %w", w.Key(), float64(s.ceiling), store.ErrThrottled)
+	}
+	s.writes.Add(1)
+	s.mentions.Add(w.Delta)
+	return nil
+}
+
+func (s *ceilingStore) counts() counts {
+	return counts{Mentions: s.mentions.Load(), Writes: s.writes.Load(), Throttled: s.throttled.Load()}
+}
