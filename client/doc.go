@@ -2,8 +2,9 @@
 //
 // A [Publisher] sends mentions to the sidecars over NATS: it adds up the
 // mentions of each topic for a moment ([WithLinger]) and publishes one
-// message per topic, `{"count":n}` (empty for a single mention) on
-// `<prefix><topic>`, to the JetStream stream of mentions. Each message carries a Nats-Msg-Id header, so a
+// message per topic, {"count":n} (empty for a single mention) on
+// <prefix><topic>, to the JetStream stream of mentions. Each message
+// carries a Nats-Msg-Id header, so a
 // publish that is retried after its acknowledgement was lost (a timeout, a
 // NATS server restart) is stored once: the stream drops a repeated id seen
 // within its duplicate window. With [WithCoreNATS] it publishes plain core

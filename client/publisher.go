@@ -518,14 +518,24 @@ func (p *Publisher) retry(msg *nats.Msg, sent time.Time, err error) error {
 		b.InitialInterval, b.MaxInterval = 100*time.Millisecond, 5*time.Second
 		_, err = backoff.Retry(p.ctx, func() (struct{}, error) {
 			err := p.attempt(msg)
-			if err != nil && final(err) {
+			switch {
+			case err != nil && final(err):
 				return struct{}{}, backoff.Permanent(err)
+			case errors.Is(err, jetstream.ErrNoStreamResponse) && time.Since(sent) > noStreamGrace:
+				// No stream answers: a restarting server has its streams
+				// back well within the grace; past it, none takes the
+				// subject, and waiting out the retry time helps nobody.
+				return struct{}{}, backoff.Permanent(fmt.Errorf("%w: no JetStream stream takes %s (create one with `hotcount stream create`, or publish with WithCoreNATS)", err, msg.Subject))
 			}
 			return struct{}{}, err
 		}, backoff.WithBackOff(b), backoff.WithMaxElapsedTime(left))
 	}
 	return published(msg, err)
 }
+
+// noStreamGrace is how long a message is retried while no stream answers
+// for its subject, before that is taken as final.
+const noStreamGrace = 5 * time.Second
 
 // published is the outcome of publishing msg: nil, or err saying where.
 func published(msg *nats.Msg, err error) error {

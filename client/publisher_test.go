@@ -700,3 +700,34 @@ func TestMentionWaitsWhenFull(t *testing.T) {
 	}
 	t.Logf("%d mentions accepted before Mention waited", accepted)
 }
+
+// TestNoStreamFailsSoon: with no stream taking the subject (or no
+// JetStream at all), a publish is refused by no one; after a short grace
+// (a restarting server brings its streams back within it) the Publisher
+// says so, instead of retrying for a minute.
+func TestNoStreamFailsSoon(t *testing.T) {
+	nc := testenv.Connect(t, testenv.NATS(t).ClientURL()) // JetStream on, no stream
+	var failed atomic.Int64
+	pub, err := client.NewPublisher(nc, client.WithOnDone(func(_ string, _ int64, err error) {
+		if err != nil {
+			failed.Add(1)
+		}
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := pub.Mention(context.Background(), "golang", 1); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	err = pub.Close(context.Background())
+	if err == nil || !strings.Contains(err.Error(), "no JetStream stream takes mentions.golang") {
+		t.Errorf("Close = %v, want the missing stream named", err)
+	}
+	if d := time.Since(start); d > 20*time.Second {
+		t.Errorf("Close took %s, want about the 5 s grace", d)
+	}
+	if failed.Load() != 1 {
+		t.Errorf("%d messages reported failed, want 1", failed.Load())
+	}
+}

@@ -345,9 +345,18 @@ func Parse(fs *pflag.FlagSet, args, environ []string) error {
 		if err := fromFile.Load(file.Provider(path), yaml.Parser()); err != nil {
 			return fmt.Errorf("config: read %s: %w", path, err)
 		}
+		known := make(map[string]bool, len(settings))
+		for _, st := range settings {
+			known[st.name] = true
+		}
 		for _, key := range fromFile.Keys() {
-			if f := fs.Lookup(key); f == nil || key == "config" {
+			switch {
+			case !known[key] || key == "config":
 				return fmt.Errorf("config: %s: unknown setting %q", path, key)
+			case fs.Lookup(key) == nil:
+				// A setting of another command: one file serves them all,
+				// as the environment does.
+				fromFile.Delete(key)
 			}
 		}
 	}
@@ -489,6 +498,51 @@ func edits(a, b string) int {
 		prev = cur
 	}
 	return prev[len(b)]
+}
+
+// Explain adds to each of Validate's complaints where its value came from,
+// when that was not the command line: "(from $HOTCOUNT_SHARDS)" or "(from
+// the --config file)". fs is the flag set Parse filled from environ.
+func Explain(err error, fs *pflag.FlagSet, args, environ []string) error {
+	var joined interface{ Unwrap() []error }
+	if !errors.As(err, &joined) {
+		return err
+	}
+	onCommandLine := make(map[string]bool)
+	for _, a := range args {
+		name, _, _ := strings.Cut(strings.TrimLeft(a, "-"), "=")
+		if strings.HasPrefix(a, "--") {
+			onCommandLine[name] = true
+		}
+	}
+	env := make(map[string]string, len(environ))
+	for _, kv := range current(environ) {
+		k, v, _ := strings.Cut(kv, "=")
+		env[k] = v
+	}
+	var out []error
+	for _, e := range joined.Unwrap() {
+		name, _, _ := strings.Cut(e.Error(), ":")
+		s, found := lookupSetting(name)
+		switch {
+		case !found || onCommandLine[name]:
+		case env[s.envName()] != "":
+			e = fmt.Errorf("%w (from $%s)", e, s.envName())
+		case fs.Changed(name):
+			e = fmt.Errorf("%w (from the --config file)", e)
+		}
+		out = append(out, e)
+	}
+	return fmt.Errorf("config: %w", errors.Join(out...))
+}
+
+func lookupSetting(name string) (setting, bool) {
+	for _, s := range settings {
+		if s.name == name {
+			return s, true
+		}
+	}
+	return setting{}, false
 }
 
 // jsName is the rule for JetStream stream and consumer names.
@@ -697,6 +751,17 @@ func (c *Config) NATSAuth() ingest.Auth {
 	}
 }
 
+// loopbackHost says whether host names this machine's loopback interface
+// (localhost resolves to 127.0.0.1 and ::1 alike, so it may share a port
+// with either).
+func loopbackHost(host string) bool {
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
 // loopback says whether a listen address binds only this machine's
 // loopback interface (an empty host binds every interface).
 func loopback(addr string) bool {
@@ -788,9 +853,9 @@ func ParseBytes(v string) (int64, error) {
 }
 
 // overlap says whether two listen addresses would bind the same port: the
-// same port on the same host, or on any host when one binds every
-// interface (an empty host, 0.0.0.0 or ::). Port 0 picks a free port, so
-// it never conflicts.
+// same port on the same host, on two loopback names, or on any host when
+// one binds every interface (an empty host, 0.0.0.0 or ::). Port 0 picks a
+// free port, so it never conflicts.
 func overlap(a, b string) bool {
 	ha, pa, errA := net.SplitHostPort(a)
 	hb, pb, errB := net.SplitHostPort(b)
@@ -798,7 +863,7 @@ func overlap(a, b string) bool {
 		return false
 	}
 	every := func(h string) bool { return h == "" || h == "0.0.0.0" || h == "::" }
-	return ha == hb || every(ha) || every(hb)
+	return ha == hb || every(ha) || every(hb) || (loopbackHost(ha) && loopbackHost(hb))
 }
 
 // Durable says whether mentions come from a JetStream stream and are

@@ -231,3 +231,23 @@ func TestDeprecatedVariables(t *testing.T) {
 		t.Errorf("http = %s with both names set, want the current name's 127.0.0.1:4444", both.HTTPAddr)
 	}
 }
+
+// TestOneFileForEveryCommand: a --config file may hold settings a command
+// does not take (run's --http, read by load): they are left to the
+// commands that take them, as variables are; a key no command knows is
+// still an error.
+func TestOneFileForEveryCommand(t *testing.T) {
+	file := writeFile(t, "http: 127.0.0.1:8181\nnats-url: nats://10.0.0.1:4222\n")
+	cfg := config.Default()
+	fs := cfg.FlagSet("load", func(s string) bool { return s == "nats-url" || s == "config" })
+	if err := config.Parse(fs, []string{"--config", file}, nil); err != nil {
+		t.Fatalf("a run setting in the file refused by load: %v", err)
+	}
+	if cfg.NATSURL != "nats://10.0.0.1:4222" {
+		t.Errorf("nats-url = %s, want the file's", cfg.NATSURL)
+	}
+	bad := writeFile(t, "htttp: 127.0.0.1:8181\n")
+	if err := config.Parse(cfg.FlagSet("load", func(s string) bool { return s == "config" }), []string{"--config", bad}, nil); err == nil || !strings.Contains(err.Error(), `unknown setting "htttp"`) {
+		t.Errorf("an unknown key = %v, want refused", err)
+	}
+}

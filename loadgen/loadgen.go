@@ -69,6 +69,11 @@ func (c Config) Validate() error {
 
 // Report is what a run sent.
 type Report struct {
+	// Counted says what the counts are: "stream" (each message was
+	// acknowledged by a JetStream stream: stored) or "server" (core NATS:
+	// the server received each, and a slow or absent subscriber may
+	// still have dropped it).
+	Counted  string           `json:"counted"`
 	Messages int64            `json:"messages"`
 	Mentions int64            `json:"mentions"`
 	Elapsed  time.Duration    `json:"elapsedNs"`
@@ -116,8 +121,11 @@ func Run(ctx context.Context, nc *nats.Conn, c Config) (Report, error) {
 	// find it exact.
 	var (
 		mu  sync.Mutex
-		rep = Report{PerTopic: make(map[string]int64)}
+		rep = Report{Counted: "server", PerTopic: make(map[string]int64)}
 	)
+	if c.JetStream {
+		rep.Counted = "stream"
+	}
 	opts := []client.PublisherOption{
 		client.WithSubjectPrefix(c.Prefix),
 		client.WithLinger(0), // one message per event: the load is in messages

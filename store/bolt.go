@@ -15,6 +15,9 @@ import (
 	berrors "go.etcd.io/bbolt/errors"
 )
 
+// ErrLocked is OpenBolt's error when another process holds the store.
+var ErrLocked = errors.New("store file locked by another process")
+
 // BoltFile is the embedded store's file in its data directory.
 const BoltFile = "hotcount.db"
 
@@ -40,7 +43,7 @@ func OpenBolt(dir string, m *Metrics) (*Bolt, error) {
 	path := filepath.Join(dir, BoltFile)
 	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: time.Second})
 	if errors.Is(err, berrors.ErrTimeout) {
-		return nil, fmt.Errorf("store: %s is locked by another process (a hotcount dev or run --store bolt on this --data-dir): stop it, or choose another --data-dir: %w", path, err)
+		return nil, fmt.Errorf("store: %s is locked by another process (a hotcount dev or run --store bolt on this --data-dir): stop it, or choose another --data-dir: %w", path, ErrLocked)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("store: open %s: %w", path, err)

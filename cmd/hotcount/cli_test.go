@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"io"
 	"io/fs"
 	"net"
 	"os"
@@ -56,6 +57,9 @@ func TestSettingErrors(t *testing.T) {
 		{"unknown env suggests", []string{"check-config"}, []string{"HOTCOUNT_SHARD=3"}, exitUsage, "did you mean HOTCOUNT_SHARDS?"},
 		{"same port", []string{"check-config", "--http", "127.0.0.1:9091", "--admin", ":9091"}, nil, exitUsage, "would bind the same port"},
 		{"former name warns", []string{"check-config"}, []string{"HOTCOUNT_HTTP_ADDR=127.0.0.1:7070"}, exitOK, "HOTCOUNT_HTTP_ADDR is deprecated and will be refused in the next release: rename it HOTCOUNT_HTTP"},
+		{"range error names the variable", []string{"check-config"}, []string{"HOTCOUNT_SHARDS=1000"}, exitUsage, "shards: 1000 is outside 1..100 (from $HOTCOUNT_SHARDS)"},
+		{"same port, two loopback names", []string{"check-config", "--http", "localhost:8080", "--admin", "127.0.0.1:8080"}, nil, exitUsage, "would bind the same port"},
+		{"nats port out of range", []string{"dev", "--nats-port", "0"}, nil, exitUsage, "--nats-port 0 is not a port"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -93,6 +97,17 @@ func TestShardsShowFindsDevStore(t *testing.T) {
 	}
 	if !regexp.MustCompile(`shard 0: 7 \(updated 20\d\d-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z\)`).MatchString(stdout.String()) {
 		t.Errorf("show does not print RFC 3339 times:\n%s", stdout.String())
+	}
+	// While dev runs, it holds its store: the answer says so and where to
+	// read instead.
+	held, err := store.OpenBolt(dir, store.NewMetrics(prometheus.NewRegistry()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+	err = dispatch(context.Background(), []string{"shards", "show", "golang", "--data-dir", dir}, nil, io.Discard, io.Discard)
+	if err == nil || !strings.Contains(err.Error(), "in use by a running hotcount") || !strings.Contains(err.Error(), "/v1/topics/TOPIC/shards") {
+		t.Errorf("shards show on a held store = %v, want it to say the store is in use and how to read it", err)
 	}
 }
 

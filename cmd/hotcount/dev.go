@@ -39,6 +39,9 @@ func cmdDev(ctx context.Context, args, environ []string, stdout, stderr io.Write
 	if err := parse(&cfg, fs, args, environ, stderr); err != nil {
 		return err
 	}
+	if *port < 1 || *port > 65535 {
+		return usageError{fmt.Errorf("--nats-port %d is not a port (1..65535)", *port)}
+	}
 	unlock, err := lockDataDir(cfg.DataDir)
 	if err != nil {
 		return err

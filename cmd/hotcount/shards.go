@@ -48,6 +48,11 @@ func cmdShards(ctx context.Context, args, environ []string, stdout, stderr io.Wr
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
 	st, err := sidecar.OpenStore(ctx, cfg, store.NewMetrics(prometheus.NewRegistry()))
+	if errors.Is(err, store.ErrLocked) {
+		// The usual case: hotcount dev is running on this folder and holds
+		// its store. Its API serves the same view.
+		return fmt.Errorf("the embedded store in %s is in use by a running hotcount (hotcount dev?): read the shards through its API, curl http://127.0.0.1:8080/v1/topics/TOPIC/shards, or stop it first", cfg.DataDir)
+	}
 	if err != nil {
 		return err
 	}

@@ -21,13 +21,14 @@ func natsSettings(s string) bool {
 	return false
 }
 
-// connect opens a plain NATS connection with cfg's authentication.
-func connect(cfg config.Config, name string) (*nats.Conn, error) {
+// connect opens a plain NATS connection with cfg's authentication and the
+// extra options.
+func connect(cfg config.Config, name string, extra ...nats.Option) (*nats.Conn, error) {
 	opts, err := cfg.NATSAuth().Options()
 	if err != nil {
 		return nil, err
 	}
-	nc, err := nats.Connect(cfg.NATSURL, append(opts, nats.Name(name))...)
+	nc, err := nats.Connect(cfg.NATSURL, append(append(opts, nats.Name(name)), extra...)...)
 	if err != nil {
 		return nil, ingest.RedactErr(fmt.Errorf("connect %s: %w", cfg.NATSURL, err), cfg.NATSURL)
 	}
