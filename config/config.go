@@ -280,7 +280,7 @@ var settings = []setting{
 	{name: "memory-limit", usage: "the process's memory budget (GOMEMLIMIT is set to 90% of it): bytes with an optional Ki, Mi or Gi suffix; empty: the container's cgroup limit, if any; none: no limit", bind: str(func(c *Config) *string { return &c.MemoryLimit })},
 	{name: "buffer-memory", usage: "memory the buffered window may take (topic names plus 64 B each) before it is flushed early, spilled (core mode) or fetching pauses (JetStream mode): bytes with an optional Ki, Mi or Gi suffix; empty: an eighth of the memory limit, or 256Mi with none; none: no bound", bind: str(func(c *Config) *string { return &c.BufferMemory })},
 	{name: "spill-max-bytes", usage: "core mode: disk the window may spill to, in --data-dir/spill, while the store does not take writes; past it mentions are shed and counted; 0: no spill", bind: str(func(c *Config) *string { return &c.SpillMaxBytes })},
-	{name: "http-public", usage: "serve the lookup API beyond this machine without a token (anyone who can reach --http reads every count)", bind: func(fs *pflag.FlagSet, c *Config, name, usage string) {
+	{name: "http-public", usage: "serve the lookup API beyond this machine without a token (anyone who can reach --http reads every count), and, with no --http-token-file, the data of the console on --admin too", bind: func(fs *pflag.FlagSet, c *Config, name, usage string) {
 		fs.BoolVar(&c.HTTPPublic, name, c.HTTPPublic, usage)
 	}},
 	{name: "admin", was: EnvPrefix + "ADMIN_ADDR", usage: "listen address of /healthz, /readyz and /metrics", bind: str(func(c *Config) *string { return &c.AdminAddr })},

@@ -24,6 +24,7 @@ import (
 	"net/http"
 	"net/url"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -68,11 +69,17 @@ type Config struct {
 	Metrics prometheus.Gatherer
 	// Race enables the race button (--console-race; on in hotcount dev).
 	Race bool
+	// CacheTTL is the lookup cache's --cache-ttl. The page polls about as
+	// often, so it nearly always finds a total just past it, marked stale
+	// while its refresh runs: the page calls a total stale only when it is
+	// older than twice the TTL (its refresh is late, or failing).
+	CacheTTL time.Duration
 	// Open serves the console's data to any address. Otherwise only to
-	// loopback clients (a browser on the machine, kubectl port-forward):
-	// the admin listener is usually reachable by Prometheus, and topic
-	// names and counts are the lookup API's to protect (--http-public
-	// opens both).
+	// this machine (a browser on it, kubectl port-forward): the admin
+	// listener is usually reachable by Prometheus, and topic names and
+	// counts are the lookup API's to protect. The sidecar sets it for
+	// --http-public without a token file: with a token, the console has
+	// no way to ask for it, so it stays local.
 	Open bool
 }
 
@@ -111,6 +118,10 @@ func New(cfg Config, log *zap.Logger) *Console {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET "+Path, func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Cache-Control", "no-cache")
+		// Never inside another site's frame: its race button would be
+		// one click away from a visitor who did not mean it.
+		w.Header().Set("X-Frame-Options", "DENY")
+		w.Header().Set("Content-Security-Policy", "frame-ancestors 'none'")
 		http.ServeFileFS(w, r, assets, "index.html")
 	})
 	mux.Handle("GET "+Path+"/{$}", http.RedirectHandler(Path, http.StatusMovedPermanently))
@@ -170,16 +181,34 @@ func (c *Console) tick(now time.Time) {
 	}
 }
 
-// guard serves h's data only to loopback clients unless the console is
-// Open.
+// guard serves h's data only to this machine unless the console is Open:
+// a loopback client that asked for a loopback host. The host matters as
+// much as the address: a service mesh's proxy forwards everyone's requests
+// from a loopback address (with the pod's name as the host), and a web
+// page that rebinds its own name to 127.0.0.1 reaches a loopback listener
+// from the visitor's browser (with its own name as the host).
 func (c *Console) guard(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if !c.cfg.Open && !loopback(r.RemoteAddr) {
-			writeJSON(w, http.StatusForbidden, errorBody{"the console's data is served to this machine only (a browser here, or kubectl port-forward); --http-public serves it to any address"})
+		if !c.cfg.Open && (!loopback(r.RemoteAddr) || !loopbackHost(r.Host)) {
+			writeJSON(w, http.StatusForbidden, errorBody{"the console's data is served to this machine only (a browser here at localhost or 127.0.0.1, or kubectl port-forward); --http-public without --http-token-file serves it to any address"})
 			return
 		}
 		h.ServeHTTP(w, r)
 	})
+}
+
+// loopbackHost says whether a request's Host names this machine's loopback.
+func loopbackHost(hostport string) bool {
+	host, _, err := net.SplitHostPort(hostport)
+	if err != nil {
+		host = hostport // no port
+	}
+	host = strings.Trim(host, "[]")
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }
 
 func loopback(remoteAddr string) bool {
@@ -280,8 +309,9 @@ func (c *Console) topic(ctx context.Context, name string) *topicState {
 		t.Error = err.Error()
 		return t
 	}
+	late := got.Stale && time.Duration(got.AgeMs)*time.Millisecond > 2*c.cfg.CacheTTL
 	t.Total = &total{Gathered: got.Count - got.Pending, Pending: got.Pending, WithPending: got.Count,
-		Source: got.Source, Stale: got.Stale, AgeMs: got.AgeMs, Shards: got.Shards}
+		Source: got.Source, Stale: late, AgeMs: got.AgeMs, Shards: got.Shards}
 	if c.cfg.WriteShards != nil {
 		t.WriteShards = c.cfg.WriteShards(name)
 	}

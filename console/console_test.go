@@ -69,7 +69,7 @@ func newTestConsole(t *testing.T, api http.Handler, cfg Config) *Console {
 func get(t *testing.T, h http.Handler, target string, v any) *httptest.ResponseRecorder {
 	t.Helper()
 	req := httptest.NewRequest(http.MethodGet, target, nil)
-	req.RemoteAddr = "127.0.0.1:50000"
+	req.RemoteAddr, req.Host = "127.0.0.1:50000", "127.0.0.1:9091"
 	rec := httptest.NewRecorder()
 	h.ServeHTTP(rec, req)
 	if v != nil {
@@ -171,21 +171,24 @@ func TestViewersShareAShardRead(t *testing.T) {
 // the race only to loopback clients, unless the console is open.
 func TestDataIsForThisMachine(t *testing.T) {
 	for _, tt := range []struct {
-		name   string
-		open   bool
-		remote string
-		want   int
+		name         string
+		open         bool
+		remote, host string
+		want         int
 	}{
-		{"loopback", false, "127.0.0.1:4000", 200},
-		{"loopback v6", false, "[::1]:4000", 200},
-		{"remote", false, "10.1.2.3:4000", 403},
-		{"remote, open", true, "10.1.2.3:4000", 200},
+		{"loopback", false, "127.0.0.1:4000", "127.0.0.1:9091", 200},
+		{"loopback v6", false, "[::1]:4000", "[::1]:9091", 200},
+		{"port-forward", false, "127.0.0.1:4000", "localhost:9091", 200},
+		{"remote", false, "10.1.2.3:4000", "10.1.2.9:9091", 403},
+		{"a mesh proxy forwarding from loopback", false, "127.0.0.6:4000", "hotcount.trends.svc:9091", 403},
+		{"a page rebinding its name to loopback", false, "127.0.0.1:4000", "evil.example:9091", 403},
+		{"remote, open", true, "10.1.2.3:4000", "hotcount.trends.svc:9091", 200},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			c := newTestConsole(t, &fakeAPI{}, Config{Open: tt.open})
 			for _, target := range []string{"/console", "/console/static/console.js", "/console/api/state"} {
 				req := httptest.NewRequest(http.MethodGet, target, nil)
-				req.RemoteAddr = tt.remote
+				req.RemoteAddr, req.Host = tt.remote, tt.host
 				rec := httptest.NewRecorder()
 				c.ServeHTTP(rec, req)
 				want := tt.want
@@ -318,7 +321,7 @@ func TestSamplesOnlyWhileWatched(t *testing.T) {
 func TestRace(t *testing.T) {
 	post := func(c *Console, header bool) *httptest.ResponseRecorder {
 		req := httptest.NewRequest(http.MethodPost, "/console/api/race", nil)
-		req.RemoteAddr = "127.0.0.1:4000"
+		req.RemoteAddr, req.Host = "127.0.0.1:4000", "localhost:9091"
 		if header {
 			req.Header.Set("X-Hotcount-Console", "1")
 		}

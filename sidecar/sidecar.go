@@ -200,6 +200,12 @@ func (s *Sidecar) Run(ctx context.Context) error {
 		js.SetJournal(jr)
 	}
 
+	// What liveness follows, for alerts: the last flush that wrote
+	// something or had nothing to write (the start, before any).
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "hotcount_flusher_last_progress_timestamp_seconds",
+		Help: "Time of the last flush that wrote something or had nothing to write (the start, before any): /healthz fails when it is older than --health-flush-age.",
+	}, func() float64 { return float64(fl.LastProgress().UnixNano()) / 1e9 }))
 	health := func(context.Context) error {
 		if age := time.Since(fl.LastProgress()); age > cfg.HealthAge() {
 			return fmt.Errorf("no flush has written anything for %s, more than %s", age.Round(time.Millisecond), cfg.HealthAge())
@@ -250,7 +256,7 @@ func (s *Sidecar) Run(ctx context.Context) error {
 	api := lk.Handler(log, lookup.Extras{Pending: fl.Read, Hot: hottest.Top, ShardsOf: book.Cached})
 	// The console reads the lookup API in-process, past its token: it
 	// guards its own data (loopback only, unless --http-public).
-	con := console.New(console.Config{API: api, WriteShards: book.Cached, Metrics: reg, Race: cfg.ConsoleRace, Open: cfg.HTTPPublic}, log)
+	con := console.New(console.Config{API: api, WriteShards: book.Cached, Metrics: reg, Race: cfg.ConsoleRace, CacheTTL: cfg.CacheTTL, Open: cfg.HTTPPublic && cfg.HTTPTokenFile == ""}, log)
 	adminMux := http.NewServeMux()
 	adminMux.Handle("/", admin.Handler(reg, health, ready, deps))
 	adminMux.Handle(console.Path, con)
