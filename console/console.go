@@ -69,6 +69,14 @@ type Config struct {
 	Metrics prometheus.Gatherer
 	// Race enables the race button (--console-race; on in hotcount dev).
 	Race bool
+	// Raises lists the shard-count raises of a topic this sidecar made or
+	// saw lately (shards.Book.History). Nil: none shown.
+	Raises func(topic string) []Raise
+	// Known lists up to limit topics the lookup cache holds, with their
+	// cached totals (lookup.Service.Known): the picker lists them after
+	// the hottest, so that a topic stays there once its mentions stop.
+	// Nil: the hottest only.
+	Known func(limit int) []KnownTopic
 	// CacheTTL is the lookup cache's --cache-ttl. The page polls about as
 	// often, so it nearly always finds a total just past it, marked stale
 	// while its refresh runs: the page calls a total stale only when it is
@@ -232,6 +240,20 @@ type state struct {
 }
 
 // hotTopic is one entry of /v1/hot.
+// Raise is a change of a topic's write shard count, as the page shows it.
+type Raise struct {
+	At   int64 `json:"at"` // Unix ms
+	From int   `json:"from"`
+	To   int   `json:"to"`
+	Here bool  `json:"here"` // this sidecar raised it (else another did)
+}
+
+// KnownTopic is a topic the lookup cache holds, and its cached total.
+type KnownTopic struct {
+	Topic string
+	Count int64
+}
+
 type hotTopic struct {
 	Topic  string  `json:"topic"`
 	Count  int64   `json:"count"`
@@ -253,6 +275,9 @@ type topicState struct {
 	// WriteShards is N, the shards this sidecar writes the topic on;
 	// Shards lists the read set, M ≥ N.
 	WriteShards int `json:"writeShards"`
+	// Raises is the write count's history: the raises this sidecar made or
+	// saw in the last hour, oldest first.
+	Raises []Raise `json:"raises,omitempty"`
 }
 
 // total is /v1/topics/{topic}?include=pending's answer, with the gathered
@@ -281,6 +306,24 @@ func (c *Console) state(w http.ResponseWriter, r *http.Request) {
 		c.log.Debug("hot topics", zap.Error(err))
 	}
 	out.Topics = hot.Topics
+	if c.cfg.Known != nil {
+		listed := make(map[string]bool, len(out.Topics))
+		for _, t := range out.Topics {
+			listed[t.Topic] = true
+		}
+		for _, k := range c.cfg.Known(maxTopics) {
+			if len(out.Topics) >= maxTopics {
+				break
+			}
+			if !listed[k.Topic] {
+				t := hotTopic{Topic: k.Topic, Count: k.Count}
+				if c.cfg.WriteShards != nil {
+					t.Shards = c.cfg.WriteShards(k.Topic)
+				}
+				out.Topics = append(out.Topics, t)
+			}
+		}
+	}
 	if name := r.URL.Query().Get("topic"); name != "" {
 		out.Topic = c.topic(ctx, name)
 	}
@@ -314,6 +357,9 @@ func (c *Console) topic(ctx context.Context, name string) *topicState {
 		Source: got.Source, Stale: late, AgeMs: got.AgeMs, Shards: got.Shards}
 	if c.cfg.WriteShards != nil {
 		t.WriteShards = c.cfg.WriteShards(name)
+	}
+	if c.cfg.Raises != nil {
+		t.Raises = c.cfg.Raises(name)
 	}
 	// The read is shared by every viewer of the topic: it must not end
 	// when the viewer who started it leaves.

@@ -387,3 +387,41 @@ func TestRace(t *testing.T) {
 		t.Errorf("after Run: race %+v, want stopped", s.Race)
 	}
 }
+
+// TestPickerKeepsCachedTopics: the picker lists the hottest topics, then
+// those the lookup cache holds, so a topic stays listed after its mentions
+// stop (and /v1/hot forgets it).
+func TestPickerKeepsCachedTopics(t *testing.T) {
+	c := newTestConsole(t, &fakeAPI{}, Config{Known: func(limit int) []KnownTopic {
+		return []KnownTopic{{Topic: "golang", Count: 1500}, {Topic: "quiet", Count: 9}}
+	}})
+	var s state
+	if rec := get(t, c, "/console/api/state", &s); rec.Code != 200 {
+		t.Fatalf("%d %s", rec.Code, rec.Body)
+	}
+	var names []string
+	for _, tp := range s.Topics {
+		names = append(names, tp.Topic)
+	}
+	if len(names) != 2 || names[0] != "golang" || names[1] != "quiet" || s.Topics[1].Count != 9 {
+		t.Errorf("picker lists %v (%+v), want the hot golang once, then the cached quiet", names, s.Topics)
+	}
+}
+
+// TestStateShowsRaises: the chosen topic's shard-count history comes with
+// its state.
+func TestStateShowsRaises(t *testing.T) {
+	c := newTestConsole(t, &fakeAPI{}, Config{Raises: func(topic string) []Raise {
+		if topic != "golang" {
+			return nil
+		}
+		return []Raise{{At: 1000, From: 1, To: 2, Here: true}, {At: 2000, From: 2, To: 4}}
+	}})
+	var s state
+	if rec := get(t, c, "/console/api/state?topic=golang", &s); rec.Code != 200 {
+		t.Fatalf("%d %s", rec.Code, rec.Body)
+	}
+	if s.Topic == nil || len(s.Topic.Raises) != 2 || s.Topic.Raises[1].To != 4 || !s.Topic.Raises[0].Here {
+		t.Errorf("raises %+v, want 1→2 here then 2→4", s.Topic)
+	}
+}

@@ -218,3 +218,31 @@ func (c *concurrency) GatherMany(ctx context.Context, topics []string, n int, co
 	}
 	return c.Store.GatherMany(ctx, topics, n, consistent)
 }
+
+// TestKnownListsCachedTotals: Known lists the topics the cache holds, with
+// their cached totals, and reads nothing from the store.
+func TestKnownListsCachedTotals(t *testing.T) {
+	st, b := newStore(t)
+	add(t, b, "golang", 0, 5)
+	add(t, b, "rust", 0, 3)
+	svc, _ := newService(t, st, time.Minute, time.Hour, nil)
+	for _, topic := range []string{"golang", "rust"} {
+		if _, err := svc.Lookup(context.Background(), topic, lookup.Cached); err != nil {
+			t.Fatal(err)
+		}
+	}
+	calls := st.calls.Load()
+	got := map[string]int64{}
+	for _, k := range svc.Known(10) {
+		got[k.Topic] = k.Count
+	}
+	if got["golang"] != 5 || got["rust"] != 3 || len(got) != 2 {
+		t.Errorf("Known = %v, want golang:5 rust:3", got)
+	}
+	if len(svc.Known(1)) != 1 {
+		t.Error("Known(1) listed more than one")
+	}
+	if st.calls.Load() != calls {
+		t.Error("Known read the store")
+	}
+}

@@ -375,6 +375,21 @@ func (s *Service) Close() {
 	s.floors.StopAllGoroutines()
 }
 
+// Known returns up to limit topics the cache holds a total of, those it
+// is most likely to keep first, with their totals as cached (no gather,
+// no refresh): what the console's picker lists besides the hottest ones.
+func (s *Service) Known(limit int) []Total {
+	now := s.now()
+	var out []Total
+	for e := range s.cache.Hottest() {
+		if len(out) == limit {
+			break
+		}
+		out = append(out, e.Value.total(e.Key, "cache", now))
+	}
+	return out
+}
+
 // Lookup returns topic's total at consistency c. With Cached: a fresh
 // entry is a hit; an older one (up to CacheStale) is served at once,
 // marked stale, while one background gather refreshes it; a miss waits

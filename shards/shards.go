@@ -11,6 +11,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -64,6 +65,7 @@ type Book struct {
 	log       *zap.Logger
 	cache     *expirable.LRU[string, store.Meta]
 	raised    *expirable.LRU[string, struct{}] // topics raised lately: one raise per cache period
+	history   *expirable.LRU[string, []Raise]  // raises this sidecar made or saw, by topic (the console shows them)
 	raises    prometheus.Counter
 	created   prometheus.Counter
 	fallbacks prometheus.Counter
@@ -77,6 +79,9 @@ func New(cfg Config, st Store, log *zap.Logger, reg prometheus.Registerer) *Book
 		log:    log.Named("shards"),
 		cache:  expirable.NewLRU[string, store.Meta](cacheSize, nil, cfg.Every),
 		raised: expirable.NewLRU[string, struct{}](cacheSize, nil, cfg.Every),
+		// An hour of raises per topic, for people to look at: raises are
+		// rare, the map small.
+		history: expirable.NewLRU[string, []Raise](cacheSize, nil, time.Hour),
 		raises: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "hotcount_shards_raised_total",
 			Help: "Topics whose shard count this sidecar raised (--adaptive, on throttling).",
@@ -153,7 +158,7 @@ func (b *Book) WriteCounts(ctx context.Context, topics []string) (map[string]int
 			continue
 		}
 		g.Go(func() error {
-			m, err := b.change(ctx, t, m, m.With(b.initial()))
+			m, recorded, err := b.change(ctx, t, m, m.With(b.initial()))
 			mu.Lock()
 			defer mu.Unlock()
 			if err != nil {
@@ -163,7 +168,9 @@ func (b *Book) WriteCounts(ctx context.Context, topics []string) (map[string]int
 				}
 				return nil
 			}
-			b.created.Inc()
+			if recorded { // else another sidecar recorded it first
+				b.created.Inc()
+			}
 			b.cache.Add(t, m)
 			out[t] = m.Write()
 			return nil
@@ -182,19 +189,19 @@ func (b *Book) WriteCounts(ctx context.Context, topics []string) (map[string]int
 
 // change sets topic's metadata from old to m; if another writer changed it
 // first, its value is read back and kept: racing writers agree.
-func (b *Book) change(ctx context.Context, topic string, old, m store.Meta) (store.Meta, error) {
+func (b *Book) change(ctx context.Context, topic string, old, m store.Meta) (store.Meta, bool, error) {
 	err := b.st.SetMeta(ctx, topic, old, m)
 	if errors.Is(err, store.ErrConflict) {
 		metas, rerr := b.st.Metas(ctx, []string{topic})
 		if rerr != nil {
-			return store.Meta{}, fmt.Errorf("shards: %w", rerr)
+			return store.Meta{}, false, fmt.Errorf("shards: %w", rerr)
 		}
-		return metas[topic], nil
+		return metas[topic], false, nil
 	}
 	if err != nil {
-		return store.Meta{}, fmt.Errorf("shards: %w", err)
+		return store.Meta{}, false, fmt.Errorf("shards: %w", err)
 	}
-	return m, nil
+	return m, true, nil
 }
 
 // Throttled is told that topic's writes were refused for throughput on
@@ -215,19 +222,51 @@ func (b *Book) Throttled(ctx context.Context, topic string) int {
 	cur := metas[topic]
 	if cur.Write() > m.Write() { // raised by another sidecar since we looked
 		b.cache.Add(topic, cur)
+		b.remember(topic, Raise{At: time.Now(), From: m.Write(), To: cur.Write(), Here: false})
 		return cur.Write()
 	}
-	next, err := b.change(ctx, topic, cur, cur.With(min(2*cur.Write(), b.cfg.Max)))
+	next, applied, err := b.change(ctx, topic, cur, cur.With(min(2*cur.Write(), b.cfg.Max)))
 	if err != nil {
 		b.log.Warn("raise", zap.String("topic", topic), zap.Error(err))
 		return m.Write()
 	}
 	b.cache.Add(topic, next)
-	if next.Write() > cur.Write() {
+	if next.Write() > cur.Write() && !applied { // another sidecar's raise won the race
+		b.remember(topic, Raise{At: time.Now(), From: cur.Write(), To: next.Write(), Here: false})
+	}
+	if next.Write() > cur.Write() && applied {
 		b.raises.Inc()
+		b.remember(topic, Raise{At: time.Now(), From: cur.Write(), To: next.Write(), Here: true})
 		b.log.Info("raised shards", zap.String("topic", topic), zap.Int("from", cur.Write()), zap.Int("to", next.Write()))
 	}
 	return next.Write()
+}
+
+// Raise is a change of a topic's write shard count that this sidecar made
+// (Here) or found made by another.
+type Raise struct {
+	At       time.Time
+	From, To int
+	Here     bool
+}
+
+// maxHistory bounds the raises kept per topic.
+const maxHistory = 16
+
+func (b *Book) remember(topic string, r Raise) {
+	h, _ := b.history.Get(topic)
+	h = append(h, r)
+	if len(h) > maxHistory {
+		h = h[len(h)-maxHistory:]
+	}
+	b.history.Add(topic, h)
+}
+
+// History returns the raises of topic this sidecar made or saw in the last
+// hour, oldest first.
+func (b *Book) History(topic string) []Raise {
+	h, _ := b.history.Peek(topic)
+	return slices.Clone(h)
 }
 
 // Cached is the shard count this sidecar last used for topic, or the

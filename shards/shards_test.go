@@ -50,6 +50,22 @@ func TestRacingRaisesAgree(t *testing.T) {
 			t.Errorf("book %d writes to %d shards, want the agreed 2", i, n)
 		}
 	}
+	// Each book remembers the raise, made here or found made by another:
+	// the console shows the history.
+	made := 0
+	for i, b := range books {
+		h := b.History("hot")
+		if len(h) != 1 || h[0].From != 1 || h[0].To != 2 {
+			t.Errorf("book %d's history of hot = %+v, want the one raise 1→2", i, h)
+			continue
+		}
+		if h[0].Here {
+			made++
+		}
+	}
+	if made > 1 {
+		t.Errorf("%d books say they made the one raise", made)
+	}
 }
 
 // TestStaticTopicsKeepTheirCount: a topic first written under --shards 4

@@ -256,7 +256,7 @@ func (s *Sidecar) Run(ctx context.Context) error {
 	api := lk.Handler(log, lookup.Extras{Pending: fl.Read, Hot: hottest.Top, ShardsOf: book.Cached})
 	// The console reads the lookup API in-process, past its token: it
 	// guards its own data (loopback only, unless --http-public).
-	con := console.New(console.Config{API: api, WriteShards: book.Cached, Metrics: reg, Race: cfg.ConsoleRace, CacheTTL: cfg.CacheTTL, Open: cfg.HTTPPublic && cfg.HTTPTokenFile == ""}, log)
+	con := console.New(console.Config{API: api, WriteShards: book.Cached, Metrics: reg, Race: cfg.ConsoleRace, CacheTTL: cfg.CacheTTL, Known: knownTopics(lk), Raises: raisesOf(book), Open: cfg.HTTPPublic && cfg.HTTPTokenFile == ""}, log)
 	adminMux := http.NewServeMux()
 	adminMux.Handle("/", admin.Handler(reg, health, ready, deps))
 	adminMux.Handle(console.Path, con)
@@ -451,4 +451,27 @@ func (s *Sidecar) listen(handlers map[string]http.Handler) ([]*server, error) {
 	}
 	s.httpAddr, s.adminAddr = out[0].ln.Addr(), out[1].ln.Addr()
 	return out, nil
+}
+
+// knownTopics lists the topics lk caches, for the console's picker.
+func knownTopics(lk *lookup.Service) func(limit int) []console.KnownTopic {
+	return func(limit int) []console.KnownTopic {
+		totals := lk.Known(limit)
+		out := make([]console.KnownTopic, len(totals))
+		for i, t := range totals {
+			out[i] = console.KnownTopic{Topic: t.Topic, Count: t.Count}
+		}
+		return out
+	}
+}
+
+// raisesOf gives the console the shard-count raises book made or saw.
+func raisesOf(book *shards.Book) func(topic string) []console.Raise {
+	return func(topic string) []console.Raise {
+		var out []console.Raise
+		for _, r := range book.History(topic) {
+			out = append(out, console.Raise{At: r.At.UnixMilli(), From: r.From, To: r.To, Here: r.Here})
+		}
+		return out
+	}
 }

@@ -134,6 +134,9 @@ function renderTopic(t) {
   const sh = t && t.shards;
   if (sh) {
     $("shard-count").textContent = "writes on " + t.writeShards + ", reads " + sh.shards.length;
+    $("raises").textContent = (t.raises || []).map(function (r) {
+      return r.from + "→" + r.to + " at " + new Date(r.at).toLocaleTimeString() + (r.here ? " (this sidecar)" : " (another sidecar)");
+    }).join(", ") || "no raise in the last hour";
     $("shards-meta").textContent = "sum " + fmt(sh.count) + " · read " + Math.max(0, ((Date.now() - sh.readAt) / 1000)).toFixed(1) + " s ago";
     renderBars(sh.shards, t.writeShards);
   } else {
