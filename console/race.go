@@ -82,8 +82,8 @@ func newRace(p raceParams, now time.Time) *race {
 
 // run races until the race's duration has passed or ctx ends, and returns
 // once every goroutine it started has stopped.
-func (r *race) run(ctx context.Context) {
-	ctx, cancel := context.WithTimeout(ctx, r.p.Duration)
+func (r *race) run(parent context.Context) {
+	ctx, cancel := context.WithTimeout(parent, r.p.Duration)
 	defer cancel()
 	// The race's own registry: its aggregator and flusher must not count
 	// into the sidecar's metrics.
@@ -108,6 +108,13 @@ func (r *race) run(ctx context.Context) {
 	}
 	wg.Go(func() { r.record(ctx) })
 	wg.Wait()
+	if parent.Err() == nil {
+		// What the last window coalesced is the race's too: written, as a
+		// sidecar's final flush writes it (unless the sidecar is stopping).
+		fctx, cancelFinal := context.WithTimeout(parent, 2*time.Second)
+		fl.Final(fctx) //nolint:errcheck // the store takes it or the race ends without it
+		cancelFinal()
+	}
 	r.mu.Lock()
 	r.ended = time.Now()
 	r.mu.Unlock()
