@@ -228,7 +228,8 @@ type Metrics struct {
 	redelivered prometheus.Counter
 	journaled   prometheus.Counter
 	paused      prometheus.Counter
-	partitions  prometheus.Gauge   // partitioned mode
+	partitions  prometheus.Gauge   // partitioned mode: owned now
+	configured  prometheus.Gauge   // partitioned mode: --partitions
 	handovers   prometheus.Counter // partitioned mode
 
 	mu          sync.Mutex
@@ -272,11 +273,15 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Name: "hotcount_ingest_partitions_owned",
 		Help: "Partitions of the stream this sidecar consumes now (partitioned mode).",
 	})
+	m.configured = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "hotcount_ingest_partitions",
+		Help: "Partitions of the stream (--partitions) in partitioned mode, 0 in the other modes: the fleet's sum of hotcount_ingest_partitions_owned should reach it.",
+	})
 	m.handovers = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "hotcount_ingest_partition_handovers_total",
 		Help: "Partitions this sidecar gave up to another owner, after handing what it held to its window (partitioned mode).",
 	})
-	reg.MustRegister(m.events, m.mentions, m.invalid, m.dropped, m.redelivered, m.journaled, m.paused, m.partitions, m.handovers)
+	reg.MustRegister(m.events, m.mentions, m.invalid, m.dropped, m.redelivered, m.journaled, m.paused, m.partitions, m.configured, m.handovers)
 	for _, r := range []string{ReasonTopic, ReasonPayload, ReasonCount} {
 		m.invalid.WithLabelValues(r)
 	}

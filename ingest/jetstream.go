@@ -117,6 +117,7 @@ func NewJetStreamConsumer(nc *nats.Conn, cfg Config, jcfg JetStreamConfig, sink 
 	if jcfg.Partitions > 0 && jcfg.Owner == nil {
 		return nil, errors.New("ingest: partitioned mode needs an Owner")
 	}
+	m.configured.Set(float64(jcfg.Partitions))
 	return &JetStreamConsumer{checker: c, js: js, jcfg: jcfg, sink: sink, paused: paused, lanes: make(map[int]*lane)}, nil
 }
 

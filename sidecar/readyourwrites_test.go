@@ -92,19 +92,30 @@ func readYourWrites(t *testing.T, mode string) {
 	var last int64
 	reads, blips := 0, 0
 	deadline := time.Now().Add(5 * time.Second)
+	// A write whose answer was lost holds the answer at its last value
+	// until it settles (docs/API.md, include=pending): reads while one is
+	// unsettled may be below what was accepted, never below the last.
+	unsettled := func() bool {
+		return testenv.Metric(t, e.sc.Registry(), "hotcount_flusher_pending_writes") > 0
+	}
 	for time.Now().Before(deadline) {
 		accepted := int64(testenv.Metric(t, e.sc.Registry(), "hotcount_ingest_mentions_total"))
+		doubtBefore := unsettled()
 		got, err := read()
 		if err != nil {
 			blips++ // a miss while the store is away may fail; a cached total does not
 			continue
 		}
 		reads++
-		if now := time.Now(); got < accepted && (now.Before(blipFrom) || now.After(blipTo)) {
-			t.Fatalf("read %d: %d, but %d mentions were accepted before it: %s", reads, got, accepted, lastBody)
+		now := time.Now()
+		inBlip := !now.Before(blipFrom) && !now.After(blipTo)
+		if got < accepted && !inBlip && !doubtBefore && !unsettled() {
+			t.Errorf("read %d: %d, but %d mentions were accepted before it: %s", reads, got, accepted, lastBody)
+			break // not Fatal: the publisher and the blip still run, and wg.Wait below waits for them
 		}
 		if got < last {
-			t.Fatalf("read %d: %d after %d: the count went back: %s", reads, got, last, lastBody)
+			t.Errorf("read %d: %d after %d: the count went back: %s", reads, got, last, lastBody)
+			break
 		}
 		last = got
 	}
