@@ -182,19 +182,16 @@ func (f *Fleet) receive(m *nats.Msg) {
 	}
 }
 
-// expire forgets the sidecars not heard from for Expiry intervals, unless
-// this sidecar has not heard itself either: then it is the one cut off (a
-// lost NATS connection, a long pause), and forgetting the others would
-// have it claim every partition.
+// expire forgets the sidecars not heard from for Expiry intervals of this
+// sidecar hearing itself. Time alone is not enough: a sidecar cut off (a
+// lost NATS connection, a long pause) hears nobody, itself included, and
+// forgetting the others would have it claim every partition; measured
+// against its own voice, its view stays as it was until it hears again.
 func (f *Fleet) expire() {
 	f.mu.Lock()
-	if time.Since(f.heard) > Expiry*f.interval {
-		f.mu.Unlock()
-		return
-	}
 	var gone []string
 	for id, at := range f.seen {
-		if id != f.self.ID && time.Since(at) > Expiry*f.interval {
+		if id != f.self.ID && f.heard.Sub(at) > Expiry*f.interval {
 			delete(f.seen, id)
 			gone = append(gone, id)
 		}
