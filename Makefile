@@ -23,8 +23,11 @@ $(DYNALITE): test/dynalite/package.json test/dynalite/package-lock.json
 deps: $(DYNALITE)
 	$(GO) mod download
 
+# One package at a time (-p 1): the suites start real services (a NATS
+# cluster, sidecar processes, dynalite, Chromium) and assert on timing
+# bounds; two such packages at once on a 2-core machine starve each other.
 test: deps
-	$(GO) test -race -count=1 ./...
+	$(GO) test -race -count=1 -p 1 ./...
 
 lint:
 	$(GO) vet ./...

@@ -706,11 +706,22 @@ func (f *Flusher) confirm(ctx context.Context) {
 	}
 }
 
+// retireTimeout bounds the retirements of one flush.
+const retireTimeout = 500 * time.Millisecond
+
 // retire deletes the journal entries whose writes are all in the store;
 // one that fails stays listed for the next flush (left in the journal, it
 // would only be replayed, and refused by the marks, once this writer is
 // gone).
 func (f *Flusher) retire(ctx context.Context) {
+	if len(f.unretired) == 0 {
+		return
+	}
+	// Retiring waits for the consumer's ack floor, a request to NATS: a
+	// slow JetStream (a cluster electing leaders) must not eat the flush's
+	// time for writes. An entry left is only retired later.
+	ctx, cancel := context.WithTimeout(ctx, retireTimeout)
+	defer cancel()
 	var left []string
 	for _, key := range f.unretired {
 		switch err := f.journal.Settled(ctx, key); {

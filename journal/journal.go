@@ -401,7 +401,7 @@ func (j *Journal) cachedFloor(ctx context.Context) (int64, error) {
 	if time.Since(at) < floorFresh {
 		return floor, ferr
 	}
-	fctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	fctx, cancel := context.WithTimeout(ctx, 5*time.Second) // or the caller's, if sooner
 	defer cancel()
 	if ferr = j.nc.FlushWithContext(fctx); ferr != nil {
 		ferr = fmt.Errorf("journal: flush acknowledgements: %w", ferr)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -143,7 +144,19 @@ func clusterRun(t *testing.T, lose string) {
 
 	// Everything acknowledged by the sidecars, the dead one's journal
 	// replayed by the others.
-	testenv.Eventually(t, 30*time.Second, func() error { return owned(fleet) })
+	for deadline := time.Now().Add(90 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		err := owned(fleet)
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			var logs strings.Builder
+			for i, c := range fleet {
+				fmt.Fprintf(&logs, "--- sidecar %d:\n%s", i, c.logs)
+			}
+			t.Fatalf("%v after 90 s\n%s", err, logs.String())
+		}
+	}
 	testenv.Eventually(t, 2*journal.Lease+time.Minute, func() error {
 		for p := range partitions {
 			c, err := js.Consumer(ctx, "MENTIONS", ingest.PartitionConsumer("hotcount", p))
