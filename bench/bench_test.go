@@ -388,6 +388,66 @@ func BenchmarkCounters(b *testing.B) {
 		pub.Flush() //nolint:errcheck // checked by the count
 		reportCounted(b, sc)
 	})
+	// The ceiling of any consumer of a stream on this server: a bare
+	// durable consumer, fed by the same publisher as it publishes, acking
+	// each message on arrival with nothing counted or kept. The server
+	// stores and delivers every message, where the counters only store:
+	// hotcount-jetstream can come near this, not beat the counters.
+	b.Run("bare-consumer", func(b *testing.B) {
+		ns := testenv.NATS(b)
+		nc := testenv.Connect(b, ns.ClientURL())
+		ctx := context.Background()
+		if _, err := ingest.EnsureStream(ctx, nc, ingest.DefaultStream, "mentions.>", time.Minute); err != nil {
+			b.Fatal(err)
+		}
+		cjs, err := jetstream.New(testenv.Connect(b, ns.ClientURL()))
+		if err != nil {
+			b.Fatal(err)
+		}
+		cons, err := cjs.CreateOrUpdateConsumer(ctx, ingest.DefaultStream, jetstream.ConsumerConfig{
+			Durable: "bare", AckPolicy: jetstream.AckExplicitPolicy, MaxAckPending: ingest.DefaultMaxAckPending,
+		})
+		if err != nil {
+			b.Fatal(err)
+		}
+		var got atomic.Int64
+		all := make(chan struct{})
+		cc, err := cons.Consume(func(m jetstream.Msg) {
+			if _, err := m.Metadata(); err != nil {
+				b.Error(err)
+			}
+			m.Ack() //nolint:errcheck // a lost ack is a redelivery, counted again: the run takes longer
+			if got.Add(1) == int64(b.N) {
+				close(all)
+			}
+		}, jetstream.PullMaxMessages(1000))
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer cc.Stop()
+		js, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(4096))
+		if err != nil {
+			b.Fatal(err)
+		}
+		subs := subjects(b.N, true)
+		b.ResetTimer()
+		for _, s := range subs {
+			for {
+				if _, err := js.PublishAsync(s, nil); err == nil {
+					break
+				}
+				<-js.PublishAsyncComplete()
+			}
+		}
+		<-js.PublishAsyncComplete()
+		select {
+		case <-all:
+		case <-time.After(2 * time.Minute):
+			b.Fatalf("consumed %d of %d", got.Load(), b.N)
+		}
+		b.StopTimer()
+		b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "mentions/s")
+	})
 	// Like for like with the counters: the same acknowledged asynchronous
 	// JetStream publishes, into hotcount's stream, counted when every
 	// mention is journaled and written exactly once (JetStream mode).
