@@ -48,6 +48,7 @@ bench: deps
 	$(GO) test -run '^$$' -bench BenchmarkFleetReads -benchtime 2000x -count $(COUNT) ./peers/ | tee -a bench.out
 	$(GO) test -run '^$$' -bench BenchmarkFleetWrites -benchtime 4000x -count $(COUNT) ./sidecar/ | tee -a bench.out
 	$(GO) test -run '^$$' -bench BenchmarkOutageRSS -benchtime 2000000x -count 1 ./cmd/hotcount/ | tee -a bench.out
+	$(GO) test -run '^$$' -bench BenchmarkLongTail -benchtime 3000000x -count 1 ./cmd/hotcount/ | tee -a bench.out
 	$(GO) run ./bench/report -in bench.out -out docs/BENCHMARKS.md
 
 # A long run at a bounded rate: heap flat, counts exact. Not part of test.

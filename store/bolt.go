@@ -27,10 +27,11 @@ var boltBucket = []byte("shards")
 // Bolt is the embedded store: the same key schema and the same atomic-add and
 // gather semantics as DynamoDB, in one bbolt file, so that `hotcount dev`
 // needs no outside service and keeps its counts across restarts. It is safe
-// for concurrent use. Concurrent Adds are coalesced into one transaction (and
-// one fsync) by bbolt's Batch.
+// for concurrent use. Concurrent writes are coalesced into one transaction
+// (and one fsync) by a group committer.
 type Bolt struct {
 	db      *bolt.DB
+	group   *groupCommitter
 	metrics *Metrics
 }
 
@@ -41,7 +42,11 @@ func OpenBolt(dir string, m *Metrics) (*Bolt, error) {
 		return nil, fmt.Errorf("store: create data dir: %w", err)
 	}
 	path := filepath.Join(dir, BoltFile)
-	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: time.Second})
+	// The free list is not written at each commit and is kept as a map, as
+	// etcd runs bbolt: with millions of topics, writing it each commit and
+	// searching it as an array cost more than the writes themselves. After
+	// a crash bbolt rebuilds it by scanning the file on open.
+	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: time.Second, NoFreelistSync: true, FreelistType: bolt.FreelistMapType})
 	if errors.Is(err, berrors.ErrTimeout) {
 		return nil, fmt.Errorf("store: %s is locked by another process (a hotcount dev or run --store bolt on this --data-dir): stop it, or choose another --data-dir: %w", path, ErrLocked)
 	}
@@ -55,13 +60,7 @@ func OpenBolt(dir string, m *Metrics) (*Bolt, error) {
 		db.Close()
 		return nil, fmt.Errorf("store: init %s: %w", path, err)
 	}
-	// Batch runs a transaction when it has MaxBatchSize calls or after
-	// MaxBatchDelay. The flusher keeps only --flush-concurrency writes in
-	// flight, so the default size (1000) is never reached and every batch
-	// would wait the default 10 ms; 1 ms keeps a flush of thousands of
-	// topics fast while still putting each fsync behind many writes.
-	db.MaxBatchDelay = time.Millisecond
-	return &Bolt{db: db, metrics: m}, nil
+	return &Bolt{db: db, group: newGroupCommitter(db), metrics: m}, nil
 }
 
 // An item is two big-endian int64s: count, then updatedAt (Unix ms).
@@ -129,8 +128,8 @@ func (b *Bolt) Add(ctx context.Context, w Write, now time.Time) error {
 	key := []byte(w.Key())
 	var refused error
 	var resolved string
-	err := b.db.Batch(func(tx *bolt.Tx) error {
-		refused, resolved = nil, "" // Batch may run this again
+	err := b.group.do(func(tx *bolt.Tx) error {
+		refused, resolved = nil, "" // the group may run this again
 		bk := tx.Bucket(boltBucket)
 		s, err := decodeShard(bk.Get(key))
 		if err != nil {
@@ -258,10 +257,10 @@ func (b *Bolt) Metas(ctx context.Context, topics []string) (map[string]Meta, err
 // transaction; else ErrConflict.
 func (b *Bolt) SetMeta(ctx context.Context, topic string, old, m Meta) error {
 	b.metrics.metaWrites.Inc()
-	// Batch, as for counts: a first flush records many new topics at once,
-	// and one fsync per topic would stall it. The function is safe to run
-	// again (it re-reads what it checks), as Batch may.
-	return b.db.Batch(func(tx *bolt.Tx) error {
+	// Grouped, as counts are: a first flush records many new topics at
+	// once, and one fsync per topic would stall it. The function is safe to
+	// run again (it re-reads what it checks), as the group may.
+	return b.group.do(func(tx *bolt.Tx) error {
 		bk := tx.Bucket(boltBucket)
 		cur, err := boltMeta(bk, topic)
 		if err != nil {
@@ -287,5 +286,9 @@ func (b *Bolt) Ping(ctx context.Context) error {
 	})
 }
 
-// Close releases the file. Calls after Close fail.
-func (b *Bolt) Close() error { return b.db.Close() }
+// Close waits for the transaction in progress and releases the file. Calls
+// after Close fail.
+func (b *Bolt) Close() error {
+	b.group.close()
+	return b.db.Close()
+}

@@ -474,3 +474,66 @@ func TestNamedIsShort(t *testing.T) {
 		}
 	}
 }
+
+// TestBoltGroupsConcurrentWrites: many writes at once share transactions,
+// and one that fails (an overflow) fails alone: every other is applied
+// exactly once. After Close a write is refused, not left waiting.
+func TestBoltGroupsConcurrentWrites(t *testing.T) {
+	b, err := store.OpenBolt(t.TempDir(), store.NewMetrics(prometheus.NewRegistry()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := b.Add(ctx, testenv.W("full", 0, math.MaxInt64), time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	const writers, each = 64, 50
+	var wg sync.WaitGroup
+	var overflows atomic.Int64
+	for w := range writers {
+		wg.Go(func() {
+			write := testenv.Writer() // a writer's seqs rise per item: one each
+			for i := range each {
+				if w == 7 && i == 25 {
+					if err := b.Add(ctx, testenv.W("full", 0, 1), time.Now()); errors.Is(err, store.ErrOverflow) {
+						overflows.Add(1)
+					} else {
+						t.Errorf("overflowing write = %v, want ErrOverflow", err)
+					}
+				}
+				if err := b.Add(ctx, write("t"+strconv.Itoa(i%10), w%4, 1), time.Now()); err != nil {
+					t.Error(err)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if overflows.Load() != 1 {
+		t.Errorf("%d overflows, want 1", overflows.Load())
+	}
+	var total int64
+	for i := range 10 {
+		shards, err := b.Gather(ctx, "t"+strconv.Itoa(i), 4, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sum, _ := store.Sum(shards)
+		total += sum
+	}
+	if total != writers*each {
+		t.Errorf("stored %d, want %d: a write was lost or applied twice", total, writers*each)
+	}
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- b.Add(ctx, testenv.W("late", 0, 1), time.Now()) }()
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Error("a write after Close succeeded")
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("a write after Close is still waiting")
+	}
+}

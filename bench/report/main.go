@@ -174,6 +174,7 @@ go test -run '^$' -bench BenchmarkSidecarRSS -benchtime 1000000x -count 3 ./cmd/
 go test -run '^$' -bench BenchmarkFleetReads -benchtime 2000x -count 3 ./peers/
 go test -run '^$' -bench BenchmarkFleetWrites -benchtime 4000x -count 3 ./sidecar/
 go test -run '^$' -bench BenchmarkOutageRSS -benchtime 2000000x -count 1 ./cmd/hotcount/
+go test -run '^$' -bench BenchmarkLongTail -benchtime 3000000x -count 1 ./cmd/hotcount/
 `
 
 const notes = `
@@ -189,6 +190,7 @@ const notes = `
 - ` + "`peers.BenchmarkFleetReads`" + `: a read storm on 10 hot topics from 4 sidecars (lookup services) on one NATS server and one embedded store, 100 ms TTL: gathers per topic per TTL for the whole fleet, each sidecar gathering alone against ` + "`--share-totals`" + ` (target: 1.5 or fewer shared).
 - ` + "`sidecar.BenchmarkFleetWrites`" + `: 4 sidecars on one NATS server and one dynalite table take mentions over 1,000 Zipf topics at 400 a second (the store keeps up in every mode), 500 ms flush interval, 16 partitions: UpdateItem calls counted at the table while they stream in. queue = core NATS queue group, jetstream = one durable consumer shared by the fleet, partitioned = ` + "`--nats-mode partitioned`" + `. ` + "`hot-writes/interval`" + ` is the hottest topic's writes per flush interval for the whole fleet (target: at most 1.2 partitioned, against about 4 shared); ` + "`writes/s`" + ` all topics'.
 - ` + "`cmd/hotcount.BenchmarkOutageRSS`" + `: a real ` + "`hotcount run`" + ` process in core mode whose DynamoDB endpoint does not answer takes b.N mentions of b.N distinct topics (2,000,000). spill: the manifests' 256 MiB limit and the default ` + "`--buffer-memory`" + ` (an eighth of it): the window spills to disk and the peak RSS must stay under the limit. memory: no limit, no spill, every topic in memory; ` + "`B/topic`" + ` is (peak − idle RSS) per topic beyond the topic's own bytes, GC headroom included (target: 100 B). Both must take every mention.
+- ` + "`cmd/hotcount.BenchmarkLongTail`" + `: the issue's long tail: a real ` + "`hotcount run --store bolt`" + ` process (core mode, default settings) takes b.N mentions of b.N distinct topics (3,000,000) at a steady 20,000 new topics a second for 150 s. ` + "`written-topics/s`" + ` is the store's write rate from a third of the way in to the end of the load and ` + "`keep-up`" + ` that over the 20,000 offered (target: 1.00); ` + "`buffered-at-end`" + ` the topics still buffered when the load stops (target: about two 1 s intervals, 40,000) and ` + "`drain-s`" + ` the time until every mention is written; the anonymous RSS (the heap, so the buffer) a third of the way in and at the end (target: flat), and the file-backed RSS at the end: bbolt's mapped file, which grows with the topics stored. Every mention must be written, none dropped.
 
 ## Write reduction
 

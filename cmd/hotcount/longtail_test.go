@@ -1,0 +1,110 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/hotcount/hotcount/internal/testenv"
+)
+
+// longTailRate is the issue's long tail: new topics a second, each seen once.
+const longTailRate = 20_000
+
+// BenchmarkLongTail is a real `hotcount run --store bolt` process (core
+// mode, default settings otherwise) taking b.N mentions of b.N distinct
+// topics, {"count":1} each, at a steady longTailRate a second (make bench:
+// 3,000,000, 150 s). It reports:
+//   - written-topics/s from a third of the way in to the end, and keep-up,
+//     that against the rate offered (target: 1.00, keeping pace);
+//   - the topics still buffered when the load stops (target: about two
+//     flush intervals' worth) and how long the rest takes to be written;
+//   - the process's anonymous RSS (its heap: the buffer) a third of the way
+//     in and at the end (target: flat), and its file-backed RSS at the end:
+//     the store's file, mapped by bbolt, which grows with the topics it
+//     holds and which the kernel may drop.
+//
+// Every mention must be written, none dropped.
+func BenchmarkLongTail(b *testing.B) {
+	ns := testenv.NATS(b)
+	child := startChild(b, "--store", "bolt", "--data-dir", b.TempDir(), "--nats-url", ns.ClientURL(), "--log-level", "warn")
+	defer func() { child.cmd.Process.Kill(); child.cmd.Wait() }() //nolint:errcheck // killed
+	pub, err := nats.Connect(ns.ClientURL())
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer pub.Close()
+	peak := sampleRSS(child.cmd.Process.Pid)
+	one := []byte(`{"count":1}`) // what producers send
+	const tick = 10 * time.Millisecond
+	perTick := longTailRate * int(tick) / int(time.Second)
+	var third, thirdWritten float64
+	var thirdAt time.Time
+	b.ResetTimer()
+	start := time.Now()
+	for i := 0; i < b.N; {
+		for end := min(i+perTick, b.N); i < end; i++ {
+			pub.Publish("mentions.tail-"+strconv.Itoa(i), one) //nolint:errcheck // checked by the count
+		}
+		if i == b.N/3/perTick*perTick {
+			third = rss(b, child, "RssAnon")
+			thirdWritten, thirdAt = child.metric(b, "hotcount_store_writes_total"), time.Now()
+		}
+		time.Sleep(time.Until(start.Add(time.Duration(i/perTick) * tick)))
+	}
+	pub.Flush() //nolint:errcheck // checked by the count
+	loaded := time.Since(start)
+	rate := (child.metric(b, "hotcount_store_writes_total") - thirdWritten) / time.Since(thirdAt).Seconds()
+	buffered := child.metric(b, "hotcount_aggregator_buffered_topics")
+	endAnon, endFile := rss(b, child, "RssAnon"), rss(b, child, "RssFile")
+	testenv.Eventually(b, 5*time.Minute, func() error {
+		if f := child.metric(b, "hotcount_flusher_flushed_mentions_total"); f < float64(b.N) {
+			return fmt.Errorf("%v of %d written", f, b.N)
+		}
+		return nil
+	})
+	drain := time.Since(start) - loaded
+	b.StopTimer()
+	body, err := child.get("/metrics")
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, lost := range []string{`hotcount_ingest_dropped_total{cause="slow_consumer"} 0`, "hotcount_aggregator_shed_mentions_total 0"} {
+		if !strings.Contains(body, lost+"\n") {
+			b.Errorf("mentions lost: want %s", lost)
+		}
+	}
+	b.ReportMetric(rate, "written-topics/s")
+	b.ReportMetric(rate/longTailRate, "keep-up")
+	b.ReportMetric(buffered, "buffered-at-end")
+	b.ReportMetric(drain.Seconds(), "drain-s")
+	b.ReportMetric(third/1024, "third-anon-RSS-MiB")
+	b.ReportMetric(endAnon/1024, "end-anon-RSS-MiB")
+	b.ReportMetric(endFile/1024, "end-file-RSS-MiB")
+	b.ReportMetric(float64(peak())/1024, "peak-RSS-MiB")
+}
+
+// rss reads one of the RSS lines of the child's /proc status (RssAnon,
+// RssFile), in KiB.
+func rss(b *testing.B, c *child, field string) float64 {
+	s, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", c.cmd.Process.Pid))
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, line := range strings.Split(string(s), "\n") {
+		if v, ok := strings.CutPrefix(line, field+":"); ok {
+			n, err := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 64)
+			if err != nil {
+				b.Fatal(err)
+			}
+			return n
+		}
+	}
+	b.Fatalf("no %s in /proc status", field)
+	return 0
+}
