@@ -11,9 +11,7 @@ package aggregator
 import (
 	"errors"
 	"math"
-	"strings"
 	"sync"
-	"unsafe"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
@@ -25,17 +23,18 @@ import (
 const DefaultMaxTopics = 100_000
 
 // TopicOverhead is what a buffered topic costs in memory beyond its name's
-// bytes: its map slot with the map's spare room (BenchmarkWindowMemory
-// measures 46–68 B with the name), rounded up for what a flush builds per
-// topic. The memory budget is counted in these.
-const TopicOverhead = 64
+// bytes: its slot in Deltas with the table's spare room (17 B at 79–95%
+// load) and its length byte (BenchmarkWindowMemory measures 33–35 B with
+// names of 12), rounded up for what a flush builds per topic. The memory
+// budget is counted in these.
+const TopicOverhead = 32
 
 // Spiller keeps windows on disk past the memory budget (spill.Dir is one).
 type Spiller interface {
 	// Put stores deltas as one segment; on error the caller keeps them.
-	Put(deltas map[string]int64) error
+	Put(deltas spill.Deltas) error
 	// Keep is Put past the disk budget.
-	Keep(deltas map[string]int64) error
+	Keep(deltas spill.Deltas) error
 	// Take removes and returns the oldest segment; nil when none is left.
 	Take() (map[string]int64, error)
 	// Next describes the segment Take would return: its bytes and its
@@ -87,17 +86,17 @@ type Message struct {
 // forward in one piece instead of tracking a scatter of acknowledged
 // messages. The receiver owns both.
 type Window struct {
-	Deltas map[string]int64
+	Deltas *Deltas
 	Acks   []Message
 }
 
 // Len is the number of topics in w.
-func (w Window) Len() int { return len(w.Deltas) }
+func (w Window) Len() int { return w.Deltas.Len() }
 
 // Mentions is the sum of w's deltas.
 func (w Window) Mentions() int64 {
 	var n int64
-	for _, d := range w.Deltas {
+	for _, d := range w.Deltas.All() {
 		n = satAdd(n, d)
 	}
 	return n
@@ -118,7 +117,6 @@ type Aggregator struct {
 	corrupt   prometheus.Counter
 
 	mu    sync.Mutex
-	names names // under mu
 	cur   Window
 	total int64 // sum of the window's deltas, for the buffered gauge
 	bytes int64 // the window's memory, as the budget counts it
@@ -148,7 +146,7 @@ func New(maxTopics int, reg prometheus.Registerer, opts ...Option) *Aggregator {
 	a := &Aggregator{
 		maxTopics: maxTopics,
 		full:      make(chan struct{}, 1),
-		cur:       Window{Deltas: make(map[string]int64)},
+		cur:       Window{Deltas: NewDeltas(0)},
 		log:       zap.NewNop(),
 		storeOK:   true, // segments an earlier process left go first
 	}
@@ -228,42 +226,17 @@ func (a *Aggregator) AddAcked(topic string, delta int64, m Acker, seq int64) {
 
 // add must be called with mu held.
 func (a *Aggregator) add(topic string, delta int64) (isNew bool) {
-	v, ok := a.cur.Deltas[topic]
-	if v > math.MaxInt64-delta {
+	v, isNew := a.cur.Deltas.Ref(topic)
+	if *v > math.MaxInt64-delta {
 		a.saturated.Inc() // an atomic add: cheap enough under the lock
-		delta = math.MaxInt64 - v
+		delta = math.MaxInt64 - *v
 	}
-	if !ok {
-		topic = a.names.intern(topic)
+	if isNew {
 		a.bytes += int64(len(topic)) + TopicOverhead
 	}
-	a.cur.Deltas[topic] = v + delta
+	*v += delta
 	a.total = satAdd(a.total, delta)
-	return !ok
-}
-
-// names packs the names of new topics into shared chunks. A buffered topic
-// then costs its name's bytes, not an allocation of its own with its size
-// class's slack, and it no longer keeps its whole NATS subject alive (the
-// ingest's topic is a slice of it). The chunks hold no pointers: the
-// garbage collector does not scan them. A chunk lives while any of its
-// names is a key somewhere. (A Go map stores the caller's string again when
-// an existing key is assigned, so a topic added to twice holds that
-// subject instead: the long tail, where memory goes, is added to once.)
-type names struct{ chunk []byte }
-
-const chunkSize = 64 << 10
-
-func (n *names) intern(s string) string {
-	if len(s) == 0 || len(s) > chunkSize/16 {
-		return strings.Clone(s)
-	}
-	if cap(n.chunk)-len(n.chunk) < len(s) {
-		n.chunk = make([]byte, 0, chunkSize)
-	}
-	start := len(n.chunk)
-	n.chunk = append(n.chunk, s...)
-	return unsafe.String(&n.chunk[start], len(s))
+	return isNew
 }
 
 // OverBudget reports whether the window is past its memory budget.
@@ -279,7 +252,7 @@ func (a *Aggregator) OverBudget() bool {
 // atBound reports whether the window reached its topic bound or its memory
 // budget; mu must be held.
 func (a *Aggregator) atBound() bool {
-	return len(a.cur.Deltas) >= a.maxTopics || a.maxBytes > 0 && a.bytes > a.maxBytes
+	return a.cur.Deltas.Len() >= a.maxTopics || a.maxBytes > 0 && a.bytes > a.maxBytes
 }
 
 // signal tells the flusher, if full, without blocking.
@@ -315,7 +288,7 @@ func (a *Aggregator) Drain() Window {
 	w := a.cur
 	// Size the next window like the last one (busy topics come back), but
 	// not a huge one: a long tail leaves it behind at once.
-	a.cur = Window{Deltas: make(map[string]int64, min(len(w.Deltas), 1<<16))}
+	a.cur = Window{Deltas: NewDeltas(min(w.Deltas.Len(), 1<<16))}
 	if len(w.Acks) > 0 {
 		a.cur.Acks = make([]Message, 0, len(w.Acks))
 	}
@@ -337,16 +310,16 @@ func (a *Aggregator) Drain() Window {
 		a.backoff = min(2*a.backoff+1, 64)
 		a.skip = a.backoff
 	}
-	a.drained, a.merged, a.carrying = len(w.Deltas), 0, false
+	a.drained, a.merged, a.carrying = w.Deltas.Len(), 0, false
 	a.mu.Unlock()
 	// The drained window is the caller's: segments are read into it
 	// without the lock, so the ingest never waits for the disk.
 	if unspill && a.unspill(&w, a.maxBytes-windowBytes(w.Deltas)) {
 		a.mu.Lock()
-		a.drained, a.carrying = len(w.Deltas), true
+		a.drained, a.carrying = w.Deltas.Len(), true
 		a.mu.Unlock()
 	}
-	if len(w.Deltas) == 0 {
+	if w.Deltas.Len() == 0 {
 		return Window{}
 	}
 	return w
@@ -390,19 +363,20 @@ func (a *Aggregator) unspill(w *Window, room int64) (took bool) {
 			return took
 		}
 		if w.Deltas == nil {
-			w.Deltas = make(map[string]int64, len(deltas))
+			w.Deltas = NewDeltas(len(deltas))
 		}
 		for topic, d := range deltas {
-			w.Deltas[topic] = satAdd(w.Deltas[topic], d)
+			v, _ := w.Deltas.Ref(topic)
+			*v = satAdd(*v, d)
 		}
 		room -= need
 		took = true
 	}
 }
 
-func windowBytes(deltas map[string]int64) int64 {
+func windowBytes(deltas *Deltas) int64 {
 	var n int64
-	for topic := range deltas {
+	for topic := range deltas.All() {
 		n += int64(len(topic)) + TopicOverhead
 	}
 	return n
@@ -417,20 +391,20 @@ func windowBytes(deltas map[string]int64) int64 {
 // the whole window then goes to disk.
 func (a *Aggregator) Merge(w Window) {
 	a.mu.Lock()
-	a.merged += len(w.Deltas)
-	if len(w.Deltas) > len(a.cur.Deltas) {
-		// Swap: w's map becomes the window, the current one merges into it.
+	a.merged += w.Deltas.Len()
+	if w.Deltas.Len() > a.cur.Deltas.Len() {
+		// Swap: w's table becomes the window, the current one merges into it.
 		small := a.cur.Deltas
 		a.cur.Deltas, a.total, a.bytes = w.Deltas, 0, 0
-		for topic, d := range w.Deltas {
+		for topic, d := range w.Deltas.All() {
 			a.total = satAdd(a.total, d)
 			a.bytes += int64(len(topic)) + TopicOverhead
 		}
-		for topic, d := range small {
+		for topic, d := range small.All() {
 			a.add(topic, d)
 		}
 	} else {
-		for topic, d := range w.Deltas {
+		for topic, d := range w.Deltas.All() {
 			a.add(topic, d)
 		}
 	}
@@ -441,15 +415,15 @@ func (a *Aggregator) Merge(w Window) {
 	}
 	// No Full signal here: a window that failed to flush must wait for the
 	// next interval, not be retried at once against a failing store.
-	var out map[string]int64
+	var out *Deltas
 	var mentions int64
-	back := a.carrying && len(w.Deltas) > 0
+	back := a.carrying && w.Deltas.Len() > 0
 	if back {
 		a.carrying = false
 	}
 	if a.spill != nil && len(a.cur.Acks) == 0 && (back || a.maxBytes > 0 && a.bytes > a.maxBytes) {
 		out, mentions = a.cur.Deltas, a.total
-		a.cur.Deltas = make(map[string]int64)
+		a.cur.Deltas = NewDeltas(0)
 		a.total, a.bytes = 0, 0
 	}
 	a.mu.Unlock()
@@ -472,7 +446,7 @@ func (a *Aggregator) Persist() (int64, error) {
 	}
 	a.persisted = true
 	out, mentions := a.cur.Deltas, a.total
-	a.cur.Deltas = make(map[string]int64)
+	a.cur.Deltas = NewDeltas(0)
 	a.total, a.bytes = 0, 0
 	a.mu.Unlock()
 	a.spillMu.Lock()
@@ -482,7 +456,7 @@ func (a *Aggregator) Persist() (int64, error) {
 		// Back in the window, for the caller to count as unwritten. (No
 		// spill from this Merge: the same Put would fail again.)
 		a.mu.Lock()
-		for topic, d := range out {
+		for topic, d := range out.All() {
 			a.add(topic, d)
 		}
 		a.mu.Unlock()
@@ -497,7 +471,7 @@ func (a *Aggregator) Persist() (int64, error) {
 // comes back), or sheds what the folder cannot take. force (the window
 // holds segments just taken back) writes past the disk budget: those
 // mentions had their room a moment ago.
-func (a *Aggregator) spillOut(deltas map[string]int64, mentions int64, force bool) {
+func (a *Aggregator) spillOut(deltas *Deltas, mentions int64, force bool) {
 	a.spillMu.Lock()
 	defer a.spillMu.Unlock()
 	put := a.spill.Put
@@ -506,7 +480,7 @@ func (a *Aggregator) spillOut(deltas map[string]int64, mentions int64, force boo
 	}
 	for _, seg := range split(deltas, a.maxBytes/2) {
 		var n int64
-		for _, d := range seg {
+		for _, d := range seg.All() {
 			n = satAdd(n, d)
 		}
 		if err := put(seg); err != nil {
@@ -514,28 +488,29 @@ func (a *Aggregator) spillOut(deltas map[string]int64, mentions int64, force boo
 			// there to prevent: the kernel would take everything.
 			a.shed.Add(float64(n))
 			a.log.Error("window past its memory budget could not be spilled; its mentions are dropped",
-				zap.Int("topics", len(seg)), zap.Int64("mentions", n), zap.Error(err))
+				zap.Int("topics", seg.Len()), zap.Int64("mentions", n), zap.Error(err))
 			continue
 		}
 		a.spilled.Add(float64(n))
 	}
 }
 
-// split cuts deltas into maps of at most limit bytes as the budget counts
-// them (no limit: one).
-func split(deltas map[string]int64, limit int64) []map[string]int64 {
+// split cuts deltas into windows of at most limit bytes as the budget
+// counts them (no limit: one).
+func split(deltas *Deltas, limit int64) []*Deltas {
 	if limit <= 0 || windowBytes(deltas) <= limit {
-		return []map[string]int64{deltas}
+		return []*Deltas{deltas}
 	}
-	var out []map[string]int64
-	cur, size := map[string]int64{}, int64(0)
-	for topic, d := range deltas {
+	var out []*Deltas
+	cur, size := NewDeltas(0), int64(0)
+	for topic, d := range deltas.All() {
 		cost := int64(len(topic)) + TopicOverhead
-		if size+cost > limit && len(cur) > 0 {
+		if size+cost > limit && cur.Len() > 0 {
 			out = append(out, cur)
-			cur, size = map[string]int64{}, 0
+			cur, size = NewDeltas(0), 0
 		}
-		cur[topic], size = d, size+cost
+		cur.Set(topic, d)
+		size += cost
 	}
 	return append(out, cur)
 }
@@ -557,7 +532,8 @@ func (a *Aggregator) Held() []Acker {
 func (a *Aggregator) Pending(topic string) int64 {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	return a.cur.Deltas[topic]
+	v, _ := a.cur.Deltas.Get(topic)
+	return v
 }
 
 // Stats returns the number of topics, the sum of the deltas and the number
@@ -565,7 +541,7 @@ func (a *Aggregator) Pending(topic string) int64 {
 func (a *Aggregator) Stats() (topics int, mentions int64, held int) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	return len(a.cur.Deltas), a.total, len(a.cur.Acks)
+	return a.cur.Deltas.Len(), a.total, len(a.cur.Acks)
 }
 
 // Full is signalled (without blocking the sender) when the window reaches

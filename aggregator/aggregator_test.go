@@ -24,7 +24,7 @@ func TestAddDrainMerge(t *testing.T) {
 	if n, m, _ := a.Stats(); n != 2 || m != 7 {
 		t.Errorf("Stats = %d topics, %d mentions; want 2, 7", n, m)
 	}
-	w := a.Drain().Deltas
+	w := a.Drain().Deltas.Map()
 	if len(w) != 2 || w["golang"] != 5 || w["rust"] != 2 {
 		t.Errorf("Drain = %v, want golang:5 rust:2", w)
 	}
@@ -32,8 +32,8 @@ func TestAddDrainMerge(t *testing.T) {
 		t.Errorf("second Drain = %v, want empty", w)
 	}
 	a.Add("golang", 1)
-	a.Merge(aggregator.Window{Deltas: map[string]int64{"golang": 5, "zig": 3}})
-	if w := a.Drain().Deltas; w["golang"] != 6 || w["zig"] != 3 {
+	a.Merge(aggregator.Window{Deltas: aggregator.DeltasOf(map[string]int64{"golang": 5, "zig": 3})})
+	if w := a.Drain().Deltas.Map(); w["golang"] != 6 || w["zig"] != 3 {
 		t.Errorf("Drain after Merge = %v, want golang:6 zig:3", w)
 	}
 }
@@ -130,7 +130,7 @@ func TestAckedMessagesTravelWithTheirTopic(t *testing.T) {
 	}
 	w := a.Drain()
 	want := []aggregator.Message{{Topic: "golang", Msg: m1, Seq: 1}, {Topic: "golang", Msg: m2, Seq: 2}, {Topic: "rust", Msg: m3, Seq: 3}}
-	if len(w.Acks) != 3 || w.Acks[0] != want[0] || w.Acks[1] != want[1] || w.Acks[2] != want[2] || w.Deltas["golang"] != 6 {
+	if len(w.Acks) != 3 || w.Acks[0] != want[0] || w.Acks[1] != want[1] || w.Acks[2] != want[2] || w.Deltas.Map()["golang"] != 6 {
 		t.Fatalf("window = %+v, want messages %v in arrival order", w, want)
 	}
 	if len(a.Held()) != 0 {
@@ -138,7 +138,7 @@ func TestAckedMessagesTravelWithTheirTopic(t *testing.T) {
 	}
 	m4 := &msg{}
 	a.AddAcked("zig", 1, m4, 4)
-	a.Merge(aggregator.Window{Deltas: map[string]int64{"rust": 2}, Acks: []aggregator.Message{{Topic: "rust", Msg: m3}}})
+	a.Merge(aggregator.Window{Deltas: aggregator.DeltasOf(map[string]int64{"rust": 2}), Acks: []aggregator.Message{{Topic: "rust", Msg: m3}}})
 	if h := a.Held(); len(h) != 2 || h[0] != m3 || h[1] != m4 {
 		t.Errorf("Held after Merge = %v, want [m3 m4]: merged-back messages first", h)
 	}

@@ -71,7 +71,7 @@ func TestSpillOutage(t *testing.T) {
 	got := map[string]int64{}
 	for range 1000 { // the store takes everything now
 		w := a.Drain()
-		for topic, d := range w.Deltas {
+		for topic, d := range w.Deltas.All() {
 			got[topic] += d
 		}
 		if w.Len() == 0 && !a.Spilled() {
@@ -104,11 +104,11 @@ func TestPersistSurvivesRestart(t *testing.T) {
 		t.Fatalf("Persist = %d, %v; want 10", n, err)
 	}
 	if w := a.Drain(); w.Len() != 0 {
-		t.Fatalf("after Persist the window still drains %v", w.Deltas)
+		t.Fatalf("after Persist the window still drains %v", w.Deltas.Map())
 	}
 	b, _, _ := spilling(t, dir)
-	if w := b.Drain(); w.Deltas["golang"] != 7 || w.Deltas["rust"] != 3 || w.Len() != 2 {
-		t.Fatalf("new aggregator drained %v, want golang:7 rust:3", w.Deltas)
+	if w := b.Drain().Deltas.Map(); w["golang"] != 7 || w["rust"] != 3 || len(w) != 2 {
+		t.Fatalf("new aggregator drained %v, want golang:7 rust:3", w)
 	}
 	if b.Spilled() {
 		t.Fatal("segment still there after it was drained")
@@ -154,8 +154,8 @@ func TestTakenBackGoesBackOnFailure(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	b := aggregator.New(1_000_000, reg, aggregator.WithBudget(1<<20, d, zaptest.NewLogger(t)))
 	w := b.Drain()
-	if w.Deltas["golang"] != 7 {
-		t.Fatalf("drained %v, want the spilled golang:7", w.Deltas)
+	if v, _ := w.Deltas.Get("golang"); v != 7 {
+		t.Fatalf("drained %v, want the spilled golang:7", w.Deltas.Map())
 	}
 	if _, segs := d.Stats(); segs != 0 {
 		t.Fatalf("%d segments while the window is out", segs)
@@ -170,7 +170,7 @@ func TestTakenBackGoesBackOnFailure(t *testing.T) {
 	}
 	got := map[string]int64{}
 	for range 10 {
-		for topic, n := range b.Drain().Deltas {
+		for topic, n := range b.Drain().Deltas.All() {
 			got[topic] += n
 		}
 	}
@@ -205,7 +205,7 @@ func TestCorruptSegmentIsCounted(t *testing.T) {
 	var got map[string]int64
 	for range 3 { // the damaged segment, then rust's
 		if w := b.Drain(); w.Len() > 0 {
-			got = w.Deltas
+			got = w.Deltas.Map()
 		}
 	}
 	if got["rust"] != 3 || len(got) != 1 {

@@ -197,7 +197,7 @@ type Flusher struct {
 	// it and every change to it, and makes each move between the buffer
 	// and inflight one step for Pending.
 	viewMu   sync.RWMutex
-	inflight map[string]int64
+	inflight *aggregator.Deltas
 	sent     map[string]sending // inflight topics whose write has started
 	doubt    map[string]sending // writes in doubt or journaled, by topic
 }
@@ -234,7 +234,10 @@ func (f *Flusher) Read(topic string, read func(pending func(gatheredAt time.Time
 	f.viewMu.RLock()
 	defer f.viewMu.RUnlock()
 	read(func(gatheredAt time.Time) int64 {
-		p, q := f.buf.Pending(topic), f.inflight[topic]
+		p, q := f.buf.Pending(topic), int64(0)
+		if v, ok := f.inflight.Get(topic); ok {
+			q = v
+		}
 		if s, ok := f.sent[topic]; ok && (s.landed || !gatheredAt.Before(s.at)) {
 			q = 0
 		}
@@ -313,16 +316,16 @@ func (f *Flusher) Flush(ctx context.Context) error {
 	window := f.buf.Drain()
 	f.inflight, f.sent = window.Deltas, make(map[string]sending)
 	// Topics with a write in doubt wait for it to settle.
-	held := aggregator.Window{Deltas: make(map[string]int64)}
-	for topic, d := range window.Deltas {
+	held := aggregator.Window{Deltas: aggregator.NewDeltas(0)}
+	for topic, d := range window.Deltas.All() {
 		if _, ok := f.pending[topic]; ok {
-			held.Deltas[topic] = d
-			delete(window.Deltas, topic)
+			held.Deltas.Set(topic, d)
+			window.Deltas.Delete(topic)
 		}
 	}
 	var acks []aggregator.Message
 	for _, m := range window.Acks {
-		if _, ok := held.Deltas[m.Topic]; ok {
+		if _, ok := held.Deltas.Get(m.Topic); ok {
 			held.Acks = append(held.Acks, m)
 		} else {
 			acks = append(acks, m)
@@ -348,7 +351,7 @@ func (f *Flusher) Flush(ctx context.Context) error {
 		// could not look up): metadata never holds counts back.
 		f.log.Warn("shard counts incomplete; those topics go to one shard this flush", zap.Error(err))
 	}
-	failed := aggregator.Window{Deltas: make(map[string]int64)}
+	failed := aggregator.Window{Deltas: aggregator.NewDeltas(0)}
 	if f.journal != nil {
 		f.record(ctx, &window, counts, &failed)
 	}
@@ -436,7 +439,7 @@ func (f *Flusher) Flush(ctx context.Context) error {
 		refused   int          // definite failures but throttles, under mu
 		throttled int          // under mu
 	)
-	for topic, delta := range window.Deltas {
+	for topic, delta := range window.Deltas.All() {
 		mu.Lock()
 		// A store that refused a whole round of writes and took none is
 		// down: the rest of the window waits for the next flush instead of
@@ -489,17 +492,17 @@ func (f *Flusher) Flush(ctx context.Context) error {
 	f.metrics.flushed.Add(float64(written))
 	f.viewMu.Lock()
 	for _, w := range wrote {
-		delete(window.Deltas, w.topic)
+		window.Deltas.Delete(w.topic)
 	}
 	for topic := range doubt {
-		delete(window.Deltas, topic)
+		window.Deltas.Delete(topic)
 	}
 	// What is left joins the topics the journal did not take.
-	if len(window.Deltas) > len(failed.Deltas) {
+	if window.Deltas.Len() > failed.Deltas.Len() {
 		failed.Deltas, window.Deltas = window.Deltas, failed.Deltas
 	}
-	for topic, d := range window.Deltas {
-		failed.Deltas[topic] = d
+	for topic, d := range window.Deltas.All() {
+		failed.Deltas.Set(topic, d)
 	}
 	window.Deltas = nil                     // failed's now
 	f.inflight, f.sent = failed.Deltas, nil // what is left was refused or not sent: pending again
@@ -527,7 +530,7 @@ func (f *Flusher) Flush(ctx context.Context) error {
 	// Messages of topics written go now, in stream order; those of new
 	// writes in doubt go with their pending write.
 	kept := f.ack(window.Acks, func(topic string) bool {
-		_, bad := failed.Deltas[topic]
+		_, bad := failed.Deltas.Get(topic)
 		_, unsure := doubt[topic]
 		return bad || unsure
 	})
@@ -627,7 +630,7 @@ func (f *Flusher) record(ctx context.Context, window *aggregator.Window, counts 
 		return
 	}
 	writes := make([]store.Write, 0, window.Len())
-	for topic, delta := range window.Deltas {
+	for topic, delta := range window.Deltas.All() {
 		n := counts[topic]
 		if n == 0 {
 			n = f.cfg.Shards
@@ -659,9 +662,9 @@ func (f *Flusher) record(ctx context.Context, window *aggregator.Window, counts 
 			// when it lands the reader is told.
 			f.doubt[w.Topic] = sending{at: at, delta: w.Delta, landed: r.Unconfirmed} // sent this flush unless unconfirmed
 		} else {
-			failed.Deltas[w.Topic] = w.Delta
+			failed.Deltas.Set(w.Topic, w.Delta)
 		}
-		delete(window.Deltas, w.Topic)
+		window.Deltas.Delete(w.Topic)
 	}
 	f.inflight = failed.Deltas
 	f.viewMu.Unlock()
@@ -845,7 +848,7 @@ func (f *Flusher) counts(ctx context.Context, w aggregator.Window) (map[string]i
 		return nil, nil
 	}
 	var busy []topicDelta
-	for t, d := range w.Deltas {
+	for t, d := range w.Deltas.All() {
 		// Topics start on one shard (the default): one mention in a
 		// window is no hot key, so it goes to shard 0, always in the read
 		// set, without a metadata read. A long tail of new topics then

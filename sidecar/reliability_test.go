@@ -288,11 +288,11 @@ func TestReliabilityShutdownStoreDown(t *testing.T) {
 }
 
 // TestReliabilitySpill: core mode, the store refusing every write while
-// 20,000 distinct topics arrive through a 1 MiB window budget: the window
+// 40,000 distinct topics arrive through a 1 MiB window budget: the window
 // goes to the spill folder instead of growing, and once the store takes
 // writes again the table holds every mention.
 func TestReliabilitySpill(t *testing.T) {
-	const budget = 1 << 20
+	const budget = 1 << 20 // under the 35,000 distinct topics' 1.4 MiB
 	e := newFaultEnv(t, &ddbfault.Config{}, func(c *config.Config) {
 		c.BufferMemory = "1Mi"
 		c.FlushInterval = 200 * time.Millisecond
@@ -312,7 +312,7 @@ func TestReliabilitySpill(t *testing.T) {
 			}
 		}
 	}()
-	rep := publish(t, e.nats, loadgen.Config{Prefix: "mentions.", Topics: 20_000, Messages: 40_000, Rate: 20_000, Count: 1, Seed: 60})
+	rep := publish(t, e.nats, loadgen.Config{Prefix: "mentions.", Topics: 40_000, Messages: 80_000, Rate: 20_000, Count: 1, Seed: 60})
 	testenv.Eventually(t, 10*time.Second, func() error {
 		if n := testenv.Metric(t, e.sc.Registry(), "hotcount_aggregator_spill_bytes"); n == 0 {
 			return errors.New("nothing spilled yet")
@@ -323,7 +323,7 @@ func TestReliabilitySpill(t *testing.T) {
 	<-sampled
 	// The window passes its budget by what arrives before the next flush
 	// hands it back; at 20,000 topics a second and a 200 ms interval, that
-	// is about 4,000 topics (under 0.5 MiB).
+	// is about 4,000 topics (under 0.2 MiB).
 	if peak > 2*budget {
 		t.Errorf("window peaked at %.0f bytes, budget %d", peak, budget)
 	}

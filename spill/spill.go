@@ -19,6 +19,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"iter"
 	"math"
 	"os"
 	"path/filepath"
@@ -104,11 +105,18 @@ func segmentNumber(name string) (uint64, bool) {
 	return n, err == nil
 }
 
+// Deltas is what a segment is written from: topics and their deltas
+// (the aggregator's window is one).
+type Deltas interface {
+	Len() int
+	All() iter.Seq2[string, int64]
+}
+
 // Size is the encoded size of deltas as a segment.
-func Size(deltas map[string]int64) int64 {
+func Size(deltas Deltas) int64 {
 	var n int64
 	var buf [binary.MaxVarintLen64]byte
-	for topic, d := range deltas {
+	for topic, d := range deltas.All() {
 		n += int64(binary.PutUvarint(buf[:], uint64(len(topic))) + len(topic) + binary.PutUvarint(buf[:], uint64(d)))
 	}
 	return n
@@ -117,15 +125,15 @@ func Size(deltas map[string]int64) int64 {
 // Put writes deltas (non-negative) as a new segment. It fails with ErrFull,
 // writing nothing, when the segment would take the folder past its budget.
 // On any error the deltas are not in the folder: the caller still has them.
-func (d *Dir) Put(deltas map[string]int64) error { return d.put(deltas, false) }
+func (d *Dir) Put(deltas Deltas) error { return d.put(deltas, false) }
 
 // Keep is Put past the budget: for deltas that were on disk a moment ago
 // (taken back for a flush that failed) or would be lost otherwise (at the
 // shutdown deadline). The folder may then pass its budget by that much.
-func (d *Dir) Keep(deltas map[string]int64) error { return d.put(deltas, true) }
+func (d *Dir) Keep(deltas Deltas) error { return d.put(deltas, true) }
 
-func (d *Dir) put(deltas map[string]int64, force bool) error {
-	if len(deltas) == 0 {
+func (d *Dir) put(deltas Deltas, force bool) error {
+	if deltas.Len() == 0 {
 		return nil
 	}
 	size := Size(deltas)
@@ -149,13 +157,13 @@ func (d *Dir) put(deltas map[string]int64, force bool) error {
 	d.mu.Lock()
 	// Names grow with each Put: sorting keeps the spill order whatever
 	// order concurrent writes finish in.
-	d.segs = append(d.segs, segment{name: name, size: size, topics: len(deltas)})
+	d.segs = append(d.segs, segment{name: name, size: size, topics: deltas.Len()})
 	slices.SortFunc(d.segs, func(a, b segment) int { return strings.Compare(a.name, b.name) })
 	d.mu.Unlock()
 	return nil
 }
 
-func (d *Dir) write(name string, deltas map[string]int64) (err error) {
+func (d *Dir) write(name string, deltas Deltas) (err error) {
 	path := filepath.Join(d.dir, name)
 	tmp := path + ".tmp"
 	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o640)
@@ -170,7 +178,7 @@ func (d *Dir) write(name string, deltas map[string]int64) (err error) {
 	}()
 	w := bufio.NewWriterSize(f, 256<<10)
 	var buf [2 * binary.MaxVarintLen64]byte
-	for topic, delta := range deltas {
+	for topic, delta := range deltas.All() {
 		if delta < 0 {
 			return fmt.Errorf("spill: negative delta %d", delta)
 		}

@@ -2,6 +2,7 @@ package spill
 
 import (
 	"errors"
+	"iter"
 	"maps"
 	"os"
 	"path/filepath"
@@ -9,8 +10,8 @@ import (
 	"testing"
 )
 
-func window(from, n int, delta int64) map[string]int64 {
-	w := make(map[string]int64, n)
+func window(from, n int, delta int64) deltas {
+	w := make(deltas, n)
 	for i := from; i < from+n; i++ {
 		w["topic-"+strconv.Itoa(i)] = delta + int64(i)
 	}
@@ -25,7 +26,7 @@ func TestPutTakeInOrder(t *testing.T) {
 		t.Fatal(err)
 	}
 	a, b := window(0, 100, 1), window(100, 50, 1<<40)
-	for _, w := range []map[string]int64{a, b} {
+	for _, w := range []deltas{a, b} {
 		if err := d.Put(w); err != nil {
 			t.Fatal(err)
 		}
@@ -33,7 +34,7 @@ func TestPutTakeInOrder(t *testing.T) {
 	if used, segs := d.Stats(); segs != 2 || used != Size(a)+Size(b) {
 		t.Fatalf("stats %d bytes %d segments, want %d and 2", used, segs, Size(a)+Size(b))
 	}
-	for i, want := range []map[string]int64{a, b} {
+	for i, want := range []deltas{a, b} {
 		got, err := d.Take()
 		if err != nil {
 			t.Fatal(err)
@@ -108,7 +109,7 @@ func TestReopenRecovers(t *testing.T) {
 	if err := d2.Put(c); err != nil { // numbered after the recovered ones
 		t.Fatal(err)
 	}
-	for i, want := range []map[string]int64{a, b, c} {
+	for i, want := range []deltas{a, b, c} {
 		got, err := d2.Take()
 		if err != nil {
 			t.Fatal(err)
@@ -146,5 +147,19 @@ func TestCorruptSegment(t *testing.T) {
 	}
 	if got, err := d.Take(); err != nil || !maps.Equal(got, w) {
 		t.Fatalf("segment behind the damaged one: %v, %v", got, err)
+	}
+}
+
+// deltas is a map as a segment's Deltas.
+type deltas map[string]int64
+
+func (d deltas) Len() int { return len(d) }
+func (d deltas) All() iter.Seq2[string, int64] {
+	return func(yield func(string, int64) bool) {
+		for k, v := range d {
+			if !yield(k, v) {
+				return
+			}
+		}
 	}
 }
