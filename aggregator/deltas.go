@@ -62,10 +62,10 @@ const (
 	tagDeleted = 1
 	minSlots   = 8
 	// maxLoad is the share of slots in use (live or deleted) past which
-	// a table grows by a quarter (or, mostly deleted, is rebuilt at its
-	// size). Growing by a quarter, not doubling, keeps the load between
-	// 72% and 90%: a table just past a doubling would be half empty, and
-	// a window of a million topics is where memory matters. The tags keep
+	// a table grows by a fifth (or, mostly deleted, is rebuilt at its
+	// size). Growing by a fifth, not doubling, keeps the load between 79%
+	// and 95%: a table just past a doubling would be half empty, and a
+	// window of a million topics is where memory matters. The tags keep
 	// the long probes of a full table cheap: 64 to a cache line, and a
 	// name is read only when its tag matches.
 	maxLoadNum, maxLoadDen = 19, 20
@@ -271,8 +271,8 @@ func (t *table) free(h uint64) int {
 	}
 }
 
-// grow enlarges the table by a quarter, or rebuilds it at its size if
-// most of what is in use is deleted slots.
+// grow enlarges the table by a fifth, or rebuilds it at its size if most
+// of what is in use is deleted slots.
 func (t *table) grow(seed maphash.Seed) {
 	n := len(t.slots)
 	if t.live*2 >= n*maxLoadNum/maxLoadDen {

@@ -260,20 +260,25 @@ func (b *Bolt) SetMeta(ctx context.Context, topic string, old, m Meta) error {
 	// Grouped, as counts are: a first flush records many new topics at
 	// once, and one fsync per topic would stall it. The function is safe to
 	// run again (it re-reads what it checks), as the group may.
-	return b.group.do(func(tx *bolt.Tx) error {
+	var conflict bool
+	err := b.group.do(func(tx *bolt.Tx) error {
 		bk := tx.Bucket(boltBucket)
 		cur, err := boltMeta(bk, topic)
 		if err != nil {
 			return err
 		}
-		if cur != old {
-			return fmt.Errorf("store: set shards of %q: %w", topic, ErrConflict)
+		if conflict = cur != old; conflict {
+			return nil // changes nothing: no need to fail the group
 		}
 		var v [boltItemLen]byte
 		binary.BigEndian.PutUint64(v[:], uint64(m.Shards))
 		binary.BigEndian.PutUint64(v[8:], uint64(m.ReadShards))
 		return bk.Put([]byte(MetaKey(topic)), v[:])
 	})
+	if err == nil && conflict {
+		err = fmt.Errorf("store: set shards of %q: %w", topic, ErrConflict)
+	}
+	return err
 }
 
 // Ping checks that the database is open.

@@ -2,6 +2,7 @@ package store
 
 import (
 	"errors"
+	"sync"
 
 	bolt "go.etcd.io/bbolt"
 )
@@ -29,10 +30,11 @@ type boltCall struct {
 // second. Its goroutine is the committer's, started by newGroupCommitter
 // and ended by close.
 type groupCommitter struct {
-	db    *bolt.DB
-	calls chan boltCall
-	stop  chan struct{}
-	done  chan struct{}
+	db       *bolt.DB
+	calls    chan boltCall
+	stop     chan struct{}
+	done     chan struct{}
+	stopOnce sync.Once
 }
 
 func newGroupCommitter(db *bolt.DB) *groupCommitter {
@@ -43,7 +45,10 @@ func newGroupCommitter(db *bolt.DB) *groupCommitter {
 
 // do runs fn in a write transaction shared with other writes and returns
 // its error. fn may run more than once (when another write of its group
-// fails, the rest run again without it), so it must be safe to repeat.
+// fails, the rest run again without it), so it must be safe to repeat. A
+// refusal that changes nothing (a condition not met) is better reported
+// through fn's own variables than as its error: an error costs the rest of
+// the group another run.
 func (g *groupCommitter) do(fn func(*bolt.Tx) error) error {
 	c := boltCall{fn: fn, err: make(chan error, 1)}
 	select {
@@ -116,8 +121,8 @@ func (g *groupCommitter) commit(group []boltCall) {
 }
 
 // close stops the committer after the transaction it is running. Writes
-// sent later are refused with errClosed.
+// sent later are refused with errClosed. It may be called more than once.
 func (g *groupCommitter) close() {
-	close(g.stop)
+	g.stopOnce.Do(func() { close(g.stop) })
 	<-g.done
 }

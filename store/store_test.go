@@ -537,3 +537,15 @@ func TestBoltGroupsConcurrentWrites(t *testing.T) {
 		t.Fatal("a write after Close is still waiting")
 	}
 }
+
+// TestBoltCloseTwice: a second Close returns, as bbolt's own does.
+func TestBoltCloseTwice(t *testing.T) {
+	b, err := store.OpenBolt(t.TempDir(), store.NewMetrics(prometheus.NewRegistry()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	_ = b.Close() // bbolt may say it is closed; it must not panic or hang
+}

@@ -43,25 +43,33 @@ func BenchmarkLongTail(b *testing.B) {
 	one := []byte(`{"count":1}`) // what producers send
 	const tick = 10 * time.Millisecond
 	perTick := longTailRate * int(tick) / int(time.Second)
-	var third, thirdWritten float64
+	var third, maxAnon, thirdWritten float64
 	var thirdAt time.Time
+	thirdSent, lastSample := 0, time.Now()
 	b.ResetTimer()
 	start := time.Now()
 	for i := 0; i < b.N; {
 		for end := min(i+perTick, b.N); i < end; i++ {
 			pub.Publish("mentions.tail-"+strconv.Itoa(i), one) //nolint:errcheck // checked by the count
 		}
-		if i == b.N/3/perTick*perTick {
+		switch {
+		case i == b.N/3/perTick*perTick:
 			third = rss(b, child, "RssAnon")
-			thirdWritten, thirdAt = child.metric(b, "hotcount_store_writes_total"), time.Now()
+			thirdWritten, thirdAt, thirdSent = child.metric(b, "hotcount_flusher_flushed_mentions_total"), time.Now(), i
+		case thirdSent > 0 && time.Since(lastSample) > time.Second:
+			maxAnon, lastSample = max(maxAnon, rss(b, child, "RssAnon")), time.Now()
 		}
 		time.Sleep(time.Until(start.Add(time.Duration(i/perTick) * tick)))
 	}
 	pub.Flush() //nolint:errcheck // checked by the count
 	loaded := time.Since(start)
-	rate := (child.metric(b, "hotcount_store_writes_total") - thirdWritten) / time.Since(thirdAt).Seconds()
+	flushed := child.metric(b, "hotcount_flusher_flushed_mentions_total")
+	span := time.Since(thirdAt).Seconds()
+	rate, offered := (flushed-thirdWritten)/span, float64(b.N-thirdSent)/span
+	unwritten := float64(b.N) - flushed
 	buffered := child.metric(b, "hotcount_aggregator_buffered_topics")
 	endAnon, endFile := rss(b, child, "RssAnon"), rss(b, child, "RssFile")
+	maxAnon = max(maxAnon, endAnon)
 	testenv.Eventually(b, 5*time.Minute, func() error {
 		if f := child.metric(b, "hotcount_flusher_flushed_mentions_total"); f < float64(b.N) {
 			return fmt.Errorf("%v of %d written", f, b.N)
@@ -79,12 +87,14 @@ func BenchmarkLongTail(b *testing.B) {
 			b.Errorf("mentions lost: want %s", lost)
 		}
 	}
+	b.ReportMetric(loaded.Seconds(), "load-s")
 	b.ReportMetric(rate, "written-topics/s")
-	b.ReportMetric(rate/longTailRate, "keep-up")
+	b.ReportMetric(rate/offered, "keep-up")
+	b.ReportMetric(unwritten, "unwritten-at-end")
 	b.ReportMetric(buffered, "buffered-at-end")
 	b.ReportMetric(drain.Seconds(), "drain-s")
 	b.ReportMetric(third/1024, "third-anon-RSS-MiB")
-	b.ReportMetric(endAnon/1024, "end-anon-RSS-MiB")
+	b.ReportMetric(maxAnon/1024, "max-anon-RSS-MiB")
 	b.ReportMetric(endFile/1024, "end-file-RSS-MiB")
 	b.ReportMetric(float64(peak())/1024, "peak-RSS-MiB")
 }
