@@ -6,6 +6,10 @@
 // In JetStream mode a window also holds, per topic, the messages whose counts
 // make up the topic's delta, so that each message is acknowledged exactly
 // when its topic's write has succeeded, and not before.
+//
+// A window's deltas are a Deltas (deltas.go): a map from topic to delta in
+// about half a Go map's memory, since a store outage leaves millions of
+// topics in it.
 package aggregator
 
 import (

@@ -192,7 +192,7 @@ func BenchmarkAddParallel(b *testing.B) {
 }
 
 // BenchmarkWindowMemory measures the heap a window costs per buffered topic
-// (its map slot, and its name copied into the window's chunks; the topic
+// (its slot in the Deltas table, and its name copied into its chunks; the topic
 // strings passed in are allocated before measuring), at 10k, 100k and 1M
 // topics. Run with -benchtime 1x: each iteration fills one window.
 func BenchmarkWindowMemory(b *testing.B) {
