@@ -175,7 +175,7 @@ func Default() Config {
 		FlushInterval:     flusher.DefaultInterval,
 		FlushTimeout:      flusher.DefaultTimeout,
 		WriteTimeout:      flusher.DefaultWriteTimeout,
-		FlushConcurrency:  flusher.DefaultConcurrency,
+		FlushConcurrency:  0, // by store: see FlushWrites
 		MaxTopics:         aggregator.DefaultMaxTopics,
 		MaxCount:          ingest.DefaultMaxCount,
 		MaxTopicBytes:     ingest.DefaultMaxTopicBytes,
@@ -186,6 +186,19 @@ func Default() Config {
 		ShutdownTimeout:   DefaultShutdownTimeout,
 		LogFormat:         DefaultLogFormat,
 		LogLevel:          DefaultLogLevel,
+	}
+}
+
+// FlushWrites is the most writes a flush keeps in flight: --flush-concurrency,
+// or when it is 0, the default for the store.
+func (c Config) FlushWrites() int {
+	switch {
+	case c.FlushConcurrency > 0:
+		return c.FlushConcurrency
+	case c.Store == StoreBolt:
+		return flusher.EmbeddedConcurrency
+	default:
+		return flusher.DefaultConcurrency
 	}
 }
 
@@ -266,7 +279,7 @@ var settings = []setting{
 	{name: "flush-interval", usage: "how often buffered deltas are written (±10% jitter)", bind: dur(func(c *Config) *time.Duration { return &c.FlushInterval })},
 	{name: "flush-timeout", usage: "how long one flush may go on starting writes; the rest wait for the next flush", bind: dur(func(c *Config) *time.Duration { return &c.FlushTimeout })},
 	{name: "write-timeout", usage: "how long one store write may take, the SDK's retries included; a write that runs out is in doubt and is sent again unchanged", bind: dur(func(c *Config) *time.Duration { return &c.WriteTimeout })},
-	{name: "flush-concurrency", usage: "the most writes in flight at once during a flush (a flush runs as many as it has topics, up to this)", bind: integer(func(c *Config) *int { return &c.FlushConcurrency })},
+	{name: "flush-concurrency", usage: "the most writes in flight at once during a flush (a flush runs as many as it has topics, up to this); 0: 256 against DynamoDB, 1024 against the embedded store, whose writes in flight commit together", bind: integer(func(c *Config) *int { return &c.FlushConcurrency })},
 	{name: "max-topics", usage: "distinct topics in one window before an early flush", bind: integer(func(c *Config) *int { return &c.MaxTopics })},
 	{name: "max-count", usage: "largest count one message may add", bind: func(fs *pflag.FlagSet, c *Config, name, usage string) {
 		fs.Int64Var(&c.MaxCount, name, c.MaxCount, usage)
@@ -646,7 +659,7 @@ func (c *Config) Validate() error {
 	durIn("flush-interval", c.FlushInterval, 10*time.Millisecond, time.Hour)
 	durIn("flush-timeout", c.FlushTimeout, time.Millisecond, time.Hour)
 	durIn("write-timeout", c.WriteTimeout, 10*time.Millisecond, time.Minute)
-	intIn("flush-concurrency", int64(c.FlushConcurrency), 1, 1024)
+	intIn("flush-concurrency", int64(c.FlushConcurrency), 0, 1024)
 	intIn("max-topics", int64(c.MaxTopics), 1, 100_000_000)
 	intIn("max-count", c.MaxCount, 1, 1<<53)
 	intIn("max-topic-bytes", int64(c.MaxTopicBytes), 1, 1024)

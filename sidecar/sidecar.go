@@ -167,7 +167,7 @@ func (s *Sidecar) Run(ctx context.Context) error {
 		Shards:       cfg.Shards,
 		Interval:     cfg.FlushInterval,
 		Timeout:      cfg.FlushTimeout,
-		Concurrency:  cfg.FlushConcurrency,
+		Concurrency:  cfg.FlushWrites(),
 		WriteTimeout: cfg.WriteTimeout,
 		Writer:       writer,
 		KeepAlive:    keepAlive,
