@@ -242,10 +242,8 @@ func (f *Flusher) Read(topic string, read func(pending func(gatheredAt time.Time
 	f.viewMu.RLock()
 	defer f.viewMu.RUnlock()
 	read(func(gatheredAt time.Time) int64 {
-		p, q := f.buf.Pending(topic), int64(0)
-		if v, ok := f.inflight.Get(topic); ok {
-			q = v
-		}
+		p := f.buf.Pending(topic)
+		q, _ := f.inflight.Get(topic) // 0 when not there
 		if s, ok := f.sent[topic]; ok && (s.landed || !gatheredAt.Before(s.at)) {
 			q = 0
 		}

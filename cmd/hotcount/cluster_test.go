@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"strconv"
@@ -121,15 +122,29 @@ func clusterRun(t *testing.T, lose string) {
 	if lose == "follower" {
 		node = cl.Node(info.Cluster.Replicas[0].Name)
 	}
-	t.Logf("stopping NATS node %d (%s, the stream's %s) and SIGKILLing a sidecar", node, cl.Name(node), lose)
-	cl.Stop(node)
-	if err := fleet[0].cmd.Process.Signal(syscall.SIGKILL); err != nil {
+	t.Logf("SIGKILLing a sidecar that holds messages and stopping NATS node %d (%s, the stream's %s)", node, cl.Name(node), lose)
+	// The sidecar killed is one whose window holds unacknowledged
+	// messages, so that the kill takes held messages with it (checked
+	// below by the redeliveries): one that owns no partition yet, or is
+	// between two flushes, may hold none.
+	victim := -1
+	testenv.Eventually(t, 10*time.Second, func() error {
+		for i, c := range fleet {
+			if c.metric(t, "hotcount_aggregator_held_messages") > 0 {
+				victim = i
+				return nil
+			}
+		}
+		return errors.New("no sidecar holds a message")
+	})
+	if err := fleet[victim].cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	fleet[0].cmd.Wait() //nolint:errcheck // killed
+	cl.Stop(node)
+	fleet[victim].cmd.Wait() //nolint:errcheck // killed
 	time.Sleep(4 * time.Second)
 	cl.Start(node)
-	fleet[0] = startChild(t, args...)
+	fleet[victim] = startChild(t, args...)
 	time.Sleep(4 * time.Second)
 	close(stopPub)
 	if err := <-pubDone; err != nil {

@@ -16,17 +16,21 @@ import (
 )
 
 // rssKiB reads a process's resident set size.
-func rssKiB(pid int) (int64, error) {
+func rssKiB(pid int) (int64, error) { return statusKiB(pid, "VmRSS") }
+
+// statusKiB reads one of the kB lines of a process's /proc status (VmRSS,
+// RssAnon, RssFile).
+func statusKiB(pid int, field string) (int64, error) {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
 		return 0, err
 	}
 	for _, line := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+		if v, ok := strings.CutPrefix(line, field+":"); ok {
 			return strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
 		}
 	}
-	return 0, fmt.Errorf("no VmRSS for pid %d", pid)
+	return 0, fmt.Errorf("no %s for pid %d", field, pid)
 }
 
 // BenchmarkSidecarRSS is the memory of a real `hotcount run` process (core
