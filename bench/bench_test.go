@@ -445,47 +445,11 @@ func BenchmarkCounters(b *testing.B) {
 	// by the same publisher as it publishes, acknowledging each message on
 	// arrival with nothing counted or kept. The server stores, delivers
 	// and takes an ack for every message, where the counters only store.
-	b.Run("bare-consumer", func(b *testing.B) {
-		url := natsProcess(b)
-		nc := testenv.Connect(b, url)
-		ctx := context.Background()
-		if _, err := ingest.EnsureStream(ctx, nc, ingest.DefaultStream, "mentions.>", time.Minute); err != nil {
-			b.Fatal(err)
-		}
-		cjs, err := jetstream.New(testenv.Connect(b, url))
-		if err != nil {
-			b.Fatal(err)
-		}
-		cons, err := cjs.CreateOrUpdateConsumer(ctx, ingest.DefaultStream, jetstream.ConsumerConfig{
-			Durable: "bare", AckPolicy: jetstream.AckExplicitPolicy, MaxAckPending: ingest.DefaultMaxAckPending,
-		})
-		if err != nil {
-			b.Fatal(err)
-		}
-		var got atomic.Int64
-		all := make(chan struct{})
-		cc, err := cons.Consume(func(m jetstream.Msg) {
-			if _, err := m.Metadata(); err != nil {
-				b.Error(err)
-			}
-			m.Ack() //nolint:errcheck // a lost ack is a redelivery, counted again: the run takes longer
-			if got.Add(1) == int64(b.N) {
-				close(all)
-			}
-		}, jetstream.PullMaxMessages(1000))
-		if err != nil {
-			b.Fatal(err)
-		}
-		defer cc.Stop()
-		publishAcked(b, nc)
-		select {
-		case <-all:
-		case <-time.After(2 * time.Minute):
-			b.Fatalf("consumed %d of %d", got.Load(), b.N)
-		}
-		b.StopTimer()
-		b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "mentions/s")
-	})
+	// The -ackall and -noack variants bound what fewer acks could gain:
+	// one AckAll per 500 messages, and none at all.
+	b.Run("bare-consumer", func(b *testing.B) { bareConsumer(b, jetstream.AckExplicitPolicy, 1) })
+	b.Run("bare-consumer-ackall", func(b *testing.B) { bareConsumer(b, jetstream.AckAllPolicy, 500) })
+	b.Run("bare-consumer-noack", func(b *testing.B) { bareConsumer(b, jetstream.AckNonePolicy, 0) })
 	// Like for like with the counters: the same acknowledged asynchronous
 	// JetStream publishes, into hotcount's stream, counted when every
 	// mention is journaled and written exactly once (JetStream mode).
@@ -499,6 +463,57 @@ func BenchmarkCounters(b *testing.B) {
 		publishAcked(b, nc)
 		reportCounted(b, sc)
 	})
+}
+
+// bareConsumer runs a durable consumer of the mentions stream with policy,
+// acknowledging every ackEvery-th message (and the last) on arrival, while
+// publishAcked publishes b.N mentions, and reports mentions/s until the
+// last arrives.
+func bareConsumer(b *testing.B, policy jetstream.AckPolicy, ackEvery int64) {
+	url := natsProcess(b)
+	nc := testenv.Connect(b, url)
+	ctx := context.Background()
+	if _, err := ingest.EnsureStream(ctx, nc, ingest.DefaultStream, "mentions.>", time.Minute); err != nil {
+		b.Fatal(err)
+	}
+	cjs, err := jetstream.New(testenv.Connect(b, url))
+	if err != nil {
+		b.Fatal(err)
+	}
+	cfg := jetstream.ConsumerConfig{Durable: "bare", AckPolicy: policy}
+	if policy != jetstream.AckNonePolicy {
+		cfg.MaxAckPending = ingest.DefaultMaxAckPending
+	}
+	cons, err := cjs.CreateOrUpdateConsumer(ctx, ingest.DefaultStream, cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	var got atomic.Int64
+	all := make(chan struct{})
+	cc, err := cons.Consume(func(m jetstream.Msg) {
+		if _, err := m.Metadata(); err != nil {
+			b.Error(err)
+		}
+		n := got.Add(1)
+		if ackEvery > 0 && (n%ackEvery == 0 || n == int64(b.N)) {
+			m.Ack() //nolint:errcheck // a lost ack is a redelivery, counted again: the run takes longer
+		}
+		if n == int64(b.N) {
+			close(all)
+		}
+	}, jetstream.PullMaxMessages(1000))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer cc.Stop()
+	publishAcked(b, nc)
+	select {
+	case <-all:
+	case <-time.After(2 * time.Minute):
+		b.Fatalf("consumed %d of %d", got.Load(), b.N)
+	}
+	b.StopTimer()
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "mentions/s")
 }
 
 // publishAcked resets the timer and publishes b.N mentions over 1,000 Zipf
