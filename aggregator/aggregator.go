@@ -10,17 +10,26 @@
 // A window's deltas are a Deltas (deltas.go): a map from topic to delta in
 // about half a Go map's memory, since a store outage leaves millions of
 // topics in it.
+//
+// With time buckets on (WithBuckets), each mention also counts in a bucket
+// counter of its topic and minute (store.BucketCounter, kind store.Fresh)
+// in the same Deltas: the flusher writes it like a topic's count, and
+// spilling, merging back and journaling treat it as one more counter. The
+// window's topic and mention counts leave bucket counters out.
 package aggregator
 
 import (
 	"errors"
 	"math"
 	"sync"
+	"time"
+	"unsafe"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
 	"github.com/hotcount/hotcount/spill"
+	"github.com/hotcount/hotcount/store"
 )
 
 // DefaultMaxTopics is the default bound on distinct topics in one window.
@@ -50,6 +59,13 @@ type Spiller interface {
 
 // Option configures an Aggregator.
 type Option func(*Aggregator)
+
+// WithBuckets has every mention counted in its minute's bucket counter as
+// well: Add's at the time now gives (its arrival), AddAcked's at the time
+// it is given (its publication).
+func WithBuckets(now func() time.Time) Option {
+	return func(a *Aggregator) { a.now = now }
+}
 
 // WithBudget bounds the window's memory to about maxBytes (topic names plus
 // TopicOverhead each). Past it, Full is signalled so that the flusher
@@ -97,11 +113,15 @@ type Window struct {
 // Len is the number of topics in w.
 func (w Window) Len() int { return w.Deltas.Len() }
 
-// Mentions is the sum of w's deltas.
-func (w Window) Mentions() int64 {
+// Mentions is the sum of w's topic deltas (bucket counters left out).
+func (w Window) Mentions() int64 { return mentionsOf(w.Deltas) }
+
+func mentionsOf(d *Deltas) int64 {
 	var n int64
-	for _, d := range w.Deltas.All() {
-		n = satAdd(n, d)
+	for name, v := range d.All() {
+		if !store.IsBucket(name) {
+			n = satAdd(n, v)
+		}
 	}
 	return n
 }
@@ -119,11 +139,14 @@ type Aggregator struct {
 	spilled   prometheus.Counter
 	shed      prometheus.Counter
 	corrupt   prometheus.Counter
+	now       func() time.Time // nil: no time buckets
 
-	mu    sync.Mutex
-	cur   Window
-	total int64 // sum of the window's deltas, for the buffered gauge
-	bytes int64 // the window's memory, as the budget counts it
+	mu      sync.Mutex
+	cur     Window
+	total   int64  // sum of the window's topic deltas, for the buffered gauge
+	buckets int    // bucket counters in the window
+	bytes   int64  // the window's memory, as the budget counts it
+	name    []byte // scratch for a bucket counter's name
 
 	// Unspilling, under mu: whether the store took the last non-empty
 	// window drained (not all of it came back through Merge), how
@@ -212,34 +235,60 @@ func New(maxTopics int, reg prometheus.Registerer, opts ...Option) *Aggregator {
 // --max-count this takes over 9 × 10^12 messages for one topic in one window,
 // so it is a guard, not a path.
 func (a *Aggregator) Add(topic string, delta int64) {
+	var at time.Time
+	if a.now != nil {
+		at = a.now()
+	}
 	a.mu.Lock()
-	full := a.add(topic, delta) && a.atBound()
+	full := a.add(topic, delta, at) && a.atBound()
 	a.mu.Unlock()
 	a.signal(full)
 }
 
-// AddAcked is Add for a durable message: m is acknowledged by the flusher
-// once topic's delta, m's count included, is in the store.
-func (a *Aggregator) AddAcked(topic string, delta int64, m Acker, seq int64) {
+// AddAcked is Add for a durable message published at at: m is
+// acknowledged by the flusher once topic's delta, m's count included, is
+// in the store.
+func (a *Aggregator) AddAcked(topic string, delta int64, m Acker, seq int64, at time.Time) {
 	a.mu.Lock()
-	full := a.add(topic, delta) && a.atBound()
+	full := a.add(topic, delta, at) && a.atBound()
 	a.cur.Acks = append(a.cur.Acks, Message{Topic: topic, Msg: m, Seq: seq})
 	a.mu.Unlock()
 	a.signal(full)
 }
 
-// add must be called with mu held.
-func (a *Aggregator) add(topic string, delta int64) (isNew bool) {
-	v, isNew := a.cur.Deltas.Ref(topic)
+// add adds delta to topic and, with buckets on, to its bucket counter for
+// at; mu must be held. isNew says whether the topic is new to the window.
+func (a *Aggregator) add(topic string, delta int64, at time.Time) (isNew bool) {
+	if a.now != nil {
+		a.name = store.AppendBucketCounter(a.name[:0], topic, store.Fresh, store.Minute.Index(at))
+		name := string(a.name) // copied only when long: see Deltas.Ref
+		if len(a.name) <= maxShort {
+			name = unsafe.String(&a.name[0], len(a.name)) // Ref copies it in
+		}
+		a.addCounter(name, delta)
+	}
+	return a.addCounter(topic, delta)
+}
+
+// addCounter adds delta to the counter name (a topic or a bucket counter);
+// mu must be held.
+func (a *Aggregator) addCounter(name string, delta int64) (isNew bool) {
+	v, isNew := a.cur.Deltas.Ref(name)
 	if *v > math.MaxInt64-delta {
 		a.saturated.Inc() // an atomic add: cheap enough under the lock
 		delta = math.MaxInt64 - *v
 	}
+	bucket := store.IsBucket(name)
 	if isNew {
-		a.bytes += int64(len(topic)) + TopicOverhead
+		a.bytes += int64(len(name)) + TopicOverhead
+		if bucket {
+			a.buckets++
+		}
 	}
 	*v += delta
-	a.total = satAdd(a.total, delta)
+	if !bucket {
+		a.total = satAdd(a.total, delta)
+	}
 	return isNew
 }
 
@@ -256,7 +305,7 @@ func (a *Aggregator) OverBudget() bool {
 // atBound reports whether the window reached its topic bound or its memory
 // budget; mu must be held.
 func (a *Aggregator) atBound() bool {
-	return a.cur.Deltas.Len() >= a.maxTopics || a.maxBytes > 0 && a.bytes > a.maxBytes
+	return a.cur.Deltas.Len()-a.buckets >= a.maxTopics || a.maxBytes > 0 && a.bytes > a.maxBytes
 }
 
 // signal tells the flusher, if full, without blocking.
@@ -296,7 +345,7 @@ func (a *Aggregator) Drain() Window {
 	if len(w.Acks) > 0 {
 		a.cur.Acks = make([]Message, 0, len(w.Acks))
 	}
-	a.total, a.bytes = 0, 0
+	a.total, a.bytes, a.buckets = 0, 0, 0
 	if a.drained > 0 {
 		// The store takes writes if it took any of the last window: the
 		// rest may only have missed the flush's deadline.
@@ -399,17 +448,21 @@ func (a *Aggregator) Merge(w Window) {
 	if w.Deltas.Len() > a.cur.Deltas.Len() {
 		// Swap: w's table becomes the window, the current one merges into it.
 		small := a.cur.Deltas
-		a.cur.Deltas, a.total, a.bytes = w.Deltas, 0, 0
-		for topic, d := range w.Deltas.All() {
-			a.total = satAdd(a.total, d)
-			a.bytes += int64(len(topic)) + TopicOverhead
+		a.cur.Deltas, a.total, a.bytes, a.buckets = w.Deltas, 0, 0, 0
+		for name, d := range w.Deltas.All() {
+			if store.IsBucket(name) {
+				a.buckets++
+			} else {
+				a.total = satAdd(a.total, d)
+			}
+			a.bytes += int64(len(name)) + TopicOverhead
 		}
-		for topic, d := range small.All() {
-			a.add(topic, d)
+		for name, d := range small.All() {
+			a.addCounter(name, d)
 		}
 	} else {
-		for topic, d := range w.Deltas.All() {
-			a.add(topic, d)
+		for name, d := range w.Deltas.All() {
+			a.addCounter(name, d)
 		}
 	}
 	// The merged-back messages are older than those that arrived since:
@@ -428,7 +481,7 @@ func (a *Aggregator) Merge(w Window) {
 	if a.spill != nil && len(a.cur.Acks) == 0 && (back || a.maxBytes > 0 && a.bytes > a.maxBytes) {
 		out, mentions = a.cur.Deltas, a.total
 		a.cur.Deltas = NewDeltas(0)
-		a.total, a.bytes = 0, 0
+		a.total, a.bytes, a.buckets = 0, 0, 0
 	}
 	a.mu.Unlock()
 	if out != nil {
@@ -451,7 +504,7 @@ func (a *Aggregator) Persist() (int64, error) {
 	a.persisted = true
 	out, mentions := a.cur.Deltas, a.total
 	a.cur.Deltas = NewDeltas(0)
-	a.total, a.bytes = 0, 0
+	a.total, a.bytes, a.buckets = 0, 0, 0
 	a.mu.Unlock()
 	a.spillMu.Lock()
 	err := a.spill.Keep(out) // lost otherwise
@@ -460,8 +513,8 @@ func (a *Aggregator) Persist() (int64, error) {
 		// Back in the window, for the caller to count as unwritten. (No
 		// spill from this Merge: the same Put would fail again.)
 		a.mu.Lock()
-		for topic, d := range out.All() {
-			a.add(topic, d)
+		for name, d := range out.All() {
+			a.addCounter(name, d)
 		}
 		a.mu.Unlock()
 		return 0, err
@@ -483,10 +536,7 @@ func (a *Aggregator) spillOut(deltas *Deltas, mentions int64, force bool) {
 		put = a.spill.Keep
 	}
 	for _, seg := range split(deltas, a.maxBytes/2) {
-		var n int64
-		for _, d := range seg.All() {
-			n = satAdd(n, d)
-		}
+		n := mentionsOf(seg)
 		if err := put(seg); err != nil {
 			// Holding it in memory past the budget is what the budget is
 			// there to prevent: the kernel would take everything.
@@ -545,7 +595,7 @@ func (a *Aggregator) Pending(topic string) int64 {
 func (a *Aggregator) Stats() (topics int, mentions int64, held int) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	return a.cur.Deltas.Len(), a.total, len(a.cur.Acks)
+	return a.cur.Deltas.Len() - a.buckets, a.total, len(a.cur.Acks)
 }
 
 // Full is signalled (without blocking the sender) when the window reaches

@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -121,9 +122,9 @@ func (m *msg) InProgress() error { m.progressed++; return nil }
 func TestAckedMessagesTravelWithTheirTopic(t *testing.T) {
 	a := aggregator.New(100, prometheus.NewRegistry())
 	m1, m2, m3 := &msg{}, &msg{}, &msg{}
-	a.AddAcked("golang", 1, m1, 1)
-	a.AddAcked("golang", 5, m2, 2)
-	a.AddAcked("rust", 2, m3, 3)
+	a.AddAcked("golang", 1, m1, 1, time.Time{})
+	a.AddAcked("golang", 5, m2, 2, time.Time{})
+	a.AddAcked("rust", 2, m3, 3, time.Time{})
 	a.Add("core", 1) // a core-mode mention next to them has no message
 	if _, _, held := a.Stats(); held != 3 {
 		t.Errorf("held = %d, want 3", held)
@@ -137,7 +138,7 @@ func TestAckedMessagesTravelWithTheirTopic(t *testing.T) {
 		t.Error("messages still held after Drain")
 	}
 	m4 := &msg{}
-	a.AddAcked("zig", 1, m4, 4)
+	a.AddAcked("zig", 1, m4, 4, time.Time{})
 	a.Merge(aggregator.Window{Deltas: aggregator.DeltasOf(map[string]int64{"rust": 2}), Acks: []aggregator.Message{{Topic: "rust", Msg: m3}}})
 	if h := a.Held(); len(h) != 2 || h[0] != m3 || h[1] != m4 {
 		t.Errorf("Held after Merge = %v, want [m3 m4]: merged-back messages first", h)

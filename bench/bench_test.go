@@ -431,15 +431,7 @@ func BenchmarkCounters(b *testing.B) {
 	})
 	b.Run("hotcount", func(b *testing.B) {
 		url := natsProcess(b)
-		sc := counterSidecar(b, url, config.ModeCore)
-		pub := testenv.Connect(b, url)
-		subs := subjects(b.N, true)
-		b.ResetTimer()
-		for _, s := range subs {
-			pub.Publish(s, nil) //nolint:errcheck // flushed below
-		}
-		pub.Flush() //nolint:errcheck // checked by the count
-		reportCounted(b, sc)
+		publishCore(b, url, counterSidecar(b, url, config.ModeCore))
 	})
 	// What any consumer of a stream costs: a bare durable consumer, fed
 	// by the same publisher as it publishes, acknowledging each message on
@@ -516,6 +508,35 @@ func bareConsumer(b *testing.B, policy jetstream.AckPolicy, ackEvery int64) {
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "mentions/s")
 }
 
+// BenchmarkWindowWrites is what time buckets cost: BenchmarkCounters'
+// hotcount path (core publishes of b.N mentions over 1,000 Zipf topics, a
+// sidecar on the embedded store, 100 ms flushes) with --windows 1m,1h (the
+// default) and none. It reports store writes per mention and mentions/s;
+// "none" is the baseline.
+func BenchmarkWindowWrites(b *testing.B) {
+	for _, windows := range []string{"none", "1m,1h"} {
+		name := "windows-" + strings.ReplaceAll(windows, ",", "+")
+		b.Run(name, func(b *testing.B) {
+			url := natsProcess(b)
+			publishCore(b, url, counterSidecar(b, url, config.ModeCore, func(c *config.Config) { c.Windows = windows }))
+		})
+	}
+}
+
+// publishCore resets the timer, publishes b.N mentions over 1,000 Zipf
+// topics as core publishes at full speed, and reports once sc has flushed
+// them all.
+func publishCore(b *testing.B, url string, sc *sidecar.Sidecar) {
+	pub := testenv.Connect(b, url)
+	subs := subjects(b.N, true)
+	b.ResetTimer()
+	for _, s := range subs {
+		pub.Publish(s, nil) //nolint:errcheck // flushed below
+	}
+	pub.Flush() //nolint:errcheck // checked by the count
+	reportCounted(b, sc)
+}
+
 // publishAcked resets the timer and publishes b.N mentions over 1,000 Zipf
 // topics as asynchronous JetStream publishes, returning when the stream
 // has acknowledged all of them.
@@ -540,7 +561,7 @@ func publishAcked(b *testing.B, nc *nats.Conn) {
 // counterSidecar runs a sidecar on the embedded store against the NATS
 // server at url, in mode, until the benchmark ends, and waits until it is
 // subscribed.
-func counterSidecar(b *testing.B, url, mode string) *sidecar.Sidecar {
+func counterSidecar(b *testing.B, url, mode string, tune ...func(*config.Config)) *sidecar.Sidecar {
 	cfg := config.Default()
 	cfg.NATSURL = url
 	cfg.NATSMode = mode
@@ -548,6 +569,9 @@ func counterSidecar(b *testing.B, url, mode string) *sidecar.Sidecar {
 	cfg.HTTPAddr = "127.0.0.1:" + strconv.Itoa(freePort(b))
 	cfg.AdminAddr = "127.0.0.1:" + strconv.Itoa(freePort(b))
 	cfg.FlushInterval = 100 * time.Millisecond
+	for _, t := range tune {
+		t(&cfg)
+	}
 	sc := sidecar.New(cfg, zap.NewNop())
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)

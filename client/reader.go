@@ -8,11 +8,13 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/hotcount/hotcount/ingest"
 	"github.com/hotcount/hotcount/lookup"
+	"github.com/hotcount/hotcount/trend"
 )
 
 // Defaults of the Reader's options.
@@ -268,4 +270,25 @@ func (r *Reader) get(ctx context.Context, path, query string, out any) error {
 		return fmt.Errorf("client: lookup: the answer is not a total: %w", err)
 	}
 	return nil
+}
+
+// Window returns topic's count over the last window ("15m", "1h", "7d":
+// a whole number of minutes, hours or days) from the sidecar's time
+// buckets, with the interval its buckets cover.
+func (r *Reader) Window(ctx context.Context, topic, window string) (trend.Count, error) {
+	if err := validTopic(topic, r.maxTopicBytes); err != nil {
+		return trend.Count{}, err
+	}
+	var c trend.Count
+	err := r.get(ctx, "/v1/topics/"+url.PathEscape(topic), "?"+url.Values{"window": {window}}.Encode(), &c)
+	return c, err
+}
+
+// Trending returns the fleet's trending topics over the last window (whole
+// minutes up to an hour), at most limit (1 to 100), highest score first.
+func (r *Reader) Trending(ctx context.Context, window string, limit int) (trend.Trending, error) {
+	var t trend.Trending
+	q := url.Values{"window": {window}, "limit": {strconv.Itoa(limit)}}
+	err := r.get(ctx, "/v1/trending", "?"+q.Encode(), &t)
+	return t, err
 }

@@ -119,6 +119,15 @@ type Config struct {
 	CacheStale time.Duration
 	CacheSize  int
 
+	// Windows lists the time buckets written besides the totals
+	// (--windows): "1m,1h" (the default), "1m", "1h", or "none".
+	Windows         string
+	MinuteRetention time.Duration
+	HourRetention   time.Duration
+	// TrendSubject is where the sidecars publish what each flush wrote,
+	// for the fleet-wide trending list.
+	TrendSubject string
+
 	HTTPAddr        string
 	HTTPTokenFile   string
 	HTTPPublic      bool
@@ -181,12 +190,37 @@ func Default() Config {
 		MaxTopicBytes:     ingest.DefaultMaxTopicBytes,
 		CacheTTL:          lookup.DefaultCacheTTL,
 		CacheSize:         lookup.DefaultCacheSize,
+		Windows:           DefaultWindows,
+		MinuteRetention:   store.DefaultMinuteRetention,
+		HourRetention:     store.DefaultHourRetention,
+		TrendSubject:      DefaultTrendSubject,
 		HTTPAddr:          lookup.DefaultAddr,
 		AdminAddr:         admin.DefaultAddr,
 		ShutdownTimeout:   DefaultShutdownTimeout,
 		LogFormat:         DefaultLogFormat,
 		LogLevel:          DefaultLogLevel,
 	}
+}
+
+// Time buckets' defaults.
+const (
+	// DefaultWindows writes minute and hour buckets.
+	DefaultWindows = "1m,1h"
+	// DefaultTrendSubject carries the flush summaries behind /v1/trending.
+	DefaultTrendSubject = "hotcount.trend"
+)
+
+// Buckets says which time buckets --windows turns on.
+func (c Config) Buckets() (minutes, hours bool) {
+	for _, w := range strings.Split(c.Windows, ",") {
+		switch strings.TrimSpace(w) {
+		case "1m":
+			minutes = true
+		case "1h":
+			hours = true
+		}
+	}
+	return minutes, hours
 }
 
 // FlushWrites is the most writes a flush keeps in flight: --flush-concurrency,
@@ -288,6 +322,10 @@ var settings = []setting{
 	{name: "cache-ttl", usage: "how long a gathered total is served from the cache", bind: dur(func(c *Config) *time.Duration { return &c.CacheTTL })},
 	{name: "cache-stale", usage: "past the TTL, a total is served stale while one background gather refreshes it, up to this age (0: 10 × cache-ttl)", bind: dur(func(c *Config) *time.Duration { return &c.CacheStale })},
 	{name: "cache-size", usage: "topics whose totals the cache holds", bind: integer(func(c *Config) *int { return &c.CacheSize })},
+	{name: "windows", usage: "time buckets counted besides each topic's total, for ?window= reads and /v1/trending: 1m,1h, 1m, 1h, or none; each costs one more write per busy topic per flush", bind: str(func(c *Config) *string { return &c.Windows })},
+	{name: "minute-retention", usage: "how long minute buckets are kept (their DynamoDB TTL); windows up to a third of it read minutes", bind: dur(func(c *Config) *time.Duration { return &c.MinuteRetention })},
+	{name: "hour-retention", usage: "how long hour buckets are kept (their DynamoDB TTL): the longest window", bind: dur(func(c *Config) *time.Duration { return &c.HourRetention })},
+	{name: "trend-subject", usage: "subject the sidecars publish each flush's summary on, from which every sidecar ranks /v1/trending for the whole fleet", bind: str(func(c *Config) *string { return &c.TrendSubject })},
 	{name: "http", was: EnvPrefix + "HTTP_ADDR", usage: "listen address of the lookup API", bind: str(func(c *Config) *string { return &c.HTTPAddr })},
 	{name: "http-token-file", usage: "file holding the bearer token the lookup API requires (Authorization: Bearer <token>); empty: none, allowed only on a loopback --http or with --http-public", bind: str(func(c *Config) *string { return &c.HTTPTokenFile })},
 	{name: "memory-limit", usage: "the process's memory budget (GOMEMLIMIT is set to 90% of it): bytes with an optional Ki, Mi or Gi suffix; empty: the container's cgroup limit, if any; none: no limit", bind: str(func(c *Config) *string { return &c.MemoryLimit })},
@@ -669,6 +707,21 @@ func (c *Config) Validate() error {
 	}
 	durIn("cache-stale", c.CacheStale, 0, 24*time.Hour)
 	intIn("cache-size", int64(c.CacheSize), 1, 100_000_000)
+	if c.Windows != "none" {
+		for _, w := range strings.Split(c.Windows, ",") {
+			if w := strings.TrimSpace(w); w != "1m" && w != "1h" {
+				bad("windows", "%q is not a list of 1m and 1h, or none", c.Windows)
+				break
+			}
+		}
+	}
+	durIn("minute-retention", c.MinuteRetention, time.Hour, 30*24*time.Hour)
+	durIn("hour-retention", c.HourRetention, 24*time.Hour, 400*24*time.Hour)
+	if c.TrendSubject == "" || strings.ContainsAny(c.TrendSubject, "*> \t") {
+		bad("trend-subject", "%q is not a plain NATS subject", c.TrendSubject)
+	} else if prefix != "" && strings.HasPrefix(c.TrendSubject, prefix) {
+		bad("trend-subject", "%q is under the subscription %q: summaries would come back as mentions", c.TrendSubject, c.Subject)
+	}
 	addr("http", c.HTTPAddr)
 	if c.HTTPTokenFile == "" && !c.HTTPPublic && !loopback(c.HTTPAddr) {
 		bad("http", "%s listens beyond this machine and --http-token-file is not set: set a token file, or --http-public to serve every count to anyone who can reach it", c.HTTPAddr)

@@ -312,12 +312,14 @@ func readPolicy(t *testing.T, path string) policy {
 
 // TestIAMPolicies: the policies allow exactly the DynamoDB calls the code
 // makes (the methods of store.DynamoAPI, the one interface every call goes
-// through), on the table only; the sidecar's cannot create tables.
+// through, and of store.TTLAPI, table create's), on the table only; the
+// sidecar's cannot create tables.
 func TestIAMPolicies(t *testing.T) {
 	calls := map[string]bool{}
-	api := reflect.TypeFor[store.DynamoAPI]()
-	for i := range api.NumMethod() {
-		calls["dynamodb:"+api.Method(i).Name] = true
+	for _, api := range []reflect.Type{reflect.TypeFor[store.DynamoAPI](), reflect.TypeFor[store.TTLAPI]()} {
+		for i := range api.NumMethod() {
+			calls["dynamodb:"+api.Method(i).Name] = true
+		}
 	}
 	granted := map[string]bool{}
 	for _, f := range []string{"iam/policy.json", "iam/policy-admin.json"} {
@@ -373,7 +375,8 @@ func TestStreamDefinition(t *testing.T) {
 }
 
 // TestTableTemplate: the CloudFormation table has pk as its only (HASH) key,
-// on-demand billing and point-in-time recovery.
+// on-demand billing, point-in-time recovery, and TTL on the buckets'
+// expiry.
 func TestTableTemplate(t *testing.T) {
 	b, err := os.ReadFile("table/cloudformation.yaml")
 	if err != nil {
@@ -395,6 +398,10 @@ func TestTableTemplate(t *testing.T) {
 				PITR        struct {
 					Enabled bool `yaml:"PointInTimeRecoveryEnabled"`
 				} `yaml:"PointInTimeRecoverySpecification"`
+				TTL struct {
+					Name    string `yaml:"AttributeName"`
+					Enabled bool   `yaml:"Enabled"`
+				} `yaml:"TimeToLiveSpecification"`
 			} `yaml:"Properties"`
 		} `yaml:"Resources"`
 	}
@@ -411,6 +418,9 @@ func TestTableTemplate(t *testing.T) {
 	}
 	if p.BillingMode != "PAY_PER_REQUEST" || !p.PITR.Enabled {
 		t.Errorf("billing %s, PITR %v: want on-demand with point-in-time recovery", p.BillingMode, p.PITR.Enabled)
+	}
+	if p.TTL.Name != store.AttrExpiresAt || !p.TTL.Enabled {
+		t.Errorf("TTL %+v, want enabled on %s (time buckets expire)", p.TTL, store.AttrExpiresAt)
 	}
 }
 

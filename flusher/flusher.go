@@ -10,6 +10,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"sync"
@@ -106,8 +107,9 @@ type Store interface {
 	Add(ctx context.Context, w store.Write, now time.Time) error
 }
 
-// Observer is told, after each flush, what it wrote: per topic, the delta.
-// It must not keep the map.
+// Observer is told, after each flush, what it wrote: per counter (a topic,
+// or a time bucket: store.ParseCounter), the delta. It must not keep the
+// map.
 type Observer interface {
 	Observe(written map[string]int64)
 }
@@ -151,8 +153,19 @@ type Journal interface {
 // WithJournal makes every write journaled first (see Flusher.record).
 func WithJournal(j Journal) Option { return func(f *Flusher) { f.journal = j } }
 
-// WithObserver has o told what each flush wrote (the hot-topic tracker).
-func WithObserver(o Observer) Option { return func(f *Flusher) { f.observer = o } }
+// WithObserver has each of os told what each flush wrote (the hot-topic
+// tracker, the trending summaries).
+func WithObserver(os ...Observer) Option {
+	return func(f *Flusher) { f.observer = observers(os) }
+}
+
+type observers []Observer
+
+func (os observers) Observe(written map[string]int64) {
+	for _, o := range os {
+		o.Observe(written)
+	}
+}
 
 // Config is the flusher's part of the configuration.
 type Config struct {
@@ -173,6 +186,9 @@ type Config struct {
 	// Writer is this flusher's writer id (store.NewWriterID; empty: a new
 	// one), the identity of its writes' marks.
 	Writer string
+	// Minutes and Hours say which time buckets a minute's bucket counter
+	// (store.Fresh, added by the aggregator) is written to (--windows).
+	Minutes, Hours bool
 }
 
 // Flusher owns the periodic flush. Run starts it; Final flushes what is left
@@ -321,6 +337,7 @@ func (f *Flusher) Flush(ctx context.Context) error {
 	f.viewMu.Lock()
 	window := f.buf.Drain()
 	f.inflight, f.sent = window.Deltas, make(map[string]sending)
+	f.split(window.Deltas)
 	// Topics with a write in doubt wait for it to settle.
 	held := aggregator.Window{Deltas: aggregator.NewDeltas(0)}
 	for topic, d := range window.Deltas.All() {
@@ -425,11 +442,13 @@ func (f *Flusher) Flush(ctx context.Context) error {
 			}
 			settled[topic] = p.write.Delta
 			written += p.write.Delta
-			f.metrics.flushed.Add(float64(p.write.Delta)) // as each lands, not at the flush's end
+			if !store.IsBucket(topic) {
+				f.metrics.flushed.Add(float64(p.write.Delta)) // as each lands, not at the flush's end
+			}
 			f.viewMu.Lock()
 			if d, ok := f.doubt[topic]; ok {
 				delete(f.doubt, topic)
-				if f.reader != nil {
+				if f.reader != nil && !store.IsBucket(topic) {
 					f.reader.Wrote(topic, d.delta, d.at, f.now())
 				}
 			}
@@ -461,12 +480,12 @@ func (f *Flusher) Flush(ctx context.Context) error {
 		f.sent[topic] = sending{at: sentAt}
 		f.viewMu.Unlock()
 		g.Go(func() error {
-			w, err := f.write(ctx, topic, delta, counts[topic])
+			w, err := f.write(ctx, topic, delta, counts[store.TopicOf(topic)])
 			f.viewMu.Lock()
 			switch {
 			case err == nil:
 				f.sent[topic] = sending{at: sentAt, landed: true}
-				if f.reader != nil {
+				if f.reader != nil && !store.IsBucket(topic) {
 					f.reader.Wrote(topic, delta, sentAt, f.now())
 				}
 			case errors.Is(err, store.ErrAmbiguous):
@@ -481,7 +500,9 @@ func (f *Flusher) Flush(ctx context.Context) error {
 			switch {
 			case err == nil:
 				written += delta
-				f.metrics.flushed.Add(float64(delta)) // as each lands: a long flush shows its progress
+				if !store.IsBucket(topic) {
+					f.metrics.flushed.Add(float64(delta)) // as each lands: a long flush shows its progress
+				}
 				wrote = append(wrote, topicDelta{topic, delta})
 			case errors.Is(err, store.ErrAmbiguous):
 				doubt[topic] = w
@@ -638,12 +659,17 @@ func (f *Flusher) record(ctx context.Context, window *aggregator.Window, counts 
 	}
 	writes := make([]store.Write, 0, window.Len())
 	for topic, delta := range window.Deltas.All() {
-		n := counts[topic]
+		n := counts[store.TopicOf(topic)]
 		if n == 0 {
 			n = f.cfg.Shards
 		}
 		writes = append(writes, store.Write{Topic: topic, Shard: rand.IntN(n), Delta: delta, Writer: f.cfg.Writer, Seq: f.seq.Next()})
 	}
+	// A topic's time buckets next to its total: the journal keeps them in
+	// one entry, so a message's counts are journaled whole or not at all.
+	slices.SortFunc(writes, func(a, b store.Write) int {
+		return cmp.Or(cmp.Compare(store.TopicOf(a.Topic), store.TopicOf(b.Topic)), cmp.Compare(a.Topic, b.Topic))
+	})
 	seqs := make(map[string][]int64, window.Len())
 	for _, m := range window.Acks {
 		seqs[m.Topic] = append(seqs[m.Topic], m.Seq)
@@ -763,7 +789,7 @@ func (f *Flusher) settle(ctx context.Context, w store.Write) error {
 	defer cancel()
 	err := f.store.Add(wctx, w, f.now())
 	if errors.Is(err, store.ErrThrottled) && f.shards != nil {
-		f.shards.Throttled(ctx, w.Topic) // may raise the topic for its next writes
+		f.shards.Throttled(ctx, store.TopicOf(w.Topic)) // may raise the topic for its next writes
 	}
 	var behind *store.FloorError
 	if errors.As(err, &behind) {
@@ -847,6 +873,40 @@ func (f *Flusher) keepAlive(w aggregator.Window) {
 // written does not stop it.
 func (f *Flusher) Failing() bool { return f.failing.Load() }
 
+// split turns each minute's bucket counter (store.Fresh) of a drained
+// window into the minute and hour bucket counters it is written to, as
+// --windows asks. What a flush cannot write goes back under those names,
+// never as Fresh, so a mention reaches each bucket once.
+func (f *Flusher) split(d *aggregator.Deltas) {
+	var fresh []string
+	for name := range d.All() {
+		if _, g, _, ok := store.ParseCounter(name); ok && g == store.Fresh {
+			fresh = append(fresh, name)
+		}
+	}
+	for _, name := range fresh {
+		delta, _ := d.Get(name)
+		d.Delete(name)
+		minute, hour := store.SplitFresh(name)
+		if f.cfg.Minutes {
+			addTo(d, minute, delta)
+		}
+		if f.cfg.Hours {
+			addTo(d, hour, delta)
+		}
+	}
+}
+
+// addTo adds delta to name's delta in d, saturating like the aggregator.
+func addTo(d *aggregator.Deltas, name string, delta int64) {
+	v, _ := d.Ref(name)
+	if *v > math.MaxInt64-delta {
+		*v = math.MaxInt64
+		return
+	}
+	*v += delta
+}
+
 // counts returns the shard count of each topic of w.
 func (f *Flusher) counts(ctx context.Context, w aggregator.Window) (map[string]int, error) {
 	// While the store refuses writes, it answers no lookups either: the
@@ -856,6 +916,9 @@ func (f *Flusher) counts(ctx context.Context, w aggregator.Window) (map[string]i
 	}
 	var busy []topicDelta
 	for t, d := range w.Deltas.All() {
+		if store.IsBucket(t) {
+			continue // written with its topic's shard count
+		}
 		// Topics start on one shard (the default): one mention in a
 		// window is no hot key, so it goes to shard 0, always in the read
 		// set, without a metadata read. A long tail of new topics then
@@ -911,7 +974,7 @@ func (f *Flusher) write(ctx context.Context, topic string, delta int64, n int) (
 			return w, err
 		}
 		if f.shards != nil && attempt == 0 {
-			n = max(n, f.shards.Throttled(ctx, topic))
+			n = max(n, f.shards.Throttled(ctx, store.TopicOf(topic)))
 		}
 		if n == 1 {
 			return w, err
@@ -968,10 +1031,14 @@ func (f *Flusher) Final(ctx context.Context) error {
 			f.metrics.unflushed.Add(float64(w.Mentions()))
 			f.flushMu.Lock()
 			var doubt, journaled int64
-			for _, p := range f.pending {
-				if p.entry != "" {
+			for name, p := range f.pending {
+				switch {
+				case store.IsBucket(name):
+					// A time bucket's write: its mentions are counted
+					// with their topic's.
+				case p.entry != "":
 					journaled += p.write.Delta // another sidecar replays it
-				} else {
+				default:
 					doubt += p.write.Delta
 				}
 				for _, m := range p.msgs {

@@ -366,7 +366,7 @@ func TestSlowFlushKeepsItsMessagesAlive(t *testing.T) {
 	for i := range 8 {
 		m := &heldMsg{}
 		msgs = append(msgs, m)
-		fx.agg.AddAcked(fmt.Sprintf("t%d", i), 1, m, int64(i+1))
+		fx.agg.AddAcked(fmt.Sprintf("t%d", i), 1, m, int64(i+1), time.Now())
 	}
 	if err := fx.fl.Flush(context.Background()); err != nil {
 		t.Fatal(err)

@@ -11,6 +11,8 @@ import (
 	"slices"
 	"sync"
 	"time"
+
+	"github.com/hotcount/hotcount/store"
 )
 
 // Defaults, used by the config package.
@@ -115,13 +117,16 @@ func (t *Tracker) rotate(now time.Time) {
 	}
 }
 
-// Observe counts a flushed window: each topic's delta, once.
+// Observe counts a flushed window: each topic's delta, once. Time bucket
+// counters (store.IsBucket) are left out: they repeat the topics' deltas.
 func (t *Tracker) Observe(deltas map[string]int64) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.rotate(t.now())
 	for topic, d := range deltas {
-		t.cur.add(topic, d)
+		if !store.IsBucket(topic) {
+			t.cur.add(topic, d)
+		}
 	}
 }
 

@@ -70,7 +70,7 @@ type Owner interface {
 // AckSink receives accepted durable messages and gives back those it holds.
 // The aggregator is one.
 type AckSink interface {
-	AddAcked(topic string, delta int64, m aggregator.Acker, seq int64)
+	AddAcked(topic string, delta int64, m aggregator.Acker, seq int64, at time.Time)
 	Held() []aggregator.Acker
 }
 
@@ -507,7 +507,7 @@ func (c *JetStreamConsumer) handle(ctx context.Context, msg jetstream.Msg) {
 		}
 		return
 	}
-	c.sink.AddAcked(topic, delta, msg, seq)
+	c.sink.AddAcked(topic, delta, msg, seq, md.Timestamp)
 	c.accepted(delta)
 }
 

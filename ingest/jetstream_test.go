@@ -2,6 +2,7 @@ package ingest_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -23,13 +24,18 @@ type holdingSink struct {
 	mu     sync.Mutex
 	counts map[string]int64
 	held   []aggregator.Acker
+	at     map[string][]time.Time // each delivery's time bucket time, by topic
 }
 
-func (s *holdingSink) AddAcked(topic string, delta int64, m aggregator.Acker, _ int64) {
+func (s *holdingSink) AddAcked(topic string, delta int64, m aggregator.Acker, _ int64, at time.Time) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.counts[topic] += delta
 	s.held = append(s.held, m)
+	if s.at == nil {
+		s.at = make(map[string][]time.Time)
+	}
+	s.at[topic] = append(s.at[topic], at)
 }
 
 func (s *holdingSink) Held() []aggregator.Acker {
@@ -270,6 +276,53 @@ func TestEnsureStreamRefusesOtherPartitioning(t *testing.T) {
 	for _, p := range []int{0, 16} {
 		if _, err := ingest.EnsureStream(ctx, nc, "MENTIONS", "mentions.>", time.Minute, ingest.StreamOptions{Partitions: p}); err == nil || !strings.Contains(err.Error(), "partition") {
 			t.Errorf("EnsureStream with %d partitions on an 8-partition stream = %v, want an error naming the partitioning", p, err)
+		}
+	}
+}
+
+// TestBucketsByPublication: a message counts in the time bucket of its
+// publication, the stream's timestamp, on every delivery: handed back and
+// redelivered over a second later, it still gives its first delivery's
+// time, so it lands in its original bucket.
+func TestBucketsByPublication(t *testing.T) {
+	fx := startConsumer(t, time.Second, nil)
+	ack, err := fx.js.Publish(context.Background(), "mentions.golang", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := fx.js.Stream(context.Background(), "MENTIONS")
+	if err != nil {
+		t.Fatal(err)
+	}
+	stored, err := s.GetMsg(context.Background(), ack.Sequence)
+	if err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 5*time.Second, func() error {
+		if len(fx.sink.Held()) == 0 {
+			return errors.New("not delivered yet")
+		}
+		return nil
+	})
+	time.Sleep(1100 * time.Millisecond)
+	for _, m := range fx.sink.Held() {
+		if err := m.Nak(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var at []time.Time
+	testenv.Eventually(t, 10*time.Second, func() error {
+		fx.sink.mu.Lock()
+		at = append(at[:0], fx.sink.at["golang"]...)
+		fx.sink.mu.Unlock()
+		if len(at) < 2 {
+			return fmt.Errorf("%d deliveries, waiting for a redelivery", len(at))
+		}
+		return nil
+	})
+	for i, a := range at {
+		if !a.Equal(stored.Time) {
+			t.Errorf("delivery %d is bucketed at %v, the message was published at %v", i+1, a, stored.Time)
 		}
 	}
 }

@@ -232,14 +232,22 @@ type Recorded struct {
 }
 
 // Record journals writes, with the stream sequences of the messages behind
-// each (seqs, by topic), in entries of at most maxEntryWrites writes. It
+// each (seqs, by topic), in entries of about maxEntryWrites writes, never
+// parting a topic's adjacent writes. It
 // returns the entries recorded, the last perhaps unconfirmed; on error, the
 // writes of the entries not returned were not sent, and their messages
 // must not be acknowledged.
 func (j *Journal) Record(ctx context.Context, writes []store.Write, seqs map[string][]int64) ([]Recorded, error) {
 	var out []Recorded
-	for start := 0; start < len(writes); start += maxEntryWrites {
-		part := writes[start:min(start+maxEntryWrites, len(writes))]
+	for start, end := 0, 0; start < len(writes); start = end {
+		// A topic's writes (its total and its time buckets, adjacent in
+		// writes) share an entry: they are journaled together or not at
+		// all, as their messages are acknowledged.
+		end = min(start+maxEntryWrites, len(writes))
+		for end < len(writes) && store.TopicOf(writes[end].Topic) == store.TopicOf(writes[end-1].Topic) {
+			end++
+		}
+		part := writes[start:end]
 		e := Entry{Writer: j.writer}
 		rec := Recorded{}
 		var covered []int64

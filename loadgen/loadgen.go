@@ -48,6 +48,12 @@ type Config struct {
 	// messages are plain core NATS publishes, which a slow or absent
 	// subscriber drops.
 	JetStream bool
+	// Surge, when set, is a topic published besides the others at
+	// SurgeRate messages per second from SurgeAfter into the run: a topic
+	// that starts trending, for /v1/trending.
+	Surge      string
+	SurgeRate  int
+	SurgeAfter time.Duration
 }
 
 // Validate checks c.
@@ -61,6 +67,10 @@ func (c Config) Validate() error {
 		return errors.New("loadgen: rate must not be negative")
 	case c.Duration <= 0 && c.Messages <= 0:
 		return errors.New("loadgen: set a duration or a number of messages")
+	case c.Surge != "" && c.SurgeRate < 1:
+		return errors.New("loadgen: a surge needs a surge rate of at least 1 message per second")
+	case c.SurgeAfter < 0:
+		return errors.New("loadgen: surge-after must not be negative")
 	case c.Count < 1 || c.Count > ingest.DefaultMaxCount:
 		return fmt.Errorf("loadgen: count must be in 1..%d (the sidecar's default --max-count)", ingest.DefaultMaxCount)
 	}
@@ -158,7 +168,7 @@ func Run(ctx context.Context, nc *nats.Conn, c Config) (Report, error) {
 	}
 	// Pace in 10 ms slots: each slot may send Rate/100 messages.
 	const slot = 10 * time.Millisecond
-	var n int64
+	var n, surged int64
 loop:
 	for {
 		if err = ctx.Err(); err != nil {
@@ -168,9 +178,21 @@ loop:
 		if !deadline.IsZero() && now.After(deadline) {
 			break
 		}
+		if c.Surge != "" && now.Sub(start) > c.SurgeAfter {
+			want := int64(float64(c.SurgeRate) * (now.Sub(start) - c.SurgeAfter).Seconds())
+			for ; surged < want; surged++ {
+				if c.Messages > 0 && n >= c.Messages {
+					break loop
+				}
+				if err = p.Mention(ctx, c.Surge, c.Count); err != nil {
+					break loop
+				}
+				n++
+			}
+		}
 		budget := int64(1000)
 		if c.Rate > 0 {
-			want := int64(float64(c.Rate) * now.Sub(start).Seconds())
+			want := int64(float64(c.Rate)*now.Sub(start).Seconds()) + surged
 			if budget = want - n; budget <= 0 {
 				time.Sleep(slot)
 				continue

@@ -6,7 +6,9 @@ import (
 	"errors"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 	"unicode/utf8"
@@ -15,6 +17,7 @@ import (
 
 	"github.com/hotcount/hotcount/hot"
 	"github.com/hotcount/hotcount/store"
+	"github.com/hotcount/hotcount/trend"
 )
 
 // Extras are the handler's optional sources, nil when absent.
@@ -28,6 +31,17 @@ type Extras struct {
 	Hot func(limit int) []hot.Topic
 	// ShardsOf is a topic's shard count as this sidecar writes it.
 	ShardsOf func(topic string) int
+	// Trend answers ?window=, /series and /v1/trending.
+	Trend Trend
+}
+
+// Trend answers windowed reads from the time buckets and the fleet's
+// trending list (trend.Service). Errors wrapping trend.ErrBadRequest are
+// the caller's (400).
+type Trend interface {
+	Window(ctx context.Context, topic, window string) (trend.Count, error)
+	SeriesOf(ctx context.Context, topic, window, step string) (trend.Series, error)
+	Trending(ctx context.Context, window string, limit int) (trend.Trending, error)
 }
 
 // Handler returns the lookup API:
@@ -36,15 +50,21 @@ type Extras struct {
 //	GET /v1/topics?topic=a&topic=b  up to MaxBatch totals
 //	GET /v1/topics/{topic}/shards  every shard and the total, uncached
 //	GET /v1/hot?limit=k            this sidecar's hottest topics (k ≤ 100, default 10)
+//	GET /v1/topics/{topic}/series?window=24h&step=1h  counts step by step
+//	GET /v1/trending?window=15m&limit=20  the fleet's trending topics
 //
 // Query parameters: consistency=cached|eventual|strong (default cached),
-// include=pending (add this sidecar's unflushed delta; needs pending).
+// include=pending (add this sidecar's unflushed delta; needs pending),
+// window=D (the count over the last D from the time buckets instead of the
+// total; needs Trend).
 // Errors are JSON, {"error": "..."}: 400 for a bad topic or parameter, 404
 // for another path, 503 when the store fails.
 func (s *Service) Handler(log *zap.Logger, x Extras) http.Handler {
-	h := &handler{svc: s, log: log.Named("lookup"), pending: x.Pending, hot: x.Hot, shardsOf: x.ShardsOf}
+	h := &handler{svc: s, log: log.Named("lookup"), pending: x.Pending, hot: x.Hot, shardsOf: x.ShardsOf, trend: x.Trend}
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /v1/hot", h.hottest)
+	mux.HandleFunc("GET /v1/trending", h.trending)
+	mux.HandleFunc("GET /v1/topics/{topic}/series", h.series)
 	mux.HandleFunc("GET /v1/topics/{topic}", h.one)
 	mux.HandleFunc("GET /v1/topics", h.many)
 	mux.HandleFunc("GET /v1/topics/{topic}/shards", h.shards)
@@ -60,6 +80,7 @@ type handler struct {
 	pending  func(string, func(func(time.Time) int64))
 	hot      func(int) []hot.Topic
 	shardsOf func(string) int
+	trend    Trend
 }
 
 // hottest answers /v1/hot: the heavy hitters of the mentions this sidecar
@@ -107,6 +128,7 @@ type options struct {
 	consistency Consistency
 	pending     bool
 	topics      []string // batch only
+	window      string   // a windowed count, not the total
 }
 
 // parse reads the query. It parses nothing when there is no query: the
@@ -121,9 +143,18 @@ func (h *handler) parse(r *http.Request) (options, error) {
 		return o, err
 	}
 	for k := range q {
-		if k != "consistency" && k != "include" && k != "topic" {
-			return o, errors.New("unknown parameter " + strconv.Quote(k) + ": use consistency, include or topic")
+		if k != "consistency" && k != "include" && k != "topic" && k != "window" {
+			return o, errors.New("unknown parameter " + strconv.Quote(k) + ": use consistency, include, window or topic")
 		}
+	}
+	if q.Has("window") {
+		switch {
+		case h.trend == nil:
+			return o, errors.New("window is not available here")
+		case q.Has("consistency") || q.Has("include"):
+			return o, errors.New("window reads the time buckets, cached like totals: it takes neither consistency nor include")
+		}
+		o.window = q.Get("window")
 	}
 	if o.consistency, err = ParseConsistency(q.Get("consistency")); err != nil {
 		return o, err
@@ -161,6 +192,11 @@ func (h *handler) one(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, "topic is in the path; ?topic= is for /v1/topics")
 		return
 	}
+	if o.window != "" {
+		c, err := h.trend.Window(r.Context(), topic, o.window)
+		h.answer(w, r, c, err)
+		return
+	}
 	t, err := h.svc.Lookup(r.Context(), topic, o.consistency)
 	if err != nil {
 		h.storeError(w, r, err)
@@ -194,6 +230,21 @@ func (h *handler) many(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, err.Error())
 		return
 	}
+	if o.window != "" {
+		out := struct {
+			Topics []trend.Count `json:"topics"`
+		}{make([]trend.Count, 0, len(o.topics))}
+		for _, t := range o.topics {
+			c, err := h.trend.Window(r.Context(), t, o.window)
+			if err != nil {
+				h.answer(w, r, nil, err)
+				return
+			}
+			out.Topics = append(out.Topics, c)
+		}
+		h.answer(w, r, out, nil)
+		return
+	}
 	ts, err := h.svc.LookupMany(r.Context(), o.topics, o.consistency)
 	if err != nil {
 		h.storeError(w, r, err)
@@ -214,6 +265,96 @@ func (h *handler) many(w http.ResponseWriter, r *http.Request) {
 	*buf = append(b, "]}\n"...)
 	writeBody(w, http.StatusOK, *buf)
 	putBuf(buf)
+}
+
+// series answers /v1/topics/{topic}/series?window=D&step=S.
+func (h *handler) series(w http.ResponseWriter, r *http.Request) {
+	topic := r.PathValue("topic")
+	if err := h.topic(topic); err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	if h.trend == nil {
+		writeError(w, http.StatusNotFound, "time buckets are not available here")
+		return
+	}
+	q, err := url.ParseQuery(r.URL.RawQuery)
+	if err == nil {
+		err = only(q, "window", "step")
+	}
+	if err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	window, step := q.Get("window"), q.Get("step")
+	if window == "" {
+		window = "24h"
+	}
+	if step == "" {
+		step = "1h"
+	}
+	sr, err := h.trend.SeriesOf(r.Context(), topic, window, step)
+	h.answer(w, r, sr, err)
+}
+
+// trending answers /v1/trending?window=D&limit=k.
+func (h *handler) trending(w http.ResponseWriter, r *http.Request) {
+	if h.trend == nil {
+		writeError(w, http.StatusNotFound, "trending is not available here")
+		return
+	}
+	q, err := url.ParseQuery(r.URL.RawQuery)
+	if err == nil {
+		err = only(q, "window", "limit")
+	}
+	if err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	window, limit := q.Get("window"), 20
+	if window == "" {
+		window = "15m"
+	}
+	if v := q.Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > MaxBatch {
+			writeError(w, http.StatusBadRequest, "limit "+strconv.Quote(v)+" is not a whole number in 1..100")
+			return
+		}
+		limit = n
+	}
+	t, err := h.trend.Trending(r.Context(), window, limit)
+	h.answer(w, r, t, err)
+}
+
+// only refuses query parameters other than names.
+func only(q url.Values, names ...string) error {
+	for k := range q {
+		if !slices.Contains(names, k) {
+			return errors.New("unknown parameter " + strconv.Quote(k) + ": use " + strings.Join(names, " or "))
+		}
+	}
+	return nil
+}
+
+// answer writes v as JSON, or err: 400 for the caller's mistakes, 503 for
+// the store's.
+func (h *handler) answer(w http.ResponseWriter, r *http.Request, v any, err error) {
+	switch {
+	case errors.Is(err, trend.ErrBadRequest):
+		writeError(w, http.StatusBadRequest, strings.TrimPrefix(err.Error(), trend.ErrBadRequest.Error()+": "))
+		return
+	case err != nil:
+		h.storeError(w, r, err)
+		return
+	}
+	body, err := json.Marshal(v)
+	if err != nil {
+		writeError(w, http.StatusInternalServerError, err.Error())
+		return
+	}
+	w.Header().Set("Cache-Control", "no-cache")
+	writeBody(w, http.StatusOK, append(body, '\n'))
 }
 
 // addPending adds this sidecar's mentions not yet in t to t: read under

@@ -37,6 +37,7 @@ import (
 	"github.com/hotcount/hotcount/shards"
 	"github.com/hotcount/hotcount/spill"
 	"github.com/hotcount/hotcount/store"
+	"github.com/hotcount/hotcount/trend"
 )
 
 // Store is a store as the sidecar uses it: both implementations satisfy it.
@@ -44,6 +45,7 @@ type Store interface {
 	flusher.Store
 	lookup.Store
 	shards.Store
+	trend.Store
 	Ping(ctx context.Context) error
 	Close() error
 }
@@ -54,14 +56,29 @@ type Sidecar struct {
 	cfg config.Config
 	log *zap.Logger
 	reg *prometheus.Registry
+	// clock is what puts mentions in time buckets and what windows end
+	// at: time.Now, or a test's (WithClock).
+	clock func() time.Time
 
 	started             chan struct{}
 	httpAddr, adminAddr net.Addr
 }
 
+// Option is an optional setting of New.
+type Option func(*Sidecar)
+
+// WithClock has the time buckets and the windowed reads follow now instead
+// of time.Now (core mode: JetStream buckets mentions by their publication):
+// a test steps it through hours in seconds.
+func WithClock(now func() time.Time) Option { return func(s *Sidecar) { s.clock = now } }
+
 // New returns a sidecar for cfg, which must have passed Validate.
-func New(cfg config.Config, log *zap.Logger) *Sidecar {
-	return &Sidecar{cfg: cfg, log: log, reg: prometheus.NewRegistry(), started: make(chan struct{})}
+func New(cfg config.Config, log *zap.Logger, opts ...Option) *Sidecar {
+	s := &Sidecar{cfg: cfg, log: log, reg: prometheus.NewRegistry(), started: make(chan struct{}), clock: time.Now}
+	for _, o := range opts {
+		o(s)
+	}
+	return s
 }
 
 // Started is closed once the listeners are bound and the pipeline runs.
@@ -85,7 +102,9 @@ func OpenStore(ctx context.Context, cfg config.Config, m *store.Metrics) (Store,
 	if err != nil {
 		return nil, err
 	}
-	return store.NewDynamoDB(client, cfg.Table, m), nil
+	d := store.NewDynamoDB(client, cfg.Table, m)
+	d.Retention = store.Retention{Minute: cfg.MinuteRetention, Hour: cfg.HourRetention}
+	return d, nil
 }
 
 // Run runs the sidecar until ctx ends (SIGTERM) or a part fails, then shuts
@@ -125,7 +144,12 @@ func (s *Sidecar) Run(ctx context.Context) error {
 		}
 		spilled = sp
 	}
-	agg := aggregator.New(cfg.MaxTopics, reg, aggregator.WithBudget(memBudget, spilled, log))
+	aggOpts := []aggregator.Option{aggregator.WithBudget(memBudget, spilled, log)}
+	minutes, hours := cfg.Buckets()
+	if minutes || hours {
+		aggOpts = append(aggOpts, aggregator.WithBuckets(s.clock))
+	}
+	agg := aggregator.New(cfg.MaxTopics, reg, aggOpts...)
 	hottest := hot.New(hot.DefaultCapacity, hot.DefaultPeriod, time.Now)
 	book := shards.New(shards.Config{Default: cfg.Shards, Adaptive: cfg.Adaptive, Max: cfg.MaxShards, Every: cfg.ShardsCache}, st, log, reg)
 	im := ingest.NewMetrics(reg)
@@ -151,7 +175,26 @@ func (s *Sidecar) Run(ctx context.Context) error {
 
 	// One writer id for this process's writes, journaled or not.
 	writer := store.NewWriterID()
-	opts := []flusher.Option{flusher.WithObserver(hottest), flusher.WithShards(book), flusher.WithReader(lk)}
+	tr := trend.New(trend.Config{
+		Minutes:   minutes,
+		Hours:     hours,
+		Retention: store.Retention{Minute: cfg.MinuteRetention, Hour: cfg.HourRetention},
+		CacheTTL:  cfg.CacheTTL,
+		CacheSize: cfg.CacheSize,
+	}, st, reg, s.clock)
+	observers := []flusher.Observer{hottest}
+	if minutes {
+		// Every sidecar publishes what it wrote and merges what all wrote:
+		// each ranks the fleet's trending topics from the same summaries.
+		sk, err := trend.JoinSketch(nc, cfg.TrendSubject, writer, reg, log, s.clock)
+		if err != nil {
+			return fmt.Errorf("sidecar: subscribe to %s: %w", cfg.TrendSubject, err)
+		}
+		defer sk.Close() //nolint:errcheck // closing
+		tr.UseSketch(sk)
+		observers = append(observers, sk)
+	}
+	opts := []flusher.Option{flusher.WithObserver(observers...), flusher.WithShards(book), flusher.WithReader(lk)}
 	var jr *journal.Journal
 	if cfg.Durable() {
 		if jr, err = openJournal(ctx, nc, cfg, writer, st, log, reg); err != nil {
@@ -171,6 +214,8 @@ func (s *Sidecar) Run(ctx context.Context) error {
 		WriteTimeout: cfg.WriteTimeout,
 		Writer:       writer,
 		KeepAlive:    keepAlive,
+		Minutes:      minutes,
+		Hours:        hours,
 	}, agg, st, log, flusher.NewMetrics(reg), time.Now, opts...)
 
 	lk.WatchWrites(fl.Sending)
@@ -253,7 +298,7 @@ func (s *Sidecar) Run(ctx context.Context) error {
 		}))
 	}
 
-	api := lk.Handler(log, lookup.Extras{Pending: fl.Read, Hot: hottest.Top, ShardsOf: book.Cached})
+	api := lk.Handler(log, lookup.Extras{Pending: fl.Read, Hot: hottest.Top, ShardsOf: book.Cached, Trend: tr})
 	// The console reads the lookup API in-process, past its token: it
 	// guards its own data (loopback only, unless --http-public).
 	con := console.New(console.Config{API: api, WriteShards: book.Cached, Metrics: reg, Race: cfg.ConsoleRace, CacheTTL: cfg.CacheTTL, Known: knownTopics(lk), Raises: raisesOf(book), Open: cfg.HTTPPublic && cfg.HTTPTokenFile == ""}, log)

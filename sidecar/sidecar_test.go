@@ -18,6 +18,7 @@ import (
 	"github.com/hotcount/hotcount/internal/testenv"
 	"github.com/hotcount/hotcount/loadgen"
 	"github.com/hotcount/hotcount/sidecar"
+	"github.com/hotcount/hotcount/store"
 	"github.com/hotcount/hotcount/store/ddbfault"
 )
 
@@ -32,6 +33,7 @@ type env struct {
 	cancel context.CancelFunc
 	done   chan error
 	nats   string
+	opts   []sidecar.Option // New's, for every sidecar of the env
 }
 
 func newEnv(t testing.TB, tune func(*config.Config)) *env {
@@ -40,7 +42,7 @@ func newEnv(t testing.TB, tune func(*config.Config)) *env {
 
 // newFaultEnv is newEnv with the fault emulator between the sidecar and
 // dynalite, when fc is set.
-func newFaultEnv(t testing.TB, fc *ddbfault.Config, tune func(*config.Config)) *env {
+func newFaultEnv(t testing.TB, fc *ddbfault.Config, tune func(*config.Config), opts ...sidecar.Option) *env {
 	ns := testenv.NATS(t)
 	d := testenv.StartDynalite(t)
 	testenv.AWSEnv(t)
@@ -70,14 +72,14 @@ func newFaultEnv(t testing.TB, fc *ddbfault.Config, tune func(*config.Config)) *
 		t.Fatal(err)
 	}
 	// The stream, partitioned when the sidecar is.
-	opts := ingest.StreamOptions{}
+	so := ingest.StreamOptions{}
 	if cfg.NATSMode == config.ModePartitioned {
-		opts.Partitions = cfg.Partitions
+		so.Partitions = cfg.Partitions
 	}
-	if _, err := ingest.EnsureStream(context.Background(), testenv.Connect(t, ns.ClientURL()), cfg.Stream, cfg.Subject, time.Minute, opts); err != nil {
+	if _, err := ingest.EnsureStream(context.Background(), testenv.Connect(t, ns.ClientURL()), cfg.Stream, cfg.Subject, time.Minute, so); err != nil {
 		t.Fatal(err)
 	}
-	e := &env{t: t, ns: ns, cfg: cfg, dyn: d, fault: fault, nats: ns.ClientURL()}
+	e := &env{t: t, ns: ns, cfg: cfg, dyn: d, fault: fault, nats: ns.ClientURL(), opts: opts}
 	e.run()
 	return e
 }
@@ -94,7 +96,7 @@ func newEnvOn(t testing.TB, base *env, tune func(*config.Config)) *env {
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	e := &env{t: t, ns: base.ns, cfg: cfg, dyn: base.dyn, fault: base.fault, nats: base.nats}
+	e := &env{t: t, ns: base.ns, cfg: cfg, dyn: base.dyn, fault: base.fault, nats: base.nats, opts: base.opts}
 	e.run()
 	return e
 }
@@ -103,7 +105,7 @@ func newEnvOn(t testing.TB, base *env, tune func(*config.Config)) *env {
 func (e *env) run() {
 	t := e.t
 	e.done = make(chan error, 1)
-	e.sc = sidecar.New(e.cfg, zaptest.NewLogger(t))
+	e.sc = sidecar.New(e.cfg, zaptest.NewLogger(t), e.opts...)
 	ctx, cancel := context.WithCancel(context.Background())
 	e.cancel = cancel
 	go func() { e.done <- e.sc.Run(ctx) }()
@@ -206,12 +208,31 @@ func TestConservation(t *testing.T) {
 	if len(got) != len(want) {
 		t.Errorf("table has %d topics, published %d", len(got), len(want))
 	}
+	// Each mention is in its topic's minute and hour buckets too (the
+	// default --windows), once.
+	buckets, bucketItems := e.dyn.Buckets(t, e.cfg.Table)
+	for _, g := range []store.Granularity{store.Minute, store.Hour} {
+		per := make(map[string]int64)
+		for b, n := range buckets {
+			if b.G == g {
+				per[b.Topic] += n
+			}
+		}
+		for topic, n := range want {
+			if per[topic] != n {
+				t.Errorf("topic %s: its %s buckets hold %d, published %d", topic, g, per[topic], n)
+			}
+		}
+		if len(per) != len(want) {
+			t.Errorf("%s buckets of %d topics, published %d", g, len(per), len(want))
+		}
+	}
 	msgs := ones.Messages + sevens.Messages + dotted.Messages
 	writes := testenv.Metric(t, e.sc.Registry(), "hotcount_store_writes_total")
-	if writes != float64(items) || writes != float64(len(want)) {
-		t.Errorf("%v writes for %d topics (%d items): want one write per topic", writes, len(want), items)
+	if writes != float64(items+bucketItems) || items != len(want) {
+		t.Errorf("%v writes for %d topics (%d total items, %d bucket items): want one write per item", writes, len(want), items, bucketItems)
 	}
-	t.Logf("%d messages, %d mentions, %d topics -> %v UpdateItem calls", msgs, sum(want), len(want), writes)
+	t.Logf("%d messages, %d mentions, %d topics -> %v UpdateItem calls (%d to buckets)", msgs, sum(want), len(want), writes, bucketItems)
 }
 
 // TestOutageLosesNothing stops dynalite while mentions keep arriving: the

@@ -235,6 +235,33 @@ func boltMeta(bk *bolt.Bucket, topic string) (Meta, error) {
 	return Meta{Shards: int(s), ReadShards: int(r)}, nil
 }
 
+// Counts reads the count of each item in keys (see DynamoDB.Counts); a
+// missing item counts 0. Buckets past their retention are not deleted from
+// the embedded store: readers never ask for them.
+func (b *Bolt) Counts(ctx context.Context, keys []string, consistent bool) (map[string]int64, error) {
+	out := make(map[string]int64, len(keys))
+	err := b.db.View(func(tx *bolt.Tx) error {
+		bk := tx.Bucket(boltBucket)
+		for _, k := range keys {
+			if _, dup := out[k]; dup {
+				continue
+			}
+			b.metrics.reads.Inc()
+			sh, err := decodeShard(bk.Get([]byte(k)))
+			if err != nil {
+				return fmt.Errorf("store: item %s: %w", k, err)
+			}
+			out[k] = sh.count
+		}
+		return nil
+	})
+	if err != nil {
+		b.metrics.failed("read", err)
+		return nil, err
+	}
+	return out, nil
+}
+
 // Metas reads the metadata of topics (zero Meta for those without).
 func (b *Bolt) Metas(ctx context.Context, topics []string) (map[string]Meta, error) {
 	out := make(map[string]Meta, len(topics))

@@ -51,8 +51,11 @@ type DynamoDB struct {
 	client  DynamoAPI
 	table   string
 	metrics *Metrics
-	lastOK  atomic.Int64 // Unix nanoseconds of the last call DynamoDB answered without error
-	lastErr atomic.Int64 // ... and of the last that failed
+	// Retention sets the expiry (AttrExpiresAt) of bucket writes; set it
+	// before the first write.
+	Retention Retention
+	lastOK    atomic.Int64 // Unix nanoseconds of the last call DynamoDB answered without error
+	lastErr   atomic.Int64 // ... and of the last that failed
 }
 
 // pingFresh is how recent a successful call must be for Ping to trust it
@@ -78,24 +81,33 @@ func NewDynamoDB(client DynamoAPI, table string, m *Metrics) *DynamoDB {
 func (d *DynamoDB) Add(ctx context.Context, w Write, now time.Time) error {
 	d.metrics.writes.Inc()
 	var doubt bool // an attempt of this call may have been applied
+	update := "ADD #count :delta SET #updatedAt = :now, #mark = :seq"
+	names := map[string]string{
+		"#count":     AttrCount,
+		"#updatedAt": AttrUpdatedAt,
+		"#mark":      MarkPrefix + w.Writer,
+		"#floor":     AttrFloor,
+	}
+	values := map[string]types.AttributeValue{
+		":delta": &types.AttributeValueMemberN{Value: strconv.FormatInt(w.Delta, 10)},
+		":now":   &types.AttributeValueMemberN{Value: strconv.FormatInt(UnixMilli(now), 10)},
+		":seq":   &types.AttributeValueMemberN{Value: strconv.FormatInt(w.Seq, 10)},
+	}
+	if exp := d.Retention.expiry(w.Topic); exp > 0 {
+		// A bucket: its TTL, the same on every write of it.
+		update += ", #exp = :exp"
+		names["#exp"] = AttrExpiresAt
+		values[":exp"] = &types.AttributeValueMemberN{Value: strconv.FormatInt(exp, 10)}
+	}
 	out, err := d.client.UpdateItem(ctx, &dynamodb.UpdateItemInput{
 		TableName: &d.table,
 		Key: map[string]types.AttributeValue{
 			AttrPK: &types.AttributeValueMemberS{Value: w.Key()},
 		},
-		UpdateExpression:    aws.String("ADD #count :delta SET #updatedAt = :now, #mark = :seq"),
-		ConditionExpression: aws.String("(attribute_not_exists(#mark) AND (attribute_not_exists(#floor) OR #floor < :seq)) OR #mark < :seq"),
-		ExpressionAttributeNames: map[string]string{
-			"#count":     AttrCount,
-			"#updatedAt": AttrUpdatedAt,
-			"#mark":      MarkPrefix + w.Writer,
-			"#floor":     AttrFloor,
-		},
-		ExpressionAttributeValues: map[string]types.AttributeValue{
-			":delta": &types.AttributeValueMemberN{Value: strconv.FormatInt(w.Delta, 10)},
-			":now":   &types.AttributeValueMemberN{Value: strconv.FormatInt(UnixMilli(now), 10)},
-			":seq":   &types.AttributeValueMemberN{Value: strconv.FormatInt(w.Seq, 10)},
-		},
+		UpdateExpression:          aws.String(update),
+		ConditionExpression:       aws.String("(attribute_not_exists(#mark) AND (attribute_not_exists(#floor) OR #floor < :seq)) OR #mark < :seq"),
+		ExpressionAttributeNames:  names,
+		ExpressionAttributeValues: values,
 		// The item as written, to see its marks: the response is not billed
 		// in write units, and it saves a read to decide on trimming.
 		ReturnValues: types.ReturnValueAllNew,
@@ -442,6 +454,44 @@ func (d *DynamoDB) readShards(ctx context.Context, want map[string][2]int, withM
 	return nil
 }
 
+// Counts reads the count of each item in keys (bucket shards, as BucketKey
+// names them) in BatchGetItem calls of up to 100 keys; a missing item
+// counts 0. The caller owns the map.
+func (d *DynamoDB) Counts(ctx context.Context, keys []string, consistent bool) (map[string]int64, error) {
+	out := make(map[string]int64, len(keys))
+	req := make([]map[string]types.AttributeValue, 0, len(keys))
+	for _, k := range keys {
+		if _, dup := out[k]; dup {
+			continue
+		}
+		out[k] = 0
+		req = append(req, map[string]types.AttributeValue{AttrPK: &types.AttributeValueMemberS{Value: k}})
+	}
+	d.metrics.reads.Add(float64(len(req)))
+	for start := 0; start < len(req); start += maxBatchGetKeys {
+		err := d.batchGet(ctx, req[start:min(start+maxBatchGetKeys, len(req))], consistent, func(item map[string]types.AttributeValue) error {
+			pk, ok := item[AttrPK].(*types.AttributeValueMemberS)
+			if !ok {
+				return fmt.Errorf("store: item without a string %s", AttrPK)
+			}
+			n, err := numberAttr(item, AttrCount)
+			if err != nil {
+				return fmt.Errorf("store: item %s: %w", pk.Value, err)
+			}
+			out[pk.Value] = n
+			return nil
+		})
+		if err != nil {
+			err = classify(fmt.Errorf("store: read %d bucket items: %w", len(req), err))
+			d.metrics.failed("read", err)
+			d.lastErr.Store(time.Now().UnixNano())
+			return nil, err
+		}
+	}
+	d.answered()
+	return out, nil
+}
+
 func decodeMeta(item map[string]types.AttributeValue) (Meta, error) {
 	s, err := numberAttr(item, AttrShards)
 	if err != nil {
@@ -644,6 +694,53 @@ func CreateTable(ctx context.Context, client DynamoAPI, table string) (created b
 		return created, fmt.Errorf("store: wait for table %s: %w", table, err)
 	}
 	return created, nil
+}
+
+// TTLAPI is the part of the DynamoDB client EnableTTL calls.
+type TTLAPI interface {
+	DescribeTimeToLive(ctx context.Context, in *dynamodb.DescribeTimeToLiveInput, opts ...func(*dynamodb.Options)) (*dynamodb.DescribeTimeToLiveOutput, error)
+	UpdateTimeToLive(ctx context.Context, in *dynamodb.UpdateTimeToLiveInput, opts ...func(*dynamodb.Options)) (*dynamodb.UpdateTimeToLiveOutput, error)
+}
+
+// ErrNoTTL marks an endpoint that does not implement UpdateTimeToLive
+// (dynalite, for one): buckets then stay until deleted by hand; readers
+// ignore expired ones either way.
+var ErrNoTTL = errors.New("store: this DynamoDB endpoint does not implement UpdateTimeToLive")
+
+// EnableTTL turns on the table's TTL on AttrExpiresAt, so that DynamoDB
+// deletes time buckets past their retention. It returns the TTL status
+// (ENABLED, ENABLING), leaving it as it is when it is on already, and
+// ErrNoTTL when the endpoint has no such call.
+func EnableTTL(ctx context.Context, client TTLAPI, table string) (string, error) {
+	d, err := client.DescribeTimeToLive(ctx, &dynamodb.DescribeTimeToLiveInput{TableName: &table})
+	if err == nil && d.TimeToLiveDescription != nil {
+		desc := d.TimeToLiveDescription
+		switch desc.TimeToLiveStatus {
+		case types.TimeToLiveStatusEnabled, types.TimeToLiveStatusEnabling:
+			if desc.AttributeName != nil && *desc.AttributeName != AttrExpiresAt {
+				return "", fmt.Errorf("store: table %s has TTL on %q, not %q: buckets would never expire; disable it first", table, *desc.AttributeName, AttrExpiresAt)
+			}
+			return string(desc.TimeToLiveStatus), nil
+		}
+	}
+	out, err := client.UpdateTimeToLive(ctx, &dynamodb.UpdateTimeToLiveInput{
+		TableName: &table,
+		TimeToLiveSpecification: &types.TimeToLiveSpecification{
+			AttributeName: aws.String(AttrExpiresAt),
+			Enabled:       aws.Bool(true),
+		},
+	})
+	var api smithy.APIError
+	if errors.As(err, &api) && (api.ErrorCode() == "UnknownOperationException" || strings.Contains(api.ErrorMessage(), "not implemented")) {
+		return "", fmt.Errorf("%w: %v", ErrNoTTL, err)
+	}
+	if err != nil {
+		return "", fmt.Errorf("store: enable TTL on table %s: %w", table, err)
+	}
+	if out.TimeToLiveSpecification != nil && aws.ToBool(out.TimeToLiveSpecification.Enabled) {
+		return string(types.TimeToLiveStatusEnabling), nil
+	}
+	return "", fmt.Errorf("store: enable TTL on table %s: not enabled", table)
 }
 
 // classify marks throughput refusals with ErrThrottled so callers can branch

@@ -72,6 +72,8 @@ var ErrUnresolvable = errors.New("store: write outcome can no longer be told")
 // Write is one idempotent increment: Delta added to one shard of Topic,
 // identified by Writer and Seq.
 type Write struct {
+	// Topic names the counter: a topic (its all-time count) or a bucket
+	// counter (BucketCounter).
 	Topic  string
 	Shard  int
 	Delta  int64
@@ -88,8 +90,9 @@ type Write struct {
 	Replay bool
 }
 
-// Key is the write's item key.
-func (w Write) Key() string { return ShardKey(w.Topic, w.Shard) }
+// Key is the write's item key: a shard of the topic's total, or of one of
+// its time buckets when Topic is a bucket counter's name (BucketCounter).
+func (w Write) Key() string { return itemKey(w.Topic, w.Shard) }
 
 // NewWriterID returns a fresh random writer id: 8 base32 characters (40
 // bits), unique for every process that ever writes. Ids are never reused,

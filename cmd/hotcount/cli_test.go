@@ -22,7 +22,7 @@ import (
 // commands lists every command and subcommand a user can type.
 var commands = [][]string{
 	{"run"}, {"dev"}, {"table"}, {"table", "create"}, {"stream"}, {"stream", "create"},
-	{"load"}, {"shards"}, {"shards", "show"}, {"shards", "set"}, {"demo"}, {"check-config"}, {"help"},
+	{"load"}, {"top"}, {"shards"}, {"shards", "show"}, {"shards", "set"}, {"demo"}, {"check-config"}, {"help"},
 }
 
 // TestHelpEverywhere: --help (and -h) on every command and subcommand prints

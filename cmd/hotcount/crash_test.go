@@ -25,6 +25,7 @@ import (
 	"github.com/hotcount/hotcount/internal/testenv"
 	"github.com/hotcount/hotcount/journal"
 	"github.com/hotcount/hotcount/loadgen"
+	"github.com/hotcount/hotcount/store"
 	"github.com/hotcount/hotcount/store/ddbfault"
 )
 
@@ -267,6 +268,23 @@ func TestSIGKILLLosesNothing(t *testing.T) {
 	}
 	if total != r.rep.Mentions {
 		t.Errorf("table holds %d mentions, published %d: over-count %d", total, r.rep.Mentions, total-r.rep.Mentions)
+	}
+	// The time buckets (the default --windows 1m,1h) are journaled and
+	// replayed with their totals: each granularity holds every mention
+	// once too.
+	buckets, _ := d.Buckets(t, table)
+	for _, g := range []store.Granularity{store.Minute, store.Hour} {
+		per := make(map[string]int64)
+		for b, n := range buckets {
+			if b.G == g {
+				per[b.Topic] += n
+			}
+		}
+		for topic, n := range r.rep.PerTopic {
+			if per[topic] != n {
+				t.Errorf("topic %s: its %s buckets hold %d, published %d", topic, g, per[topic], n)
+			}
+		}
 	}
 }
 

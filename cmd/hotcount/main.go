@@ -45,6 +45,7 @@ Usage:
   hotcount table create [flags]   create the DynamoDB table if absent
   hotcount stream create [flags]  create the JetStream stream of mentions if absent
   hotcount load [flags]           publish synthetic mentions
+  hotcount top [flags]            the fleet's trending topics, live with --watch
   hotcount shards show TOPIC...   a topic's shard counts and shards
   hotcount shards set TOPIC N     set a topic's shard count (reads never shrink)
   hotcount demo [flags]           race writers against an emulated partition ceiling
@@ -113,6 +114,8 @@ func dispatch(ctx context.Context, args, environ []string, stdout, stderr io.Wri
 		return cmdStreamCreate(ctx, rest[1:], environ, stdout, stderr)
 	case "load":
 		return cmdLoad(ctx, rest, environ, stdout, stderr)
+	case "top":
+		return cmdTop(ctx, rest, environ, stdout, stderr)
 	case "shards":
 		return cmdShards(ctx, rest, environ, stdout, stderr)
 	case "demo":

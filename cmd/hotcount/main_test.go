@@ -109,46 +109,52 @@ func freeAddr(t testing.TB) string {
 
 // TestDev runs `hotcount dev` as the README's first command does, publishes
 // mentions, reads them back over HTTP, stops it, starts it again on the same
+
+// startDev runs `hotcount dev` on these ports and folder until the returned
+// stop, which checks that it exits cleanly and printed how to query.
+func startDev(t *testing.T, dataDir, natsPort, httpAddr, adminAddr string) (stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	var stdout, stderr bytes.Buffer
+	go func() {
+		done <- dispatch(ctx, []string{"dev", "--nats-port", natsPort, "--http", httpAddr, "--admin", adminAddr,
+			"--data-dir", dataDir, "--flush-interval", "50ms", "--log-level", "warn"}, nil, &stdout, &stderr)
+	}()
+	testenv.Eventually(t, 20*time.Second, func() error {
+		select {
+		case err := <-done:
+			t.Fatalf("dev exited: %v\n%s", err, stderr.String())
+		default:
+		}
+		resp, err := http.Get("http://" + adminAddr + "/readyz")
+		if err != nil {
+			return err
+		}
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			return fmt.Errorf("readyz %d", resp.StatusCode)
+		}
+		return nil
+	})
+	testenv.Subscribed(t, adminAddr, 20*time.Second)
+	return func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Fatalf("dev: %v\n%s", err, stderr.String())
+		}
+		if !strings.Contains(stdout.String(), "curl http://"+httpAddr+"/v1/topics/golang") {
+			t.Errorf("dev did not print how to query:\n%s", stdout.String())
+		}
+	}
+}
+
 // data and finds the counts still there.
 func TestDev(t *testing.T) {
 	dataDir := t.TempDir()
 	_, natsPort, _ := net.SplitHostPort(freeAddr(t))
 	httpAddr, adminAddr := freeAddr(t), freeAddr(t)
-	start := func() (stop func()) {
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan error, 1)
-		var stdout, stderr bytes.Buffer
-		go func() {
-			done <- dispatch(ctx, []string{"dev", "--nats-port", natsPort, "--http", httpAddr, "--admin", adminAddr,
-				"--data-dir", dataDir, "--flush-interval", "50ms", "--log-level", "warn"}, nil, &stdout, &stderr)
-		}()
-		testenv.Eventually(t, 20*time.Second, func() error {
-			select {
-			case err := <-done:
-				t.Fatalf("dev exited: %v\n%s", err, stderr.String())
-			default:
-			}
-			resp, err := http.Get("http://" + adminAddr + "/readyz")
-			if err != nil {
-				return err
-			}
-			resp.Body.Close()
-			if resp.StatusCode != 200 {
-				return fmt.Errorf("readyz %d", resp.StatusCode)
-			}
-			return nil
-		})
-		testenv.Subscribed(t, adminAddr, 20*time.Second)
-		return func() {
-			cancel()
-			if err := <-done; err != nil {
-				t.Fatalf("dev: %v\n%s", err, stderr.String())
-			}
-			if !strings.Contains(stdout.String(), "curl http://"+httpAddr+"/v1/topics/golang") {
-				t.Errorf("dev did not print how to query:\n%s", stdout.String())
-			}
-		}
-	}
+	start := func() (stop func()) { return startDev(t, dataDir, natsPort, httpAddr, adminAddr) }
 	total := func() int64 {
 		resp, err := http.Get("http://" + httpAddr + "/v1/topics/golang")
 		if err != nil {
@@ -192,11 +198,13 @@ func TestDev(t *testing.T) {
 	// The README's load step, as written (on this test's NATS port, in
 	// this test's folder): its report must match the counts exactly, topic
 	// by topic.
-	loads := readmeCommands(t, "go run ./cmd/hotcount load ")
+	// The trending demo's steps (with ?window= and --surge) are
+	// TestTrendingDemo's.
+	loads := without(readmeCommands(t, "go run ./cmd/hotcount load "), "--surge")
 	if len(loads) != 1 {
 		t.Fatalf("the README has %d load commands, want the one this test runs", len(loads))
 	}
-	curls := readmeCommands(t, "curl ")
+	curls := without(readmeCommands(t, "curl "), "window=")
 	t.Chdir(t.TempDir())
 	report := "sent.json"
 	if !slices.Contains(loads[0], "--report") || !slices.Contains(loads[0], report) {

@@ -303,6 +303,26 @@ func (d *Dynalite) Counts(t testing.TB, table string) (map[string]int64, int) {
 	t.Helper()
 	counts := make(map[string]int64)
 	items := 0
+	d.scan(t, table, func(pk string, it map[string]types.AttributeValue) {
+		if strings.HasSuffix(pk, "#"+store.MetaSuffix) {
+			return // a topic's shard metadata: not a count
+		}
+		if _, _, _, _, err := store.ParseBucketKey(pk); err == nil {
+			return // a time bucket: see Buckets
+		}
+		items++
+		topic, shard, err := store.ParseShardKey(pk)
+		if err != nil || shard >= store.MaxShards {
+			t.Fatalf("item with a key outside the schema: %q", pk)
+		}
+		counts[topic] += number(t, it, store.AttrCount)
+	})
+	return counts, items
+}
+
+// scan calls each with every item of table and its partition key.
+func (d *Dynalite) scan(t testing.TB, table string, each func(pk string, it map[string]types.AttributeValue)) {
+	t.Helper()
 	p := dynamodb.NewScanPaginator(d.Client(), &dynamodb.ScanInput{TableName: &table})
 	for p.HasMorePages() {
 		page, err := p.NextPage(context.Background())
@@ -311,25 +331,50 @@ func (d *Dynalite) Counts(t testing.TB, table string) (map[string]int64, int) {
 		}
 		for _, it := range page.Items {
 			pk, _ := it[store.AttrPK].(*types.AttributeValueMemberS)
-			if pk != nil && strings.HasSuffix(pk.Value, "#"+store.MetaSuffix) {
-				continue // a topic's shard metadata: not a count
+			if pk == nil {
+				t.Fatalf("item without a string %s: %v", store.AttrPK, it)
 			}
-			items++
-			cnt, _ := it[store.AttrCount].(*types.AttributeValueMemberN)
-			if pk == nil || cnt == nil {
-				t.Fatalf("item without a string %s and a number %s: %v", store.AttrPK, store.AttrCount, it)
-			}
-			topic, shard, err := store.ParseShardKey(pk.Value)
-			if err != nil || shard >= store.MaxShards {
-				t.Fatalf("item with a key outside the schema: %q", pk.Value)
-			}
-			n, err := strconv.ParseInt(cnt.Value, 10, 64)
-			if err != nil {
-				t.Fatal(err)
-			}
-			counts[topic] += n
+			each(pk.Value, it)
 		}
 	}
+}
+
+// number is an item's number attribute name; the test fails without it.
+func number(t testing.TB, it map[string]types.AttributeValue, name string) int64 {
+	t.Helper()
+	v, _ := it[name].(*types.AttributeValueMemberN)
+	if v == nil {
+		t.Fatalf("item without a number %s: %v", name, it)
+	}
+	n, err := strconv.ParseInt(v.Value, 10, 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// Bucket names one time bucket of a topic.
+type Bucket struct {
+	Topic string
+	G     store.Granularity
+	Index int64
+}
+
+// Buckets scans table and sums each time bucket's count over its shards;
+// it also returns the number of bucket items.
+func (d *Dynalite) Buckets(t testing.TB, table string) (map[Bucket]int64, int) {
+	t.Helper()
+	counts := make(map[Bucket]int64)
+	items := 0
+	d.scan(t, table, func(pk string, it map[string]types.AttributeValue) {
+		topic, g, i, _, err := store.ParseBucketKey(pk)
+		if err != nil {
+			return // a total or metadata
+		}
+		items++
+		number(t, it, store.AttrExpiresAt) // every bucket expires
+		counts[Bucket{topic, g, i}] += number(t, it, store.AttrCount)
+	})
 	return counts, items
 }
 

@@ -1,0 +1,243 @@
+package sidecar_test
+
+import (
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/hotcount/hotcount/config"
+	"github.com/hotcount/hotcount/internal/testenv"
+	"github.com/hotcount/hotcount/loadgen"
+	"github.com/hotcount/hotcount/sidecar"
+	"github.com/hotcount/hotcount/store"
+	"github.com/hotcount/hotcount/trend"
+)
+
+// getJSON decodes a 200 answer of the lookup API into v.
+func getJSON(t testing.TB, e *env, path string, v any) {
+	t.Helper()
+	resp, err := http.Get("http://" + e.sc.HTTPAddr() + path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		var body struct{ Error string }
+		json.NewDecoder(resp.Body).Decode(&body) //nolint:errcheck // the status says it
+		t.Fatalf("GET %s: %s: %s", path, resp.Status, body.Error)
+	}
+	if err := json.NewDecoder(resp.Body).Decode(v); err != nil {
+		t.Fatalf("GET %s: %v", path, err)
+	}
+}
+
+// flushedAll waits until the fleet has written n mentions.
+func flushedAll(t testing.TB, fleet []*env, n int64) {
+	t.Helper()
+	testenv.Eventually(t, 20*time.Second, func() error {
+		var got float64
+		for _, e := range fleet {
+			got += testenv.Metric(t, e.sc.Registry(), "hotcount_flusher_flushed_mentions_total")
+		}
+		if got != float64(n) {
+			return fmt.Errorf("%v of %d mentions flushed", got, n)
+		}
+		return nil
+	})
+}
+
+// TestTrendingAcrossTheFleet plays a known script into three sidecars on
+// one NATS server and one table, half an hour of it on a stepped clock: a
+// steady Zipf background over 1,000 topics, 1,000 mentions a minute, and
+// one topic, "surge", at 10 a minute that jumps to 200 (20x) for the last
+// five minutes. Every sidecar ranks the surge first with the steady heavy
+// hitters out of the top 5, all three give the same list, and the windowed
+// counts and series equal the script's, minute by minute and hour by hour
+// (the half hour crosses an hour).
+func TestTrendingAcrossTheFleet(t *testing.T) {
+	clk := testenv.NewClock(time.Date(2026, 12, 3, 10, 45, 30, 0, time.UTC)) // stepped a minute at a time
+	tune := func(c *config.Config) {
+		c.FlushInterval = 50 * time.Millisecond
+		c.CacheTTL = time.Millisecond
+	}
+	a := newFaultEnv(t, nil, tune, sidecar.WithClock(clk.Now))
+	fleet := []*env{a}
+	for range 2 {
+		fleet = append(fleet, newEnvOn(t, a, func(c *config.Config) { c.DataDir = t.TempDir() }))
+	}
+
+	nc := testenv.Connect(t, a.nats)
+	truth := make(map[string]map[int64]int64) // topic -> minute -> mentions
+	count := func(topic string, minute int64) {
+		if truth[topic] == nil {
+			truth[topic] = make(map[int64]int64)
+		}
+		truth[topic][minute]++
+	}
+	z := rand.NewZipf(rand.New(rand.NewPCG(1, 2)), 1.1, 1, 999)
+	var published int64
+	const minutes = 30
+	for m := range minutes {
+		if m > 0 {
+			clk.Add(time.Minute)
+		}
+		minute := store.Minute.Index(clk.Now())
+		for range 1000 {
+			topic := loadgen.Topic(int(z.Uint64()))
+			if err := nc.Publish("mentions."+topic, nil); err != nil {
+				t.Fatal(err)
+			}
+			count(topic, minute)
+		}
+		surge := 10
+		if m >= minutes-5 {
+			surge = 200
+		}
+		for range surge {
+			if err := nc.Publish("mentions.surge", nil); err != nil {
+				t.Fatal(err)
+			}
+			count("surge", minute)
+		}
+		if err := nc.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		published += int64(1000 + surge)
+		// The minute is written before the clock moves on: each mention's
+		// bucket is the minute it was published in.
+		flushedAll(t, fleet, published)
+	}
+	last := store.Minute.Index(clk.Now())
+	sumOf := func(topic string, from, to int64) (n int64) {
+		for i := from; i <= to; i++ {
+			n += truth[topic][i]
+		}
+		return n
+	}
+
+	// The list, the same on every sidecar once each has every summary.
+	var lists [][]trend.Entry
+	testenv.Eventually(t, 10*time.Second, func() error {
+		lists = lists[:0]
+		for _, e := range fleet {
+			var tr trend.Trending
+			getJSON(t, e, "/v1/trending?window=5m&limit=10", &tr)
+			lists = append(lists, tr.Topics)
+		}
+		for i := range lists[1:] {
+			if !slices.Equal(lists[0], lists[i+1]) {
+				return fmt.Errorf("sidecar 0 ranks %v, sidecar %d %v", lists[0], i+1, lists[i+1])
+			}
+		}
+		return nil
+	})
+	top := lists[0]
+	t.Logf("trending, 5m: %+v", top)
+	if len(top) == 0 || top[0].Topic != "surge" {
+		t.Fatalf("the surge is not first: %+v", top)
+	}
+	// The window is read up to now, half a minute into its last bucket: 4.5
+	// minutes at the 10 a minute before.
+	if top[0].Count != sumOf("surge", last-4, last) || top[0].Baseline != 45 {
+		t.Errorf("surge: count %d, baseline %v; the script has %d and 10 a minute before (45 in 4.5 minutes)", top[0].Count, top[0].Baseline, sumOf("surge", last-4, last))
+	}
+	for _, e := range top[:min(5, len(top))] {
+		for i := range 5 {
+			if e.Topic == loadgen.Topic(i) {
+				t.Errorf("steady heavy hitter %s is in the top 5: %+v", e.Topic, top)
+			}
+		}
+	}
+
+	// Windowed counts and series against the script, on each sidecar.
+	for _, e := range fleet {
+		for _, topic := range []string{"surge", loadgen.Topic(0), loadgen.Topic(7), loadgen.Topic(500)} {
+			var c trend.Count
+			getJSON(t, e, "/v1/topics/"+topic+"?window=15m", &c)
+			if want := sumOf(topic, last-14, last); c.Count != want || c.Resolution != "1m" || !c.From.Equal(store.Minute.Start(last-14)) {
+				t.Errorf("%s over 15m: %+v; the script has %d from %v", topic, c, want, store.Minute.Start(last-14))
+			}
+			getJSON(t, e, "/v1/topics/"+topic+"?window=24h", &c)
+			if want := sumOf(topic, last-minutes, last); c.Count != want || c.Resolution != "1h" {
+				t.Errorf("%s over 24h (hours): %+v; the script has %d", topic, c, want)
+			}
+			var sr trend.Series
+			getJSON(t, e, "/v1/topics/"+topic+"/series?window=30m&step=1m", &sr)
+			if len(sr.Points) != 30 {
+				t.Fatalf("%s series: %d points, want 30", topic, len(sr.Points))
+			}
+			for _, p := range sr.Points {
+				if want := truth[topic][store.Minute.Index(p.From)]; p.Count != want {
+					t.Errorf("%s at %v: %d, the script has %d", topic, p.From, p.Count, want)
+				}
+			}
+			getJSON(t, e, "/v1/topics/"+topic+"/series?window=2h&step=1h", &sr)
+			for _, p := range sr.Points {
+				h := store.Hour.Index(p.From)
+				want := sumOf(topic, h*60, h*60+59)
+				if p.Count != want {
+					t.Errorf("%s in the hour from %v: %d, the script has %d", topic, p.From, p.Count, want)
+				}
+			}
+		}
+	}
+}
+
+// TestBucketsSplitAcrossBoundaries: one window holds mentions of three
+// minutes across an hour boundary (nothing flushes before SIGTERM), and
+// the final flush splits it: each minute bucket and each hour bucket holds
+// exactly its mentions, the totals all of them, each item written once.
+func TestBucketsSplitAcrossBoundaries(t *testing.T) {
+	clk := testenv.NewClock(time.Date(2026, 12, 3, 10, 58, 20, 0, time.UTC))
+	e := newFaultEnv(t, nil, func(c *config.Config) { c.FlushInterval = time.Hour }, sidecar.WithClock(clk.Now))
+	nc := testenv.Connect(t, e.nats)
+	want := map[testenv.Bucket]int64{}
+	var sent int64
+	for step, n := range []int{100, 50, 30} {
+		if step > 0 {
+			clk.Add(time.Minute)
+		}
+		for i := range n {
+			topic := []string{"golang", "rust"}[i%2]
+			if err := nc.Publish("mentions."+topic, nil); err != nil {
+				t.Fatal(err)
+			}
+			want[testenv.Bucket{Topic: topic, G: store.Minute, Index: store.Minute.Index(clk.Now())}]++
+			want[testenv.Bucket{Topic: topic, G: store.Hour, Index: store.Hour.Index(clk.Now())}]++
+		}
+		sent += int64(n)
+		// Counted (in the window) before the clock moves on.
+		testenv.Eventually(t, 5*time.Second, func() error {
+			if got := testenv.Metric(t, e.sc.Registry(), "hotcount_ingest_events_total"); got != float64(sent) {
+				return fmt.Errorf("%v of %d taken", got, sent)
+			}
+			return nil
+		})
+	}
+	if w := testenv.Metric(t, e.sc.Registry(), "hotcount_store_writes_total"); w != 0 {
+		t.Fatalf("%v writes before SIGTERM; the test needs one window", w)
+	}
+	if err := e.stop(); err != nil {
+		t.Fatal(err)
+	}
+	got, items := e.dyn.Buckets(t, e.cfg.Table)
+	if len(got) != len(want) || len(want) != 10 {
+		t.Errorf("buckets %v, want %v", got, want)
+	}
+	for b, n := range want {
+		if got[b] != n {
+			t.Errorf("%s %s at %v: %d, published %d", b.Topic, b.G, b.G.Start(b.Index), got[b], n)
+		}
+	}
+	totals, totalItems := e.dyn.Counts(t, e.cfg.Table)
+	if totals["golang"] != 90 || totals["rust"] != 90 {
+		t.Errorf("totals %v, want 90 each", totals)
+	}
+	if w := testenv.Metric(t, e.sc.Registry(), "hotcount_store_writes_total"); w != float64(items+totalItems) {
+		t.Errorf("%v writes for %d items: want one each", w, items+totalItems)
+	}
+}

@@ -1,0 +1,237 @@
+package store
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Time buckets: besides its all-time shards, a topic's mentions are counted
+// per minute and per hour of their publication, for windowed counts and
+// trending. A bucket is sharded like the total, with the shard in the
+// partition key and the topic's shard count (its metadata covers both):
+//
+//	MINUTE#<topic>#<minute>#<shard>   minute = Unix seconds / 60
+//	HOUR#<topic>#<hour>#<shard>       hour   = Unix seconds / 3600
+//
+// The index and the shard are the last two '#'-separated fields, so topics
+// may hold '#'; the prefixes keep buckets apart from the totals' keys. Each
+// bucket item carries AttrExpiresAt, the table's TTL attribute: DynamoDB
+// deletes it some time after, and readers ignore it once past.
+const (
+	// AttrExpiresAt is a bucket's expiry (number, Unix seconds): the TTL
+	// attribute `hotcount table create` enables.
+	AttrExpiresAt = "expiresAt"
+	// DefaultMinuteRetention is how long minute buckets are kept: two
+	// days, for windows up to a day and a day of baseline before them.
+	DefaultMinuteRetention = 48 * time.Hour
+	// DefaultHourRetention is how long hour buckets are kept: 35 days, for
+	// windows up to a week with four weeks of baseline.
+	DefaultHourRetention = 35 * 24 * time.Hour
+)
+
+// Granularity is a bucket's length: Minute or Hour.
+type Granularity byte
+
+// The granularities.
+const (
+	Minute Granularity = 'm'
+	Hour   Granularity = 'h'
+)
+
+// Duration is g's length.
+func (g Granularity) Duration() time.Duration {
+	if g == Hour {
+		return time.Hour
+	}
+	return time.Minute
+}
+
+func (g Granularity) String() string {
+	if g == Hour {
+		return "1h"
+	}
+	return "1m"
+}
+
+func (g Granularity) prefix() string {
+	if g == Hour {
+		return "HOUR#"
+	}
+	return "MINUTE#"
+}
+
+// Index is the bucket of g that holds t.
+func (g Granularity) Index(t time.Time) int64 {
+	return floorDiv(t.Unix(), int64(g.Duration()/time.Second))
+}
+
+// Start is the start of bucket i of g.
+func (g Granularity) Start(i int64) time.Time {
+	return time.Unix(i*int64(g.Duration()/time.Second), 0).UTC()
+}
+
+func floorDiv(a, b int64) int64 {
+	q := a / b
+	if a%b != 0 && a < 0 {
+		q--
+	}
+	return q
+}
+
+// BucketKey returns the partition key of one shard of topic's bucket i of
+// g.
+func BucketKey(topic string, g Granularity, i int64, shard int) string {
+	return g.prefix() + topic + "#" + strconv.FormatInt(i, 10) + "#" + strconv.Itoa(shard)
+}
+
+// ParseBucketKey splits a bucket item's partition key (BucketKey) into its
+// topic, granularity, bucket index and shard id.
+func ParseBucketKey(pk string) (topic string, g Granularity, i int64, shard int, err error) {
+	var rest string
+	switch {
+	case strings.HasPrefix(pk, Minute.prefix()):
+		g, rest = Minute, pk[len(Minute.prefix()):]
+	case strings.HasPrefix(pk, Hour.prefix()):
+		g, rest = Hour, pk[len(Hour.prefix()):]
+	default:
+		return "", 0, 0, 0, fmt.Errorf("store: key %q is not a bucket's", pk)
+	}
+	j := strings.LastIndexByte(rest, '#')
+	k := strings.LastIndexByte(rest[:max(j, 0)], '#')
+	if j < 0 || k < 0 {
+		return "", 0, 0, 0, fmt.Errorf("store: key %q is not %s<topic>#<index>#<shard>", pk, g.prefix())
+	}
+	if i, err = strconv.ParseInt(rest[k+1:j], 10, 64); err != nil {
+		return "", 0, 0, 0, fmt.Errorf("store: key %q has no bucket index", pk)
+	}
+	if shard, err = strconv.Atoi(rest[j+1:]); err != nil || shard < 0 {
+		return "", 0, 0, 0, fmt.Errorf("store: key %q has no shard id", pk)
+	}
+	return rest[:k], g, i, shard, nil
+}
+
+// Counter names. The aggregator, the flusher and the journal handle
+// counters by name: a topic's all-time count is named by the topic, and a
+// bucket's by BucketCounter, which starts with a control character that
+// ValidateTopic keeps out of every topic, so the two never meet.
+//
+// A counter of kind Fresh is a minute of mentions as the ingest adds them;
+// the flusher writes it to its minute and to its hour bucket (SplitFresh),
+// and what it cannot write goes back under Minute or Hour names, never
+// Fresh again, so no mention reaches an hour bucket twice.
+const (
+	counterMark = '\x01'
+	// Fresh is the kind of the counters the ingest adds to: a minute's
+	// mentions, bound for both the minute and the hour bucket.
+	Fresh Granularity = 'M'
+)
+
+// BucketCounter names topic's bucket i of kind g (Fresh, Minute or Hour).
+func BucketCounter(topic string, g Granularity, i int64) string {
+	return string(AppendBucketCounter(nil, topic, g, i))
+}
+
+// AppendBucketCounter appends BucketCounter's name to b, for callers that
+// name a counter per message without allocating.
+func AppendBucketCounter(b []byte, topic string, g Granularity, i int64) []byte {
+	b = append(b, counterMark, byte(g))
+	b = strconv.AppendInt(b, i, 10)
+	b = append(b, counterMark)
+	return append(b, topic...)
+}
+
+// IsBucket says whether a counter name is a bucket's rather than a topic's
+// all-time count.
+func IsBucket(name string) bool { return len(name) > 0 && name[0] == counterMark }
+
+// ParseCounter splits a counter name: the topic, and for a bucket its kind
+// and index (ok false for a topic's all-time counter).
+func ParseCounter(name string) (topic string, g Granularity, i int64, ok bool) {
+	if !IsBucket(name) || len(name) < 2 {
+		return name, 0, 0, false
+	}
+	rest := name[2:]
+	j := strings.IndexByte(rest, counterMark)
+	if j < 0 {
+		return name, 0, 0, false
+	}
+	i, err := strconv.ParseInt(rest[:j], 10, 64)
+	if err != nil {
+		return name, 0, 0, false
+	}
+	return rest[j+1:], Granularity(name[1]), i, true
+}
+
+// TopicOf is the topic a counter counts for.
+func TopicOf(name string) string {
+	t, _, _, _ := ParseCounter(name)
+	return t
+}
+
+// SplitFresh returns the Minute and Hour counters a Fresh counter's delta
+// goes to ("" when name is not Fresh).
+func SplitFresh(name string) (minute, hour string) {
+	topic, g, i, ok := ParseCounter(name)
+	if !ok || g != Fresh {
+		return "", ""
+	}
+	start := Minute.Start(i)
+	return BucketCounter(topic, Minute, i), BucketCounter(topic, Hour, Hour.Index(start))
+}
+
+// Display is a counter name for logs and errors: the topic, and a bucket's
+// granularity and start.
+func Display(name string) string {
+	topic, g, i, ok := ParseCounter(name)
+	if !ok {
+		return name
+	}
+	if g == Fresh {
+		g = Minute
+	}
+	return fmt.Sprintf("%s@%s/%s", topic, g.Start(i).Format(time.RFC3339), g)
+}
+
+// itemKey is the partition key a write of counter name goes to.
+func itemKey(name string, shard int) string {
+	topic, g, i, ok := ParseCounter(name)
+	if !ok {
+		return ShardKey(name, shard)
+	}
+	if g == Fresh {
+		g = Minute // not written as such; keyed as its minute
+	}
+	return BucketKey(topic, g, i, shard)
+}
+
+// Retention is how long each granularity's buckets are kept; a zero field
+// is its default (DefaultMinuteRetention, DefaultHourRetention).
+type Retention struct{ Minute, Hour time.Duration }
+
+// Of is g's retention.
+func (r Retention) Of(g Granularity) time.Duration {
+	switch {
+	case g == Hour && r.Hour > 0:
+		return r.Hour
+	case g == Hour:
+		return DefaultHourRetention
+	case r.Minute > 0:
+		return r.Minute
+	}
+	return DefaultMinuteRetention
+}
+
+// expiry is the expiresAt of a write of counter name (0 for a total): the
+// end of its bucket plus the retention.
+func (r Retention) expiry(name string) int64 {
+	_, g, i, ok := ParseCounter(name)
+	if !ok {
+		return 0
+	}
+	if g == Fresh {
+		g = Minute
+	}
+	return g.Start(i + 1).Add(r.Of(g)).Unix()
+}

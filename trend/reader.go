@@ -1,0 +1,365 @@
+package trend
+
+import (
+	"context"
+	"math"
+	"time"
+
+	"github.com/hashicorp/golang-lru/v2/expirable"
+	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sync/singleflight"
+
+	"github.com/hotcount/hotcount/store"
+)
+
+// Defaults, used by the config package.
+const (
+	// DefaultMinuteSpan is the longest window read at minute resolution:
+	// 180 minute buckets, two BatchGetItem calls for a one-shard topic.
+	DefaultMinuteSpan = 3 * time.Hour
+	// MaxSeriesPoints bounds a series' points.
+	MaxSeriesPoints = 1440
+	// maxReadBuckets bounds the buckets one windowed read sums (per
+	// shard): a 35-day window at hour resolution is 840.
+	maxReadBuckets = 2000
+	// settleAfter is how long after its end a bucket counts as settled:
+	// its mentions have been flushed (a flush interval, the JetStream
+	// backlog of a healthy consumer).
+	settleAfter = 2 * time.Minute
+	// settledTTL is how long a settled bucket's count is reused.
+	settledTTL = time.Minute
+	// settledKeys bounds the settled buckets cached.
+	settledKeys = 200_000
+)
+
+// Store is what windowed reads take from the store.
+type Store interface {
+	// Metas reads the topics' shard counts: a bucket is sharded like its
+	// topic's total.
+	Metas(ctx context.Context, topics []string) (map[string]store.Meta, error)
+	// Counts reads items' counts by key, 0 for those missing.
+	Counts(ctx context.Context, keys []string, consistent bool) (map[string]int64, error)
+}
+
+// Config is the trend stage's part of the configuration.
+type Config struct {
+	// Minutes and Hours are the buckets the flushers write (--windows).
+	Minutes, Hours bool
+	// Retention is how long buckets are kept; windows stay inside it.
+	Retention store.Retention
+	// MinuteSpan is the longest window read at minute resolution (0:
+	// DefaultMinuteSpan).
+	MinuteSpan time.Duration
+	// CacheTTL is how long a windowed count or series is served from the
+	// cache; CacheSize how many are kept.
+	CacheTTL  time.Duration
+	CacheSize int
+}
+
+// Count is a topic's count over a window, in the total's JSON shape with
+// the interval covered.
+type Count struct {
+	Topic  string `json:"topic"`
+	Count  int64  `json:"count"`
+	Source string `json:"source"` // "cache" or "store"
+	AgeMs  int64  `json:"ageMs"`
+	Shards int    `json:"shards"`
+	// Saturated says the sum passed the int64 range and is capped.
+	Saturated bool `json:"saturated,omitempty"`
+	// Window is the window asked for; From and To the interval its
+	// buckets cover (RFC 3339), at Resolution (1m or 1h).
+	Window     string    `json:"window"`
+	From       time.Time `json:"from"`
+	To         time.Time `json:"to"`
+	Resolution string    `json:"resolution"`
+
+	at time.Time
+}
+
+// Point is one step of a series: its start and its count.
+type Point struct {
+	From  time.Time `json:"from"`
+	Count int64     `json:"count"`
+}
+
+// Series is a topic's counts step by step over a window, oldest first; the
+// last point is the step now falls in, counted up to now.
+type Series struct {
+	Topic      string    `json:"topic"`
+	Window     string    `json:"window"`
+	Step       string    `json:"step"`
+	Resolution string    `json:"resolution"`
+	From       time.Time `json:"from"`
+	To         time.Time `json:"to"`
+	Source     string    `json:"source"`
+	AgeMs      int64     `json:"ageMs"`
+	Shards     int       `json:"shards"`
+	Points     []Point   `json:"points"`
+
+	at time.Time
+}
+
+// Service answers windowed reads and the trending list. It is safe for
+// concurrent use.
+type Service struct {
+	cfg   Config
+	st    Store
+	now   func() time.Time
+	group singleflight.Group
+
+	counts *expirable.LRU[string, Count]
+	series *expirable.LRU[string, Series]
+	trends *expirable.LRU[string, Trending]
+	// settled caches buckets that ended over settleAfter ago: only a late
+	// mention (a redelivery, a flush retried) still changes them, so a
+	// sliding window re-reads just its newest buckets.
+	settled *expirable.LRU[string, int64]
+	m       metrics
+
+	sketch *Sketch // the fleet's summaries; nil: no trending
+}
+
+type metrics struct {
+	reads     *prometheus.CounterVec
+	batchGets prometheus.Counter
+}
+
+// New returns a trend service reading st.
+func New(cfg Config, st Store, reg prometheus.Registerer, now func() time.Time) *Service {
+	size := max(cfg.CacheSize, 1)
+	s := &Service{
+		cfg:     cfg,
+		st:      st,
+		now:     now,
+		counts:  expirable.NewLRU[string, Count](size, nil, cfg.CacheTTL),
+		series:  expirable.NewLRU[string, Series](size, nil, cfg.CacheTTL),
+		trends:  expirable.NewLRU[string, Trending](64, nil, cfg.CacheTTL),
+		settled: expirable.NewLRU[string, int64](settledKeys, nil, settledTTL),
+		m: metrics{
+			reads: prometheus.NewCounterVec(prometheus.CounterOpts{
+				Name: "hotcount_trend_reads_total",
+				Help: "Windowed reads, by kind (count, series, trending) and source: cache (answered from the cache), store (read from the store, once for all the callers that waited for it).",
+			}, []string{"kind", "source"}),
+			batchGets: prometheus.NewCounter(prometheus.CounterOpts{
+				Name: "hotcount_trend_bucket_batches_total",
+				Help: "Batches of up to 100 bucket keys read for windowed counts, series and trending (each a BatchGetItem call against DynamoDB, retries aside).",
+			}),
+		},
+	}
+	reg.MustRegister(s.m.reads, s.m.batchGets)
+	return s
+}
+
+// Window returns topic's count over the last window (ParseWindow's form).
+func (s *Service) Window(ctx context.Context, topic, window string) (Count, error) {
+	d, err := ParseWindow(window)
+	if err != nil {
+		return Count{}, err
+	}
+	window = FormatWindow(d)
+	return cached(s, "count", s.counts, topic+"\x00"+window, func() (Count, error) {
+		now := s.now()
+		sp, err := s.cfg.plan(d, now)
+		if err != nil {
+			return Count{}, err
+		}
+		sums, shards, err := s.read(ctx, topic, []Span{sp})
+		if err != nil {
+			return Count{}, err
+		}
+		c := Count{Topic: topic, Window: window, From: sp.From, To: sp.To, Resolution: sp.G.String(), Shards: shards, at: s.now()}
+		for _, n := range sums[0] {
+			c.Count, c.Saturated = satAdd(c.Count, n, c.Saturated)
+		}
+		return c, nil
+	})
+}
+
+// cached answers from lru, or loads the answer (one load per key at a
+// time, shared by every caller) and caches it for the TTL.
+func cached[T interface{ served(string, time.Time) T }](s *Service, kind string, lru *expirable.LRU[string, T], key string, load func() (T, error)) (T, error) {
+	if v, ok := lru.Get(key); ok {
+		s.m.reads.WithLabelValues(kind, "cache").Inc()
+		return v.served("cache", s.now()), nil
+	}
+	v, err, _ := s.group.Do(kind+"\x00"+key, func() (any, error) {
+		s.m.reads.WithLabelValues(kind, "store").Inc() // once per load, however many wait for it
+		v, err := load()
+		if err == nil {
+			lru.Add(key, v)
+		}
+		return v, err
+	})
+	if err != nil {
+		var zero T
+		return zero, err
+	}
+	return v.(T).served("store", s.now()), nil
+}
+
+func (c Count) served(source string, now time.Time) Count {
+	c.Source, c.AgeMs = source, now.Sub(c.at).Milliseconds()
+	return c
+}
+
+func (sr Series) served(source string, now time.Time) Series {
+	sr.Source, sr.AgeMs = source, now.Sub(sr.at).Milliseconds()
+	return sr
+}
+
+// SeriesOf returns topic's counts over the last window, step by step
+// (each a whole number of the resolution's buckets, aligned on the Unix
+// epoch).
+func (s *Service) SeriesOf(ctx context.Context, topic, window, step string) (Series, error) {
+	d, err := ParseWindow(window)
+	if err != nil {
+		return Series{}, err
+	}
+	st, err := ParseWindow(step)
+	if err != nil {
+		return Series{}, err
+	}
+	window, step = FormatWindow(d), FormatWindow(st)
+	return cached(s, "series", s.series, topic+"\x00"+window+"\x00"+step, func() (Series, error) {
+		var g store.Granularity
+		switch {
+		case s.cfg.Hours && st%time.Hour == 0 && (d > s.cfg.minuteSpan() || !s.cfg.Minutes):
+			g = store.Hour
+		case s.cfg.Minutes && st%time.Minute == 0:
+			g = store.Minute
+		case s.cfg.Hours && st%time.Hour == 0:
+			g = store.Hour
+		case !s.cfg.Minutes && !s.cfg.Hours:
+			return Series{}, badRequest("time buckets are off here (--windows none): no series")
+		default:
+			return Series{}, badRequest("step %s is not a whole number of the buckets kept here (--windows %s)", step, windowsOf(s.cfg))
+		}
+		points := int64((d + st - 1) / st)
+		if points > MaxSeriesPoints {
+			return Series{}, badRequest("window %s in steps of %s is %d points, more than %d", window, step, points, MaxSeriesPoints)
+		}
+		now := s.now()
+		per := int64(st / g.Duration()) // buckets per step
+		lastStep := floorDiv(g.Index(now), per)
+		firstStep := lastStep - points + 1
+		sp := Span{G: g, First: firstStep * per, Last: g.Index(now), To: now}
+		sp.From = g.Start(sp.First)
+		if keep := s.cfg.Retention.Of(g); now.Sub(sp.From) > keep {
+			return Series{}, badRequest("window %s reaches back past the %s buckets' retention (%s): choose a shorter window", window, g, keep)
+		}
+		if sp.Buckets() > maxReadBuckets {
+			return Series{}, badRequest("window %s at %s resolution is %d buckets, more than %d: choose a coarser step", window, g, sp.Buckets(), maxReadBuckets)
+		}
+		sums, shards, err := s.read(ctx, topic, []Span{sp})
+		if err != nil {
+			return Series{}, err
+		}
+		sr := Series{Topic: topic, Window: window, Step: step, Resolution: g.String(), From: sp.From, To: now, Shards: shards, at: s.now(), Points: make([]Point, points)}
+		for p := range sr.Points {
+			sr.Points[p].From = g.Start((firstStep + int64(p)) * per)
+		}
+		for i, n := range sums[0] {
+			p := (sp.First + int64(i) - firstStep*per) / per
+			sr.Points[p].Count, _ = satAdd(sr.Points[p].Count, n, false)
+		}
+		return sr, nil
+	})
+}
+
+// read sums topic's buckets of each span over its shards: out[k][i] is
+// bucket First+i of spans[k]. It costs one metadata read and one
+// BatchGetItem call per 100 bucket keys.
+func (s *Service) read(ctx context.Context, topic string, spans []Span) (out [][]int64, shards int, err error) {
+	many, shardsOf, err := s.readMany(ctx, []string{topic}, spans)
+	if err != nil {
+		return nil, 0, err
+	}
+	return many[topic], shardsOf[topic], nil
+}
+
+// readMany is read for several topics at once, their keys sharing batches.
+func (s *Service) readMany(ctx context.Context, topics []string, spans []Span) (map[string][][]int64, map[string]int, error) {
+	metas, err := s.st.Metas(ctx, topics)
+	if err != nil {
+		return nil, nil, err
+	}
+	shards := make(map[string]int, len(topics))
+	counts := make(map[string]int64)
+	var keys []string
+	fresh := make(map[string]bool) // keys read that are settled: cached after
+	settledBy := s.now().Add(-settleAfter)
+	for _, t := range topics {
+		n := metas[t].Read()
+		shards[t] = n
+		for _, sp := range spans {
+			for i := sp.First; i <= sp.Last; i++ {
+				settled := !sp.G.Start(i + 1).After(settledBy)
+				for sh := range n {
+					k := store.BucketKey(t, sp.G, i, sh)
+					if c, ok := s.settled.Get(k); ok && settled {
+						counts[k] = c
+						continue
+					}
+					keys = append(keys, k)
+					if settled {
+						fresh[k] = true
+					}
+				}
+			}
+		}
+	}
+	if len(keys) > 0 {
+		s.m.batchGets.Add(float64((len(keys) + 99) / 100))
+		read, err := s.st.Counts(ctx, keys, false)
+		if err != nil {
+			return nil, nil, err
+		}
+		for k, c := range read {
+			counts[k] = c
+			if fresh[k] {
+				s.settled.Add(k, c)
+			}
+		}
+	}
+	out := make(map[string][][]int64, len(topics))
+	for _, t := range topics {
+		sums := make([][]int64, len(spans))
+		for k, sp := range spans {
+			sums[k] = make([]int64, max(0, sp.Buckets()))
+			for i := sp.First; i <= sp.Last; i++ {
+				for sh := range shards[t] {
+					sums[k][i-sp.First], _ = satAdd(sums[k][i-sp.First], counts[store.BucketKey(t, sp.G, i, sh)], false)
+				}
+			}
+		}
+		out[t] = sums
+	}
+	return out, shards, nil
+}
+
+func satAdd(x, y int64, sat bool) (int64, bool) {
+	if x > math.MaxInt64-y {
+		return math.MaxInt64, true
+	}
+	return x + y, sat
+}
+
+func floorDiv(a, b int64) int64 {
+	q := a / b
+	if a%b != 0 && (a < 0) != (b < 0) {
+		q--
+	}
+	return q
+}
+
+func windowsOf(c Config) string {
+	switch {
+	case c.Minutes && c.Hours:
+		return "1m,1h"
+	case c.Minutes:
+		return "1m"
+	case c.Hours:
+		return "1h"
+	}
+	return "none"
+}

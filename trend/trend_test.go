@@ -1,0 +1,150 @@
+package trend
+
+import (
+	"errors"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/hotcount/hotcount/store"
+)
+
+func TestParseWindow(t *testing.T) {
+	for in, want := range map[string]time.Duration{
+		"1m": time.Minute, "15m": 15 * time.Minute, "90m": 90 * time.Minute,
+		"1h": time.Hour, "24h": 24 * time.Hour, "7d": 7 * 24 * time.Hour,
+	} {
+		got, err := ParseWindow(in)
+		if err != nil || got != want {
+			t.Errorf("ParseWindow(%q) = %v, %v; want %v", in, got, err, want)
+		}
+	}
+	for _, in := range []string{"", "m", "0m", "-5m", "+5m", "1.5h", "5s", "5", "1w", "99999999m", "1h30m"} {
+		if _, err := ParseWindow(in); !errors.Is(err, ErrBadRequest) {
+			t.Errorf("ParseWindow(%q) = %v, want a bad request", in, err)
+		}
+	}
+	for d, want := range map[time.Duration]string{time.Minute: "1m", 90 * time.Minute: "90m", 2 * time.Hour: "2h", 48 * time.Hour: "2d"} {
+		if got := FormatWindow(d); got != want {
+			t.Errorf("FormatWindow(%v) = %q, want %q", d, got, want)
+		}
+	}
+}
+
+// TestPlan: a window is read as the buckets that cover it, the last the
+// one now falls in; minutes up to the minute span, hours beyond; never past
+// a granularity's retention.
+func TestPlan(t *testing.T) {
+	now := time.Date(2026, 12, 3, 10, 7, 30, 0, time.UTC)
+	cfg := Config{Minutes: true, Hours: true}
+	sp, err := cfg.plan(15*time.Minute, now)
+	if err != nil || sp.G != store.Minute || sp.Buckets() != 15 || !sp.From.Equal(time.Date(2026, 12, 3, 9, 53, 0, 0, time.UTC)) || !sp.To.Equal(now) {
+		t.Errorf("15m: %+v, %v", sp, err)
+	}
+	sp, err = cfg.plan(24*time.Hour, now)
+	if err != nil || sp.G != store.Hour || sp.Buckets() != 24 || !sp.From.Equal(time.Date(2026, 12, 2, 11, 0, 0, 0, time.UTC)) {
+		t.Errorf("24h: %+v, %v", sp, err)
+	}
+	if _, err := cfg.plan(40*24*time.Hour, now); !errors.Is(err, ErrBadRequest) {
+		t.Errorf("40d, past the hours' 35 days: %v, want a bad request", err)
+	}
+	hoursOnly := Config{Hours: true}
+	if sp, err := hoursOnly.plan(15*time.Minute, now); err != nil || sp.G != store.Hour || sp.Buckets() != 1 {
+		t.Errorf("15m with hours only: %+v, %v; want the current hour", sp, err)
+	}
+	minutesOnly := Config{Minutes: true, Retention: store.Retention{Minute: 2 * time.Hour}}
+	if _, err := minutesOnly.plan(3*time.Hour, now); !errors.Is(err, ErrBadRequest) {
+		t.Errorf("3h with minutes kept 2h: %v, want a bad request", err)
+	}
+	if _, err := (Config{}).plan(time.Hour, now); !errors.Is(err, ErrBadRequest) {
+		t.Errorf("windows off: %v, want a bad request", err)
+	}
+}
+
+// TestScore: a steady topic scores about 0 however large; a spike scores
+// by its size against its noise, so a tiny topic's spike does not beat a
+// real surge.
+func TestScore(t *testing.T) {
+	if s := Score(10_000, 10_000); s != 0 {
+		t.Errorf("steady 10k: %v", s)
+	}
+	tiny, surge := Score(20, 1), Score(2000, 100)
+	if tiny >= surge {
+		t.Errorf("a spike from 1 to 20 (%v) beats a surge from 100 to 2,000 (%v)", tiny, surge)
+	}
+	if Score(5, 10) >= 0 {
+		t.Errorf("a falling topic scores %v", Score(5, 10))
+	}
+}
+
+// TestScoring: with history, a trend is the window against the Baselines
+// windows before it; a fleet younger than that scores on the history it
+// has.
+func TestScoring(t *testing.T) {
+	window := Span{G: store.Minute, First: 100, Last: 104}
+	recent, base := scoring(window, 0)
+	if recent.First != 100 || recent.Last != 104 || base.First != 80 || base.Last != 99 {
+		t.Errorf("long history: recent %d..%d, base %d..%d; want 100..104 and 80..99", recent.First, recent.Last, base.First, base.Last)
+	}
+	if _, base := scoring(window, 90); base.First != 90 || base.Last != 99 {
+		t.Errorf("history from 90: base %d..%d, want 90..99", base.First, base.Last)
+	}
+	// History from minute 102: three minutes, split 1 recent, 2 base.
+	recent, base = scoring(window, 102)
+	if recent.First != 104 || recent.Last != 104 || base.First != 102 || base.Last != 103 {
+		t.Errorf("history from 102: recent %d..%d, base %d..%d; want 104..104 and 102..103", recent.First, recent.Last, base.First, base.Last)
+	}
+	// No history: everything recent, nothing expected.
+	recent, base = scoring(window, 1<<62)
+	if recent.Last != 104 || base.Buckets() != 0 || expect(7, base, recent) != 0 {
+		t.Errorf("no history: recent %+v, base %+v", recent, base)
+	}
+	at := func(m int64) time.Time { return store.Minute.Start(m) }
+	base = Span{G: store.Minute, First: 80, Last: 99, From: at(80), To: at(100)}
+	if e := expect(40, base, Span{G: store.Minute, First: 100, Last: 104, From: at(100), To: at(105)}); e != 10 {
+		t.Errorf("40 over 20 minutes expects %v in 5, want 10", e)
+	}
+	// The window's last minute half gone: 4.5 minutes expect 9.
+	if e := expect(40, base, Span{G: store.Minute, First: 100, Last: 104, From: at(100), To: at(104).Add(30 * time.Second)}); e != 9 {
+		t.Errorf("40 over 20 minutes expects %v in 4.5, want 9", e)
+	}
+}
+
+// TestSketch: merged summaries rank a surging topic's candidates first,
+// older minutes fold into blocks that still count for the baseline, and
+// the sketch stays bounded however many topics come.
+func TestSketch(t *testing.T) {
+	now := time.Date(2026, 12, 3, 12, 0, 30, 0, time.UTC)
+	s := newSketch(func() time.Time { return now })
+	last := store.Minute.Index(now)
+	for i := last - 120; i <= last; i++ {
+		m := map[string]int64{"steady": 1000, "surge": 5}
+		if i > last-5 {
+			m["surge"] = 500
+		}
+		for k := range 3000 { // a long tail, more than the sketch keeps
+			m["tail-"+strconv.Itoa(int(i)*3000+k)] = 1
+		}
+		s.Merge(Summary{Writer: "w", Minutes: map[int64]map[string]int64{i: m}})
+	}
+	if len(s.minutes) > recentMinutes || len(s.blocks) > int(sketchMinutes/blockMinutes)+1 {
+		t.Errorf("%d minute maps and %d blocks kept", len(s.minutes), len(s.blocks))
+	}
+	for _, m := range s.minutes {
+		if len(m) > 2*sketchTopics {
+			t.Errorf("a minute keeps %d topics", len(m))
+		}
+	}
+	window := Span{G: store.Minute, First: last - 4, Last: last, To: now}
+	recent, base := scoring(window, s.First())
+	got := s.candidates(recent, base, 2)
+	if len(got) != 2 || got[0] != "surge" {
+		t.Errorf("candidates %v, want surge first", got)
+	}
+	// An hour window reaches into the blocks: steady stays steady.
+	window = Span{G: store.Minute, First: last - 59, Last: last, To: now}
+	recent, base = scoring(window, s.First())
+	if got := s.candidates(recent, base, 1); len(got) != 1 || got[0] != "surge" {
+		t.Errorf("hour candidates %v, want surge", got)
+	}
+}
