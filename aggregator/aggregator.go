@@ -11,11 +11,12 @@
 // about half a Go map's memory, since a store outage leaves millions of
 // topics in it.
 //
-// With time buckets on (WithBuckets), each mention also counts in a bucket
-// counter of its topic and minute (store.BucketCounter, kind store.Fresh)
-// in the same Deltas: the flusher writes it like a topic's count, and
-// spilling, merging back and journaling treat it as one more counter. The
-// window's topic and mention counts leave bucket counters out.
+// With time buckets on (WithBuckets), a mention counts in its topic's
+// minute counter (store.BucketCounter, kind store.Fresh) instead of the
+// topic's: one counter per topic per minute, which the flusher splits into
+// the topic's total and its minute and hour buckets. Spilling, merging back
+// and journaling treat every counter alike; a window's topic and mention
+// counts leave out the Minute and Hour counters a failed flush hands back.
 package aggregator
 
 import (
@@ -60,9 +61,9 @@ type Spiller interface {
 // Option configures an Aggregator.
 type Option func(*Aggregator)
 
-// WithBuckets has every mention counted in its minute's bucket counter as
-// well: Add's at the time now gives (its arrival), AddAcked's at the time
-// it is given (its publication).
+// WithBuckets has every mention counted in its topic's minute counter:
+// Add's at the time now gives (its arrival), AddAcked's at the time it is
+// given (its publication; now when zero).
 func WithBuckets(now func() time.Time) Option {
 	return func(a *Aggregator) { a.now = now }
 }
@@ -113,13 +114,14 @@ type Window struct {
 // Len is the number of topics in w.
 func (w Window) Len() int { return w.Deltas.Len() }
 
-// Mentions is the sum of w's topic deltas (bucket counters left out).
+// Mentions is the sum of w's mentions (the topics' and the Fresh
+// counters' deltas; Minute and Hour counters repeat them).
 func (w Window) Mentions() int64 { return mentionsOf(w.Deltas) }
 
 func mentionsOf(d *Deltas) int64 {
 	var n int64
 	for name, v := range d.All() {
-		if !store.IsBucket(name) {
+		if store.CountsMentions(name) {
 			n = satAdd(n, v)
 		}
 	}
@@ -143,10 +145,11 @@ type Aggregator struct {
 
 	mu      sync.Mutex
 	cur     Window
-	total   int64  // sum of the window's topic deltas, for the buffered gauge
-	buckets int    // bucket counters in the window
-	bytes   int64  // the window's memory, as the budget counts it
-	name    []byte // scratch for a bucket counter's name
+	total   int64              // sum of the window's mentions, for the buffered gauge
+	buckets int                // Minute and Hour counters in the window (not topics)
+	bytes   int64              // the window's memory, as the budget counts it
+	name    []byte             // scratch for a counter's name
+	minutes map[int64]struct{} // the minutes of the window's Fresh counters, for Pending
 
 	// Unspilling, under mu: whether the store took the last non-empty
 	// window drained (not all of it came back through Merge), how
@@ -256,18 +259,31 @@ func (a *Aggregator) AddAcked(topic string, delta int64, m Acker, seq int64, at 
 	a.signal(full)
 }
 
-// add adds delta to topic and, with buckets on, to its bucket counter for
-// at; mu must be held. isNew says whether the topic is new to the window.
+// add adds delta to topic, or with buckets on to its minute counter for
+// at; mu must be held. isNew says whether the counter is new to the window.
 func (a *Aggregator) add(topic string, delta int64, at time.Time) (isNew bool) {
-	if a.now != nil {
-		a.name = store.AppendBucketCounter(a.name[:0], topic, store.Fresh, store.Minute.Index(at))
-		name := string(a.name) // copied only when long: see Deltas.Ref
-		if len(a.name) <= maxShort {
-			name = unsafe.String(&a.name[0], len(a.name)) // Ref copies it in
-		}
-		a.addCounter(name, delta)
+	if a.now == nil {
+		return a.addCounter(topic, delta)
 	}
-	return a.addCounter(topic, delta)
+	if at.IsZero() {
+		at = a.now()
+	}
+	m := store.Minute.Index(at)
+	if a.minutes == nil {
+		a.minutes = make(map[int64]struct{}, 1)
+	}
+	a.minutes[m] = struct{}{}
+	return a.addCounter(a.scratch(topic, store.Fresh, m), delta)
+}
+
+// scratch names topic's counter of kind g, i in a.name: a string valid
+// until the next call (Deltas.Ref copies what it keeps). mu must be held.
+func (a *Aggregator) scratch(topic string, g store.Granularity, i int64) string {
+	a.name = store.AppendBucketCounter(a.name[:0], topic, g, i)
+	if len(a.name) > maxShort {
+		return string(a.name) // Deltas keeps a long name as given
+	}
+	return unsafe.String(&a.name[0], len(a.name))
 }
 
 // addCounter adds delta to the counter name (a topic or a bucket counter);
@@ -278,15 +294,15 @@ func (a *Aggregator) addCounter(name string, delta int64) (isNew bool) {
 		a.saturated.Inc() // an atomic add: cheap enough under the lock
 		delta = math.MaxInt64 - *v
 	}
-	bucket := store.IsBucket(name)
+	mentions := store.CountsMentions(name)
 	if isNew {
 		a.bytes += int64(len(name)) + TopicOverhead
-		if bucket {
+		if !mentions {
 			a.buckets++
 		}
 	}
 	*v += delta
-	if !bucket {
+	if mentions {
 		a.total = satAdd(a.total, delta)
 	}
 	return isNew
@@ -345,7 +361,7 @@ func (a *Aggregator) Drain() Window {
 	if len(w.Acks) > 0 {
 		a.cur.Acks = make([]Message, 0, len(w.Acks))
 	}
-	a.total, a.bytes, a.buckets = 0, 0, 0
+	a.total, a.bytes, a.buckets, a.minutes = 0, 0, 0, nil
 	if a.drained > 0 {
 		// The store takes writes if it took any of the last window: the
 		// rest may only have missed the flush's deadline.
@@ -450,12 +466,13 @@ func (a *Aggregator) Merge(w Window) {
 		small := a.cur.Deltas
 		a.cur.Deltas, a.total, a.bytes, a.buckets = w.Deltas, 0, 0, 0
 		for name, d := range w.Deltas.All() {
-			if store.IsBucket(name) {
-				a.buckets++
-			} else {
+			if store.CountsMentions(name) {
 				a.total = satAdd(a.total, d)
+			} else {
+				a.buckets++
 			}
 			a.bytes += int64(len(name)) + TopicOverhead
+			a.sawMinute(name)
 		}
 		for name, d := range small.All() {
 			a.addCounter(name, d)
@@ -463,6 +480,7 @@ func (a *Aggregator) Merge(w Window) {
 	} else {
 		for name, d := range w.Deltas.All() {
 			a.addCounter(name, d)
+			a.sawMinute(name)
 		}
 	}
 	// The merged-back messages are older than those that arrived since:
@@ -481,7 +499,7 @@ func (a *Aggregator) Merge(w Window) {
 	if a.spill != nil && len(a.cur.Acks) == 0 && (back || a.maxBytes > 0 && a.bytes > a.maxBytes) {
 		out, mentions = a.cur.Deltas, a.total
 		a.cur.Deltas = NewDeltas(0)
-		a.total, a.bytes, a.buckets = 0, 0, 0
+		a.total, a.bytes, a.buckets, a.minutes = 0, 0, 0, nil
 	}
 	a.mu.Unlock()
 	if out != nil {
@@ -504,7 +522,7 @@ func (a *Aggregator) Persist() (int64, error) {
 	a.persisted = true
 	out, mentions := a.cur.Deltas, a.total
 	a.cur.Deltas = NewDeltas(0)
-	a.total, a.bytes, a.buckets = 0, 0, 0
+	a.total, a.bytes, a.buckets, a.minutes = 0, 0, 0, nil
 	a.mu.Unlock()
 	a.spillMu.Lock()
 	err := a.spill.Keep(out) // lost otherwise
@@ -515,6 +533,7 @@ func (a *Aggregator) Persist() (int64, error) {
 		a.mu.Lock()
 		for name, d := range out.All() {
 			a.addCounter(name, d)
+			a.sawMinute(name)
 		}
 		a.mu.Unlock()
 		return 0, err
@@ -582,12 +601,28 @@ func (a *Aggregator) Held() []Acker {
 }
 
 // Pending returns topic's delta in the current window: accepted by this
-// sidecar and not yet written to the store.
+// sidecar and not yet written to the store (its total's counter and its
+// minutes').
 func (a *Aggregator) Pending(topic string) int64 {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	v, _ := a.cur.Deltas.Get(topic)
+	for m := range a.minutes {
+		d, _ := a.cur.Deltas.Get(a.scratch(topic, store.Fresh, m))
+		v = satAdd(v, d)
+	}
 	return v
+}
+
+// sawMinute notes the minute of a Fresh counter merged into the window,
+// for Pending; mu must be held.
+func (a *Aggregator) sawMinute(name string) {
+	if _, g, i, ok := store.ParseCounter(name); ok && g == store.Fresh {
+		if a.minutes == nil {
+			a.minutes = make(map[int64]struct{}, 1)
+		}
+		a.minutes[i] = struct{}{}
+	}
 }
 
 // Stats returns the number of topics, the sum of the deltas and the number

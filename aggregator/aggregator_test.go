@@ -1,6 +1,7 @@
 package aggregator_test
 
 import (
+	"maps"
 	"math"
 	"runtime"
 	"strconv"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/hotcount/hotcount/aggregator"
 	"github.com/hotcount/hotcount/internal/testenv"
+	"github.com/hotcount/hotcount/store"
 )
 
 func TestAddDrainMerge(t *testing.T) {
@@ -152,6 +154,43 @@ func TestAddDoesNotAllocate(t *testing.T) {
 	a.Add("golang", 1)
 	if n := testing.AllocsPerRun(1000, func() { a.Add("golang", 1) }); n != 0 {
 		t.Errorf("Add of a known topic allocates %v times, want 0", n)
+	}
+}
+
+// TestMinuteCounters: with buckets on, a mention counts in its topic's
+// minute counter, one per topic and minute; the window's topics, mentions
+// and Pending add them up as they did the topic's own; Add of a known
+// counter still does not allocate.
+func TestMinuteCounters(t *testing.T) {
+	clk := testenv.NewClock(time.Date(2026, 12, 3, 10, 59, 30, 0, time.UTC))
+	a := aggregator.New(100, prometheus.NewRegistry(), aggregator.WithBuckets(clk.Now))
+	a.Add("golang", 2)
+	a.Add("rust", 1)
+	clk.Add(time.Minute)
+	a.Add("golang", 3)
+	a.AddAcked("golang", 4, nil, 1, clk.Now().Add(-2*time.Minute)) // published two minutes ago
+	if n := testing.AllocsPerRun(1000, func() { a.Add("golang", 1) }); n != 0 {
+		t.Errorf("Add of a known minute counter allocates %v times, want 0", n)
+	}
+	if p := a.Pending("golang"); p != 2+3+4+1001 {
+		t.Errorf("Pending(golang) = %d, want %d", p, 2+3+4+1001)
+	}
+	topics, mentions, _ := a.Stats()
+	if topics != 4 || mentions != 2+1+3+4+1001 {
+		t.Errorf("Stats = %d counters, %d mentions; want 4 (golang's three minutes and rust's) and %d", topics, mentions, 2+1+3+4+1001)
+	}
+	w := a.Drain()
+	want := map[string]int64{
+		store.BucketCounter("golang", store.Fresh, store.Minute.Index(clk.Now().Add(-time.Minute))):   2,
+		store.BucketCounter("rust", store.Fresh, store.Minute.Index(clk.Now().Add(-time.Minute))):     1,
+		store.BucketCounter("golang", store.Fresh, store.Minute.Index(clk.Now())):                     1004,
+		store.BucketCounter("golang", store.Fresh, store.Minute.Index(clk.Now().Add(-2*time.Minute))): 4,
+	}
+	if got := w.Deltas.Map(); !maps.Equal(got, want) {
+		t.Errorf("window %v, want %v", got, want)
+	}
+	if w.Mentions() != 2+1+3+4+1001 {
+		t.Errorf("Mentions = %d", w.Mentions())
 	}
 }
 

@@ -186,8 +186,9 @@ type Config struct {
 	// Writer is this flusher's writer id (store.NewWriterID; empty: a new
 	// one), the identity of its writes' marks.
 	Writer string
-	// Minutes and Hours say which time buckets a minute's bucket counter
-	// (store.Fresh, added by the aggregator) is written to (--windows).
+	// Minutes and Hours say which time buckets a topic's minute counter
+	// (store.Fresh, added by the aggregator) is written to besides its
+	// total (--windows).
 	Minutes, Hours bool
 }
 
@@ -873,10 +874,10 @@ func (f *Flusher) keepAlive(w aggregator.Window) {
 // written does not stop it.
 func (f *Flusher) Failing() bool { return f.failing.Load() }
 
-// split turns each minute's bucket counter (store.Fresh) of a drained
-// window into the minute and hour bucket counters it is written to, as
-// --windows asks. What a flush cannot write goes back under those names,
-// never as Fresh, so a mention reaches each bucket once.
+// split turns each minute counter (store.Fresh) of a drained window into
+// the counters it is written to: its topic's total, and as --windows asks
+// its minute and hour buckets. What a flush cannot write goes back under
+// those names, never as Fresh, so a mention reaches each once.
 func (f *Flusher) split(d *aggregator.Deltas) {
 	var fresh []string
 	for name := range d.All() {
@@ -887,7 +888,8 @@ func (f *Flusher) split(d *aggregator.Deltas) {
 	for _, name := range fresh {
 		delta, _ := d.Get(name)
 		d.Delete(name)
-		minute, hour := store.SplitFresh(name)
+		topic, minute, hour := store.SplitFresh(name)
+		addTo(d, topic, delta)
 		if f.cfg.Minutes {
 			addTo(d, minute, delta)
 		}

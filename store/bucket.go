@@ -117,15 +117,23 @@ func ParseBucketKey(pk string) (topic string, g Granularity, i int64, shard int,
 // bucket's by BucketCounter, which starts with a control character that
 // ValidateTopic keeps out of every topic, so the two never meet.
 //
-// A counter of kind Fresh is a minute of mentions as the ingest adds them;
-// the flusher writes it to its minute and to its hour bucket (SplitFresh),
-// and what it cannot write goes back under Minute or Hour names, never
-// Fresh again, so no mention reaches an hour bucket twice.
+// With time buckets on, the ingest counts each mention in a counter of kind
+// Fresh, its topic's minute: one counter per topic per minute, no more
+// memory than the topic's own. The flusher splits each Fresh counter into
+// the topic's total and its minute and hour buckets (SplitFresh); what it
+// cannot write goes back under those names, the total's and the Minute and
+// Hour ones, never Fresh again, so no mention reaches a bucket or a total
+// twice.
 const (
 	counterMark = '\x01'
 	// Fresh is the kind of the counters the ingest adds to: a minute's
-	// mentions, bound for both the minute and the hour bucket.
+	// mentions of a topic, bound for its total, its minute and its hour.
 	Fresh Granularity = 'M'
+	// indexLen is the width of a counter name's bucket index, in
+	// indexDigits: 64^5 minutes reach the year 4011.
+	indexLen    = 5
+	indexDigits = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz-_"
+	maxIndex    = 1<<30 - 1
 )
 
 // BucketCounter names topic's bucket i of kind g (Fresh, Minute or Hour).
@@ -134,34 +142,43 @@ func BucketCounter(topic string, g Granularity, i int64) string {
 }
 
 // AppendBucketCounter appends BucketCounter's name to b, for callers that
-// name a counter per message without allocating.
+// name a counter per message without allocating: the mark, the kind, the
+// index in indexLen printable digits (the name goes into JSON journal
+// entries, which take UTF-8 only), then the topic.
 func AppendBucketCounter(b []byte, topic string, g Granularity, i int64) []byte {
+	i = min(max(i, 0), maxIndex)
 	b = append(b, counterMark, byte(g))
-	b = strconv.AppendInt(b, i, 10)
-	b = append(b, counterMark)
+	for k := indexLen - 1; k >= 0; k-- {
+		b = append(b, indexDigits[(i>>(6*k))&63])
+	}
 	return append(b, topic...)
 }
 
-// IsBucket says whether a counter name is a bucket's rather than a topic's
-// all-time count.
+// IsBucket says whether a counter name is a bucket counter's (Fresh,
+// Minute or Hour) rather than a topic's all-time count.
 func IsBucket(name string) bool { return len(name) > 0 && name[0] == counterMark }
 
-// ParseCounter splits a counter name: the topic, and for a bucket its kind
-// and index (ok false for a topic's all-time counter).
+// CountsMentions says whether a counter's delta is mentions: a topic's
+// total, or a Fresh counter (which becomes one). Minute and Hour counters
+// repeat mentions counted in a total.
+func CountsMentions(name string) bool {
+	return !IsBucket(name) || len(name) > 1 && Granularity(name[1]) == Fresh
+}
+
+// ParseCounter splits a counter name: the topic, and for a bucket counter
+// its kind and index (ok false for a topic's all-time counter).
 func ParseCounter(name string) (topic string, g Granularity, i int64, ok bool) {
-	if !IsBucket(name) || len(name) < 2 {
+	if !IsBucket(name) || len(name) < 2+indexLen {
 		return name, 0, 0, false
 	}
-	rest := name[2:]
-	j := strings.IndexByte(rest, counterMark)
-	if j < 0 {
-		return name, 0, 0, false
+	for k := range indexLen {
+		d := strings.IndexByte(indexDigits, name[2+k])
+		if d < 0 {
+			return name, 0, 0, false
+		}
+		i = i<<6 | int64(d)
 	}
-	i, err := strconv.ParseInt(rest[:j], 10, 64)
-	if err != nil {
-		return name, 0, 0, false
-	}
-	return rest[j+1:], Granularity(name[1]), i, true
+	return name[2+indexLen:], Granularity(name[1]), i, true
 }
 
 // TopicOf is the topic a counter counts for.
@@ -170,15 +187,16 @@ func TopicOf(name string) string {
 	return t
 }
 
-// SplitFresh returns the Minute and Hour counters a Fresh counter's delta
-// goes to ("" when name is not Fresh).
-func SplitFresh(name string) (minute, hour string) {
+// SplitFresh returns the topic (its total) and the Minute and Hour
+// counters a Fresh counter's delta goes to (all "" when name is not
+// Fresh).
+func SplitFresh(name string) (topic, minute, hour string) {
 	topic, g, i, ok := ParseCounter(name)
 	if !ok || g != Fresh {
-		return "", ""
+		return "", "", ""
 	}
 	start := Minute.Start(i)
-	return BucketCounter(topic, Minute, i), BucketCounter(topic, Hour, Hour.Index(start))
+	return topic, BucketCounter(topic, Minute, i), BucketCounter(topic, Hour, Hour.Index(start))
 }
 
 // Display is a counter name for logs and errors: the topic, and a bucket's

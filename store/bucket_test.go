@@ -5,6 +5,7 @@ import (
 	"errors"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/hotcount/hotcount/internal/testenv"
 	"github.com/hotcount/hotcount/store"
@@ -44,12 +45,20 @@ func TestBucketKeys(t *testing.T) {
 			t.Errorf("topic %q reads as a bucket counter", topic)
 		}
 	}
-	minute, hour := store.SplitFresh(store.BucketCounter("golang", store.Fresh, m))
-	if minute != store.BucketCounter("golang", store.Minute, m) || hour != store.BucketCounter("golang", store.Hour, h) {
-		t.Errorf("SplitFresh = %q, %q", minute, hour)
+	topic, minute, hour := store.SplitFresh(store.BucketCounter("golang", store.Fresh, m))
+	if topic != "golang" || minute != store.BucketCounter("golang", store.Minute, m) || hour != store.BucketCounter("golang", store.Hour, h) {
+		t.Errorf("SplitFresh = %q, %q, %q", topic, minute, hour)
 	}
-	if minute, hour := store.SplitFresh(store.BucketCounter("golang", store.Minute, m)); minute != "" || hour != "" {
-		t.Errorf("a minute counter splits again: %q, %q", minute, hour)
+	if topic, minute, hour := store.SplitFresh(store.BucketCounter("golang", store.Minute, m)); topic != "" || minute != "" || hour != "" {
+		t.Errorf("a minute counter splits again: %q, %q, %q", topic, minute, hour)
+	}
+	for _, i := range []int64{0, 1, 63, 64, m, h, 1<<30 - 1} {
+		if _, _, got, ok := store.ParseCounter(store.BucketCounter("t", store.Minute, i)); !ok || got != i {
+			t.Errorf("index %d reads back as %d, %v", i, got, ok)
+		}
+		if name := store.BucketCounter("t", store.Fresh, i); !utf8.ValidString(name) || !store.CountsMentions(name) || store.CountsMentions(store.BucketCounter("t", store.Hour, i)) {
+			t.Errorf("counter %q: valid UTF-8 %v, counts mentions %v", name, utf8.ValidString(name), store.CountsMentions(name))
+		}
 	}
 }
 

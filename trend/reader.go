@@ -59,11 +59,10 @@ type Config struct {
 // Count is a topic's count over a window, in the total's JSON shape with
 // the interval covered.
 type Count struct {
-	Topic  string `json:"topic"`
-	Count  int64  `json:"count"`
-	Source string `json:"source"` // "cache" or "store"
-	AgeMs  int64  `json:"ageMs"`
-	Shards int    `json:"shards"`
+	Topic string `json:"topic"`
+	Count int64  `json:"count"`
+	Served
+	Shards int `json:"shards"`
 	// Saturated says the sum passed the int64 range and is capped.
 	Saturated bool `json:"saturated,omitempty"`
 	// Window is the window asked for; From and To the interval its
@@ -72,6 +71,14 @@ type Count struct {
 	From       time.Time `json:"from"`
 	To         time.Time `json:"to"`
 	Resolution string    `json:"resolution"`
+}
+
+// Served says where an answer came from and how old it is.
+type Served struct {
+	// Source is "cache" or "store".
+	Source string `json:"source"`
+	// AgeMs is how long ago, in milliseconds, it was read from the store.
+	AgeMs int64 `json:"ageMs"`
 
 	at time.Time
 }
@@ -91,12 +98,9 @@ type Series struct {
 	Resolution string    `json:"resolution"`
 	From       time.Time `json:"from"`
 	To         time.Time `json:"to"`
-	Source     string    `json:"source"`
-	AgeMs      int64     `json:"ageMs"`
-	Shards     int       `json:"shards"`
-	Points     []Point   `json:"points"`
-
-	at time.Time
+	Served
+	Shards int     `json:"shards"`
+	Points []Point `json:"points"`
 }
 
 // Service answers windowed reads and the trending list. It is safe for
@@ -157,7 +161,7 @@ func (s *Service) Window(ctx context.Context, topic, window string) (Count, erro
 		return Count{}, err
 	}
 	window = FormatWindow(d)
-	return cached(s, "count", s.counts, topic+"\x00"+window, func() (Count, error) {
+	return cached(s, "count", s.counts, topic+"\x00"+window, func(c *Count) *Served { return &c.Served }, func() (Count, error) {
 		now := s.now()
 		sp, err := s.cfg.plan(d, now)
 		if err != nil {
@@ -167,7 +171,7 @@ func (s *Service) Window(ctx context.Context, topic, window string) (Count, erro
 		if err != nil {
 			return Count{}, err
 		}
-		c := Count{Topic: topic, Window: window, From: sp.From, To: sp.To, Resolution: sp.G.String(), Shards: shards, at: s.now()}
+		c := Count{Topic: topic, Window: window, From: sp.From, To: sp.To, Resolution: sp.G.String(), Shards: shards, Served: Served{at: s.now()}}
 		for _, n := range sums[0] {
 			c.Count, c.Saturated = satAdd(c.Count, n, c.Saturated)
 		}
@@ -176,35 +180,31 @@ func (s *Service) Window(ctx context.Context, topic, window string) (Count, erro
 }
 
 // cached answers from lru, or loads the answer (one load per key at a
-// time, shared by every caller) and caches it for the TTL.
-func cached[T interface{ served(string, time.Time) T }](s *Service, kind string, lru *expirable.LRU[string, T], key string, load func() (T, error)) (T, error) {
-	if v, ok := lru.Get(key); ok {
-		s.m.reads.WithLabelValues(kind, "cache").Inc()
-		return v.served("cache", s.now()), nil
-	}
-	v, err, _ := s.group.Do(kind+"\x00"+key, func() (any, error) {
-		s.m.reads.WithLabelValues(kind, "store").Inc() // once per load, however many wait for it
-		v, err := load()
-		if err == nil {
-			lru.Add(key, v)
+// time, shared by every caller) and caches it for the TTL. served is the
+// answer's Served.
+func cached[T any](s *Service, kind string, lru *expirable.LRU[string, T], key string, served func(*T) *Served, load func() (T, error)) (T, error) {
+	v, ok := lru.Get(key)
+	source := "cache"
+	if !ok {
+		source = "store"
+		shared, err, _ := s.group.Do(kind+"\x00"+key, func() (any, error) {
+			s.m.reads.WithLabelValues(kind, "store").Inc() // once per load, however many wait for it
+			v, err := load()
+			if err == nil {
+				lru.Add(key, v)
+			}
+			return v, err
+		})
+		if err != nil {
+			return v, err
 		}
-		return v, err
-	})
-	if err != nil {
-		var zero T
-		return zero, err
+		v = shared.(T)
+	} else {
+		s.m.reads.WithLabelValues(kind, "cache").Inc()
 	}
-	return v.(T).served("store", s.now()), nil
-}
-
-func (c Count) served(source string, now time.Time) Count {
-	c.Source, c.AgeMs = source, now.Sub(c.at).Milliseconds()
-	return c
-}
-
-func (sr Series) served(source string, now time.Time) Series {
-	sr.Source, sr.AgeMs = source, now.Sub(sr.at).Milliseconds()
-	return sr
+	sv := served(&v)
+	sv.Source, sv.AgeMs = source, s.now().Sub(sv.at).Milliseconds()
+	return v, nil
 }
 
 // SeriesOf returns topic's counts over the last window, step by step
@@ -220,7 +220,7 @@ func (s *Service) SeriesOf(ctx context.Context, topic, window, step string) (Ser
 		return Series{}, err
 	}
 	window, step = FormatWindow(d), FormatWindow(st)
-	return cached(s, "series", s.series, topic+"\x00"+window+"\x00"+step, func() (Series, error) {
+	return cached(s, "series", s.series, topic+"\x00"+window+"\x00"+step, func(sr *Series) *Served { return &sr.Served }, func() (Series, error) {
 		var g store.Granularity
 		switch {
 		case s.cfg.Hours && st%time.Hour == 0 && (d > s.cfg.minuteSpan() || !s.cfg.Minutes):
@@ -254,7 +254,7 @@ func (s *Service) SeriesOf(ctx context.Context, topic, window, step string) (Ser
 		if err != nil {
 			return Series{}, err
 		}
-		sr := Series{Topic: topic, Window: window, Step: step, Resolution: g.String(), From: sp.From, To: now, Shards: shards, at: s.now(), Points: make([]Point, points)}
+		sr := Series{Topic: topic, Window: window, Step: step, Resolution: g.String(), From: sp.From, To: now, Shards: shards, Served: Served{at: s.now()}, Points: make([]Point, points)}
 		for p := range sr.Points {
 			sr.Points[p].From = g.Start((firstStep + int64(p)) * per)
 		}

@@ -27,11 +27,8 @@ type Trending struct {
 	Window string    `json:"window"`
 	From   time.Time `json:"from"`
 	To     time.Time `json:"to"`
-	Source string    `json:"source"`
-	AgeMs  int64     `json:"ageMs"`
-	Topics []Entry   `json:"topics"`
-
-	at time.Time
+	Served
+	Topics []Entry `json:"topics"`
 }
 
 // Score is a topic's trend score: how far its recent count stands above
@@ -63,7 +60,7 @@ func (s *Service) Trending(ctx context.Context, window string, limit int) (Trend
 	case d > MaxTrendWindow:
 		return Trending{}, badRequest("window %s is longer than trending's %s", FormatWindow(d), FormatWindow(MaxTrendWindow))
 	}
-	return cached(s, "trending", s.trends, FormatWindow(d)+"\x00"+strconv.Itoa(limit), func() (Trending, error) {
+	return cached(s, "trending", s.trends, FormatWindow(d)+"\x00"+strconv.Itoa(limit), func(t *Trending) *Served { return &t.Served }, func() (Trending, error) {
 		now := s.now()
 		window, err := s.cfg.span(store.Minute, d, now)
 		if err != nil {
@@ -114,11 +111,6 @@ func (s *Service) Trending(ctx context.Context, window string, limit int) (Trend
 		t.at = s.now()
 		return t, nil
 	})
-}
-
-func (t Trending) served(source string, now time.Time) Trending {
-	t.Source, t.AgeMs = source, now.Sub(t.at).Milliseconds()
-	return t
 }
 
 // scoring returns the spans a trend is scored on: recent, the window, and
