@@ -323,7 +323,7 @@ var settings = []setting{
 	{name: "cache-stale", usage: "past the TTL, a total is served stale while one background gather refreshes it, up to this age (0: 10 × cache-ttl)", bind: dur(func(c *Config) *time.Duration { return &c.CacheStale })},
 	{name: "cache-size", usage: "topics whose totals the cache holds", bind: integer(func(c *Config) *int { return &c.CacheSize })},
 	{name: "windows", usage: "time buckets counted besides each topic's total, for ?window= reads and /v1/trending: 1m,1h, 1m, 1h, or none; each costs one more write per busy topic per flush", bind: str(func(c *Config) *string { return &c.Windows })},
-	{name: "minute-retention", usage: "how long minute buckets are kept (their DynamoDB TTL); windows up to a third of it read minutes", bind: dur(func(c *Config) *time.Duration { return &c.MinuteRetention })},
+	{name: "minute-retention", usage: "how long minute buckets are kept (their DynamoDB TTL); windows up to 3h (and up to this) read minutes, longer ones hours", bind: dur(func(c *Config) *time.Duration { return &c.MinuteRetention })},
 	{name: "hour-retention", usage: "how long hour buckets are kept (their DynamoDB TTL): the longest window", bind: dur(func(c *Config) *time.Duration { return &c.HourRetention })},
 	{name: "trend-subject", usage: "subject the sidecars publish each flush's summary on, from which every sidecar ranks /v1/trending for the whole fleet", bind: str(func(c *Config) *string { return &c.TrendSubject })},
 	{name: "http", was: EnvPrefix + "HTTP_ADDR", usage: "listen address of the lookup API", bind: str(func(c *Config) *string { return &c.HTTPAddr })},

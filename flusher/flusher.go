@@ -339,17 +339,20 @@ func (f *Flusher) Flush(ctx context.Context) error {
 	window := f.buf.Drain()
 	f.inflight, f.sent = window.Deltas, make(map[string]sending)
 	f.split(window.Deltas)
-	// Topics with a write in doubt wait for it to settle.
+	// Topics with a write in doubt wait for it to settle: all their
+	// counters (total and time buckets) and their messages, so that a
+	// message is acknowledged, or journaled, with every count it makes.
+	waiting := f.waiting()
 	held := aggregator.Window{Deltas: aggregator.NewDeltas(0)}
-	for topic, d := range window.Deltas.All() {
-		if _, ok := f.pending[topic]; ok {
-			held.Deltas.Set(topic, d)
-			window.Deltas.Delete(topic)
+	for name, d := range window.Deltas.All() {
+		if waiting[store.TopicOf(name)] {
+			held.Deltas.Set(name, d)
+			window.Deltas.Delete(name)
 		}
 	}
 	var acks []aggregator.Message
 	for _, m := range window.Acks {
-		if _, ok := held.Deltas.Get(m.Topic); ok {
+		if waiting[m.Topic] {
 			held.Acks = append(held.Acks, m)
 		} else {
 			acks = append(acks, m)
@@ -537,7 +540,8 @@ func (f *Flusher) Flush(ctx context.Context) error {
 	f.inflight, f.sent = failed.Deltas, nil // what is left was refused or not sent: pending again
 	f.viewMu.Unlock()
 
-	// Settled writes in doubt: their messages are done.
+	// Settled writes in doubt: their messages are done once their topic
+	// has no other write in doubt.
 	var done []aggregator.Message
 	var retire []string
 	for topic := range settled {
@@ -551,28 +555,33 @@ func (f *Flusher) Flush(ctx context.Context) error {
 		}
 		delete(f.pending, topic)
 	}
-	f.ackAll(done)
+	f.ackAll(f.stillWaiting(done))
 	f.unretired = append(f.unretired, retire...)
 	if len(retire) > 0 {
 		f.retire(ctx)
 	}
 	// Messages of topics written go now, in stream order; those of new
 	// writes in doubt go with their pending write.
-	kept := f.ack(window.Acks, func(topic string) bool {
-		_, bad := failed.Deltas.Get(topic)
-		_, unsure := doubt[topic]
-		return bad || unsure
-	})
+	// A message waits while any count of its topic is unwritten (back to
+	// the buffer with it) or in doubt (with that write).
+	bad, unsure := make(map[string]bool), make(map[string]string)
+	for name := range failed.Deltas.All() {
+		bad[store.TopicOf(name)] = true
+	}
+	for name := range doubt {
+		unsure[store.TopicOf(name)] = name
+	}
+	kept := f.ack(window.Acks, func(topic string) bool { return bad[topic] || unsure[topic] != "" })
+	for name, w := range doubt {
+		f.pendingOf(name, w)
+	}
 	for _, m := range kept {
-		if _, unsure := doubt[m.Topic]; unsure {
-			p := f.pendingOf(m.Topic, doubt[m.Topic])
+		if name := unsure[m.Topic]; name != "" && !bad[m.Topic] {
+			p := f.pending[name]
 			p.msgs = append(p.msgs, m)
 		} else {
 			failed.Acks = append(failed.Acks, m)
 		}
-	}
-	for topic, w := range doubt {
-		f.pendingOf(topic, w)
 	}
 	if f.observer != nil && written > 0 {
 		observed := make(map[string]int64, len(settled)+len(wrote))
@@ -770,6 +779,37 @@ func (f *Flusher) retire(ctx context.Context) {
 		}
 	}
 	f.unretired = left
+}
+
+// waiting returns the topics with a write pending (in doubt or
+// journaled), of their total or of a time bucket.
+func (f *Flusher) waiting() map[string]bool {
+	w := make(map[string]bool, len(f.pending))
+	for name := range f.pending {
+		w[store.TopicOf(name)] = true
+	}
+	return w
+}
+
+// stillWaiting returns the messages of ms whose topic has no write pending
+// any more, and hands the others to one of their topic's pending writes:
+// a message is done when all its counts are.
+func (f *Flusher) stillWaiting(ms []aggregator.Message) (done []aggregator.Message) {
+	if len(ms) == 0 {
+		return nil
+	}
+	by := make(map[string]*pending, len(f.pending))
+	for name, p := range f.pending {
+		by[store.TopicOf(name)] = p
+	}
+	for _, m := range ms {
+		if p := by[m.Topic]; p != nil {
+			p.msgs = append(p.msgs, m)
+		} else {
+			done = append(done, m)
+		}
+	}
+	return done
 }
 
 // pendingOf returns topic's pending write, made from w if there is none.
@@ -1051,8 +1091,14 @@ func (f *Flusher) Final(ctx context.Context) error {
 			}
 			f.flushMu.Unlock()
 			f.metrics.doubtAtExit.Add(float64(doubt))
-			return fmt.Errorf("flusher: shutdown deadline passed with %d mentions over %d topics unwritten, %d in writes in doubt, %d left in the journal for replay (%d messages handed back for redelivery) and %d kept in the spill folder for the next start: %w",
-				w.Mentions(), w.Len(), doubt, journaled, handedBack, spilled, err)
+			var bucketed int64 // time buckets' increments left unwritten (their mentions are in a total)
+			for name, d := range w.Deltas.All() {
+				if !store.CountsMentions(name) {
+					bucketed += d
+				}
+			}
+			return fmt.Errorf("flusher: shutdown deadline passed with %d mentions unwritten (%d counters; %d more increments of time buckets), %d in writes in doubt, %d left in the journal for replay (%d messages handed back for redelivery) and %d kept in the spill folder for the next start: %w",
+				w.Mentions(), w.Len(), bucketed, doubt, journaled, handedBack, spilled, err)
 		case <-t.C:
 		}
 	}

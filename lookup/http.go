@@ -154,7 +154,9 @@ func (h *handler) parse(r *http.Request) (options, error) {
 		case q.Has("consistency") || q.Has("include"):
 			return o, errors.New("window reads the time buckets, cached like totals: it takes neither consistency nor include")
 		}
-		o.window = q.Get("window")
+		if o.window = q.Get("window"); o.window == "" {
+			return o, errors.New("window is empty: give a whole number of minutes, hours or days (15m, 1h, 7d)")
+		}
 	}
 	if o.consistency, err = ParseConsistency(q.Get("consistency")); err != nil {
 		return o, err

@@ -455,9 +455,10 @@ func (d *DynamoDB) readShards(ctx context.Context, want map[string][2]int, withM
 }
 
 // Counts reads the count of each item in keys (bucket shards, as BucketKey
-// names them) in BatchGetItem calls of up to 100 keys; a missing item
-// counts 0. The caller owns the map.
+// names them) in BatchGetItem calls of up to 100 keys; a missing item, or
+// one past its expiresAt, counts 0. The caller owns the map.
 func (d *DynamoDB) Counts(ctx context.Context, keys []string, consistent bool) (map[string]int64, error) {
+	now := time.Now().Unix()
 	out := make(map[string]int64, len(keys))
 	req := make([]map[string]types.AttributeValue, 0, len(keys))
 	for _, k := range keys {
@@ -477,6 +478,11 @@ func (d *DynamoDB) Counts(ctx context.Context, keys []string, consistent bool) (
 			n, err := numberAttr(item, AttrCount)
 			if err != nil {
 				return fmt.Errorf("store: item %s: %w", pk.Value, err)
+			}
+			// Past its TTL the item is gone, whenever DynamoDB gets to
+			// deleting it: read it as gone now.
+			if exp, err := numberAttr(item, AttrExpiresAt); err == nil && exp > 0 && exp < now {
+				n = 0
 			}
 			out[pk.Value] = n
 			return nil

@@ -26,8 +26,9 @@ const (
 	// its mentions have been flushed (a flush interval, the JetStream
 	// backlog of a healthy consumer).
 	settleAfter = 2 * time.Minute
-	// settledTTL is how long a settled bucket's count is reused.
-	settledTTL = time.Minute
+	// settledTTL is how long a settled bucket's count is reused: a
+	// mention later than settleAfter shows within it.
+	settledTTL = 5 * time.Minute
 	// settledKeys bounds the settled buckets cached.
 	settledKeys = 200_000
 )
@@ -234,7 +235,10 @@ func (s *Service) SeriesOf(ctx context.Context, topic, window, step string) (Ser
 		default:
 			return Series{}, badRequest("step %s is not a whole number of the buckets kept here (--windows %s)", step, windowsOf(s.cfg))
 		}
-		points := int64((d + st - 1) / st)
+		if st > d {
+			return Series{}, badRequest("step %s is longer than the window %s", step, window)
+		}
+		points := int64((d + st - 1) / st) // no overflow: both at most MaxWindow
 		if points > MaxSeriesPoints {
 			return Series{}, badRequest("window %s in steps of %s is %d points, more than %d", window, step, points, MaxSeriesPoints)
 		}

@@ -39,6 +39,10 @@ const (
 	// sketchMinutes is how far back the sketch keeps minutes: the longest
 	// window and its baseline.
 	sketchMinutes = int64(MaxTrendWindow/time.Minute) * (1 + Baselines)
+	// maxSkewMinutes is how far ahead of this sidecar's clock a summary's
+	// minute may be: a writer whose clock is further ahead would otherwise
+	// fill the sketch with minutes no window reads.
+	maxSkewMinutes = 2
 	// maxSummaryBytes keeps a summary message well under NATS's default
 	// 1 MB payload.
 	maxSummaryBytes = 256 << 10
@@ -89,9 +93,11 @@ func JoinSketch(nc *nats.Conn, subject, writer string, reg prometheus.Registerer
 	if err != nil {
 		return nil, err
 	}
-	// A summary is small and merged in microseconds; a burst of them from
-	// a large fleet waits in a generous buffer rather than being dropped.
-	sub.SetPendingLimits(64*1024, 256<<20) //nolint:errcheck // only fails on a closed subscription
+	// A summary is merged in microseconds; a burst of them from a large
+	// fleet waits in a buffer of its own, bounded well inside the pod's
+	// memory: past it NATS drops summaries (slow consumer), and trending
+	// misses their candidates for a flush.
+	sub.SetPendingLimits(4096, 16<<20) //nolint:errcheck // only fails on a closed subscription
 	s.sub = sub
 	return s, nil
 }
@@ -171,8 +177,8 @@ func (s *Sketch) Merge(sum Summary) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for i, topics := range sum.Minutes {
-		if i <= oldest {
-			continue
+		if i <= oldest || i > now+maxSkewMinutes {
+			continue // too old to matter, or from a clock far ahead
 		}
 		s.first = min(s.first, i)
 		if i <= now-recentMinutes {
@@ -235,22 +241,32 @@ func (s *Sketch) First() int64 {
 	return s.first
 }
 
-// candidates ranks the sketch's topics by trend score over recent against
-// base (minute spans) and returns the best n.
+// candidates ranks the sketch's topics by trend score over recent (a span
+// of minutes) against base (of minutes or hours) and returns the best n. A
+// sidecar's sketch knows only what it merged since it started: until it
+// holds a baseline, it ranks by the window's count.
 func (s *Sketch) candidates(recent, base Span, n int) []string {
 	s.mu.Lock()
+	// The baseline starts at the first whole minute this sketch has, as
+	// Trending cuts it at the fleet's history in the buckets.
+	if s.first != math.MaxInt64 {
+		if from := store.Minute.Start(s.first + 1); from.After(base.From) {
+			base.From = from
+		}
+	}
 	rec := make(map[string]int64)
 	old := make(map[string]int64)
 	// A block counts where its first minute falls: candidates need a
 	// fair ranking, the exact counts come from the buckets.
 	for _, maps := range []map[int64]map[string]int64{s.minutes, s.blocks} {
 		for i, m := range maps {
+			at := store.Minute.Start(i)
 			switch {
 			case i >= recent.First && i <= recent.Last:
 				for t, c := range m {
 					rec[t] += c
 				}
-			case i >= base.First && i <= base.Last:
+			case !at.Before(base.From) && at.Before(base.To):
 				for t, c := range m {
 					old[t] += c
 				}
@@ -264,7 +280,11 @@ func (s *Sketch) candidates(recent, base Span, n int) []string {
 	}
 	out := make([]scored, 0, len(rec))
 	for t, c := range rec {
-		out = append(out, scored{t, Score(c, expect(old[t], base, recent))})
+		expected := 0.0
+		if base.To.After(base.From) {
+			expected = float64(old[t]) * float64(max(recent.To.Sub(recent.From), time.Second)) / float64(base.To.Sub(base.From))
+		}
+		out = append(out, scored{t, Score(c, expected)})
 	}
 	slices.SortFunc(out, func(a, b scored) int {
 		if c := cmp.Compare(b.score, a.score); c != 0 {

@@ -1,10 +1,13 @@
 package trend
 
 import (
+	"context"
 	"errors"
 	"strconv"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/hotcount/hotcount/store"
 )
@@ -77,36 +80,31 @@ func TestScore(t *testing.T) {
 	}
 }
 
-// TestScoring: with history, a trend is the window against the Baselines
-// windows before it; a fleet younger than that scores on the history it
-// has.
-func TestScoring(t *testing.T) {
-	window := Span{G: store.Minute, First: 100, Last: 104}
-	recent, base := scoring(window, 0)
-	if recent.First != 100 || recent.Last != 104 || base.First != 80 || base.Last != 99 {
-		t.Errorf("long history: recent %d..%d, base %d..%d; want 100..104 and 80..99", recent.First, recent.Last, base.First, base.Last)
+// TestBaseline: a short window is scored against the four windows before
+// it in minutes, a long one against the whole hours before it; expect
+// scales the baseline's rate to the time the window covers so far.
+func TestBaseline(t *testing.T) {
+	now := time.Date(2026, 12, 3, 10, 7, 30, 0, time.UTC)
+	cfg := Config{Minutes: true, Hours: true}
+	w, _ := cfg.plan(5*time.Minute, now)
+	if b := cfg.baseline(w); b.G != store.Minute || b.Buckets() != 20 || b.Last != w.First-1 {
+		t.Errorf("5m: baseline %+v", b)
 	}
-	if _, base := scoring(window, 90); base.First != 90 || base.Last != 99 {
-		t.Errorf("history from 90: base %d..%d, want 90..99", base.First, base.Last)
-	}
-	// History from minute 102: three minutes, split 1 recent, 2 base.
-	recent, base = scoring(window, 102)
-	if recent.First != 104 || recent.Last != 104 || base.First != 102 || base.Last != 103 {
-		t.Errorf("history from 102: recent %d..%d, base %d..%d; want 104..104 and 102..103", recent.First, recent.Last, base.First, base.Last)
-	}
-	// No history: everything recent, nothing expected.
-	recent, base = scoring(window, 1<<62)
-	if recent.Last != 104 || base.Buckets() != 0 || expect(7, base, recent) != 0 {
-		t.Errorf("no history: recent %+v, base %+v", recent, base)
+	w, _ = cfg.plan(time.Hour, now)
+	if b := cfg.baseline(w); b.G != store.Hour || b.Buckets() != 4 || !b.To.Equal(time.Date(2026, 12, 3, 9, 0, 0, 0, time.UTC)) {
+		t.Errorf("1h: baseline %+v", b)
 	}
 	at := func(m int64) time.Time { return store.Minute.Start(m) }
-	base = Span{G: store.Minute, First: 80, Last: 99, From: at(80), To: at(100)}
+	base := Span{G: store.Minute, First: 80, Last: 99, From: at(80), To: at(100)}
 	if e := expect(40, base, Span{G: store.Minute, First: 100, Last: 104, From: at(100), To: at(105)}); e != 10 {
 		t.Errorf("40 over 20 minutes expects %v in 5, want 10", e)
 	}
 	// The window's last minute half gone: 4.5 minutes expect 9.
 	if e := expect(40, base, Span{G: store.Minute, First: 100, Last: 104, From: at(100), To: at(104).Add(30 * time.Second)}); e != 9 {
 		t.Errorf("40 over 20 minutes expects %v in 4.5, want 9", e)
+	}
+	if e := expect(40, Span{First: 100, Last: 99}, base); e != 0 {
+		t.Errorf("an empty baseline expects %v", e)
 	}
 }
 
@@ -135,16 +133,46 @@ func TestSketch(t *testing.T) {
 			t.Errorf("a minute keeps %d topics", len(m))
 		}
 	}
-	window := Span{G: store.Minute, First: last - 4, Last: last, To: now}
-	recent, base := scoring(window, s.First())
-	got := s.candidates(recent, base, 2)
+	cfg := Config{Minutes: true, Hours: true}
+	window, _ := cfg.plan(5*time.Minute, now)
+	got := s.candidates(window, cfg.baseline(window), 2)
 	if len(got) != 2 || got[0] != "surge" {
 		t.Errorf("candidates %v, want surge first", got)
 	}
-	// An hour window reaches into the blocks: steady stays steady.
-	window = Span{G: store.Minute, First: last - 59, Last: last, To: now}
-	recent, base = scoring(window, s.First())
-	if got := s.candidates(recent, base, 1); len(got) != 1 || got[0] != "surge" {
+	// An hour window is scored against hours, which reach into the blocks:
+	// steady stays steady.
+	window, _ = cfg.plan(time.Hour, now)
+	if got := s.candidates(window, cfg.baseline(window), 1); len(got) != 1 || got[0] != "surge" {
 		t.Errorf("hour candidates %v, want surge", got)
+	}
+}
+
+// TestBadWindows: windows and steps out of range are the caller's error,
+// never a panic or a read past the bounds.
+func TestBadWindows(t *testing.T) {
+	st, err := store.OpenBolt(t.TempDir(), store.NewMetrics(prometheus.NewRegistry()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	s := New(Config{Minutes: true, Hours: true, CacheTTL: time.Second, CacheSize: 10}, st, prometheus.NewRegistry(), time.Now)
+	ctx := context.Background()
+	for _, q := range [][2]string{{"11574d", "100000d"}, {"100000d", "100000d"}, {"1h", "1d"}, {"30d", "1m"}, {"0m", "1m"}} {
+		if _, err := s.SeriesOf(ctx, "golang", q[0], q[1]); !errors.Is(err, ErrBadRequest) {
+			t.Errorf("series window %s step %s: %v, want a bad request", q[0], q[1], err)
+		}
+	}
+	for _, w := range []string{"36d", "401d", "", "1y"} {
+		if _, err := s.Window(ctx, "golang", w); !errors.Is(err, ErrBadRequest) {
+			t.Errorf("window %q: %v, want a bad request", w, err)
+		}
+	}
+	for _, w := range []string{"61m", "2h", "35d"} {
+		if _, err := s.Window(ctx, "golang", w); err != nil {
+			t.Errorf("window %q: %v", w, err)
+		}
+	}
+	if _, err := s.Trending(ctx, "2h", 10); !errors.Is(err, ErrBadRequest) {
+		t.Errorf("trending over 2h: %v, want a bad request", err)
 	}
 }

@@ -13,8 +13,8 @@ import (
 )
 
 // Entry is one trending topic: its count in the window, its baseline (the
-// count expected in a window like it, from the Baselines windows before)
-// and its score.
+// count expected in the window so far at the topic's rate over the
+// baseline span) and its score.
 type Entry struct {
 	Topic    string  `json:"topic"`
 	Count    int64   `json:"count"`
@@ -27,16 +27,28 @@ type Trending struct {
 	Window string    `json:"window"`
 	From   time.Time `json:"from"`
 	To     time.Time `json:"to"`
+	// BaselineFrom and BaselineTo are the span the baselines come from
+	// (absent while there is none).
+	BaselineFrom time.Time `json:"baselineFrom,omitzero"`
+	BaselineTo   time.Time `json:"baselineTo,omitzero"`
 	Served
 	Topics []Entry `json:"topics"`
+	// Note says why the list is empty when it is for want of mentions or
+	// of history.
+	Note string `json:"note,omitempty"`
 }
+
+// maxTrendKeys bounds the bucket keys one trending read asks for (30
+// BatchGetItem calls with one shard a topic): it sets how many candidates
+// are read, whatever the window and limit.
+const maxTrendKeys = 3000
 
 // Score is a topic's trend score: how far its recent count stands above
 // the count its baseline expects, in Poisson standard deviations,
 // (recent − expected) / √(expected + 1). A steady topic scores about 0
 // however large it is; a small topic's spike scores by its size against
-// its noise, so 20 mentions where 1 was expected (19) do not beat 2,000
-// where 100 were (188).
+// its noise, so 20 mentions where 1 was expected (13.4) do not beat 2,000
+// where 100 were (189).
 func Score(recent int64, expected float64) float64 {
 	return (float64(recent) - expected) / math.Sqrt(expected+1)
 }
@@ -48,7 +60,13 @@ func (s *Service) UseSketch(sk *Sketch) { s.sketch = sk }
 // Trending ranks the fleet's topics by Score over the last window (whole
 // minutes, up to MaxTrendWindow) against their baseline, the Baselines
 // windows before it, and returns the best limit with a positive score.
-// Candidates come from the sketch; their counts from the minute buckets.
+// Candidates come from the sketch; their counts from the buckets.
+//
+// The baseline starts no earlier than the fleet's history: the first full
+// minute (or hour) in which any candidate has a count, as the buckets
+// show, the same for every sidecar. Until there is a whole bucket of it
+// before the window, there is no baseline and the list is empty, with a
+// note that says so.
 func (s *Service) Trending(ctx context.Context, window string, limit int) (Trending, error) {
 	d, err := ParseWindow(window)
 	if err != nil {
@@ -66,39 +84,62 @@ func (s *Service) Trending(ctx context.Context, window string, limit int) (Trend
 		if err != nil {
 			return Trending{}, err
 		}
-		recent, base := scoring(window, s.sketch.First())
-		if keep := s.cfg.Retention.Minute; keep > 0 && now.Sub(store.Minute.Start(base.First)) > keep {
-			return Trending{}, badRequest("window %s and its baseline reach back past the minute buckets' retention (%s)", FormatWindow(d), keep)
+		base := s.cfg.baseline(window)
+		if keep := s.cfg.Retention.Of(base.G); now.Sub(base.From) > keep {
+			return Trending{}, badRequest("window %s and its baseline reach back past the %s buckets' retention (%s)", FormatWindow(d), base.G, keep)
 		}
-		cands := s.sketch.candidates(recent, base, max(3*limit, 30))
-		// The baseline served is the count expected in the part of the
-		// window the fleet's history covers, as the count is.
-		covered := window
-		covered.First = max(window.First, min(s.sketch.First(), window.Last))
-		covered.From = store.Minute.Start(covered.First)
+		// Candidates whose buckets fit a budget of reads: the window's and
+		// the baseline's buckets of each, maxTrendKeys in all.
+		n := min(max(3*limit, 30), max(maxTrendKeys/(window.Buckets()+base.Buckets()), limit))
+		cands := s.sketch.candidates(window, base, n)
 		t := Trending{Window: FormatWindow(d), From: window.From, To: now, Topics: []Entry{}}
-		if len(cands) > 0 {
-			// The window holds the scoring span: one read covers both.
-			sums, _, err := s.readMany(ctx, cands, []Span{window, base})
-			if err != nil {
-				return Trending{}, fmt.Errorf("trending: %w", err)
+		if len(cands) == 0 {
+			t.Note = "no mentions in the window"
+			t.at = s.now()
+			return t, nil
+		}
+		sums, _, err := s.readMany(ctx, cands, []Span{window, base})
+		if err != nil {
+			return Trending{}, fmt.Errorf("trending: %w", err)
+		}
+		// The fleet's history: its first bucket with a count, here.
+		first := window.To
+		for _, c := range cands {
+			for k, sp := range []Span{window, base} {
+				for i, n := range sums[c][k] {
+					if n > 0 {
+						first = minTime(first, sp.G.Start(sp.First+int64(i)))
+						break
+					}
+				}
 			}
-			for _, c := range cands {
-				var count, rec, old int64
-				for i, n := range sums[c][0] {
-					count, _ = satAdd(count, n, false)
-					if window.First+int64(i) >= recent.First {
-						rec, _ = satAdd(rec, n, false)
-					}
+		}
+		nominal := base
+		if first.After(base.From) {
+			// History began inside the baseline (or later): it starts at
+			// the next whole bucket, the first one counted in full.
+			cut := max(base.First, base.G.Index(first)+1)
+			base.First, base.From = cut, base.G.Start(cut)
+		}
+		if base.First > base.Last {
+			t.Note = fmt.Sprintf("not enough history yet: the fleet's mentions start at %s, and a baseline needs a whole %s of them before the window", first.UTC().Format(time.RFC3339), base.G.Duration())
+			t.at = s.now()
+			return t, nil
+		}
+		t.BaselineFrom, t.BaselineTo = base.From, base.To
+		for _, c := range cands {
+			var count, old int64
+			for _, n := range sums[c][0] {
+				count, _ = satAdd(count, n, false)
+			}
+			for i, n := range sums[c][1] {
+				if nominal.First+int64(i) >= base.First {
+					old, _ = satAdd(old, n, false)
 				}
-				if base.Buckets() > 0 {
-					for _, n := range sums[c][1] {
-						old, _ = satAdd(old, n, false)
-					}
-				}
-				if sc := Score(rec, expect(old, base, recent)); sc > 0 {
-					t.Topics = append(t.Topics, Entry{Topic: c, Count: count, Baseline: round(expect(old, base, covered)), Score: round(sc)})
-				}
+			}
+			expected := expect(old, base, window)
+			if sc := Score(count, expected); sc > 0 {
+				t.Topics = append(t.Topics, Entry{Topic: c, Count: count, Baseline: round(expected), Score: round(sc)})
 			}
 		}
 		slices.SortFunc(t.Topics, func(a, b Entry) int {
@@ -113,44 +154,38 @@ func (s *Service) Trending(ctx context.Context, window string, limit int) (Trend
 	})
 }
 
-// scoring returns the spans a trend is scored on: recent, the window, and
-// base, the Baselines windows before it. A fleet whose history (from its
-// first minute, first) is shorter than that scores on what it has: base
-// is cut at first, and when history does not reach before the window, the
-// history is split, its last 1/(1+Baselines) being recent and the rest
-// base. Base may then be empty (First > Last): nothing is expected.
-func scoring(window Span, first int64) (recent, base Span) {
+// baseline is the span a window is scored against: the Baselines windows
+// before it, in minute buckets, or for a window of half an hour or more
+// in the whole hours before the window's first hour (as many as Baselines
+// windows take), which costs a few keys instead of hundreds.
+func (c Config) baseline(window Span) Span {
 	k := int64(window.Buckets())
-	recent = window
-	base = Span{G: window.G, First: window.First - Baselines*k, Last: window.First - 1}
-	if first > window.Last {
-		first = window.Last // no history yet: all is recent
+	b := Span{G: store.Minute, First: window.First - Baselines*k, Last: window.First - 1}
+	if c.Hours && k >= 30 {
+		h := store.Hour.Index(window.From)
+		b = Span{G: store.Hour, First: h - (Baselines*k+59)/60, Last: h - 1}
 	}
-	if first > base.First {
-		base.First = first
-	}
-	if base.First > base.Last {
-		// History starts inside the window: split what there is.
-		hist := window.Last - first + 1
-		ks := max(1, hist/(1+Baselines))
-		recent = Span{G: window.G, First: window.Last - ks + 1, Last: window.Last}
-		base = Span{G: window.G, First: first, Last: recent.First - 1}
-	}
-	recent.From, recent.To = window.G.Start(recent.First), window.To
-	base.From, base.To = window.G.Start(base.First), window.G.Start(base.Last+1)
-	return recent, base
+	b.From, b.To = b.G.Start(b.First), b.G.Start(b.Last+1)
+	return b
 }
 
 // expect is the count span would expect at the rate of old over base: the
-// rate times span's length, up to now for a span that ends in the current
-// bucket (a window is read with its last bucket still filling, and a
-// steady topic must not look like it is falling). 0 when base is empty.
+// rate times span's length up to now (a window is read with its last
+// bucket still filling, and a steady topic must not look like it is
+// falling). 0 when base is empty.
 func expect(old int64, base, span Span) float64 {
 	if base.Buckets() <= 0 || !base.To.After(base.From) {
 		return 0
 	}
 	length := max(span.To.Sub(span.From), time.Second)
 	return float64(old) * float64(length) / float64(base.To.Sub(base.From))
+}
+
+func minTime(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
 }
 
 // round keeps one decimal: the list reads the same on every sidecar.

@@ -39,19 +39,28 @@ func ParseWindow(s string) (time.Duration, error) {
 		return 0, badRequest("window %q is not a whole number of minutes, hours or days (1m, 15m, 1h, 24h, 7d)", s)
 	}
 	n, err := strconv.Atoi(s[:len(s)-1])
-	if err != nil || n < 1 || n > 100_000 || strings.HasPrefix(s, "+") {
+	if err != nil || n < 1 || strings.HasPrefix(s, "+") {
 		return 0, badRequest("window %q is not a whole number of minutes, hours or days (1m, 15m, 1h, 24h, 7d)", s)
 	}
+	var unit time.Duration
 	switch s[len(s)-1] {
 	case 'm':
-		return time.Duration(n) * time.Minute, nil
+		unit = time.Minute
 	case 'h':
-		return time.Duration(n) * time.Hour, nil
+		unit = time.Hour
 	case 'd':
-		return time.Duration(n) * 24 * time.Hour, nil
+		unit = 24 * time.Hour
+	default:
+		return 0, badRequest("window %q is not a whole number of minutes, hours or days (1m, 15m, 1h, 24h, 7d)", s)
 	}
-	return 0, badRequest("window %q is not a whole number of minutes, hours or days (1m, 15m, 1h, 24h, 7d)", s)
+	if n > int(MaxWindow/unit) {
+		return 0, badRequest("window %q is longer than %s, more than any bucket is kept", s, FormatWindow(MaxWindow))
+	}
+	return time.Duration(n) * unit, nil
 }
+
+// MaxWindow bounds a window or a step: the longest --hour-retention.
+const MaxWindow = 400 * 24 * time.Hour
 
 // FormatWindow writes d as ParseWindow reads it, in its largest whole unit.
 func FormatWindow(d time.Duration) string {
@@ -65,9 +74,10 @@ func FormatWindow(d time.Duration) string {
 }
 
 // Span is the buckets that cover a window: buckets First..Last of G, the
-// last the one now falls in, so the interval covered is From (the first
-// bucket's start) to To (now): the window's length or up to one bucket
-// less.
+// last the one now falls in, as many as the window holds whole buckets
+// (rounded up). The interval covered is From (the first bucket's start) to
+// To (now): at least the window less one bucket, at most the window rounded
+// up to whole buckets.
 type Span struct {
 	G           store.Granularity
 	First, Last int64
@@ -83,7 +93,7 @@ func (c Config) granularity(d time.Duration) (store.Granularity, error) {
 	switch {
 	case !c.Minutes && !c.Hours:
 		return 0, badRequest("time buckets are off here (--windows none): no windowed counts")
-	case c.Minutes && (d <= c.minuteSpan() || !c.Hours):
+	case c.Minutes && (d <= min(c.minuteSpan(), c.Retention.Of(store.Minute)) || !c.Hours):
 		return store.Minute, nil
 	}
 	return store.Hour, nil
@@ -105,6 +115,9 @@ func (c Config) span(g store.Granularity, d time.Duration, now time.Time) (Span,
 	s.From = g.Start(s.First)
 	if keep := c.Retention.Of(g); now.Sub(s.From) > keep {
 		return Span{}, badRequest("window %s reaches back past the %s buckets' retention (%s): choose a shorter window", FormatWindow(d), g, keep)
+	}
+	if s.Buckets() > maxReadBuckets {
+		return Span{}, badRequest("window %s at %s resolution is %d buckets, more than %d", FormatWindow(d), g, s.Buckets(), maxReadBuckets)
 	}
 	return s, nil
 }

@@ -78,7 +78,11 @@ func cmdTop(ctx context.Context, args, environ []string, stdout, stderr io.Write
 func printTrending(w io.Writer, t trend.Trending, from string) {
 	fmt.Fprintf(w, "trending over the last %s (%s to %s UTC), from %s\n\n", t.Window, t.From.UTC().Format("15:04:05"), t.To.UTC().Format("15:04:05"), from)
 	if len(t.Topics) == 0 {
-		fmt.Fprintln(w, "nothing is trending: no topic stands above its baseline")
+		if t.Note != "" {
+			fmt.Fprintln(w, "nothing to rank:", t.Note)
+		} else {
+			fmt.Fprintln(w, "nothing is trending: no topic stands above its baseline")
+		}
 		return
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
@@ -87,5 +91,5 @@ func printTrending(w io.Writer, t trend.Trending, from string) {
 		fmt.Fprintf(tw, "%d\t%s\t%d\t%.1f\t%.1f\t\n", i+1, e.Topic, e.Count, e.Baseline, e.Score)
 	}
 	tw.Flush() //nolint:errcheck // w's errors are the caller's to see
-	fmt.Fprintln(w, "\nscore: (count - baseline) / sqrt(baseline + 1); baseline: the count expected from the 4 windows before")
+	fmt.Fprintln(w, "\nscore: (count - baseline) / sqrt(baseline + 1); baseline: the count expected at the topic's rate in the windows before")
 }
