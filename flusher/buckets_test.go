@@ -37,7 +37,7 @@ func (j *memJournal) Record(ctx context.Context, writes []store.Write, seqs map[
 	j.entries[k] = append([]store.Write(nil), writes...)
 	return []journal.Recorded{r}, nil
 }
-func (j *memJournal) Confirm(context.Context, string) (bool, error)       { return true, nil }
+func (j *memJournal) Confirm(context.Context, string) (bool, error)        { return true, nil }
 func (j *memJournal) Rewrite(context.Context, string, string, int64) error { return nil }
 func (j *memJournal) MaybeReplayed(time.Time) bool                         { return false }
 func (j *memJournal) Settled(context.Context, string) error                { return nil }
@@ -111,7 +111,7 @@ func TestNoBucketJournaledForAHeldMessage(t *testing.T) {
 	fl := flusher.New(c, agg, st, zaptest.NewLogger(t), flusher.NewMetrics(reg), time.Now, flusher.WithJournal(j))
 	ctx := context.Background()
 	agg.AddAcked("foo", 1, &heldMsg{}, 1, now)
-	fl.Flush(ctx) //nolint:errcheck // foo's total is refused: an error, by design
+	fl.Flush(ctx)                      //nolint:errcheck // foo's total is refused: an error, by design
 	later := now.Add(30 * time.Second) // the next minute
 	m2 := &heldMsg{}
 	agg.AddAcked("foo", 1, m2, 2, later)
