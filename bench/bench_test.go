@@ -151,9 +151,7 @@ func ingestRun(b *testing.B, dist, payload string, body []byte, who string) {
 			s.SetPendingLimits(512<<10, 64<<20) //nolint:errcheck // valid
 			dropped = func() int { n, _ := s.Dropped(); return n }
 		} else {
-			// As the sidecar builds it by default (--windows 1m,1h): each
-			// mention counts in its topic's minute counter.
-			agg := aggregator.New(aggregator.DefaultMaxTopics, reg, aggregator.WithBuckets(time.Now))
+			agg := aggregator.New(aggregator.DefaultMaxTopics, reg)
 			sub, err := ingest.NewSubscriber(nc, ingest.Config{Subject: "mentions.>", QueueGroup: "hotcount", DrainTimeout: time.Second,
 				Limits: ingest.Limits{MaxCount: ingest.DefaultMaxCount, MaxTopicBytes: ingest.DefaultMaxTopicBytes}},
 				counting{agg, &got}, zap.NewNop(), m)

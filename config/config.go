@@ -204,8 +204,13 @@ func Default() Config {
 
 // Time buckets' defaults.
 const (
-	// DefaultWindows writes minute and hour buckets.
-	DefaultWindows = "1m,1h"
+	// DefaultWindows is none for `run`: buckets cost writes (two more per
+	// busy topic per flush with both), which a fleet upgrading must not
+	// find on its bill unasked, and an embedded store under a long tail of
+	// new topics cannot take (BenchmarkLongTail: a third of the pace).
+	DefaultWindows = "none"
+	// DevWindows turns minute and hour buckets on in `hotcount dev`.
+	DevWindows = "1m,1h"
 	// DefaultTrendSubject carries the flush summaries behind /v1/trending.
 	DefaultTrendSubject = "hotcount.trend"
 )
@@ -246,6 +251,7 @@ func Dev() Config {
 	c.AdminAddr = "127.0.0.1:9091"
 	c.LogFormat = "console"
 	c.ConsoleRace = true
+	c.Windows = DevWindows
 	return c
 }
 
@@ -322,7 +328,7 @@ var settings = []setting{
 	{name: "cache-ttl", usage: "how long a gathered total is served from the cache", bind: dur(func(c *Config) *time.Duration { return &c.CacheTTL })},
 	{name: "cache-stale", usage: "past the TTL, a total is served stale while one background gather refreshes it, up to this age (0: 10 × cache-ttl)", bind: dur(func(c *Config) *time.Duration { return &c.CacheStale })},
 	{name: "cache-size", usage: "topics whose totals the cache holds", bind: integer(func(c *Config) *int { return &c.CacheSize })},
-	{name: "windows", usage: "time buckets counted besides each topic's total, for ?window= reads and /v1/trending: 1m,1h, 1m, 1h, or none; each costs one more write per busy topic per flush", bind: str(func(c *Config) *string { return &c.Windows })},
+	{name: "windows", usage: "time buckets counted besides each topic's total, for ?window= reads and /v1/trending: 1m,1h (dev's default), 1m, 1h, or none (run's default); each costs one more write per busy topic per flush", bind: str(func(c *Config) *string { return &c.Windows })},
 	{name: "minute-retention", usage: "how long minute buckets are kept (their DynamoDB TTL); windows up to 3h (and up to this) read minutes, longer ones hours", bind: dur(func(c *Config) *time.Duration { return &c.MinuteRetention })},
 	{name: "hour-retention", usage: "how long hour buckets are kept (their DynamoDB TTL): the longest window", bind: dur(func(c *Config) *time.Duration { return &c.HourRetention })},
 	{name: "trend-subject", usage: "subject the sidecars publish each flush's summary on, from which every sidecar ranks /v1/trending for the whole fleet", bind: str(func(c *Config) *string { return &c.TrendSubject })},

@@ -338,6 +338,19 @@ func (f *Flusher) Flush(ctx context.Context) error {
 	f.viewMu.Lock()
 	window := f.buf.Drain()
 	f.inflight, f.sent = window.Deltas, make(map[string]sending)
+	// While the store refuses everything, a flush only probes it with a
+	// few counters, and the rest goes back as it came: split, each topic's
+	// minute would take three counters (total, minute, hour) of memory
+	// through an outage of millions of topics. (Core mode: JetStream mode
+	// stops fetching instead, and its messages stay with their counts.)
+	untried := 0 // counters not tried, back in the buffer
+	if f.down.Load() && len(window.Acks) == 0 {
+		rest := aggregator.Window{Deltas: f.probe(&window)}
+		f.inflight = window.Deltas
+		untried = rest.Len()
+		f.metrics.requeued.Add(float64(rest.Mentions()))
+		f.buf.Merge(rest) // the buffer's now
+	}
 	f.split(window.Deltas)
 	// Topics with a write in doubt wait for it to settle: all their
 	// counters (total and time buckets) and their messages, so that a
@@ -609,7 +622,7 @@ func (f *Flusher) Flush(ctx context.Context) error {
 	}
 	f.failing.Store(!progress)
 	f.down.Store(!progress && refused > 0 && throttled == 0)
-	if failed.Len() > 0 || len(f.pending) > 0 || heldTopics > 0 {
+	if failed.Len() > 0 || len(f.pending) > 0 || heldTopics > 0 || untried > 0 && written == 0 {
 		// Held-back deltas count as unwritten too: Final must flush again.
 		f.keepAlive(failed)
 		kept, failedTopics := failed.Mentions(), failed.Len()
@@ -620,17 +633,26 @@ func (f *Flusher) Flush(ctx context.Context) error {
 		f.metrics.requeued.Add(float64(kept))
 		f.metrics.flushes.WithLabelValues("error").Inc()
 		if firstErr == nil && heldTopics > 0 {
-			firstErr = fmt.Errorf("%d topics waited behind writes in doubt", heldTopics)
+			firstErr = fmt.Errorf("%d counters waited behind writes in doubt", heldTopics)
+		}
+		if firstErr == nil && untried > 0 {
+			firstErr = errors.New("the store refused the last flush")
 		}
 		if firstErr == nil {
 			firstErr = errors.New("flush deadline passed")
 		}
-		return fmt.Errorf("flusher: %d of %d topics not written (%d mentions kept), %d writes pending (in doubt or journaled), %d topics held back: %w",
-			failedTopics, topics, kept, len(f.pending), heldTopics, firstErr)
+		return fmt.Errorf("flusher: %d of %d topics not written (%d mentions kept), %d writes pending (in doubt or journaled), %d topics held back, %d not tried (the store is down): %w",
+			failedTopics, topics, kept, len(f.pending), heldTopics, untried, firstErr)
 	}
 	f.viewMu.Lock()
 	f.inflight = nil
 	f.viewMu.Unlock()
+	if untried > 0 {
+		// The probe went through: the store is back, and the next flush
+		// takes the rest, which Final must not leave behind.
+		f.metrics.flushes.WithLabelValues("error").Inc()
+		return fmt.Errorf("flusher: the store refused the last flush; %d counters probed and written, %d left for the next flush", topics, untried)
+	}
 	f.metrics.flushes.WithLabelValues("ok").Inc()
 	f.metrics.lastSuccess.Set(float64(f.now().UnixNano()) / 1e9)
 	return nil
@@ -914,6 +936,22 @@ func (f *Flusher) keepAlive(w aggregator.Window) {
 // written does not stop it.
 func (f *Flusher) Failing() bool { return f.failing.Load() }
 
+// probe keeps in w the first Config.Concurrency counters of its window,
+// the writes a flush tries before it takes the store for down, and returns
+// the rest, untouched.
+func (f *Flusher) probe(w *aggregator.Window) (rest *aggregator.Deltas) {
+	p := aggregator.NewDeltas(f.cfg.Concurrency)
+	for name, d := range w.Deltas.All() {
+		if p.Len() >= f.cfg.Concurrency {
+			break
+		}
+		p.Set(name, d)
+		w.Deltas.Delete(name)
+	}
+	rest, w.Deltas = w.Deltas, p
+	return rest
+}
+
 // split turns each minute counter (store.Fresh) of a drained window into
 // the counters it is written to: its topic's total, and as --windows asks
 // its minute and hour buckets. What a flush cannot write goes back under
@@ -1097,7 +1135,7 @@ func (f *Flusher) Final(ctx context.Context) error {
 					bucketed += d
 				}
 			}
-			return fmt.Errorf("flusher: shutdown deadline passed with %d mentions unwritten (%d counters; %d more increments of time buckets), %d in writes in doubt, %d left in the journal for replay (%d messages handed back for redelivery) and %d kept in the spill folder for the next start: %w",
+			return fmt.Errorf("flusher: shutdown deadline passed with %d mentions over %d topics unwritten (and %d increments of time buckets), %d in writes in doubt, %d left in the journal for replay (%d messages handed back for redelivery) and %d kept in the spill folder for the next start: %w",
 				w.Mentions(), w.Len(), bucketed, doubt, journaled, handedBack, spilled, err)
 		case <-t.C:
 		}

@@ -74,7 +74,7 @@ func BenchmarkIngest(b *testing.B) {
 			s, err := ingest.NewSubscriber(nc, ingest.Config{
 				Subject: "mentions.>", QueueGroup: "hotcount", DrainTimeout: time.Second,
 				Limits: ingest.Limits{MaxCount: ingest.DefaultMaxCount, MaxTopicBytes: ingest.DefaultMaxTopicBytes},
-			}, countingSink{aggregator.New(aggregator.DefaultMaxTopics, reg, aggregator.WithBuckets(time.Now)), got}, zap.NewNop(), ingest.NewMetrics(reg)) // as the sidecar builds it
+			}, countingSink{aggregator.New(aggregator.DefaultMaxTopics, reg), got}, zap.NewNop(), ingest.NewMetrics(reg))
 			if err != nil {
 				b.Fatal(err)
 			}

@@ -65,6 +65,9 @@ func newFaultEnv(t testing.TB, fc *ddbfault.Config, tune func(*config.Config), o
 	cfg.AdminAddr = "127.0.0.1:0"
 	cfg.FlushInterval = 100 * time.Millisecond
 	cfg.DataDir = t.TempDir() // the spill folder, in core mode
+	// Time buckets on, so that every conservation test checks them too
+	// (exactBuckets); a test turns them off where it measures without.
+	cfg.Windows = config.DevWindows
 	if tune != nil {
 		tune(&cfg)
 	}

@@ -188,7 +188,8 @@ func TestSIGKILLLosesNothing(t *testing.T) {
 	}
 	defer stop() //nolint:errcheck // test teardown
 	args := []string{"--nats-mode", "jetstream", "--nats-url", ns.ClientURL(), "--dynamodb-endpoint", endpoint,
-		"--table", table, "--flush-interval", "300ms", "--flush-timeout", "1s", "--ack-wait", "10s", "--log-level", "warn"}
+		"--table", table, "--flush-interval", "300ms", "--flush-timeout", "1s", "--ack-wait", "10s", "--log-level", "warn",
+		"--windows", "1m,1h"} // time buckets on: their counts must survive the kills too
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -269,9 +270,8 @@ func TestSIGKILLLosesNothing(t *testing.T) {
 	if total != r.rep.Mentions {
 		t.Errorf("table holds %d mentions, published %d: over-count %d", total, r.rep.Mentions, total-r.rep.Mentions)
 	}
-	// The time buckets (the default --windows 1m,1h) are journaled and
-	// replayed with their totals: each granularity holds every mention
-	// once too.
+	// The time buckets are journaled and replayed with their totals: each
+	// granularity holds every mention once too.
 	buckets, _ := d.Buckets(t, table)
 	for _, g := range []store.Granularity{store.Minute, store.Hour} {
 		per := make(map[string]int64)

@@ -116,4 +116,15 @@ func TestTrendingDemo(t *testing.T) {
 	if len(first) != 5 || first[1] != "surge" {
 		t.Errorf("top's first row is %q, want the surge:\n%s", first, stdout.String())
 	}
+
+	// --watch redraws the table in place until interrupted.
+	stdout.Reset()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	if err := dispatch(ctx, append(hotcountArgs(tops[0]), "--http", httpAddr, "--watch", "--every", "200ms"), nil, &stdout, &stderr); err != nil {
+		t.Fatalf("top --watch: %v\n%s", err, stderr.String())
+	}
+	if n := strings.Count(stdout.String(), "\x1b[H\x1b[2J"); n < 2 || !strings.Contains(stdout.String(), "surge") {
+		t.Errorf("top --watch drew the table %d times in a second (every 200ms):\n%q", n, stdout.String())
+	}
 }
