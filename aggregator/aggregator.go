@@ -118,6 +118,17 @@ func (w Window) Len() int { return w.Deltas.Len() }
 // counters' deltas; Minute and Hour counters repeat them).
 func (w Window) Mentions() int64 { return mentionsOf(w.Deltas) }
 
+// mentionCounters counts d's counters of mentions (store.CountsMentions).
+func mentionCounters(d *Deltas) int {
+	n := 0
+	for name := range d.All() {
+		if store.CountsMentions(name) {
+			n++
+		}
+	}
+	return n
+}
+
 func mentionsOf(d *Deltas) int64 {
 	var n int64
 	for name, v := range d.All() {
@@ -361,6 +372,7 @@ func (a *Aggregator) Drain() Window {
 	if len(w.Acks) > 0 {
 		a.cur.Acks = make([]Message, 0, len(w.Acks))
 	}
+	drained := w.Deltas.Len() - a.buckets // topics' counters, as Merge counts them
 	a.total, a.bytes, a.buckets, a.minutes = 0, 0, 0, nil
 	if a.drained > 0 {
 		// The store takes writes if it took any of the last window: the
@@ -379,13 +391,13 @@ func (a *Aggregator) Drain() Window {
 		a.backoff = min(2*a.backoff+1, 64)
 		a.skip = a.backoff
 	}
-	a.drained, a.merged, a.carrying = w.Deltas.Len(), 0, false
+	a.drained, a.merged, a.carrying = drained, 0, false
 	a.mu.Unlock()
 	// The drained window is the caller's: segments are read into it
 	// without the lock, so the ingest never waits for the disk.
 	if unspill && a.unspill(&w, a.maxBytes-windowBytes(w.Deltas)) {
 		a.mu.Lock()
-		a.drained, a.carrying = w.Deltas.Len(), true
+		a.drained, a.carrying = mentionCounters(w.Deltas), true
 		a.mu.Unlock()
 	}
 	if w.Deltas.Len() == 0 {
@@ -460,7 +472,9 @@ func windowBytes(deltas *Deltas) int64 {
 // the whole window then goes to disk.
 func (a *Aggregator) Merge(w Window) {
 	a.mu.Lock()
-	a.merged += w.Deltas.Len()
+	// Counted as Drain counts: counters of mentions, not the minute and
+	// hour counters a split topic also brings back.
+	a.merged += mentionCounters(w.Deltas)
 	if w.Deltas.Len() > a.cur.Deltas.Len() {
 		// Swap: w's table becomes the window, the current one merges into it.
 		small := a.cur.Deltas

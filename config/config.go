@@ -120,7 +120,7 @@ type Config struct {
 	CacheSize  int
 
 	// Windows lists the time buckets written besides the totals
-	// (--windows): "1m,1h" (the default), "1m", "1h", or "none".
+	// (--windows): "1m,1h" (dev's default), "1m", "1h", or "none" (run's).
 	Windows         string
 	MinuteRetention time.Duration
 	HourRetention   time.Duration

@@ -192,7 +192,7 @@ func (s *Sidecar) Run(ctx context.Context) error {
 		}
 		defer sk.Close() //nolint:errcheck // closing
 		tr.UseSketch(sk)
-		observers = append(observers, sk)
+		observers = append(observers, tr) // marks the fleet's history, then feeds sk
 	}
 	opts := []flusher.Option{flusher.WithObserver(observers...), flusher.WithShards(book), flusher.WithReader(lk)}
 	var jr *journal.Journal

@@ -262,6 +262,33 @@ func (b *Bolt) Counts(ctx context.Context, keys []string, consistent bool) (map[
 	return out, nil
 }
 
+// MarkHistory lowers the fleet's history start to t if it is later or
+// unset (see DynamoDB.MarkHistory).
+func (b *Bolt) MarkHistory(ctx context.Context, t time.Time) error {
+	return b.group.do(func(tx *bolt.Tx) error {
+		bk := tx.Bucket(boltBucket)
+		if v := bk.Get([]byte(HistoryKey)); len(v) == 8 && int64(binary.BigEndian.Uint64(v)) <= t.Unix() {
+			return nil
+		}
+		return bk.Put([]byte(HistoryKey), binary.BigEndian.AppendUint64(nil, uint64(t.Unix())))
+	})
+}
+
+// HistoryStart reads the fleet's history start (zero when unmarked).
+func (b *Bolt) HistoryStart(ctx context.Context) (time.Time, error) {
+	var since int64
+	err := b.db.View(func(tx *bolt.Tx) error {
+		if v := tx.Bucket(boltBucket).Get([]byte(HistoryKey)); len(v) == 8 {
+			since = int64(binary.BigEndian.Uint64(v))
+		}
+		return nil
+	})
+	if err != nil || since == 0 {
+		return time.Time{}, err
+	}
+	return time.Unix(since, 0).UTC(), nil
+}
+
 // Metas reads the metadata of topics (zero Meta for those without).
 func (b *Bolt) Metas(ctx context.Context, topics []string) (map[string]Meta, error) {
 	out := make(map[string]Meta, len(topics))

@@ -253,3 +253,15 @@ func (r Retention) expiry(name string) int64 {
 	}
 	return g.Start(i + 1).Add(r.Of(g)).Unix()
 }
+
+// The fleet's history: the time the first bucket was written, the same for
+// every sidecar however long each has run. Trending cuts a baseline there
+// (a topic has no baseline before the fleet counted anything). One item,
+// pk = HistoryKey, attribute AttrSince (Unix seconds), lowered to the
+// earliest time any writer reports (MarkHistory).
+const (
+	// HistoryKey is the partition key of the fleet's history item.
+	HistoryKey = "FLEET#history"
+	// AttrSince is the history item's start (number, Unix seconds).
+	AttrSince = "since"
+)

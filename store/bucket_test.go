@@ -113,3 +113,30 @@ func TestEnableTTL(t *testing.T) {
 		t.Fatalf("EnableTTL on dynalite = %v, want ErrNoTTL", err)
 	}
 }
+
+// TestHistoryMark: the fleet's history start is the earliest time any
+// writer marked, in both stores; unmarked it is the zero time.
+func TestHistoryMark(t *testing.T) {
+	ctx := context.Background()
+	for name, open := range stores(t) {
+		t.Run(name, func(t *testing.T) {
+			c, _ := open(t)
+			st := c.(interface {
+				HistoryStart(ctx context.Context) (time.Time, error)
+				MarkHistory(ctx context.Context, t time.Time) error
+			})
+			if h, err := st.HistoryStart(ctx); err != nil || !h.IsZero() {
+				t.Fatalf("unmarked history = %v, %v", h, err)
+			}
+			t0 := time.Date(2026, 12, 3, 10, 0, 0, 0, time.UTC)
+			for _, at := range []time.Time{t0.Add(time.Hour), t0, t0.Add(2 * time.Hour)} {
+				if err := st.MarkHistory(ctx, at); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if h, err := st.HistoryStart(ctx); err != nil || !h.Equal(t0) {
+				t.Errorf("history = %v, %v; want the earliest mark %v", h, err, t0)
+			}
+		})
+	}
+}

@@ -498,6 +498,46 @@ func (d *DynamoDB) Counts(ctx context.Context, keys []string, consistent bool) (
 	return out, nil
 }
 
+// MarkHistory lowers the fleet's history start (HistoryKey) to t if it is
+// later or unset: one conditional UpdateItem.
+func (d *DynamoDB) MarkHistory(ctx context.Context, t time.Time) error {
+	_, err := d.client.UpdateItem(ctx, &dynamodb.UpdateItemInput{
+		TableName:                &d.table,
+		Key:                      map[string]types.AttributeValue{AttrPK: &types.AttributeValueMemberS{Value: HistoryKey}},
+		UpdateExpression:         aws.String("SET #since = :t"),
+		ConditionExpression:      aws.String("attribute_not_exists(#since) OR #since > :t"),
+		ExpressionAttributeNames: map[string]string{"#since": AttrSince},
+		ExpressionAttributeValues: map[string]types.AttributeValue{
+			":t": &types.AttributeValueMemberN{Value: strconv.FormatInt(t.Unix(), 10)},
+		},
+	})
+	var cond *types.ConditionalCheckFailedException
+	if errors.As(err, &cond) {
+		return nil // an earlier start is recorded
+	}
+	if err != nil {
+		return classify(fmt.Errorf("store: mark the fleet's history: %w", err))
+	}
+	return nil
+}
+
+// HistoryStart reads the fleet's history start (the zero time when nothing
+// was ever marked).
+func (d *DynamoDB) HistoryStart(ctx context.Context) (time.Time, error) {
+	out, err := d.client.GetItem(ctx, &dynamodb.GetItemInput{
+		TableName: &d.table,
+		Key:       map[string]types.AttributeValue{AttrPK: &types.AttributeValueMemberS{Value: HistoryKey}},
+	})
+	if err != nil {
+		return time.Time{}, classify(fmt.Errorf("store: read the fleet's history: %w", err))
+	}
+	since, err := numberAttr(out.Item, AttrSince)
+	if err != nil || since == 0 {
+		return time.Time{}, err
+	}
+	return time.Unix(since, 0).UTC(), nil
+}
+
 func decodeMeta(item map[string]types.AttributeValue) (Meta, error) {
 	s, err := numberAttr(item, AttrShards)
 	if err != nil {

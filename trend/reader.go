@@ -3,6 +3,8 @@ package trend
 import (
 	"context"
 	"math"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/golang-lru/v2/expirable"
@@ -40,6 +42,10 @@ type Store interface {
 	Metas(ctx context.Context, topics []string) (map[string]store.Meta, error)
 	// Counts reads items' counts by key, 0 for those missing.
 	Counts(ctx context.Context, keys []string, consistent bool) (map[string]int64, error)
+	// HistoryStart and MarkHistory read and lower the time the fleet
+	// first wrote buckets, where trending cuts its baselines.
+	HistoryStart(ctx context.Context) (time.Time, error)
+	MarkHistory(ctx context.Context, t time.Time) error
 }
 
 // Config is the trend stage's part of the configuration.
@@ -122,6 +128,11 @@ type Service struct {
 	m       metrics
 
 	sketch *Sketch // the fleet's summaries; nil: no trending
+
+	marked  atomic.Bool // this process has recorded the history's start
+	histMu  sync.Mutex
+	history time.Time // the fleet's history start, as last read
+	histAt  time.Time // when it was read
 }
 
 type metrics struct {
@@ -283,9 +294,30 @@ func (s *Service) read(ctx context.Context, topic string, spans []Span) (out [][
 
 // readMany is read for several topics at once, their keys sharing batches.
 func (s *Service) readMany(ctx context.Context, topics []string, spans []Span) (map[string][][]int64, map[string]int, error) {
+	return s.readManyWithin(ctx, topics, spans, 0)
+}
+
+// readManyWithin is readMany within a budget of keys (0: none): the topics
+// that would pass it, shards counted, are left out of the answer.
+func (s *Service) readManyWithin(ctx context.Context, topics []string, spans []Span, budget int) (map[string][][]int64, map[string]int, error) {
 	metas, err := s.st.Metas(ctx, topics)
 	if err != nil {
 		return nil, nil, err
+	}
+	if budget > 0 {
+		per := 0
+		for _, sp := range spans {
+			per += max(0, sp.Buckets())
+		}
+		used, kept := 0, topics[:0:0]
+		for _, t := range topics {
+			if used+per*metas[t].Read() > budget && len(kept) > 0 {
+				break
+			}
+			used += per * metas[t].Read()
+			kept = append(kept, t)
+		}
+		topics = kept
 	}
 	shards := make(map[string]int, len(topics))
 	counts := make(map[string]int64)
@@ -366,4 +398,45 @@ func windowsOf(c Config) string {
 		return "1h"
 	}
 	return "none"
+}
+
+// Observe is told what each flush wrote (flusher.Observer): the first
+// minute buckets this process writes lower the fleet's history start to
+// their minute, once; then the sketch publishes the summary.
+func (s *Service) Observe(written map[string]int64) {
+	if !s.marked.Load() {
+		first := int64(math.MaxInt64)
+		for name := range written {
+			if _, g, i, ok := store.ParseCounter(name); ok && g == store.Minute {
+				first = min(first, i)
+			}
+		}
+		if first != math.MaxInt64 {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			if s.st.MarkHistory(ctx, store.Minute.Start(first)) == nil {
+				s.marked.Store(true) // else: the next flush tries again
+			}
+			cancel()
+		}
+	}
+	if s.sketch != nil {
+		s.sketch.Observe(written)
+	}
+}
+
+// historyStart is the fleet's history start, read at most once a minute
+// (while it is unset, at most once per cache TTL).
+func (s *Service) historyStart(ctx context.Context) (time.Time, error) {
+	s.histMu.Lock()
+	defer s.histMu.Unlock()
+	now := s.now()
+	if !s.histAt.IsZero() && now.Sub(s.histAt) < time.Minute && (!s.history.IsZero() || now.Sub(s.histAt) < s.cfg.CacheTTL) {
+		return s.history, nil
+	}
+	h, err := s.st.HistoryStart(ctx)
+	if err != nil {
+		return time.Time{}, err
+	}
+	s.history, s.histAt = h, now
+	return h, nil
 }

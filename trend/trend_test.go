@@ -4,11 +4,13 @@ import (
 	"context"
 	"errors"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/hotcount/hotcount/internal/testenv"
 	"github.com/hotcount/hotcount/store"
 )
 
@@ -174,5 +176,59 @@ func TestBadWindows(t *testing.T) {
 	}
 	if _, err := s.Trending(ctx, "2h", 10); !errors.Is(err, ErrBadRequest) {
 		t.Errorf("trending over 2h: %v, want a bad request", err)
+	}
+}
+
+// TestNewTopicsInAnOldFleet: three hours of steady topics, then 40 topics
+// never seen before with 50 mentions each in the last five minutes. The
+// fleet's history is old, so the new topics have a baseline of 0 and are
+// the list, even though every candidate is new.
+func TestNewTopicsInAnOldFleet(t *testing.T) {
+	ctx := context.Background()
+	st, err := store.OpenBolt(t.TempDir(), store.NewMetrics(prometheus.NewRegistry()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	now := time.Date(2026, 12, 3, 12, 0, 30, 0, time.UTC)
+	clock := func() time.Time { return now }
+	s := New(Config{Minutes: true, Hours: true, CacheTTL: time.Second, CacheSize: 10}, st, prometheus.NewRegistry(), clock)
+	sk := newSketch(clock)
+	s.UseSketch(sk)
+	last := store.Minute.Index(now)
+	add := func(topic string, minute, n int64) {
+		for _, g := range []store.Granularity{store.Minute, store.Hour} {
+			i := minute
+			if g == store.Hour {
+				i = store.Hour.Index(store.Minute.Start(minute))
+			}
+			if err := st.Add(ctx, testenv.W(store.BucketCounter(topic, g, i), 0, n), now); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	for m := last - 180; m <= last; m++ {
+		sum := Summary{Minutes: map[int64]map[string]int64{m: {"steady": 100}}}
+		add("steady", m, 100)
+		if m > last-5 {
+			for k := range 40 {
+				topic := "new-" + strconv.Itoa(k)
+				sum.Minutes[m][topic] = 10
+				add(topic, m, 10)
+			}
+		}
+		sk.Merge(sum)
+	}
+	if err := st.MarkHistory(ctx, store.Minute.Start(last-180)); err != nil {
+		t.Fatal(err)
+	}
+	for _, w := range []string{"5m", "15m", "1h"} {
+		tr, err := s.Trending(ctx, w, 10)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(tr.Topics) != 10 || tr.Note != "" || tr.Topics[0].Baseline != 0 || !strings.HasPrefix(tr.Topics[0].Topic, "new-") {
+			t.Errorf("%s: %+v (note %q), want ten new topics with baseline 0", w, tr.Topics, tr.Note)
+		}
 	}
 }

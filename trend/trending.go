@@ -90,7 +90,7 @@ func (s *Service) Trending(ctx context.Context, window string, limit int) (Trend
 		}
 		// Candidates whose buckets fit a budget of reads: the window's and
 		// the baseline's buckets of each, maxTrendKeys in all.
-		n := min(max(3*limit, 30), max(maxTrendKeys/(window.Buckets()+base.Buckets()), limit))
+		n := min(max(3*limit, 30), max(maxTrendKeys/(window.Buckets()+base.Buckets()), 1))
 		cands := s.sketch.candidates(window, base, n)
 		t := Trending{Window: FormatWindow(d), From: window.From, To: now, Topics: []Entry{}}
 		if len(cands) == 0 {
@@ -98,21 +98,21 @@ func (s *Service) Trending(ctx context.Context, window string, limit int) (Trend
 			t.at = s.now()
 			return t, nil
 		}
-		sums, _, err := s.readMany(ctx, cands, []Span{window, base})
+		sums, shards, err := s.readManyWithin(ctx, cands, []Span{window, base}, maxTrendKeys)
 		if err != nil {
 			return Trending{}, fmt.Errorf("trending: %w", err)
 		}
-		// The fleet's history: its first bucket with a count, here.
-		first := window.To
-		for _, c := range cands {
-			for k, sp := range []Span{window, base} {
-				for i, n := range sums[c][k] {
-					if n > 0 {
-						first = minTime(first, sp.G.Start(sp.First+int64(i)))
-						break
-					}
-				}
-			}
+		cands = slices.DeleteFunc(cands, func(c string) bool { _, ok := shards[c]; return !ok })
+		// The fleet's history starts where the buckets do: no baseline
+		// reaches before it.
+		first, err := s.historyStart(ctx)
+		if err != nil {
+			return Trending{}, fmt.Errorf("trending: %w", err)
+		}
+		if first.IsZero() {
+			t.Note = "no history yet: no time bucket has been written"
+			t.at = s.now()
+			return t, nil
 		}
 		nominal := base
 		if first.After(base.From) {
@@ -122,7 +122,7 @@ func (s *Service) Trending(ctx context.Context, window string, limit int) (Trend
 			base.First, base.From = cut, base.G.Start(cut)
 		}
 		if base.First > base.Last {
-			t.Note = fmt.Sprintf("not enough history yet: the fleet's mentions start at %s, and a baseline needs a whole %s of them before the window", first.UTC().Format(time.RFC3339), base.G.Duration())
+			t.Note = fmt.Sprintf("not enough history yet: the fleet's buckets start at %s, and a baseline needs a whole %s bucket of them before the window", first.UTC().Format(time.RFC3339), base.G)
 			t.at = s.now()
 			return t, nil
 		}
