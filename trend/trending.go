@@ -181,12 +181,5 @@ func expect(old int64, base, span Span) float64 {
 	return float64(old) * float64(length) / float64(base.To.Sub(base.From))
 }
 
-func minTime(a, b time.Time) time.Time {
-	if b.Before(a) {
-		return b
-	}
-	return a
-}
-
 // round keeps one decimal: the list reads the same on every sidecar.
 func round(x float64) float64 { return math.Round(x*10) / 10 }
