@@ -42,6 +42,24 @@ func (j *memJournal) Rewrite(context.Context, string, string, int64) error { ret
 func (j *memJournal) MaybeReplayed(time.Time) bool                         { return false }
 func (j *memJournal) Settled(context.Context, string) error                { return nil }
 
+// journaled is a flusher with minute and hour buckets and memJournal, on
+// the embedded store whose writes of counter poison are all refused, and
+// its aggregator on clock now.
+func journaled(t *testing.T, now time.Time, poison string) (*store.Bolt, *aggregator.Aggregator, *memJournal, *flusher.Flusher) {
+	reg := prometheus.NewRegistry()
+	b, err := store.OpenBolt(t.TempDir(), store.NewMetrics(reg))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	st := &faulty{Bolt: b, tried: map[string][]int{}, poison: poison}
+	agg := aggregator.New(1000, reg, aggregator.WithBuckets(func() time.Time { return now }))
+	j := &memJournal{entries: map[string][]store.Write{}}
+	c := cfg
+	c.Minutes, c.Hours = true, true
+	return b, agg, j, flusher.New(c, agg, st, zaptest.NewLogger(t), flusher.NewMetrics(reg), time.Now, flusher.WithJournal(j))
+}
+
 // TestBucketHeldWithItsTopic: foo's minute bucket write keeps failing
 // after it was journaled; a second message of foo in the same minute waits,
 // unacknowledged, until every count of foo is journaled or written: had it
@@ -49,20 +67,8 @@ func (j *memJournal) Settled(context.Context, string) error                { ret
 // share.
 func TestBucketHeldWithItsTopic(t *testing.T) {
 	now := time.Date(2026, 12, 3, 10, 0, 10, 0, time.UTC)
-	clk := func() time.Time { return now }
-	reg := prometheus.NewRegistry()
-	b, err := store.OpenBolt(t.TempDir(), store.NewMetrics(reg))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
 	min := store.Minute.Index(now)
-	st := &faulty{Bolt: b, tried: map[string][]int{}, poison: store.BucketCounter("foo", store.Minute, min)}
-	agg := aggregator.New(1000, reg, aggregator.WithBuckets(clk))
-	j := &memJournal{entries: map[string][]store.Write{}}
-	c := cfg
-	c.Minutes, c.Hours = true, true
-	fl := flusher.New(c, agg, st, zaptest.NewLogger(t), flusher.NewMetrics(reg), time.Now, flusher.WithJournal(j))
+	_, agg, j, fl := journaled(t, now, store.BucketCounter("foo", store.Minute, min))
 	ctx := context.Background()
 
 	m1 := &heldMsg{}
@@ -74,7 +80,7 @@ func TestBucketHeldWithItsTopic(t *testing.T) {
 	var minuteInJournal int64
 	for k, ws := range j.entries {
 		for _, w := range ws {
-			t.Logf("entry %s: %s +%d", k, store.Display(w.Topic), w.Delta)
+			t.Logf("entry %s: %q +%d", k, w.Topic, w.Delta)
 			if w.Topic == store.BucketCounter("foo", store.Minute, min) {
 				minuteInJournal += w.Delta
 			}
@@ -96,19 +102,7 @@ func TestBucketHeldWithItsTopic(t *testing.T) {
 // the minute bucket.
 func TestNoBucketJournaledForAHeldMessage(t *testing.T) {
 	now := time.Date(2026, 12, 3, 10, 0, 50, 0, time.UTC)
-	clk := func() time.Time { return now }
-	reg := prometheus.NewRegistry()
-	b, err := store.OpenBolt(t.TempDir(), store.NewMetrics(reg))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
-	st := &faulty{Bolt: b, tried: map[string][]int{}, poison: "foo"}
-	agg := aggregator.New(1000, reg, aggregator.WithBuckets(clk))
-	j := &memJournal{entries: map[string][]store.Write{}}
-	c := cfg
-	c.Minutes, c.Hours = true, true
-	fl := flusher.New(c, agg, st, zaptest.NewLogger(t), flusher.NewMetrics(reg), time.Now, flusher.WithJournal(j))
+	b, agg, j, fl := journaled(t, now, "foo")
 	ctx := context.Background()
 	agg.AddAcked("foo", 1, &heldMsg{}, 1, now)
 	fl.Flush(ctx)                      //nolint:errcheck // foo's total is refused: an error, by design

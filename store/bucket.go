@@ -199,19 +199,6 @@ func SplitFresh(name string) (topic, minute, hour string) {
 	return topic, BucketCounter(topic, Minute, i), BucketCounter(topic, Hour, Hour.Index(start))
 }
 
-// Display is a counter name for logs and errors: the topic, and a bucket's
-// granularity and start.
-func Display(name string) string {
-	topic, g, i, ok := ParseCounter(name)
-	if !ok {
-		return name
-	}
-	if g == Fresh {
-		g = Minute
-	}
-	return fmt.Sprintf("%s@%s/%s", topic, g.Start(i).Format(time.RFC3339), g)
-}
-
 // itemKey is the partition key a write of counter name goes to.
 func itemKey(name string, shard int) string {
 	topic, g, i, ok := ParseCounter(name)

@@ -233,14 +233,6 @@ func prune(m map[string]int64, n int) map[string]int64 {
 	return out
 }
 
-// First is the earliest minute the sketch has merged (math.MaxInt64 before
-// any): the start of the fleet's history as this sidecar knows it.
-func (s *Sketch) First() int64 {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.first
-}
-
 // candidates ranks the sketch's topics by trend score over recent (a span
 // of minutes) against base (of minutes or hours) and returns the best n. A
 // sidecar's sketch knows only what it merged since it started: until it
@@ -280,11 +272,7 @@ func (s *Sketch) candidates(recent, base Span, n int) []string {
 	}
 	out := make([]scored, 0, len(rec))
 	for t, c := range rec {
-		expected := 0.0
-		if base.To.After(base.From) {
-			expected = float64(old[t]) * float64(max(recent.To.Sub(recent.From), time.Second)) / float64(base.To.Sub(base.From))
-		}
-		out = append(out, scored{t, Score(c, expected)})
+		out = append(out, scored{t, Score(c, expect(old[t], base, recent))})
 	}
 	slices.SortFunc(out, func(a, b scored) int {
 		if c := cmp.Compare(b.score, a.score); c != 0 {
