@@ -442,6 +442,9 @@ func BenchmarkCounters(b *testing.B) {
 	b.Run("bare-consumer", func(b *testing.B) { bareConsumer(b, jetstream.AckExplicitPolicy, 1) })
 	b.Run("bare-consumer-ackall", func(b *testing.B) { bareConsumer(b, jetstream.AckAllPolicy, 500) })
 	b.Run("bare-consumer-noack", func(b *testing.B) { bareConsumer(b, jetstream.AckNonePolicy, 0) })
+	// A consumer with a filter that is not the stream's subject, though it
+	// matches every message: what each of partitioned mode's consumers is.
+	b.Run("bare-consumer-filtered", func(b *testing.B) { bareConsumer(b, jetstream.AckExplicitPolicy, 1, "mentions.*") })
 	// Like for like with the counters: the same acknowledged asynchronous
 	// JetStream publishes, into hotcount's stream, counted when every
 	// mention is journaled and written exactly once (JetStream mode).
@@ -455,13 +458,26 @@ func BenchmarkCounters(b *testing.B) {
 		publishAcked(b, nc)
 		reportCounted(b, sc)
 	})
+	// The same in partitioned mode with its default partitions, all owned
+	// by the one sidecar: the stream partitions by topic and each
+	// partition's consumer is filtered to its partition.
+	b.Run("hotcount-partitioned", func(b *testing.B) {
+		url := natsProcess(b)
+		nc := testenv.Connect(b, url)
+		if _, err := ingest.EnsureStream(context.Background(), nc, ingest.DefaultStream, "mentions.>", time.Minute, ingest.StreamOptions{Partitions: config.DefaultPartitions}); err != nil {
+			b.Fatal(err)
+		}
+		sc := counterSidecar(b, url, config.ModePartitioned)
+		publishAcked(b, nc)
+		reportCounted(b, sc)
+	})
 }
 
-// bareConsumer runs a durable consumer of the mentions stream with policy,
-// acknowledging every ackEvery-th message (and the last) on arrival, while
-// publishAcked publishes b.N mentions, and reports mentions/s until the
-// last arrives.
-func bareConsumer(b *testing.B, policy jetstream.AckPolicy, ackEvery int64) {
+// bareConsumer runs a durable consumer of the mentions stream with policy
+// (and filter, if one is given), acknowledging every ackEvery-th message
+// (and the last) on arrival, while publishAcked publishes b.N mentions, and
+// reports mentions/s until the last arrives.
+func bareConsumer(b *testing.B, policy jetstream.AckPolicy, ackEvery int64, filter ...string) {
 	url := natsProcess(b)
 	nc := testenv.Connect(b, url)
 	ctx := context.Background()
@@ -472,7 +488,7 @@ func bareConsumer(b *testing.B, policy jetstream.AckPolicy, ackEvery int64) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	cfg := jetstream.ConsumerConfig{Durable: "bare", AckPolicy: policy}
+	cfg := jetstream.ConsumerConfig{Durable: "bare", AckPolicy: policy, FilterSubjects: filter}
 	if policy != jetstream.AckNonePolicy {
 		cfg.MaxAckPending = ingest.DefaultMaxAckPending
 	}
