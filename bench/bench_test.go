@@ -396,9 +396,12 @@ func reportUnits(b *testing.B, d *testenv.Dynalite, table, prefix string, reg *p
 // BenchmarkCounters compares the alternative a user would pick, NATS's own
 // JetStream counters (ADR-49: a stream with allow_msg_counter, one publish
 // with a Nats-Incr header per mention, acknowledged by the stream), with
-// hotcount's coalesced path (core NATS publish, sidecar in core mode on the
-// embedded store, until every mention is flushed). Both count b.N mentions
-// over 1,000 topics on the same in-process server; the figure is mentions/s.
+// hotcount in each mode on the embedded store: core (core publishes, until
+// every mention is written), jetstream and partitioned (acknowledged
+// asynchronous JetStream publishes, until every mention is written and its
+// message acknowledged). The bare consumers bound what any consumer of the
+// stream can reach. Each counts b.N mentions over 1,000 Zipf topics on a
+// NATS server of its own, a separate process; the figure is mentions/s.
 func BenchmarkCounters(b *testing.B) {
 	b.Run("jetstream-counters", func(b *testing.B) {
 		url := natsProcess(b)
@@ -456,7 +459,7 @@ func BenchmarkCounters(b *testing.B) {
 		}
 		sc := counterSidecar(b, url, config.ModeJetStream)
 		publishAcked(b, nc)
-		reportCounted(b, sc)
+		reportCounted(b, sc, true)
 	})
 	// The same in partitioned mode with its default partitions, all owned
 	// by the one sidecar: the stream partitions by topic and each
@@ -468,8 +471,16 @@ func BenchmarkCounters(b *testing.B) {
 			b.Fatal(err)
 		}
 		sc := counterSidecar(b, url, config.ModePartitioned)
+		// Publishing starts once the sidecar consumes every partition, as
+		// the other consumers do before theirs.
+		testenv.Eventually(b, time.Minute, func() error {
+			if n := testenv.Metric(b, sc.Registry(), "hotcount_ingest_partitions_owned"); n != config.DefaultPartitions {
+				return fmt.Errorf("%v of %d partitions owned", n, config.DefaultPartitions)
+			}
+			return nil
+		})
 		publishAcked(b, nc)
-		reportCounted(b, sc)
+		reportCounted(b, sc, true)
 	})
 }
 
@@ -550,7 +561,7 @@ func publishCore(b *testing.B, url string, sc *sidecar.Sidecar) {
 		pub.Publish(s, nil) //nolint:errcheck // flushed below
 	}
 	pub.Flush() //nolint:errcheck // checked by the count
-	reportCounted(b, sc)
+	reportCounted(b, sc, false)
 }
 
 // publishAcked resets the timer and publishes b.N mentions over 1,000 Zipf
@@ -603,12 +614,18 @@ func counterSidecar(b *testing.B, url, mode string, tune ...func(*config.Config)
 	return sc
 }
 
-// reportCounted waits until the sidecar has flushed b.N mentions, then
-// reports mentions/s (timer stopped) and store writes per mention.
-func reportCounted(b *testing.B, sc *sidecar.Sidecar) {
+// reportCounted waits until the sidecar has counted b.N mentions: written
+// to the store and, in the durable modes, their messages acknowledged after
+// the write. It then reports mentions/s (timer stopped) and store writes
+// per mention, and fails if a mention was counted twice.
+func reportCounted(b *testing.B, sc *sidecar.Sidecar, durable bool) {
+	flushed := func() float64 { return testenv.Metric(b, sc.Registry(), "hotcount_flusher_flushed_mentions_total") }
 	testenv.Eventually(b, 2*time.Minute, func() error {
-		if f := testenv.Metric(b, sc.Registry(), "hotcount_flusher_flushed_mentions_total"); f < float64(b.N) {
+		if f := flushed(); f < float64(b.N) {
 			return fmt.Errorf("%v of %d flushed", f, b.N)
+		}
+		if a := testenv.Metric(b, sc.Registry(), "hotcount_flusher_acked_total"); durable && a < float64(b.N) {
+			return fmt.Errorf("%v of %d acknowledged", a, b.N)
 		}
 		return nil
 	})
@@ -616,4 +633,7 @@ func reportCounted(b *testing.B, sc *sidecar.Sidecar) {
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "mentions/s")
 	writes := testenv.Metric(b, sc.Registry(), "hotcount_store_writes_total")
 	b.ReportMetric(writes/float64(b.N), "writes/mention")
+	if f := flushed(); f != float64(b.N) {
+		b.Fatalf("%v mentions written for %d published", f, b.N)
+	}
 }

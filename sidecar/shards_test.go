@@ -76,9 +76,12 @@ func TestShardChangesKeepTotals(t *testing.T) {
 // per-key ceiling, the one hot topic is raised until its throttles stop,
 // quiet topics keep one row and no metadata, and every mention lands.
 func TestAdaptiveRaisesTheHotTopic(t *testing.T) {
-	// 5 writes/s per key; a flush every 50 ms writes the hot topic 20 times
-	// a second: one shard is throttled, eight are not.
-	e := newFaultEnv(t, &ddbfault.Config{WriteUnits: 5, WriteBurst: 1}, func(c *config.Config) {
+	// 5 writes/s per key with a second's burst (DynamoDB keeps unused
+	// capacity for bursts too); a flush every 50 ms writes the hot topic's
+	// total, minute and hour 20 times a second each: one shard is
+	// throttled, eight are not. A burst of 1 would throttle two writes that
+	// happen to pick the same shard within 200 ms, however many shards.
+	e := newFaultEnv(t, &ddbfault.Config{WriteUnits: 5, WriteBurst: 5}, func(c *config.Config) {
 		c.Adaptive = true
 		c.MaxShards = 8
 		c.FlushInterval = 50 * time.Millisecond
