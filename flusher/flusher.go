@@ -1071,10 +1071,17 @@ func (f *Flusher) write(ctx context.Context, topic string, delta int64, n int) (
 // mode those mentions are lost; in JetStream mode their messages are handed
 // back (Nak) for redelivery, so nothing is lost. Writes still in doubt are
 // reported too: each may or may not be in the store.
+//
+// A retry the deadline would cut off in flight leaves its writes in doubt;
+// one never started leaves its mentions whole, for the spill folder or the
+// journal. So a retry starts only with time left for it (retryRoom), and
+// Final gives up before the deadline when there is none.
 func (f *Flusher) Final(ctx context.Context) error {
 	backoff := 50 * time.Millisecond
 	for {
+		start := time.Now()
 		err := f.Flush(ctx)
+		room := retryRoom(time.Since(start), f.cfg.WriteTimeout)
 		wait := backoff
 		if err == nil {
 			p, ok := f.buf.(persister)
@@ -1089,57 +1096,76 @@ func (f *Flusher) Final(ctx context.Context) error {
 			backoff = min(2*backoff, time.Second)
 		}
 		t := time.NewTimer(wait)
+		dl, ok := ctx.Deadline()
+		if ok && time.Until(dl) < wait+room {
+			t.Stop()
+			return f.abandon(err)
+		}
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			var spilled int64
-			if p, ok := f.buf.(persister); ok {
-				// Core mode with a spill folder: what is left waits there
-				// for the next process on the folder, instead of being lost.
-				var err error
-				if spilled, err = p.Persist(); err != nil {
-					f.log.Error("unwritten mentions could not be spilled at shutdown", zap.Error(err))
-				}
-			}
-			w := f.buf.Drain()
-			var handedBack int
-			for _, m := range w.Acks {
-				if m.Msg.Nak() == nil {
-					handedBack++
-				}
-			}
-			f.metrics.unflushed.Add(float64(w.Mentions()))
-			f.flushMu.Lock()
-			var doubt, journaled int64
-			for name, p := range f.pending {
-				switch {
-				case store.IsBucket(name):
-					// A time bucket's write: its mentions are counted
-					// with their topic's.
-				case p.entry != "":
-					journaled += p.write.Delta // another sidecar replays it
-				default:
-					doubt += p.write.Delta
-				}
-				for _, m := range p.msgs {
-					if m.Msg.Nak() == nil {
-						handedBack++
-					}
-				}
-			}
-			f.flushMu.Unlock()
-			f.metrics.doubtAtExit.Add(float64(doubt))
-			var bucketed int64 // time buckets' increments left unwritten (their mentions are in a total)
-			for name, d := range w.Deltas.All() {
-				if !store.CountsMentions(name) {
-					bucketed += d
-				}
-			}
-			return fmt.Errorf("flusher: shutdown deadline passed with %d mentions over %d topics unwritten (and %d increments of time buckets), %d in writes in doubt, %d left in the journal for replay (%d messages handed back for redelivery) and %d kept in the spill folder for the next start: %w",
-				w.Mentions(), w.Len(), bucketed, doubt, journaled, handedBack, spilled, err)
+			return f.abandon(err)
 		case <-t.C:
 		}
 	}
+}
+
+// retryRoom is the time a final flush's retry needs before the deadline:
+// four times the last attempt (a loaded machine's attempts vary), at least
+// 50 ms, at most a write's timeout.
+func retryRoom(last, writeTimeout time.Duration) time.Duration {
+	return min(writeTimeout, max(4*last, 50*time.Millisecond))
+}
+
+// abandon ends Final at (or just before) the deadline: what is buffered
+// goes to the spill folder (core mode) or back to NATS (JetStream mode),
+// and the error says where every mention is.
+func (f *Flusher) abandon(err error) error {
+	var spilled int64
+	if p, ok := f.buf.(persister); ok {
+		// Core mode with a spill folder: what is left waits there
+		// for the next process on the folder, instead of being lost.
+		var err error
+		if spilled, err = p.Persist(); err != nil {
+			f.log.Error("unwritten mentions could not be spilled at shutdown", zap.Error(err))
+		}
+	}
+	w := f.buf.Drain()
+	var handedBack int
+	for _, m := range w.Acks {
+		if m.Msg.Nak() == nil {
+			handedBack++
+		}
+	}
+	f.metrics.unflushed.Add(float64(w.Mentions()))
+	f.flushMu.Lock()
+	var doubt, journaled int64
+	for name, p := range f.pending {
+		switch {
+		case store.IsBucket(name):
+			// A time bucket's write: its mentions are counted
+			// with their topic's.
+		case p.entry != "":
+			journaled += p.write.Delta // another sidecar replays it
+		default:
+			doubt += p.write.Delta
+		}
+		for _, m := range p.msgs {
+			if m.Msg.Nak() == nil {
+				handedBack++
+			}
+		}
+	}
+	f.flushMu.Unlock()
+	f.metrics.doubtAtExit.Add(float64(doubt))
+	var bucketed int64 // time buckets' increments left unwritten (their mentions are in a total)
+	for name, d := range w.Deltas.All() {
+		if !store.CountsMentions(name) {
+			bucketed += d
+		}
+	}
+	return fmt.Errorf("flusher: shutdown deadline passed (or too close for another try) with %d mentions over %d topics unwritten (and %d increments of time buckets), %d in writes in doubt, %d left in the journal for replay (%d messages handed back for redelivery) and %d kept in the spill folder for the next start: %w",
+		w.Mentions(), w.Len(), bucketed, doubt, journaled, handedBack, spilled, err)
 }
 
 // Writer is the flusher's writer id.

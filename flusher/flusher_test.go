@@ -31,6 +31,7 @@ type faulty struct {
 	loseFirst     bool   // each topic's first write is applied and its answer lost
 	latency       time.Duration
 	tried         map[string][]int
+	started       []time.Time // when each write began
 }
 
 var errDown = errors.New("injected: store down")
@@ -38,6 +39,7 @@ var errDown = errors.New("injected: store down")
 func (f *faulty) Add(ctx context.Context, w store.Write, now time.Time) error {
 	f.mu.Lock()
 	f.tried[w.Topic] = append(f.tried[w.Topic], w.Shard)
+	f.started = append(f.started, time.Now())
 	first := len(f.tried[w.Topic]) == 1
 	down, throttle, latency := f.down || (f.poison != "" && w.Topic == f.poison), f.throttleFirst && first, f.latency
 	lose := f.loseFirst && first
@@ -269,7 +271,38 @@ func TestFinalGivesUpAtDeadline(t *testing.T) {
 		t.Errorf("unflushed = %v, want 10", n)
 	}
 	if len(fx.st.tried["x"]) < 2 {
-		t.Errorf("Final tried %d times, want retries until the deadline", len(fx.st.tried["x"]))
+		t.Errorf("Final tried %d times, want retries while there is time for them", len(fx.st.tried["x"]))
+	}
+}
+
+// TestFinalStartsNoRetryItCannotFinish: with a slow store refusing every
+// write, Final retries only while a retry has time to finish: no write is
+// left in flight at the deadline (against a real store that would be a
+// write in doubt), and what is left is reported before the deadline.
+func TestFinalStartsNoRetryItCannotFinish(t *testing.T) {
+	fx := newFixture(t, cfg, nil)
+	const latency = 100 * time.Millisecond
+	fx.st.latency = latency
+	fx.st.set(true)
+	fx.agg.Add("x", 7)
+	// Attempts of 100 ms with 50, 100 and 200 ms of backoff between them
+	// start at 0, 150, 350 and 650 ms: without the check the fourth would
+	// be cut off at 700.
+	ctx, cancel := context.WithTimeout(context.Background(), 700*time.Millisecond)
+	defer cancel()
+	deadline, _ := ctx.Deadline()
+	err := fx.fl.Final(ctx)
+	if err == nil || !strings.Contains(err.Error(), "7 mentions over 1 topics") {
+		t.Fatalf("Final = %v, want it to name 7 mentions over 1 topics", err)
+	}
+	fx.st.mu.Lock()
+	started := fx.st.started
+	fx.st.mu.Unlock()
+	if len(started) < 2 {
+		t.Fatalf("%d attempts, want retries while there was time", len(started))
+	}
+	if last := started[len(started)-1]; last.Add(latency).After(deadline) {
+		t.Errorf("the last of %d attempts started %s before the deadline, within its %s", len(started), deadline.Sub(last), latency)
 	}
 }
 
