@@ -489,7 +489,7 @@ func (f *Flusher) Flush(ctx context.Context) error {
 		// costing a failed call each (a million topics during an outage).
 		down := refused >= f.cfg.Concurrency && written == 0
 		mu.Unlock()
-		if down || f.now().After(deadline) {
+		if down || f.now().After(deadline) || ctx.Err() != nil {
 			continue // not started: no ambiguity, try next flush
 		}
 		sentAt := f.now()
@@ -1065,12 +1065,12 @@ func (f *Flusher) write(ctx context.Context, topic string, delta int64, n int) (
 }
 
 // Final flushes until the buffer is empty and no write is in doubt, or ctx
-// ends, for shutdown, after ingest has stopped. What is still buffered when
-// ctx ends is taken out of the buffer, counted in
-// hotcount_flusher_unflushed_total and reported in the error. In core NATS
-// mode those mentions are lost; in JetStream mode their messages are handed
-// back (Nak) for redelivery, so nothing is lost. Writes still in doubt are
-// reported too: each may or may not be in the store.
+// ends (or is too close for another try), for shutdown, after ingest has
+// stopped. What is still buffered then goes to the spill folder in core mode
+// (lost only without one: counted in hotcount_flusher_unflushed_total), and
+// in JetStream mode its messages are handed back (Nak) for redelivery, so
+// nothing is lost; the error says where every mention is. Writes still in
+// doubt are reported too: each may or may not be in the store.
 //
 // A retry the deadline would cut off in flight leaves its writes in doubt;
 // one never started leaves its mentions whole, for the spill folder or the
@@ -1092,7 +1092,7 @@ func (f *Flusher) Final(ctx context.Context) error {
 			// window: go on at once.
 			err, wait = errors.New("spilled mentions left"), 0
 		} else {
-			f.log.Warn("final flush incomplete, retrying", zap.Error(err))
+			f.log.Warn("final flush incomplete", zap.Error(err))
 			backoff = min(2*backoff, time.Second)
 		}
 		t := time.NewTimer(wait)

@@ -254,8 +254,8 @@ func TestFullWindowFlushesEarly(t *testing.T) {
 	}
 }
 
-// TestFinalGivesUpAtDeadline: with the store down, Final retries until its
-// context ends, then reports and counts what it could not write.
+// TestFinalGivesUpAtDeadline: with the store down, Final retries while its
+// context leaves time, then reports and counts what it could not write.
 func TestFinalGivesUpAtDeadline(t *testing.T) {
 	fx := newFixture(t, cfg, nil)
 	fx.st.set(true)
@@ -285,10 +285,10 @@ func TestFinalStartsNoRetryItCannotFinish(t *testing.T) {
 	fx.st.latency = latency
 	fx.st.set(true)
 	fx.agg.Add("x", 7)
-	// Attempts of 100 ms with 50, 100 and 200 ms of backoff between them
-	// start at 0, 150, 350 and 650 ms: without the check the fourth would
-	// be cut off at 700.
-	ctx, cancel := context.WithTimeout(context.Background(), 700*time.Millisecond)
+	// Attempts of 100 ms with 50, 100, 200 and 400 ms of backoff between
+	// them start at 0, 150, 350, 650 and 1150 ms: without the check the
+	// fifth would be cut off at 1200.
+	ctx, cancel := context.WithTimeout(context.Background(), 1200*time.Millisecond)
 	defer cancel()
 	deadline, _ := ctx.Deadline()
 	err := fx.fl.Final(ctx)

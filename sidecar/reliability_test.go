@@ -252,7 +252,7 @@ func TestReliabilityLostAnswers(t *testing.T) {
 }
 
 // TestReliabilityShutdownStoreDown: SIGTERM while the store fails, in core
-// mode: the final flush retries until the budget ends, then the sidecar
+// mode: the final flush retries while the budget leaves room, then the sidecar
 // exits with an error naming what it could not write. Refused writes (an
 // answer: nothing applied) are unwritten, counted in
 // hotcount_flusher_unflushed_total (lost: documented); writes with no

@@ -79,6 +79,11 @@ func NewDynamoDB(client DynamoAPI, table string, m *Metrics) *DynamoDB {
 // The SDK retries within the call re-send the same request, so they are
 // safe. Every other error means it was not applied.
 func (d *DynamoDB) Add(ctx context.Context, w Write, now time.Time) error {
+	if err := ctx.Err(); err != nil && !w.Retry && !w.Replay {
+		// Never sent, so never applied; sent, a cancelled call would be in
+		// doubt (and a retry of a write in doubt stays in doubt).
+		return fmt.Errorf("store: update %s: not sent: %w", w.Key(), err)
+	}
 	d.metrics.writes.Inc()
 	var doubt bool // an attempt of this call may have been applied
 	update := "ADD #count :delta SET #updatedAt = :now, #mark = :seq"
