@@ -305,3 +305,27 @@ func TestReplayOfAppliedWrite(t *testing.T) {
 		})
 	}
 }
+
+// TestEndedContextIsNotSent: a first write whose context has ended (the
+// shutdown deadline passed) is not sent and says so, not "in doubt": the
+// flusher keeps its delta whole instead of reporting it maybe applied. The
+// same write then lands once.
+func TestEndedContextIsNotSent(t *testing.T) {
+	f := newFaultStore(t, ddbfault.Config{})
+	w := testenv.W("golang", 1, 9)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	err := f.st.Add(ctx, w, time.Now())
+	if err == nil || errors.Is(err, store.ErrAmbiguous) || !errors.Is(err, context.Canceled) {
+		t.Fatalf("Add with an ended context = %v, want a plain 'not sent' error", err)
+	}
+	if got := f.metric(t, "hotcount_store_ambiguous_total"); got != 0 {
+		t.Errorf("ambiguous = %v, want 0", got)
+	}
+	if err := f.st.Add(context.Background(), w, time.Now()); err != nil {
+		t.Fatalf("Add: %v", err)
+	}
+	if got := f.count(t, w.Key()); got != 9 {
+		t.Errorf("item count %d, want 9", got)
+	}
+}
