@@ -1073,8 +1073,8 @@ func (f *Flusher) write(ctx context.Context, topic string, delta int64, n int) (
 // doubt are reported too: each may or may not be in the store.
 //
 // A retry the deadline would cut off in flight leaves its writes in doubt;
-// one never started leaves its mentions whole, for the spill folder or the
-// journal. So a retry starts only with time left for it (retryRoom), and
+// one never started leaves its mentions whole, for the spill folder (core
+// mode) or NATS (JetStream mode). So a retry starts only with time left for it (retryRoom), and
 // Final gives up before the deadline when there is none.
 func (f *Flusher) Final(ctx context.Context) error {
 	backoff := 50 * time.Millisecond
@@ -1095,12 +1095,10 @@ func (f *Flusher) Final(ctx context.Context) error {
 			f.log.Warn("final flush incomplete", zap.Error(err))
 			backoff = min(2*backoff, time.Second)
 		}
-		t := time.NewTimer(wait)
-		dl, ok := ctx.Deadline()
-		if ok && time.Until(dl) < wait+room {
-			t.Stop()
+		if dl, ok := ctx.Deadline(); ok && time.Until(dl) < wait+room {
 			return f.abandon(err)
 		}
+		t := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():
 			t.Stop()
