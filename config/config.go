@@ -898,6 +898,12 @@ func (c Config) BufferBudget(gomemlimit int64) int64 {
 	return n
 }
 
+// UsesDataDir says whether a sidecar with these settings keeps files in
+// DataDir: the embedded store's, or core mode's spill folder.
+func (c Config) UsesDataDir() bool {
+	return c.Store == StoreBolt || (c.NATSMode == ModeCore && c.SpillBudget() > 0)
+}
+
 // SpillBudget is the spill folder's byte budget; 0: no spill.
 func (c Config) SpillBudget() int64 {
 	n, _ := ParseBytes(c.SpillMaxBytes)

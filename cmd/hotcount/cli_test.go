@@ -16,6 +16,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/hotcount/hotcount/internal/datadir"
 	"github.com/hotcount/hotcount/store"
 )
 
@@ -145,15 +146,16 @@ func TestDevStartupConflicts(t *testing.T) {
 	})
 	t.Run("data dir in use", func(t *testing.T) {
 		dir := t.TempDir()
-		unlock, err := lockDataDir(dir) // as a running `hotcount dev` holds it
+		unlock, err := datadir.Lock(dir) // as a running `hotcount dev` holds it
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer unlock()
 		jsDir := filepath.Join(dir, "jetstream")
 		_, took, err := dev(t, "--nats-port", free(), "--data-dir", dir, "--http", freeAddr(t), "--admin", freeAddr(t))
-		if err == nil || !strings.Contains(err.Error(), "in use by another hotcount process") {
-			t.Errorf("err = %v, want the data directory named as in use", err)
+		var locked *datadir.LockedError
+		if !errors.As(err, &locked) || locked.Dir != dir || locked.PID != os.Getpid() {
+			t.Errorf("err = %v, want the data directory named as held by this process (%d)", err, os.Getpid())
 		}
 		if took > time.Second {
 			t.Errorf("failed after %s, want within a second", took)

@@ -9,6 +9,7 @@ import (
 	"github.com/hotcount/hotcount/config"
 	"github.com/hotcount/hotcount/console"
 	"github.com/hotcount/hotcount/ingest"
+	"github.com/hotcount/hotcount/internal/datadir"
 	"github.com/hotcount/hotcount/internal/embeddednats"
 	"github.com/hotcount/hotcount/sidecar"
 )
@@ -42,7 +43,7 @@ func cmdDev(ctx context.Context, args, environ []string, stdout, stderr io.Write
 	if *port < 1 || *port > 65535 {
 		return usageError{fmt.Errorf("--nats-port %d is not a port (1..65535)", *port)}
 	}
-	unlock, err := lockDataDir(cfg.DataDir)
+	unlock, err := datadir.Lock(cfg.DataDir)
 	if err != nil {
 		return err
 	}

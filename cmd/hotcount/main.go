@@ -25,6 +25,7 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	"github.com/hotcount/hotcount/config"
+	"github.com/hotcount/hotcount/internal/datadir"
 )
 
 // version is stamped at build time: -ldflags "-X main.version=v1.2.3".
@@ -180,6 +181,14 @@ func cmdRun(ctx context.Context, args, environ []string, stderr io.Writer) error
 	fs := cfg.FlagSet("hotcount run", nil)
 	if err := parse(&cfg, fs, args, environ, stderr); err != nil {
 		return err
+	}
+	if cfg.UsesDataDir() {
+		// Before anything opens a file in it: see package datadir.
+		unlock, err := datadir.Lock(cfg.DataDir)
+		if err != nil {
+			return err
+		}
+		defer unlock()
 	}
 	return runSidecar(ctx, cfg, stderr, nil)
 }

@@ -1,0 +1,299 @@
+package sidecar
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"runtime/debug"
+	"time"
+
+	"github.com/cenkalti/backoff/v5"
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+
+	"github.com/hotcount/hotcount/aggregator"
+	"github.com/hotcount/hotcount/config"
+	"github.com/hotcount/hotcount/fleet"
+	"github.com/hotcount/hotcount/flusher"
+	"github.com/hotcount/hotcount/hot"
+	"github.com/hotcount/hotcount/ingest"
+	"github.com/hotcount/hotcount/journal"
+	"github.com/hotcount/hotcount/lookup"
+	"github.com/hotcount/hotcount/peers"
+	"github.com/hotcount/hotcount/shards"
+	"github.com/hotcount/hotcount/spill"
+	"github.com/hotcount/hotcount/store"
+	"github.com/hotcount/hotcount/trend"
+)
+
+// parts are a sidecar's stages, built and connected but not yet running.
+// Only Run's goroutine touches it.
+type parts struct {
+	st      Store
+	nc      *nats.Conn
+	im      *ingest.Metrics
+	agg     *aggregator.Aggregator
+	hottest *hot.Tracker
+	book    *shards.Book
+	lk      *lookup.Service
+	tr      *trend.Service
+	fl      *flusher.Flusher
+	jr      *journal.Journal // durable modes only
+	members *fleet.Fleet     // partitioned mode only
+	sub     source
+	// writer is this process's writer id, journaled or not.
+	writer string
+	// runs are the pipeline's loops, each run until its context ends.
+	runs []func(ctx context.Context) error
+	// closers release what was opened, in reverse order.
+	closers []func()
+}
+
+func (p *parts) onClose(f func()) { p.closers = append(p.closers, f) }
+
+func (p *parts) close() {
+	for i := len(p.closers) - 1; i >= 0; i-- {
+		p.closers[i]()
+	}
+}
+
+// assemble opens the store and NATS and builds every stage on them. On an
+// error it closes what it had opened.
+func (s *Sidecar) assemble(ctx context.Context) (p *parts, err error) {
+	p = &parts{writer: store.NewWriterID()}
+	defer func() {
+		if err != nil {
+			p.close()
+		}
+	}()
+	steps := []func(context.Context, *parts) error{s.openStore, s.buffer, s.connect, s.readers, s.writers, s.ingest}
+	for _, step := range steps {
+		if err := step(ctx, p); err != nil {
+			return nil, err
+		}
+	}
+	return p, nil
+}
+
+// openStore opens the store; one that does not answer yet is not fatal.
+func (s *Sidecar) openStore(ctx context.Context, p *parts) error {
+	st, err := OpenStore(ctx, s.cfg, store.NewMetrics(s.reg))
+	if err != nil {
+		return err
+	}
+	p.st = st
+	p.onClose(func() { st.Close() })
+	pingCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if err := st.Ping(pingCtx); err != nil {
+		s.log.Warn("store not reachable at start; not ready until it is", zap.Error(err))
+	}
+	return nil
+}
+
+// buffer builds the window with its memory budget, and in core mode its
+// spill folder: a store outage must end in a paused stream (JetStream) or
+// a folder on disk (core), never in an OOM kill that loses the whole buffer.
+func (s *Sidecar) buffer(_ context.Context, p *parts) error {
+	cfg := s.cfg
+	memBudget := cfg.BufferBudget(debug.SetMemoryLimit(-1))
+	var spilled aggregator.Spiller
+	if cfg.NATSMode == config.ModeCore && cfg.SpillBudget() > 0 && memBudget > 0 {
+		dir := filepath.Join(cfg.DataDir, "spill")
+		sp, err := spill.Open(dir, cfg.SpillBudget())
+		if err != nil {
+			return fmt.Errorf("sidecar: spill folder (--data-dir %s; --spill-max-bytes 0 turns spilling off): %w", cfg.DataDir, err)
+		}
+		if n, segs := sp.Stats(); segs > 0 {
+			s.log.Warn("spilled mentions from an earlier process found; they are written once the store takes writes",
+				zap.String("folder", dir), zap.Int64("bytes", n), zap.Int("segments", segs))
+		}
+		spilled = sp
+	}
+	opts := []aggregator.Option{aggregator.WithBudget(memBudget, spilled, s.log)}
+	if minutes, hours := cfg.Buckets(); minutes || hours {
+		opts = append(opts, aggregator.WithBuckets(s.clock))
+	}
+	p.agg = aggregator.New(cfg.MaxTopics, s.reg, opts...)
+	return nil
+}
+
+// connect connects to NATS.
+func (s *Sidecar) connect(_ context.Context, p *parts) error {
+	p.im = ingest.NewMetrics(s.reg)
+	auth, err := s.cfg.NATSAuth().Options()
+	if err != nil {
+		return err
+	}
+	nc, err := ingest.Connect(s.cfg.NATSURL, s.log, p.im, auth...)
+	if err != nil {
+		return err
+	}
+	p.nc = nc
+	p.onClose(nc.Close)
+	return nil
+}
+
+// readers builds the read side: the lookup cache, the trend reader and the
+// fleet's trend sketch, the hot topics, and the shard counts they share
+// with the writers.
+func (s *Sidecar) readers(_ context.Context, p *parts) error {
+	cfg := s.cfg
+	p.hottest = hot.New(hot.DefaultCapacity, hot.DefaultPeriod, time.Now)
+	p.book = shards.New(shards.Config{Default: cfg.Shards, Adaptive: cfg.Adaptive, Max: cfg.MaxShards, Every: cfg.ShardsCache}, p.st, s.log, s.reg)
+	p.lk = lookup.New(lookup.Config{
+		Shards:        cfg.ReadGuess(),
+		CacheTTL:      cfg.CacheTTL,
+		CacheStale:    cfg.CacheStaleAge(),
+		CacheSize:     cfg.CacheSize,
+		MaxTopicBytes: cfg.MaxTopicBytes,
+		Share:         cfg.SharesTotals(),
+	}, p.st, s.reg, time.Now)
+	p.onClose(p.lk.Close)
+	minutes, hours := cfg.Buckets()
+	p.tr = trend.New(trend.Config{
+		Minutes:   minutes,
+		Hours:     hours,
+		Retention: store.Retention{Minute: cfg.MinuteRetention, Hour: cfg.HourRetention},
+		CacheTTL:  cfg.CacheTTL,
+		CacheSize: cfg.CacheSize,
+	}, p.st, s.reg, s.clock)
+	if minutes {
+		// Every sidecar publishes what it wrote and merges what all wrote:
+		// each ranks the fleet's trending topics from the same summaries.
+		sk, err := trend.JoinSketch(p.nc, cfg.TrendSubject, p.writer, s.reg, s.log, s.clock)
+		if err != nil {
+			return fmt.Errorf("sidecar: subscribe to %s: %w", cfg.TrendSubject, err)
+		}
+		p.onClose(func() { sk.Close() })
+		p.tr.UseSketch(sk)
+	}
+	if cfg.SharesTotals() {
+		sh, err := peers.Join(p.nc, cfg.ShareSubject, p.writer, cfg.StoreScope(), p.lk, s.reg, s.log)
+		if err != nil {
+			return err
+		}
+		p.onClose(func() { sh.Close() })
+		p.lk.ShareWith(sh)
+	}
+	return nil
+}
+
+// writers builds the flusher and, in the durable modes, the journal it
+// records its writes in.
+func (s *Sidecar) writers(ctx context.Context, p *parts) error {
+	cfg := s.cfg
+	minutes, hours := cfg.Buckets()
+	observers := []flusher.Observer{p.hottest}
+	if minutes {
+		observers = append(observers, p.tr) // marks the fleet's history, then feeds the sketch
+	}
+	opts := []flusher.Option{flusher.WithObserver(observers...), flusher.WithShards(p.book), flusher.WithReader(p.lk)}
+	var keepAlive time.Duration
+	if cfg.Durable() {
+		jr, err := openJournal(ctx, p.nc, cfg, p.writer, p.st, s.log, s.reg)
+		if err != nil {
+			return err
+		}
+		p.jr = jr
+		opts = append(opts, flusher.WithJournal(jr))
+		keepAlive = cfg.AckWait / 3 // as the ingest keeps the buffer alive
+	}
+	p.fl = flusher.New(flusher.Config{
+		Shards:       cfg.Shards,
+		Interval:     cfg.FlushInterval,
+		Timeout:      cfg.FlushTimeout,
+		Concurrency:  cfg.FlushWrites(),
+		WriteTimeout: cfg.WriteTimeout,
+		Writer:       p.writer,
+		KeepAlive:    keepAlive,
+		Minutes:      minutes,
+		Hours:        hours,
+	}, p.agg, p.st, s.log, flusher.NewMetrics(s.reg), time.Now, opts...)
+	p.lk.WatchWrites(p.fl.Sending)
+	p.runs = append(p.runs, p.fl.Run)
+	if p.jr != nil {
+		p.runs = append(p.runs, p.jr.Run)
+	}
+	return nil
+}
+
+// ingest builds what takes mentions from NATS into the window, and in
+// partitioned mode the fleet that divides the stream's partitions among
+// the sidecars it sees alive.
+func (s *Sidecar) ingest(_ context.Context, p *parts) error {
+	cfg := s.cfg
+	if cfg.NATSMode == config.ModePartitioned {
+		members, err := fleet.Join(p.nc, fleet.DefaultSubject, p.writer, cfg.Stream+"/"+cfg.Consumer, fleet.DefaultInterval, s.log)
+		if err != nil {
+			return fmt.Errorf("sidecar: join the fleet: %w", err)
+		}
+		p.members = members
+		p.onClose(members.Leave)
+	}
+	sub, err := newSource(cfg, p.nc, p.agg, p.fl, p.members, s.log, p.im)
+	if err != nil {
+		return err
+	}
+	if js, ok := sub.(*ingest.JetStreamConsumer); ok && p.jr != nil {
+		js.SetJournal(p.jr)
+	}
+	p.sub = sub
+	p.runs = append([]func(context.Context) error{sub.Run}, p.runs...)
+	return nil
+}
+
+// openJournal opens the JetStream journal, retrying until NATS answers or
+// ctx ends.
+func openJournal(ctx context.Context, nc *nats.Conn, cfg config.Config, writer string, st Store, log *zap.Logger, reg prometheus.Registerer) (*journal.Journal, error) {
+	m := journal.NewMetrics(reg)
+	jcfg := journal.Config{Bucket: journal.DefaultBucket, WritersBucket: journal.DefaultWritersBucket, Stream: cfg.Stream, Consumer: cfg.Consumer}
+	if cfg.NATSMode == config.ModePartitioned {
+		jcfg.Partitions = cfg.Partitions
+	}
+	b := backoff.NewExponentialBackOff()
+	b.InitialInterval, b.MaxInterval = 100*time.Millisecond, 5*time.Second
+	jr, err := backoff.Retry(ctx, func() (*journal.Journal, error) {
+		octx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		jr, err := journal.Open(octx, nc, jcfg, writer, st, log, m)
+		if err != nil && ctx.Err() == nil {
+			log.Warn("cannot open the journal; retrying", zap.Error(err))
+		}
+		return jr, err
+	}, backoff.WithBackOff(b), backoff.WithMaxElapsedTime(0))
+	if err != nil {
+		return nil, fmt.Errorf("sidecar: open the journal: %w", err)
+	}
+	return jr, nil
+}
+
+// source is the ingest, core or JetStream.
+type source interface {
+	Run(ctx context.Context) error
+	Ready() error
+}
+
+func newSource(cfg config.Config, nc *nats.Conn, agg *aggregator.Aggregator, fl *flusher.Flusher, members *fleet.Fleet, log *zap.Logger, m *ingest.Metrics) (source, error) {
+	icfg := ingest.Config{
+		Subject:           cfg.Subject,
+		QueueGroup:        cfg.QueueGroup,
+		DeadLetterSubject: cfg.DeadLetterSubject,
+		DrainTimeout:      cfg.DrainTimeout,
+		Limits:            ingest.Limits{MaxCount: cfg.MaxCount, MaxTopicBytes: cfg.MaxTopicBytes},
+	}
+	if cfg.Durable() {
+		jcfg := ingest.JetStreamConfig{
+			Stream:        cfg.Stream,
+			Consumer:      cfg.Consumer,
+			AckWait:       cfg.AckWait,
+			MaxAckPending: cfg.MaxAckPending,
+		}
+		if members != nil {
+			jcfg.Partitions, jcfg.Owner = cfg.Partitions, members
+		}
+		return ingest.NewJetStreamConsumer(nc, icfg, jcfg, agg, func() bool { return fl.Failing() || agg.OverBudget() }, log, m)
+	}
+	return ingest.NewSubscriber(nc, icfg, agg, log, m)
+}

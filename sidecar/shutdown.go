@@ -1,0 +1,68 @@
+package sidecar
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"go.uber.org/zap"
+)
+
+// maxReserve bounds the part of --shutdown-timeout kept for what follows
+// the final flush.
+const maxReserve = time.Second
+
+// reserveOf is the part of the budget the final flush leaves for the phases
+// after it: a tenth, at most maxReserve.
+func reserveOf(budget time.Duration) time.Duration { return min(budget/10, maxReserve) }
+
+// phase is one step after the final flush. It must return by its
+// context's deadline.
+type phase struct {
+	name string
+	run  func(ctx context.Context) error
+}
+
+// shutdown is the ordered stop of a running sidecar within one budget
+// (--shutdown-timeout). Every deadline is taken from the budget's end, not
+// from when a phase starts, so that a slow drain eats into the final
+// flush, never into the reserve kept for the phases after it: a final
+// flush that ran on would leave acknowledgements unsent (their messages
+// redelivered) and the journal not left (its entries replayed only after
+// the lease).
+type shutdown struct {
+	budget  time.Duration
+	reserve time.Duration
+	// stop stops taking messages and returns once the pipeline's
+	// goroutines have: the NATS drain (at most --drain-timeout), the flush
+	// loop (its flush in progress), the journal's and console's loops.
+	stop func() error
+	// final writes what is buffered, retrying until its deadline: the
+	// budget's end less the reserve.
+	final func(ctx context.Context) error
+	// after run in order once final returns, sharing what is left of
+	// the budget: at least the reserve, whatever stop and final took.
+	after []phase
+}
+
+// run carries out the shutdown from now and returns what stop and final
+// failed with; the after phases' errors are logged.
+func (s shutdown) run(log *zap.Logger) error {
+	end := time.Now().Add(s.budget)
+	budget, cancel := context.WithDeadline(context.Background(), end)
+	defer cancel()
+
+	stopErr := s.stop()
+	finalCtx, cancelFinal := context.WithDeadline(budget, end.Add(-s.reserve))
+	finalErr := s.final(finalCtx)
+	cancelFinal()
+	if finalErr == nil {
+		log.Info("final flush done")
+	}
+	for _, p := range s.after {
+		if err := p.run(budget); err != nil {
+			log.Warn("shutdown: "+p.name, zap.Error(err))
+		}
+	}
+	return errors.Join(stopErr, finalErr)
+}
