@@ -62,8 +62,9 @@ type Spiller interface {
 type Option func(*Aggregator)
 
 // WithBuckets has every mention counted in its topic's minute counter:
-// Add's at the time now gives (its arrival), AddAcked's at the time it is
-// given (its publication; now when zero).
+// Add's at the time now gives (its arrival), AddAt's and AddAcked's at the
+// time they are given (the message's "at", or its publication; now when
+// zero).
 func WithBuckets(now func() time.Time) Option {
 	return func(a *Aggregator) { a.now = now }
 }
@@ -259,9 +260,19 @@ func (a *Aggregator) Add(topic string, delta int64) {
 	a.signal(full)
 }
 
-// AddAcked is Add for a durable message published at at: m is
-// acknowledged by the flusher once topic's delta, m's count included, is
-// in the store.
+// AddAt is Add for mentions that happened at at (a message's "at", which
+// the ingest has checked): with buckets on they count in at's minute, not
+// the arrival's. Without buckets it is Add.
+func (a *Aggregator) AddAt(topic string, delta int64, at time.Time) {
+	a.mu.Lock()
+	full := a.add(topic, delta, at) && a.atBound()
+	a.mu.Unlock()
+	a.signal(full)
+}
+
+// AddAcked is Add for a durable message published at at (or whose "at"
+// says so): m is acknowledged by the flusher once topic's delta, m's count
+// included, is in the store.
 func (a *Aggregator) AddAcked(topic string, delta int64, m Acker, seq int64, at time.Time) {
 	a.mu.Lock()
 	full := a.add(topic, delta, at) && a.atBound()

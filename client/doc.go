@@ -9,7 +9,9 @@
 // NATS server restart) is stored once: the stream drops a repeated id seen
 // within its duplicate window. With [WithCoreNATS] it publishes plain core
 // NATS messages instead, for servers without JetStream: at-most-once, as a
-// sidecar in core mode is.
+// sidecar in core mode is. [Publisher.MentionAt] publishes mentions that
+// happened at a time of their own ({"count":n,"at":<Unix ms>}), which the
+// sidecars count in that time's minute and hour buckets: a backfill.
 //
 // A [Reader] asks a sidecar's lookup API for totals: [Reader.Total] for one
 // topic, [Reader.Totals] for many in as few requests as the API allows.

@@ -157,13 +157,13 @@ type Publisher struct {
 	cancel context.CancelFunc
 
 	mu      sync.Mutex
-	room    *sync.Cond     // the batch was taken, or Close was called
-	drained *sync.Cond     // every message of some batch is done
-	batch   []message      // held, not yet handed to the senders
-	open    map[string]int // topic -> index in batch of its message still taking mentions
-	gen     uint64         // the batch being filled
-	undone  map[uint64]int // messages not yet done, by batch
-	failed  PublishError   // given up since the last Flush or Close
+	room    *sync.Cond      // the batch was taken, or Close was called
+	drained *sync.Cond      // every message of some batch is done
+	batch   []message       // held, not yet handed to the senders
+	open    map[openKey]int // topic (and time) -> index in batch of its message still taking mentions
+	gen     uint64          // the batch being filled
+	undone  map[uint64]int  // messages not yet done, by batch
+	failed  PublishError    // given up since the last Flush or Close
 	closed  bool
 
 	begun   chan struct{}   // a batch began: start its linger
@@ -183,11 +183,22 @@ type publishing struct {
 	err  error
 }
 
-// message is one message to publish: count mentions of topic, from batch gen.
+// message is one message to publish: count mentions of topic, from batch
+// gen, that happened at at (Unix milliseconds) when timed.
 type message struct {
 	topic string
 	count int64
 	gen   uint64
+	at    int64
+	timed bool
+}
+
+// openKey is what mentions share to add up into one message: the topic,
+// and for MentionAt's, the time.
+type openKey struct {
+	topic string
+	at    int64
+	timed bool
 }
 
 // NewPublisher returns a Publisher on nc, a connection the caller owns and
@@ -228,7 +239,7 @@ func NewPublisher(nc *nats.Conn, opts ...PublisherOption) (*Publisher, error) {
 	p := &Publisher{
 		nc:      nc,
 		o:       o,
-		open:    make(map[string]int),
+		open:    make(map[openKey]int),
 		undone:  make(map[uint64]int),
 		begun:   make(chan struct{}, 1),
 		sealNow: make(chan struct{}, 1),
@@ -266,7 +277,26 @@ func NewPublisher(nc *nats.Conn, opts ...PublisherOption) (*Publisher, error) {
 // past it the topic's next message begins, so a count never overflows
 // and the sidecar never refuses one.
 func (p *Publisher) Mention(ctx context.Context, topic string, n int64) error {
-	if err := p.check(topic, n); err != nil {
+	return p.mention(ctx, message{topic: topic, count: n})
+}
+
+// MentionAt is Mention for mentions that happened at a time of their own
+// (a backfill after an outage, say): their message carries `"at"` (Unix
+// milliseconds), which counts them in that time's minute and hour buckets
+// instead of those of their publication; totals count them as ever. The
+// sidecar refuses, to its dead-letter subject, an at older than its
+// --max-lateness (a day by default) before the message's publication, or
+// more than a minute after it. Mentions add up into one message only with
+// others of their topic at the same millisecond. A zero at is Mention.
+func (p *Publisher) MentionAt(ctx context.Context, topic string, n int64, at time.Time) error {
+	if at.IsZero() {
+		return p.Mention(ctx, topic, n)
+	}
+	return p.mention(ctx, message{topic: topic, count: n, at: at.UnixMilli(), timed: true})
+}
+
+func (p *Publisher) mention(ctx context.Context, m message) error {
+	if err := p.check(m.topic, m.count); err != nil {
 		return err
 	}
 	p.mu.Lock()
@@ -275,7 +305,7 @@ func (p *Publisher) Mention(ctx context.Context, topic string, n int64) error {
 		if p.closed {
 			return ErrClosed
 		}
-		if p.add(topic, n) {
+		if p.add(m) {
 			return nil
 		}
 		if err := ctx.Err(); err != nil {
@@ -319,21 +349,24 @@ func validTopic(topic string, maxBytes int) error {
 	return nil
 }
 
-// add puts n mentions of topic into the batch: into the topic's open
-// message while that stays within the max count, else into a new message
-// while the batch has room. It reports whether it did. p.mu is held.
-func (p *Publisher) add(topic string, n int64) bool {
-	if i, ok := p.open[topic]; ok && p.batch[i].count <= p.o.maxCount-n {
-		p.batch[i].count += n
+// add puts m's mentions into the batch: into the open message of its topic
+// (and time) while that stays within the max count, else into a new
+// message while the batch has room. It reports whether it did. p.mu is
+// held.
+func (p *Publisher) add(m message) bool {
+	key := openKey{m.topic, m.at, m.timed}
+	if i, ok := p.open[key]; ok && p.batch[i].count <= p.o.maxCount-m.count {
+		p.batch[i].count += m.count
 		return true
 	}
 	if len(p.batch) >= p.o.maxBatch {
 		return false
 	}
 	if p.o.linger > 0 {
-		p.open[topic] = len(p.batch)
+		p.open[key] = len(p.batch)
 	}
-	p.batch = append(p.batch, message{topic: topic, count: n, gen: p.gen})
+	m.gen = p.gen
+	p.batch = append(p.batch, m)
 	p.undone[p.gen]++
 	// One wake-up per batch: the batcher takes the whole batch when it
 	// comes (without linger, what came while the sender was busy).
@@ -461,7 +494,7 @@ func (p *Publisher) awaitAcks() {
 // others, within the stream's duplicate window, are acknowledged as
 // duplicates.
 func (p *Publisher) message(m message) *nats.Msg {
-	msg := &nats.Msg{Subject: p.o.prefix + m.topic, Data: payload(m.count)}
+	msg := &nats.Msg{Subject: p.o.prefix + m.topic, Data: payload(m)}
 	if p.js != nil {
 		msg.Header = nats.Header{jetstream.MsgIDHeader: []string{nuid.Next()}}
 	}
@@ -586,12 +619,17 @@ func final(err error) bool {
 }
 
 // payload is a message's body: empty for one mention (the sidecar reads
-// it as 1, and it is the cheapest), else {"count":n}.
-func payload(n int64) []byte {
-	if n == 1 {
+// it as 1, and it is the cheapest), else {"count":n}, and with a time
+// {"count":n,"at":<Unix ms>}.
+func payload(m message) []byte {
+	if m.count == 1 && !m.timed {
 		return nil
 	}
-	return append(strconv.AppendInt([]byte(`{"count":`), n, 10), '}')
+	b := strconv.AppendInt([]byte(`{"count":`), m.count, 10)
+	if m.timed {
+		b = strconv.AppendInt(append(b, `,"at":`...), m.at, 10)
+	}
+	return append(b, '}')
 }
 
 // Flush sends what is held now and waits until every message accepted

@@ -114,6 +114,10 @@ type Config struct {
 	MaxTopics        int
 	MaxCount         int64
 	MaxTopicBytes    int
+	// MaxLateness bounds how long before its arrival (core mode) or
+	// publication (durable modes) a mention's "at" may be; 0: Lateness's
+	// default.
+	MaxLateness time.Duration
 
 	CacheTTL   time.Duration
 	CacheStale time.Duration
@@ -228,6 +232,19 @@ func (c Config) Buckets() (minutes, hours bool) {
 	return minutes, hours
 }
 
+// Lateness is the bound of a mention's "at" in the past: --max-lateness,
+// or when it is 0, ingest.DefaultMaxLateness (24h), lowered to
+// --minute-retention when minute buckets are on and kept for less.
+func (c Config) Lateness() time.Duration {
+	if c.MaxLateness > 0 {
+		return c.MaxLateness
+	}
+	if minutes, _ := c.Buckets(); minutes && c.MinuteRetention > 0 && c.MinuteRetention < ingest.DefaultMaxLateness {
+		return c.MinuteRetention
+	}
+	return ingest.DefaultMaxLateness
+}
+
 // FlushWrites is the most writes a flush keeps in flight: --flush-concurrency,
 // or when it is 0, the default for the store.
 func (c Config) FlushWrites() int {
@@ -325,6 +342,7 @@ var settings = []setting{
 		fs.Int64Var(&c.MaxCount, name, c.MaxCount, usage)
 	}},
 	{name: "max-topic-bytes", usage: "longest topic accepted, in bytes", bind: integer(func(c *Config) *int { return &c.MaxTopicBytes })},
+	{name: "max-lateness", usage: `how long before its arrival (core mode) or publication (jetstream, partitioned) a mention's "at" may be; an older one, or one over a minute ahead, is rejected (reason "at"); 0: 24h, or the minute-retention if shorter with 1m windows`, bind: dur(func(c *Config) *time.Duration { return &c.MaxLateness })},
 	{name: "cache-ttl", usage: "how long a gathered total is served from the cache", bind: dur(func(c *Config) *time.Duration { return &c.CacheTTL })},
 	{name: "cache-stale", usage: "past the TTL, a total is served stale while one background gather refreshes it, up to this age (0: 10 × cache-ttl)", bind: dur(func(c *Config) *time.Duration { return &c.CacheStale })},
 	{name: "cache-size", usage: "topics whose totals the cache holds", bind: integer(func(c *Config) *int { return &c.CacheSize })},
@@ -707,6 +725,17 @@ func (c *Config) Validate() error {
 	intIn("max-topics", int64(c.MaxTopics), 1, 100_000_000)
 	intIn("max-count", c.MaxCount, 1, 1<<53)
 	intIn("max-topic-bytes", int64(c.MaxTopicBytes), 1, 1024)
+	durIn("max-lateness", c.MaxLateness, 0, 400*24*time.Hour)
+	if minutes, hours := c.Buckets(); c.MaxLateness > 0 {
+		// A mention older than its buckets' retention would go to a bucket
+		// already expired: refused, rather than counted where no read finds it.
+		switch {
+		case minutes && c.MaxLateness > c.MinuteRetention:
+			bad("max-lateness", "%s is longer than minute-retention %s: a mention that late would land in an expired minute bucket", c.MaxLateness, c.MinuteRetention)
+		case hours && c.MaxLateness > c.HourRetention:
+			bad("max-lateness", "%s is longer than hour-retention %s: a mention that late would land in an expired hour bucket", c.MaxLateness, c.HourRetention)
+		}
+	}
 	durIn("cache-ttl", c.CacheTTL, time.Millisecond, time.Hour)
 	if c.CacheStale != 0 && c.CacheStale < c.CacheTTL {
 		bad("cache-stale", "%s is shorter than cache-ttl %s (0 means 10 × cache-ttl)", c.CacheStale, c.CacheTTL)

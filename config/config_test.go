@@ -127,6 +127,9 @@ func TestValidate(t *testing.T) {
 		{"memory limit", func(c *config.Config) { c.MemoryLimit = "12X" }, `memory-limit: "12X" is not a size`},
 		{"public lookup without a token", func(c *config.Config) { c.HTTPAddr = ":8080" }, "http: :8080 listens beyond this machine and --http-token-file is not set"},
 		{"public lookup on an address without a token", func(c *config.Config) { c.HTTPAddr = "10.1.2.3:8080" }, "--http-public"},
+		{"lateness negative", func(c *config.Config) { c.MaxLateness = -time.Second }, "max-lateness: -1s is outside 0s..9600h0m0s"},
+		{"lateness past the minutes", func(c *config.Config) { c.Windows, c.MaxLateness = "1m,1h", 49*time.Hour }, "max-lateness: 49h0m0s is longer than minute-retention 48h0m0s"},
+		{"lateness past the hours", func(c *config.Config) { c.Windows, c.MaxLateness = "1h", 900*time.Hour }, "max-lateness: 900h0m0s is longer than hour-retention 840h0m0s"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -155,6 +158,37 @@ func TestValidate(t *testing.T) {
 		if err := c.Validate(); err != nil {
 			t.Errorf("%s (token %q, public %v): %v", c.HTTPAddr, c.HTTPTokenFile, c.HTTPPublic, err)
 		}
+	}
+}
+
+// TestLateness: --max-lateness, or by default a day, within the minute
+// buckets' retention when they are on.
+func TestLateness(t *testing.T) {
+	tests := []struct {
+		name   string
+		mutate func(*config.Config)
+		want   time.Duration
+	}{
+		{"default", func(*config.Config) {}, 24 * time.Hour},
+		{"minutes kept longer", func(c *config.Config) { c.Windows, c.MinuteRetention = "1m", 72*time.Hour }, 24 * time.Hour},
+		{"minutes kept shorter", func(c *config.Config) { c.Windows, c.MinuteRetention = "1m,1h", 6*time.Hour }, 6 * time.Hour},
+		{"only hours", func(c *config.Config) { c.Windows, c.MinuteRetention = "1h", 6*time.Hour }, 24 * time.Hour},
+		{"set", func(c *config.Config) { c.Windows, c.MaxLateness = "1m,1h", 2*time.Hour }, 2 * time.Hour},
+		{"set, no buckets", func(c *config.Config) { c.MaxLateness = 72 * time.Hour }, 72 * time.Hour},
+	}
+	for _, tt := range tests {
+		cfg := config.Default()
+		tt.mutate(&cfg)
+		if err := cfg.Validate(); err != nil {
+			t.Errorf("%s: %v", tt.name, err)
+		}
+		if got := cfg.Lateness(); got != tt.want {
+			t.Errorf("%s: Lateness() = %s, want %s", tt.name, got, tt.want)
+		}
+	}
+	cfg := config.Default()
+	if err := config.Parse(cfg.FlagSet("run", nil), nil, []string{"HOTCOUNT_MAX_LATENESS=90m"}); err != nil || cfg.MaxLateness != 90*time.Minute {
+		t.Errorf("HOTCOUNT_MAX_LATENESS=90m: %s, %v", cfg.MaxLateness, err)
 	}
 }
 

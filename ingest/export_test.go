@@ -1,4 +1,4 @@
 package ingest
 
-// StrictCount is Count without its fast path.
-var StrictCount = strictCount
+// StrictPayload is ParsePayload without its fast path.
+var StrictPayload = strictPayload

@@ -53,6 +53,13 @@ type Sink interface {
 	Add(topic string, delta int64)
 }
 
+// TimedSink is a Sink that also takes mentions at the time they happened
+// (a message's "at"), to count them in that time's buckets. The aggregator
+// is one. A Sink that is not one gets such mentions through Add.
+type TimedSink interface {
+	AddAt(topic string, delta int64, at time.Time)
+}
+
 // Config is the ingest's part of the configuration.
 type Config struct {
 	Subject           string
@@ -97,17 +104,26 @@ func newChecker(nc *nats.Conn, cfg Config, log *zap.Logger, m *Metrics) (*checke
 	}, nil
 }
 
-// check returns a message's topic and count, or the reason it is rejected
-// after rejecting it.
-func (c *checker) check(subject string, data []byte, hdr nats.Header) (topic string, delta int64, reason string) {
+// check returns a message's topic, count and, if its payload has one, its
+// "at" (zero without), or the reason it is rejected after rejecting it. An
+// "at" is judged against published, the message's publication in the
+// durable modes; zero (core mode) is its arrival, now.
+func (c *checker) check(subject string, data []byte, hdr nats.Header, published time.Time) (topic string, delta int64, at time.Time, reason string) {
 	topic, err := Topic(c.prefix, subject, c.cfg.Limits)
+	var p Payload
 	if err == nil {
-		delta, err = Count(data, c.cfg.Limits.MaxCount)
+		p, err = ParsePayload(data, c.cfg.Limits.MaxCount)
+	}
+	if err == nil && p.HasAt {
+		if published.IsZero() {
+			published = time.Now()
+		}
+		at, err = CheckAt(p.At, published, c.cfg.Limits.MaxLateness)
 	}
 	if err != nil {
-		return "", 0, c.reject(subject, data, hdr, err)
+		return "", 0, time.Time{}, c.reject(subject, data, hdr, err)
 	}
-	return topic, delta, ""
+	return topic, p.Count, at, ""
 }
 
 // accepted counts a message once its count is in the buffer: a reader
@@ -148,8 +164,9 @@ func (c *checker) reject(subject string, data []byte, hdr nats.Header, err error
 // checks each message and adds it to the sink. Run owns the subscription.
 type Subscriber struct {
 	*checker
-	sink Sink
-	sub  atomic.Pointer[nats.Subscription]
+	sink  Sink
+	timed TimedSink // sink, if it is one
+	sub   atomic.Pointer[nats.Subscription]
 }
 
 // NewSubscriber returns a subscriber on nc. Nothing is subscribed until Run.
@@ -158,7 +175,8 @@ func NewSubscriber(nc *nats.Conn, cfg Config, sink Sink, log *zap.Logger, m *Met
 	if err != nil {
 		return nil, err
 	}
-	return &Subscriber{checker: c, sink: sink}, nil
+	timed, _ := sink.(TimedSink)
+	return &Subscriber{checker: c, sink: sink, timed: timed}, nil
 }
 
 // Run subscribes and takes messages until ctx ends, then drains: it stops
@@ -210,12 +228,19 @@ func (s *Subscriber) Ready() error {
 	return nil
 }
 
-// handle runs on the subscription's goroutine, one message at a time.
+// handle runs on the subscription's goroutine, one message at a time. A
+// mention without "at" is placed in time by the sink (its arrival).
 func (s *Subscriber) handle(msg *nats.Msg) {
-	if topic, delta, reason := s.check(msg.Subject, msg.Data, msg.Header); reason == "" {
+	topic, delta, at, reason := s.check(msg.Subject, msg.Data, msg.Header, time.Time{})
+	switch {
+	case reason != "":
+		return
+	case at.IsZero() || s.timed == nil:
 		s.sink.Add(topic, delta)
-		s.accepted(delta)
+	default:
+		s.timed.AddAt(topic, delta, at)
 	}
+	s.accepted(delta)
 }
 
 // Metrics are the ingest metrics.
@@ -249,7 +274,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}),
 		invalid: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "hotcount_ingest_invalid_total",
-			Help: "Messages rejected, by reason (topic, payload, count).",
+			Help: "Messages rejected, by reason (topic, payload, count, at).",
 		}, []string{"reason"}),
 		dropped: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "hotcount_ingest_dropped_total",
@@ -282,7 +307,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Help: "Partitions this sidecar gave up to another owner, after handing what it held to its window (partitioned mode).",
 	})
 	reg.MustRegister(m.events, m.mentions, m.invalid, m.dropped, m.redelivered, m.journaled, m.paused, m.partitions, m.configured, m.handovers)
-	for _, r := range []string{ReasonTopic, ReasonPayload, ReasonCount} {
+	for _, r := range []string{ReasonTopic, ReasonPayload, ReasonCount, ReasonAt} {
 		m.invalid.WithLabelValues(r)
 	}
 	for _, c := range []string{"slow_consumer", "shutdown", "dead_letter"} {

@@ -39,7 +39,7 @@ func (s *sink) snapshot() map[string]int64 {
 	return out
 }
 
-func newSubscriber(t *testing.T, url string, reg *prometheus.Registry, k *sink) (*ingest.Subscriber, context.CancelFunc, <-chan error) {
+func newSubscriber(t *testing.T, url string, reg *prometheus.Registry, k ingest.Sink) (*ingest.Subscriber, context.CancelFunc, <-chan error) {
 	t.Helper()
 	m := ingest.NewMetrics(reg)
 	nc, err := ingest.Connect(url, zaptest.NewLogger(t), m)

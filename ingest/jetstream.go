@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/cenkalti/backoff/v5"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/zap"
@@ -418,25 +419,26 @@ func PartitionTransform(subject string, partitions int) *jetstream.SubjectTransf
 // sidecar expects (retrying with backoff until ctx ends: false then). A
 // stream partitioned otherwise is logged and waited on, not consumed.
 func (c *JetStreamConsumer) checkPartitioned(ctx context.Context) bool {
-	backoff := 100 * time.Millisecond
 	want := PartitionTransform(c.cfg.Subject, c.jcfg.Partitions)
-	for {
+	s, err := backoff.Retry(ctx, func() (jetstream.Stream, error) {
 		s, err := c.js.Stream(ctx, c.jcfg.Stream)
 		if err == nil {
 			tr := s.CachedInfo().Config.SubjectTransform
 			if tr != nil && tr.Source == want.Source && tr.Destination == want.Destination {
-				c.stream = s
-				return true
+				return s, nil
 			}
 			err = fmt.Errorf("stream %s does not partition %s into %d partitions (its transform: %+v): create it with `hotcount stream create --partitions %d`", c.jcfg.Stream, c.cfg.Subject, c.jcfg.Partitions, tr, c.jcfg.Partitions)
 		}
-		if ctx.Err() != nil {
-			return false
+		if ctx.Err() == nil {
+			c.log.Warn("cannot consume the partitioned stream; retrying", zap.Error(err))
 		}
-		c.log.Warn("cannot consume the partitioned stream; retrying", zap.Error(err))
-		sleep(ctx, backoff)
-		backoff = min(2*backoff, 5*time.Second)
+		return nil, err
+	}, untilDone()...)
+	if err != nil {
+		return false // ctx ended
 	}
+	c.stream = s
+	return true
 }
 
 // bindPartition creates or updates partition p's durable consumer: its
@@ -499,7 +501,9 @@ func (c *JetStreamConsumer) handle(ctx context.Context, msg jetstream.Msg) {
 	if c.jcfg.Partitions > 0 {
 		_, subject, _ = strings.Cut(subject, ".") // the partition number the stream put first
 	}
-	topic, delta, reason := c.check(subject, msg.Data(), msg.Headers())
+	// An "at" is judged against the publication time, which a redelivery
+	// keeps: a message is refused or taken the same way every time.
+	topic, delta, at, reason := c.check(subject, msg.Data(), msg.Headers(), md.Timestamp)
 	if reason != "" {
 		// Terminated, never redelivered: a bad message stays bad.
 		if err := msg.TermWithReason(reason); err != nil {
@@ -507,25 +511,23 @@ func (c *JetStreamConsumer) handle(ctx context.Context, msg jetstream.Msg) {
 		}
 		return
 	}
-	c.sink.AddAcked(topic, delta, msg, seq, md.Timestamp)
+	if at.IsZero() {
+		at = md.Timestamp
+	}
+	c.sink.AddAcked(topic, delta, msg, seq, at)
 	c.accepted(delta)
 }
 
 // bind creates or updates the durable consumer, retrying with backoff until
 // it succeeds or ctx ends (nil then). All replicas bind the same consumer.
 func (c *JetStreamConsumer) bind(ctx context.Context) jetstream.Consumer {
-	backoff := 100 * time.Millisecond
-	for {
+	cons, err := backoff.Retry(ctx, func() (jetstream.Consumer, error) {
 		// A partitioned stream stores mentions under <partition>.<subject>:
 		// a consumer of <subject> would bind and receive nothing, silently.
 		if s, err := c.js.Stream(ctx, c.jcfg.Stream); err == nil && s.CachedInfo().Config.SubjectTransform != nil {
 			c.log.Error("the stream is partitioned: run the sidecars with --nats-mode partitioned and its --partitions; retrying",
 				zap.String("stream", c.jcfg.Stream), zap.String("transform", s.CachedInfo().Config.SubjectTransform.Destination))
-			sleep(ctx, 5*time.Second)
-			if ctx.Err() != nil {
-				return nil
-			}
-			continue
+			return nil, backoff.RetryAfter(5) // seconds; the backoff starts over after it
 		}
 		cons, err := c.js.CreateOrUpdateConsumer(ctx, c.jcfg.Stream, jetstream.ConsumerConfig{
 			Durable:       c.jcfg.Consumer,
@@ -538,20 +540,31 @@ func (c *JetStreamConsumer) bind(ctx context.Context) jetstream.Consumer {
 			DeliverPolicy: jetstream.DeliverAllPolicy,
 		})
 		if err == nil {
-			return cons
+			return cons, nil
 		}
-		if ctx.Err() != nil {
-			return nil
+		if ctx.Err() == nil {
+			hint := ""
+			if errors.Is(err, jetstream.ErrStreamNotFound) {
+				hint = "create it with `hotcount stream create`"
+			}
+			c.log.Warn("cannot bind consumer; retrying", zap.String("stream", c.jcfg.Stream),
+				zap.String("consumer", c.jcfg.Consumer), zap.String("hint", hint), zap.Error(err))
 		}
-		hint := ""
-		if errors.Is(err, jetstream.ErrStreamNotFound) {
-			hint = "create it with `hotcount stream create`"
-		}
-		c.log.Warn("cannot bind consumer; retrying", zap.String("stream", c.jcfg.Stream),
-			zap.String("consumer", c.jcfg.Consumer), zap.String("hint", hint), zap.Error(err))
-		sleep(ctx, backoff)
-		backoff = min(2*backoff, 5*time.Second)
+		return nil, err
+	}, untilDone()...)
+	if err != nil {
+		return nil // ctx ended
 	}
+	return cons
+}
+
+// untilDone are the retry options of bind and checkPartitioned: waits from
+// 100 ms doubling to 5 s, without jitter, until ctx ends (no limit on the
+// elapsed time, which backoff.Retry otherwise puts at 15 minutes); a wait
+// ends at once when ctx does.
+func untilDone() []backoff.RetryOption {
+	b := &backoff.ExponentialBackOff{InitialInterval: 100 * time.Millisecond, Multiplier: 2, MaxInterval: 5 * time.Second}
+	return []backoff.RetryOption{backoff.WithBackOff(b), backoff.WithMaxElapsedTime(0)}
 }
 
 // keepAlive resets the redelivery timer of every held message every third
@@ -582,15 +595,6 @@ func (c *JetStreamConsumer) Ready() error {
 		return fmt.Errorf("ingest: NATS connection is %s", c.nc.Status())
 	}
 	return nil
-}
-
-func sleep(ctx context.Context, d time.Duration) {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-	case <-t.C:
-	}
 }
 
 // Stream limits, `hotcount stream create`'s defaults.

@@ -2,8 +2,11 @@ package ingest_test
 
 import (
 	"errors"
+	"fmt"
+	"math"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/hotcount/hotcount/ingest"
 )
@@ -122,26 +125,117 @@ func FuzzCount(f *testing.F) {
 		`{"count":9223372036854775807}`, `{"count":9223372036854775808}`, `{"count":1,"x":2}`, `{"COUNT":3}`, `{"count":2}}`, `{"count":3`, `{"count":1}` + strings.Repeat(" ", 5000)} {
 		f.Add([]byte(s))
 	}
+	for _, s := range []string{`{"count":1,"at":1772366400000}`, ` { "count" : 2 , "at" : -5 } `, `{"count":1,"at":01}`, `{"count":1,"at":1.5}`,
+		`{"count":1,"at":9223372036854775808}`, `{"count":1,"at":"2026-03-01T12:00:00Z"}`, `{"count":1,"at":"2026-03-01T12:00:00.123+01:00"}`,
+		`{"count":1,"at":"2026-03-01"}`, `{"count":1,"at":null}`, `{"count":1,"at":true}`, `{"at":5,"count":1}`, `{"count":1,"at":5,"at":6}`,
+		`{"count":0,"at":"x"}`, `{"count":1,"at":}`, `{"count":1,"AT":7}`, `{"count":1,}`} {
+		f.Add([]byte(s))
+	}
 	f.Fuzz(func(t *testing.T, payload []byte) {
-		n, err := ingest.Count(payload, limits.MaxCount)
-		if err == nil && (n < 1 || n > limits.MaxCount) {
-			t.Fatalf("Count(%q) = %d accepted outside 1..%d", payload, n, limits.MaxCount)
+		p, err := ingest.ParsePayload(payload, limits.MaxCount)
+		if err == nil && (p.Count < 1 || p.Count > limits.MaxCount) {
+			t.Fatalf("ParsePayload(%q) = %+v accepted outside 1..%d", payload, p, limits.MaxCount)
 		}
-		// The fast path changes nothing: the same count, or the same
-		// rejection, as the strict parser.
+		if err != nil && p != (ingest.Payload{}) {
+			t.Fatalf("ParsePayload(%q) = %+v with error %v", payload, p, err)
+		}
+		// The fast path changes nothing: the same count and time, or the
+		// same rejection, as the strict parser.
 		if len(payload) > 0 {
-			sn, serr := ingest.StrictCount(payload, limits.MaxCount)
-			if n != sn || (err == nil) != (serr == nil) || (err != nil && err.Error() != serr.Error()) {
-				t.Fatalf("Count(%q) = %d, %v; strict parser: %d, %v", payload, n, err, sn, serr)
+			sp, serr := ingest.StrictPayload(payload, limits.MaxCount)
+			if p != sp || (err == nil) != (serr == nil) || (err != nil && err.Error() != serr.Error()) {
+				t.Fatalf("ParsePayload(%q) = %+v, %v; strict parser: %+v, %v", payload, p, err, sp, serr)
 			}
 		}
 	})
 }
 
-// TestCountFastPathDoesNotAllocate pins the common payload's cost.
+// TestCountFastPathDoesNotAllocate pins the common payloads' cost.
 func TestCountFastPathDoesNotAllocate(t *testing.T) {
-	payload := []byte(`{"count":1}`)
-	if a := testing.AllocsPerRun(1000, func() { ingest.Count(payload, limits.MaxCount) }); a != 0 { //nolint:errcheck // measured
-		t.Errorf("Count(%s) allocates %v times", payload, a)
+	for _, payload := range [][]byte{nil, []byte(`{"count":1}`), []byte(`{"count":1,"at":1772366400000}`)} {
+		if a := testing.AllocsPerRun(1000, func() { ingest.ParsePayload(payload, limits.MaxCount) }); a != 0 { //nolint:errcheck // measured
+			t.Errorf("ParsePayload(%s) allocates %v times", payload, a)
+		}
+	}
+}
+
+func TestPayloadAt(t *testing.T) {
+	const ms = 1772366400000 // 2026-03-01T12:00:00Z
+	tests := []struct {
+		name    string
+		payload string
+		want    ingest.Payload
+		reason  string
+	}{
+		{"no at", `{"count": 3}`, ingest.Payload{Count: 3}, ""},
+		{"empty", ``, ingest.Payload{Count: 1}, ""},
+		{"milliseconds", `{"count": 3, "at": 1772366400000}`, ingest.Payload{Count: 3, At: ms, HasAt: true}, ""},
+		{"milliseconds first", `{"at": 1772366400001, "count": 1}`, ingest.Payload{Count: 1, At: ms + 1, HasAt: true}, ""},
+		{"rfc3339", `{"count": 1, "at": "2026-03-01T12:00:00Z"}`, ingest.Payload{Count: 1, At: ms, HasAt: true}, ""},
+		{"rfc3339 fraction and zone", `{"count": 1, "at": "2026-03-01T13:00:00.250+01:00"}`, ingest.Payload{Count: 1, At: ms + 250, HasAt: true}, ""},
+		{"null is none", `{"count": 2, "at": null}`, ingest.Payload{Count: 2}, ""},
+		{"no zone", `{"count": 1, "at": "2026-03-01T12:00:00"}`, ingest.Payload{}, ingest.ReasonAt},
+		{"a date", `{"count": 1, "at": "2026-03-01"}`, ingest.Payload{}, ingest.ReasonAt},
+		{"seconds as a fraction", `{"count": 1, "at": 1772366400.5}`, ingest.Payload{}, ingest.ReasonAt},
+		{"exponent", `{"count": 1, "at": 1.7e12}`, ingest.Payload{}, ingest.ReasonAt},
+		{"bool", `{"count": 1, "at": true}`, ingest.Payload{}, ingest.ReasonAt},
+		{"beyond int64", `{"count": 1, "at": 99999999999999999999}`, ingest.Payload{}, ingest.ReasonAt},
+		{"bad count first", `{"count": 0, "at": "never"}`, ingest.Payload{}, ingest.ReasonCount},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := ingest.ParsePayload([]byte(tt.payload), limits.MaxCount)
+			checkReason(t, err, tt.reason)
+			if got != tt.want {
+				t.Errorf("ParsePayload(%q) = %+v, want %+v", tt.payload, got, tt.want)
+			}
+		})
+	}
+}
+
+func TestCheckAt(t *testing.T) {
+	ref := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	ms := func(t time.Time) int64 { return t.UnixMilli() }
+	tests := []struct {
+		name   string
+		at     int64
+		late   time.Duration
+		reason string
+	}{
+		{"now", ms(ref), 0, ""},
+		{"a day late, the default bound", ms(ref.Add(-ingest.DefaultMaxLateness)), 0, ""},
+		{"past the default bound", ms(ref.Add(-ingest.DefaultMaxLateness)) - 1, 0, ingest.ReasonAt},
+		{"at a set bound", ms(ref.Add(-time.Hour)), time.Hour, ""},
+		{"past a set bound", ms(ref.Add(-time.Hour)) - 1, time.Hour, ingest.ReasonAt},
+		{"ahead within the skew", ms(ref.Add(ingest.MaxAhead)), 0, ""},
+		{"too far ahead", ms(ref.Add(ingest.MaxAhead)) + 1, 0, ingest.ReasonAt},
+		{"the epoch", 0, 0, ingest.ReasonAt},
+		{"the least int64", math.MinInt64, 0, ingest.ReasonAt},
+		{"the most int64", math.MaxInt64, 0, ingest.ReasonAt},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := ingest.CheckAt(tt.at, ref, tt.late)
+			checkReason(t, err, tt.reason)
+			if err == nil && got.UnixMilli() != tt.at {
+				t.Errorf("CheckAt(%d) = %v", tt.at, got)
+			}
+		})
+	}
+}
+
+// BenchmarkCount is the parse of each payload shape: the empty payload and
+// `{"count":1}` (no allocation), and those with an "at".
+func BenchmarkCount(b *testing.B) {
+	for _, payload := range []string{``, `{"count":1}`, `{"count":1,"at":1772366400000}`, `{"count":1,"at":"2026-03-01T12:00:00Z"}`} {
+		b.Run(fmt.Sprintf("%q", payload), func(b *testing.B) {
+			p := []byte(payload)
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := ingest.Count(p, ingest.DefaultMaxCount); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
 	}
 }

@@ -1,8 +1,9 @@
 // Package loadgen publishes synthetic mentions, for demos, tests and
 // benchmarks: a number of topics, picked uniformly or with Zipf skew (a few
-// hot topics, a long quiet tail), at a rate or as fast as NATS takes them.
-// It counts what it sent per topic, so a run can be checked against the
-// store to the mention.
+// hot topics, a long quiet tail), at a rate or as fast as NATS takes them,
+// or as history: a run's worth of mentions stamped with the times they
+// would have had ("at"), published at once. It counts what it sent per
+// topic, so a run can be checked against the store to the mention.
 package loadgen
 
 import (
@@ -54,6 +55,13 @@ type Config struct {
 	Surge      string
 	SurgeRate  int
 	SurgeAfter time.Duration
+	// Backfill publishes the run as history: the Duration before the start
+	// of the run, at Rate (and the surge at SurgeRate from SurgeAfter into
+	// it), each message stamped with its time in it ("at", which the
+	// sidecar counts in that time's buckets), as fast as NATS takes them.
+	// It needs a Duration and a Rate; the sidecar refuses mentions older
+	// than its --max-lateness (a day by default).
+	Backfill bool
 }
 
 // Validate checks c.
@@ -73,6 +81,8 @@ func (c Config) Validate() error {
 		return errors.New("loadgen: surge-after must not be negative")
 	case c.Count < 1 || c.Count > ingest.DefaultMaxCount:
 		return fmt.Errorf("loadgen: count must be in 1..%d (the sidecar's default --max-count)", ingest.DefaultMaxCount)
+	case c.Backfill && (c.Duration <= 0 || c.Rate < 1):
+		return errors.New("loadgen: a backfill needs a duration (how far back it starts) and a rate (messages per second of that history)")
 	}
 	return nil
 }
@@ -93,6 +103,9 @@ type Report struct {
 	// or may not be stored), core publishes the connection refused. They
 	// are not in Messages, Mentions or PerTopic.
 	Unacknowledged int64 `json:"unacknowledged,omitempty"`
+	// From and To bound the times a backfill stamped its mentions with.
+	From time.Time `json:"from,omitzero"`
+	To   time.Time `json:"to,omitzero"`
 }
 
 const (
@@ -162,9 +175,14 @@ func Run(ctx context.Context, nc *nats.Conn, c Config) (Report, error) {
 	}
 
 	start := time.Now()
-	var deadline time.Time
-	if c.Duration > 0 {
-		deadline = start.Add(c.Duration)
+	// The run's clock: the time since its start, or in a backfill a clock
+	// of its own that moves a slot at a time without waiting, from
+	// Duration before the start to the start.
+	var virtual time.Duration
+	elapsed := func() time.Duration { return time.Since(start) }
+	if c.Backfill {
+		elapsed = func() time.Duration { return virtual }
+		rep.From, rep.To = start.Add(-c.Duration), start
 	}
 	// Pace in 10 ms slots: each slot may send Rate/100 messages.
 	const slot = 10 * time.Millisecond
@@ -174,17 +192,23 @@ loop:
 		if err = ctx.Err(); err != nil {
 			break
 		}
-		now := time.Now()
-		if !deadline.IsZero() && now.After(deadline) {
+		e := elapsed()
+		if c.Duration > 0 && e > c.Duration {
 			break
 		}
-		if c.Surge != "" && now.Sub(start) > c.SurgeAfter {
-			want := int64(float64(c.SurgeRate) * (now.Sub(start) - c.SurgeAfter).Seconds())
+		mention := func(topic string) error { return p.Mention(ctx, topic, c.Count) }
+		if c.Backfill {
+			at := start.Add(e - c.Duration)
+			mention = func(topic string) error { return p.MentionAt(ctx, topic, c.Count, at) }
+			virtual += slot // the next round is a slot later
+		}
+		if c.Surge != "" && e > c.SurgeAfter {
+			want := int64(float64(c.SurgeRate) * (e - c.SurgeAfter).Seconds())
 			for ; surged < want; surged++ {
 				if c.Messages > 0 && n >= c.Messages {
 					break loop
 				}
-				if err = p.Mention(ctx, c.Surge, c.Count); err != nil {
+				if err = mention(c.Surge); err != nil {
 					break loop
 				}
 				n++
@@ -192,9 +216,11 @@ loop:
 		}
 		budget := int64(1000)
 		if c.Rate > 0 {
-			want := int64(float64(c.Rate)*now.Sub(start).Seconds()) + surged
+			want := int64(float64(c.Rate)*e.Seconds()) + surged
 			if budget = want - n; budget <= 0 {
-				time.Sleep(slot)
+				if !c.Backfill {
+					time.Sleep(slot)
+				}
 				continue
 			}
 		}
@@ -202,7 +228,7 @@ loop:
 			if c.Messages > 0 && n >= c.Messages {
 				break loop
 			}
-			if err = p.Mention(ctx, topics[pick()], c.Count); err != nil {
+			if err = mention(topics[pick()]); err != nil {
 				break loop
 			}
 			n++

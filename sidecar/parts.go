@@ -281,7 +281,7 @@ func newSource(cfg config.Config, nc *nats.Conn, agg *aggregator.Aggregator, fl 
 		QueueGroup:        cfg.QueueGroup,
 		DeadLetterSubject: cfg.DeadLetterSubject,
 		DrainTimeout:      cfg.DrainTimeout,
-		Limits:            ingest.Limits{MaxCount: cfg.MaxCount, MaxTopicBytes: cfg.MaxTopicBytes},
+		Limits:            ingest.Limits{MaxCount: cfg.MaxCount, MaxTopicBytes: cfg.MaxTopicBytes, MaxLateness: cfg.Lateness()},
 	}
 	if cfg.Durable() {
 		jcfg := ingest.JetStreamConfig{

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"net"
 	"net/http"
 	"strconv"
@@ -23,6 +22,7 @@ import (
 	"github.com/aws/smithy-go"
 	"github.com/aws/smithy-go/middleware"
 	smithyhttp "github.com/aws/smithy-go/transport/http"
+	"github.com/cenkalti/backoff/v5"
 	"golang.org/x/sync/errgroup"
 )
 
@@ -646,32 +646,41 @@ func (d *DynamoDB) batchGet(ctx context.Context, keys []map[string]types.Attribu
 	req := map[string]types.KeysAndAttributes{
 		d.table: {Keys: keys, ConsistentRead: aws.Bool(consistent)},
 	}
-	backoff := 10 * time.Millisecond
-	for {
+	// Each wait is drawn from [w/2, w], w doubling from 10 ms to 1 s: an
+	// interval of 3w/4, give or take a third.
+	b := &backoff.ExponentialBackOff{
+		InitialInterval:     3 * 10 * time.Millisecond / 4,
+		MaxInterval:         3 * time.Second / 4,
+		Multiplier:          2,
+		RandomizationFactor: 1.0 / 3,
+	}
+	left := false // keys handed back wait for the next attempt
+	_, err := backoff.Retry(ctx, func() (struct{}, error) {
+		left = false
 		out, err := d.client.BatchGetItem(ctx, &dynamodb.BatchGetItemInput{RequestItems: req})
 		if err != nil {
-			return err
+			return struct{}{}, backoff.Permanent(err)
 		}
 		for _, item := range out.Responses[d.table] {
 			if err := each(item); err != nil {
-				return err
+				return struct{}{}, backoff.Permanent(err)
 			}
 		}
 		if len(out.UnprocessedKeys[d.table].Keys) == 0 {
-			return nil
+			return struct{}{}, nil
 		}
-		req = out.UnprocessedKeys
+		req, left = out.UnprocessedKeys, true
 		d.metrics.batchGets.Inc()
-		t := time.NewTimer(backoff/2 + rand.N(backoff/2+1))
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return fmt.Errorf("unprocessed keys left: %w", ctx.Err())
-		case <-t.C:
-		}
-		backoff = min(2*backoff, time.Second)
+		return struct{}{}, errUnprocessed
+	}, backoff.WithBackOff(b), backoff.WithMaxElapsedTime(0)) // until ctx ends
+	if left {
+		return fmt.Errorf("unprocessed keys left: %w", ctx.Err()) // ctx ended with keys waiting
 	}
+	return err
 }
+
+// errUnprocessed is batchGet's attempt that left keys to retry.
+var errUnprocessed = errors.New("unprocessed keys left")
 
 // numberAttr reads a number attribute as int64; absent is 0. A value that is
 // not an int64 (DynamoDB numbers go to 38 digits) is an error, not a wrap.

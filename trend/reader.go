@@ -122,17 +122,28 @@ type Service struct {
 	series *expirable.LRU[string, Series]
 	trends *expirable.LRU[string, Trending]
 	// settled caches buckets that ended over settleAfter ago: only a late
-	// mention (a redelivery, a flush retried) still changes them, so a
-	// sliding window re-reads just its newest buckets.
-	settled *expirable.LRU[string, int64]
+	// mention (a backfill, a redelivery, a flush retried) still changes
+	// them, so a sliding window re-reads just its newest buckets. A count
+	// is used only if it was read after the last late write to its bucket
+	// that late knows of.
+	settled *expirable.LRU[string, settledCount]
+	late    *lateBook
 	m       metrics
 
 	sketch *Sketch // the fleet's summaries; nil: no trending
 
-	marked  atomic.Bool // this process has recorded the history's start
+	// marked is the earliest minute this process has recorded as the
+	// fleet's history start (math.MaxInt64: none yet).
+	marked  atomic.Int64
 	histMu  sync.Mutex
 	history time.Time // the fleet's history start, as last read
 	histAt  time.Time // when it was read
+}
+
+// settledCount is a settled bucket's count and when it was read.
+type settledCount struct {
+	n    int64
+	read time.Time
 }
 
 type metrics struct {
@@ -150,7 +161,8 @@ func New(cfg Config, st Store, reg prometheus.Registerer, now func() time.Time) 
 		counts:  expirable.NewLRU[string, Count](size, nil, cfg.CacheTTL),
 		series:  expirable.NewLRU[string, Series](size, nil, cfg.CacheTTL),
 		trends:  expirable.NewLRU[string, Trending](64, nil, cfg.CacheTTL),
-		settled: expirable.NewLRU[string, int64](settledKeys, nil, settledTTL),
+		settled: expirable.NewLRU[string, settledCount](settledKeys, nil, settledTTL),
+		late:    newLateBook(),
 		m: metrics{
 			reads: prometheus.NewCounterVec(prometheus.CounterOpts{
 				Name: "hotcount_trend_reads_total",
@@ -163,6 +175,7 @@ func New(cfg Config, st Store, reg prometheus.Registerer, now func() time.Time) 
 		},
 	}
 	reg.MustRegister(s.m.reads, s.m.batchGets)
+	s.marked.Store(math.MaxInt64)
 	return s
 }
 
@@ -323,21 +336,33 @@ func (s *Service) readManyWithin(ctx context.Context, topics []string, spans []S
 	counts := make(map[string]int64)
 	var keys []string
 	fresh := make(map[string]bool) // keys read that are settled: cached after
-	settledBy := s.now().Add(-settleAfter)
+	now := s.now()                 // before the read: a late write after it makes the read stale
+	// Per bucket: settled, and the last late write to it (a cached count
+	// read before that is stale).
+	type state struct {
+		settled bool
+		late    time.Time
+	}
+	states := make(map[bucketID]state)
+	for _, sp := range spans {
+		for i := sp.First; i <= sp.Last; i++ {
+			states[bucketID{sp.G, i}] = state{settled(sp.G, i, now), s.late.since(sp.G, i)}
+		}
+	}
 	for _, t := range topics {
 		n := metas[t].Read()
 		shards[t] = n
 		for _, sp := range spans {
 			for i := sp.First; i <= sp.Last; i++ {
-				settled := !sp.G.Start(i + 1).After(settledBy)
+				st := states[bucketID{sp.G, i}]
 				for sh := range n {
 					k := store.BucketKey(t, sp.G, i, sh)
-					if c, ok := s.settled.Get(k); ok && settled {
-						counts[k] = c
+					if c, ok := s.settled.Get(k); ok && st.settled && c.read.After(st.late) {
+						counts[k] = c.n
 						continue
 					}
 					keys = append(keys, k)
-					if settled {
+					if st.settled {
 						fresh[k] = true
 					}
 				}
@@ -353,7 +378,7 @@ func (s *Service) readManyWithin(ctx context.Context, topics []string, spans []S
 		for k, c := range read {
 			counts[k] = c
 			if fresh[k] {
-				s.settled.Add(k, c)
+				s.settled.Add(k, settledCount{c, now})
 			}
 		}
 	}
@@ -400,24 +425,36 @@ func windowsOf(c Config) string {
 	return "none"
 }
 
-// Observe is told what each flush wrote (flusher.Observer): the first
-// minute buckets this process writes lower the fleet's history start to
-// their minute, once; then the sketch publishes the summary.
+// Observe is told what each flush wrote (flusher.Observer). A minute
+// bucket earlier than any this process has written lowers the fleet's
+// history start to its minute: the first flush's, and a backfill's (a
+// mention's "at" may be hours old). Writes to settled buckets are noted as
+// late, so that their cached counts are read again. Then the sketch
+// publishes the summary.
 func (s *Service) Observe(written map[string]int64) {
-	if !s.marked.Load() {
-		first := int64(math.MaxInt64)
-		for name := range written {
-			if _, g, i, ok := store.ParseCounter(name); ok && g == store.Minute {
-				first = min(first, i)
-			}
+	now := s.now()
+	first := int64(math.MaxInt64)
+	for name := range written {
+		_, g, i, ok := store.ParseCounter(name)
+		if !ok || (g != store.Minute && g != store.Hour) {
+			continue
 		}
-		if first != math.MaxInt64 {
-			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-			if s.st.MarkHistory(ctx, store.Minute.Start(first)) == nil {
-				s.marked.Store(true) // else: the next flush tries again
-			}
-			cancel()
+		s.late.wrote(g, i, now)
+		if g == store.Minute {
+			first = min(first, i)
 		}
+	}
+	if first < s.marked.Load() {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		if s.st.MarkHistory(ctx, store.Minute.Start(first)) == nil {
+			s.marked.Store(first) // else: the next flush tries again
+			s.histMu.Lock()
+			if h := store.Minute.Start(first); s.history.IsZero() || h.Before(s.history) {
+				s.history = h // as the store now has it, without waiting for the next read
+			}
+			s.histMu.Unlock()
+		}
+		cancel()
 	}
 	if s.sketch != nil {
 		s.sketch.Observe(written)

@@ -71,6 +71,7 @@ type Sketch struct {
 	minutes map[int64]map[string]int64 // by minute: the last recentMinutes
 	blocks  map[int64]map[string]int64 // by first minute of a block: older
 	first   int64                      // the earliest minute merged: where the fleet's history starts, as far as this sidecar knows
+	late    *lateBook                  // told of summaries of settled minutes (nil: none)
 
 	merged, dropped prometheus.Counter
 }
@@ -172,7 +173,8 @@ type topicCount struct {
 
 // Merge adds a summary to the sketch.
 func (s *Sketch) Merge(sum Summary) {
-	now := store.Minute.Index(s.now())
+	at := s.now()
+	now := store.Minute.Index(at)
 	oldest := now - sketchMinutes
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -181,6 +183,7 @@ func (s *Sketch) Merge(sum Summary) {
 			continue // too old to matter, or from a clock far ahead
 		}
 		s.first = min(s.first, i)
+		s.late.wroteMinute(i, at) // if settled: a backfill, a flush retried
 		if i <= now-recentMinutes {
 			addAll(s.blocks, blockOf(i), topics) // a late summary
 			continue

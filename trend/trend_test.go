@@ -232,3 +232,94 @@ func TestNewTopicsInAnOldFleet(t *testing.T) {
 		}
 	}
 }
+
+// TestHistoryFollowsABackfill: the fleet's history starts at the earliest
+// minute written, also when a later flush writes earlier minutes than the
+// first one did (mentions stamped with an old "at").
+func TestHistoryFollowsABackfill(t *testing.T) {
+	ctx := context.Background()
+	st, err := store.OpenBolt(t.TempDir(), store.NewMetrics(prometheus.NewRegistry()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	now := time.Date(2026, 12, 3, 12, 0, 30, 0, time.UTC)
+	s := New(Config{Minutes: true, Hours: true, CacheTTL: time.Second, CacheSize: 10}, st, prometheus.NewRegistry(), func() time.Time { return now })
+	last := store.Minute.Index(now)
+	for _, step := range []struct {
+		minute int64
+		want   int64
+	}{{last, last}, {last - 1, last - 1}, {last - 90, last - 90}, {last - 5, last - 90}} {
+		s.Observe(map[string]int64{store.BucketCounter("a", store.Minute, step.minute): 1, "a": 1})
+		got, err := st.HistoryStart(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := store.Minute.Start(step.want); !got.Equal(want) {
+			t.Errorf("after a flush of minute %d: history starts %v, want %v", step.minute-last, got, want)
+		}
+		if h, err := s.historyStart(ctx); err != nil || !h.Equal(got) {
+			t.Errorf("the service's history start %v, %v; the store's %v", h, err, got)
+		}
+	}
+}
+
+// TestLateWritesAreReadAgain: a settled bucket's count is cached, but a
+// write to it heard of afterwards (a backfill's flush, in the fleet's
+// summaries or this sidecar's own) has it read again, its minute's hour
+// too; then it is cached again.
+func TestLateWritesAreReadAgain(t *testing.T) {
+	ctx := context.Background()
+	st, err := store.OpenBolt(t.TempDir(), store.NewMetrics(prometheus.NewRegistry()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	clk := testenv.NewClock(time.Date(2026, 12, 3, 12, 0, 30, 0, time.UTC))
+	s := New(Config{Minutes: true, Hours: true, CacheTTL: time.Second, CacheSize: 10}, st, prometheus.NewRegistry(), clk.Now)
+	sk := newSketch(clk.Now)
+	s.UseSketch(sk)
+	m := store.Minute.Index(clk.Now()) - 70 // settled, and its hour too
+	h := store.Hour.Index(store.Minute.Start(m))
+	minute, hour := Span{G: store.Minute, First: m, Last: m}, Span{G: store.Hour, First: h, Last: h}
+	write := func(n int64) {
+		for _, c := range []string{store.BucketCounter("a", store.Minute, m), store.BucketCounter("a", store.Hour, h)} {
+			if err := st.Add(ctx, testenv.W(c, 0, n), clk.Now()); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	read := func(sp Span) int64 {
+		t.Helper()
+		sums, _, err := s.read(ctx, "a", []Span{sp})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return sums[0][0]
+	}
+	check := func(when string, wantMinute, wantHour int64) {
+		t.Helper()
+		if got := read(minute); got != wantMinute {
+			t.Errorf("%s: minute %d, want %d", when, got, wantMinute)
+		}
+		if got := read(hour); got != wantHour {
+			t.Errorf("%s: hour %d, want %d", when, got, wantHour)
+		}
+	}
+	write(5)
+	check("first read", 5, 5)
+	write(7) // unannounced: the cached counts stand
+	check("cached", 5, 5)
+
+	clk.Add(time.Second)
+	sk.Merge(Summary{Writer: "other", Minutes: map[int64]map[string]int64{m: {"a": 7}}})
+	clk.Add(time.Second)
+	check("after the fleet's summary", 12, 12)
+	write(1)
+	check("cached again", 12, 12)
+
+	clk.Add(time.Second)
+	s.Observe(map[string]int64{store.BucketCounter("a", store.Minute, m): 1, store.BucketCounter("a", store.Hour, h): 1})
+	clk.Add(time.Second)
+	check("after this sidecar's flush", 13, 13)
+}

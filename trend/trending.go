@@ -54,8 +54,14 @@ func Score(recent int64, expected float64) float64 {
 }
 
 // UseSketch gives the service the fleet's summaries: /v1/trending then
-// answers.
-func (s *Service) UseSketch(sk *Sketch) { s.sketch = sk }
+// answers, and late writes anywhere in the fleet (a backfill) refresh the
+// settled buckets this service has cached.
+func (s *Service) UseSketch(sk *Sketch) {
+	sk.mu.Lock()
+	sk.late = s.late
+	sk.mu.Unlock()
+	s.sketch = sk
+}
 
 // Trending ranks the fleet's topics by Score over the last window (whole
 // minutes, up to MaxTrendWindow) against their baseline, the Baselines

@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/hotcount/hotcount/config"
+	"github.com/hotcount/hotcount/ingest"
 	"github.com/hotcount/hotcount/loadgen"
 )
 
@@ -54,6 +55,7 @@ func cmdLoad(ctx context.Context, args, environ []string, stdout, stderr io.Writ
 	fs.StringVar(&lc.Surge, "surge", "", "a topic to publish besides the others, at --surge-rate from --surge-after: one that starts trending (see /v1/trending)")
 	fs.IntVar(&lc.SurgeRate, "surge-rate", 200, "messages per second of the --surge topic")
 	fs.DurationVar(&lc.SurgeAfter, "surge-after", 0, "how long into the run the --surge topic starts")
+	fs.BoolVar(&lc.Backfill, "backfill", false, `publish the run as history, as fast as NATS takes it: --duration of mentions at --rate (and the --surge), each stamped with its time in the --duration before now ({"count": n, "at": <Unix ms>}), which the sidecar counts in that time's minute and hour buckets; a sidecar refuses mentions older than its --max-lateness (24h by default)`)
 	fs.Uint64Var(&lc.Seed, "seed", 0, "seed of the topic sequence; 0 picks one at random and prints it, to repeat the run with")
 	report := fs.String("report", "", "write the per-topic counts published (acknowledged by the stream, or received by the NATS server) to this JSON file")
 	mode := fs.String("jetstream", "auto", "publish with JetStream acknowledgements and count only what the stream stored: auto (when a stream takes the subject, as with hotcount dev), true or false (core publishes: counted when the NATS server has them, which a slow subscriber may still drop)")
@@ -68,6 +70,9 @@ func cmdLoad(ctx context.Context, args, environ []string, stdout, stderr io.Writ
 	case "auto", "true", "false":
 	default:
 		return usageError{fmt.Errorf("--jetstream %q is not auto, true or false", *mode)}
+	}
+	if lc.Backfill && lc.Duration > ingest.DefaultMaxLateness {
+		fmt.Fprintf(stderr, "hotcount load: warning: a backfill of %s reaches past a sidecar's default --max-lateness (%s): it refuses the older mentions (reason \"at\")\n", lc.Duration, ingest.DefaultMaxLateness)
 	}
 	for lc.Seed == 0 {
 		lc.Seed = rand.Uint64()
@@ -93,6 +98,9 @@ func cmdLoad(ctx context.Context, args, environ []string, stdout, stderr io.Writ
 	fmt.Fprintf(stdout, "%s: %d messages (%d mentions) over %d topics in %s: %.0f messages/s\n",
 		verb, rep.Messages, rep.Mentions, len(rep.PerTopic), rep.Elapsed.Round(time.Millisecond),
 		float64(rep.Messages)/rep.Elapsed.Seconds())
+	if lc.Backfill {
+		fmt.Fprintf(stdout, "backfilled: stamped from %s to %s\n", rep.From.Format(time.TimeOnly), rep.To.Format(time.TimeOnly))
+	}
 	if rep.Unacknowledged > 0 {
 		// Each of them may or may not be stored (an acknowledgement lost
 		// with the connection): the report leaves them out, so the store

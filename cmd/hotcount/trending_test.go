@@ -33,8 +33,9 @@ func only(cmds [][]string, s string) [][]string {
 }
 
 // TestTrendingDemo runs the README's "What is trending" steps as written,
-// against a fresh `hotcount dev`: the load with its surge (two and a half
-// minutes), then the curls and `top`. The surge is first in the list and in
+// against a fresh `hotcount dev`: the load with its surge, seven minutes
+// of history published at once (--backfill: each mention stamped with its
+// "at"), then the curls and `top`. The surge is first in the list and in
 // top's table, and its count over the window is what the load's report
 // says was published.
 func TestTrendingDemo(t *testing.T) {
@@ -70,6 +71,7 @@ func TestTrendingDemo(t *testing.T) {
 	if sent.PerTopic["surge"] == 0 {
 		t.Fatalf("the load published no surge: %s", stdout.String())
 	}
+	t.Logf("load: %s", stdout.String())
 
 	get := func(curl []string, v any) error {
 		u := strings.NewReplacer("localhost:8080", httpAddr).Replace(curl[len(curl)-1])

@@ -1,0 +1,55 @@
+package client_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/hotcount/hotcount/client"
+	"github.com/hotcount/hotcount/ingest"
+	"github.com/hotcount/hotcount/internal/testenv"
+)
+
+// TestMentionAtCarriesItsTime: MentionAt's messages carry "at", in Unix
+// milliseconds as the sidecar reads it; mentions add up into one message
+// only with those of their topic at the same millisecond, and never with
+// Mention's, whose messages stay as they were (empty for one mention).
+func TestMentionAtCarriesItsTime(t *testing.T) {
+	ns := testenv.NATS(t)
+	sp := newSpy(t, ns.ClientURL())
+	nc := testenv.Connect(t, ns.ClientURL())
+	pub, err := client.NewPublisher(nc, client.WithCoreNATS(), client.WithLinger(time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	t0 := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	for _, m := range []struct {
+		n  int64
+		at time.Time
+	}{{2, t0}, {3, t0.Add(500 * time.Microsecond)}, {1, t0.Add(time.Millisecond)}, {1, time.Time{}}, {4, t0}} {
+		if err := pub.MentionAt(ctx, "golang", m.n, m.at); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := pub.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	sp.sync(t, nc)
+	var got []string
+	for _, m := range sp.received() {
+		p, err := ingest.ParsePayload(m.Data, ingest.DefaultMaxCount)
+		if err != nil {
+			t.Fatalf("%q: %v", m.Data, err)
+		}
+		if p.HasAt {
+			got = append(got, fmt.Sprintf("%d@%d", p.Count, p.At-t0.UnixMilli()))
+		} else {
+			got = append(got, fmt.Sprintf("%d@none(%q)", p.Count, m.Data))
+		}
+	}
+	if want := `[9@0 1@1 1@none("")]`; fmt.Sprint(got) != want {
+		t.Errorf("messages %v, want %s", got, want)
+	}
+}
