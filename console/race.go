@@ -18,7 +18,7 @@ import (
 )
 
 // The race is internal/demo's, made live and self-contained: demo races
-// against a DynamoDB API through store/ddbfault, and hotcount dev has no
+// against a DynamoDB API through internal/ddbfault, and hotcount dev has no
 // DynamoDB, so here the per-key ceiling is a rate limiter in front of a
 // store that only counts what it accepts. Nothing reaches the sidecar's
 // store or its metrics.

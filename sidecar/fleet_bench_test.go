@@ -7,9 +7,9 @@ import (
 	"time"
 
 	"github.com/hotcount/hotcount/config"
+	"github.com/hotcount/hotcount/internal/ddbfault"
 	"github.com/hotcount/hotcount/internal/testenv"
 	"github.com/hotcount/hotcount/loadgen"
-	"github.com/hotcount/hotcount/store/ddbfault"
 )
 
 // BenchmarkFleetWrites: 4 sidecars on one NATS server and one table take

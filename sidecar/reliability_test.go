@@ -8,11 +8,11 @@ import (
 	"time"
 
 	"github.com/hotcount/hotcount/config"
+	"github.com/hotcount/hotcount/internal/ddbfault"
 	"github.com/hotcount/hotcount/internal/testenv"
 	"github.com/hotcount/hotcount/journal"
 	"github.com/hotcount/hotcount/loadgen"
 	"github.com/hotcount/hotcount/store"
-	"github.com/hotcount/hotcount/store/ddbfault"
 )
 
 // The reliability suite: the sidecar against dynalite behind the fault

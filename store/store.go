@@ -112,59 +112,45 @@ type Metrics struct {
 
 // NewMetrics registers the store metrics with reg.
 func NewMetrics(reg prometheus.Registerer) *Metrics {
-	m := &Metrics{
-		writes: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "hotcount_store_writes_total",
-			Help: "Increment calls made to the store (DynamoDB UpdateItem calls), each carrying one coalesced delta.",
-		}),
-		reads: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "hotcount_store_reads_total",
-			Help: "Shard items read from the store (keys asked for, found or not).",
-		}),
-		throttled: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "hotcount_store_throttled_total",
-			Help: "Store calls refused for throughput after the SDK's own retries.",
-		}),
-		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "hotcount_store_errors_total",
-			Help: "Store calls that failed, by operation (write, read).",
-		}, []string{"op"}),
-		gathers: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "hotcount_store_gathers_total",
-			Help: "Topic totals gathered from the store (all shards of one topic).",
-		}),
-		batchGets: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "hotcount_store_batch_gets_total",
-			Help: "BatchGetItem calls (up to 100 shard keys each, retries of UnprocessedKeys included).",
-		}),
+	counter := func(name, help string) prometheus.Counter {
+		c := prometheus.NewCounter(prometheus.CounterOpts{Name: name, Help: help})
+		reg.MustRegister(c)
+		return c
 	}
-	m.ambiguous = prometheus.NewCounter(prometheus.CounterOpts{
-		Name: "hotcount_store_ambiguous_total",
-		Help: "Writes whose outcome was unknown (a reset, a timeout, a 5xx answer): each is retried as the same write until hotcount_store_resolved_total settles it.",
-	})
-	m.resolved = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "hotcount_store_resolved_total",
-		Help: "Writes in doubt settled, by outcome: applied (an earlier attempt had applied it; the retry was refused by its mark), not_applied (the retry applied it), unresolvable (its mark was trimmed first; counted as applied; expected 0).",
-	}, []string{"outcome"})
-	m.trims = prometheus.NewCounter(prometheus.CounterOpts{
-		Name: "hotcount_store_trims_total",
-		Help: "Conditional writes that removed old writer marks from a shard item (to keep it under one write unit).",
-	})
-	m.trimErrors = prometheus.NewCounter(prometheus.CounterOpts{
-		Name: "hotcount_store_trim_errors_total",
-		Help: "Trims that failed or found the item changed; the next writer tries again.",
-	})
-	m.metaWrites = prometheus.NewCounter(prometheus.CounterOpts{
-		Name: "hotcount_store_meta_writes_total",
-		Help: "Conditional writes of a topic's shard metadata (first multi-shard write, raises, operator changes).",
-	})
-	reg.MustRegister(m.writes, m.reads, m.throttled, m.errors, m.gathers, m.batchGets, m.ambiguous, m.resolved, m.trims, m.trimErrors, m.metaWrites)
-	for _, o := range []string{ResolvedApplied, ResolvedNotApplied, ResolvedUnresolvable} {
-		m.resolved.WithLabelValues(o)
+	counterVec := func(name, help, label string, values ...string) *prometheus.CounterVec {
+		c := prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help}, []string{label})
+		reg.MustRegister(c)
+		for _, v := range values {
+			c.WithLabelValues(v) // present at 0 from the start
+		}
+		return c
 	}
-	m.errors.WithLabelValues("write")
-	m.errors.WithLabelValues("read")
-	return m
+	return &Metrics{
+		writes: counter("hotcount_store_writes_total",
+			"Increment calls made to the store (DynamoDB UpdateItem calls), each carrying one coalesced delta."),
+		reads: counter("hotcount_store_reads_total",
+			"Shard items read from the store (keys asked for, found or not)."),
+		throttled: counter("hotcount_store_throttled_total",
+			"Store calls refused for throughput after the SDK's own retries."),
+		errors: counterVec("hotcount_store_errors_total",
+			"Store calls that failed, by operation (write, read).",
+			"op", "write", "read"),
+		gathers: counter("hotcount_store_gathers_total",
+			"Topic totals gathered from the store (all shards of one topic)."),
+		batchGets: counter("hotcount_store_batch_gets_total",
+			"BatchGetItem calls (up to 100 shard keys each, retries of UnprocessedKeys included)."),
+		ambiguous: counter("hotcount_store_ambiguous_total",
+			"Writes whose outcome was unknown (a reset, a timeout, a 5xx answer): each is retried as the same write until hotcount_store_resolved_total settles it."),
+		resolved: counterVec("hotcount_store_resolved_total",
+			"Writes in doubt settled, by outcome: applied (an earlier attempt had applied it; the retry was refused by its mark), not_applied (the retry applied it), unresolvable (its mark was trimmed first; counted as applied; expected 0).",
+			"outcome", ResolvedApplied, ResolvedNotApplied, ResolvedUnresolvable),
+		trims: counter("hotcount_store_trims_total",
+			"Conditional writes that removed old writer marks from a shard item (to keep it under one write unit)."),
+		trimErrors: counter("hotcount_store_trim_errors_total",
+			"Trims that failed or found the item changed; the next writer tries again."),
+		metaWrites: counter("hotcount_store_meta_writes_total",
+			"Conditional writes of a topic's shard metadata (first multi-shard write, raises, operator changes)."),
+	}
 }
 
 func (m *Metrics) failed(op string, err error) {

@@ -104,19 +104,6 @@ func NewWriterID() string {
 	return strings.ToLower(base32.StdEncoding.EncodeToString(b[:]))
 }
 
-// ValidWriterID says whether id can name a mark attribute.
-func ValidWriterID(id string) bool {
-	if id == "" || len(id) > 32 {
-		return false
-	}
-	for _, r := range id {
-		if !(r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r == '-') {
-			return false
-		}
-	}
-	return true
-}
-
 // Sequencer hands out a writer's sequence numbers: microseconds since the
 // Unix epoch, strictly increasing even when the clock stalls or steps back.
 // It is safe for concurrent use.
@@ -138,9 +125,6 @@ func (s *Sequencer) Next() int64 {
 		}
 	}
 }
-
-// SeqTime is the time a sequence number was handed out (at the latest).
-func SeqTime(seq int64) time.Time { return time.UnixMicro(seq) }
 
 // mark is one writer's mark on an item.
 type mark struct {

@@ -22,11 +22,11 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/hotcount/hotcount/ingest"
+	"github.com/hotcount/hotcount/internal/ddbfault"
 	"github.com/hotcount/hotcount/internal/testenv"
 	"github.com/hotcount/hotcount/journal"
 	"github.com/hotcount/hotcount/loadgen"
 	"github.com/hotcount/hotcount/store"
-	"github.com/hotcount/hotcount/store/ddbfault"
 )
 
 // runMainEnv makes the test binary act as the hotcount binary, so that a

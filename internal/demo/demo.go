@@ -21,8 +21,8 @@ import (
 
 	"github.com/hotcount/hotcount/aggregator"
 	"github.com/hotcount/hotcount/flusher"
+	"github.com/hotcount/hotcount/internal/ddbfault"
 	"github.com/hotcount/hotcount/store"
-	"github.com/hotcount/hotcount/store/ddbfault"
 )
 
 // Config is what to race.

@@ -181,10 +181,14 @@ func (d *Dynalite) Restart() {
 
 // Client returns an SDK client for d with static test credentials and no
 // retries, so that tests see each call's own result.
-func (d *Dynalite) Client() *dynamodb.Client {
+func (d *Dynalite) Client() *dynamodb.Client { return Client(d.Endpoint) }
+
+// Client returns an SDK client for the DynamoDB API at endpoint (dynalite,
+// or a proxy in front of it) with static test credentials and no retries.
+func Client(endpoint string) *dynamodb.Client {
 	return dynamodb.New(dynamodb.Options{
 		Region:           "us-east-1",
-		BaseEndpoint:     aws.String(d.Endpoint),
+		BaseEndpoint:     aws.String(endpoint),
 		Credentials:      credentials.NewStaticCredentialsProvider("test", "test", ""),
 		RetryMaxAttempts: 1,
 	})

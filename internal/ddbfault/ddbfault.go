@@ -4,12 +4,13 @@
 // the operation (X-Amz-Target) and the partition keys of each request and
 // can:
 //
-//   - enforce a per-partition-key ceiling (writes 1,000 units/s, reads 3,000,
-//     each with a burst), answering over it as DynamoDB does: HTTP 400 with
-//     __type ...#ProvisionedThroughputExceededException, so the SDK's own
-//     retries and error classification run as in production;
-//   - add latency, answer HTTP 500 or 503, reset connections, or fail
-//     everything for a period (an outage);
+//   - enforce a per-partition-key ceiling with a burst (DynamoDB's are
+//     1,000 write and 3,000 read units/s), answering over it as DynamoDB
+//     does: HTTP 400 with __type ...#ProvisionedThroughputExceededException,
+//     so the SDK's own retries and error classification run as in
+//     production;
+//   - add latency, answer HTTP 500 or 503, refuse writes, or fail
+//     everything for a period (an outage: connections reset);
 //   - lose the answer to a counting write (UpdateItem) after the store
 //     applied it, as DynamoDB can, so that the client, not knowing, may
 //     retry a write that already happened. Three ways, each its own kind:
@@ -50,12 +51,6 @@ import (
 	"golang.org/x/time/rate"
 )
 
-// DynamoDB's per-partition limits, the defaults of Config.
-const (
-	DefaultWriteUnits = 1000 // write units per second per partition key
-	DefaultReadUnits  = 3000 // read units per second per partition key
-)
-
 // DefaultHang is how long AmbiguousHang holds a connection unless SetHang
 // says otherwise: longer than any client timeout.
 const DefaultHang = 30 * time.Second
@@ -80,7 +75,6 @@ const (
 	Forwarded = "forwarded" // passed through
 	Throttled = "throttled" // refused for the ceiling, not applied
 	Failed    = "failed"    // answered 500/503, not applied
-	Reset     = "reset"     // connection reset before forwarding, not applied
 	Outage    = "outage"    // refused during an outage, not applied
 	Refused   = "refused"   // UpdateItem answered 400 ValidationException (SetWriteFailure), not applied
 	Latency   = "latency"   // delayed
@@ -101,11 +95,6 @@ type Stats struct {
 	Did map[string]int
 	// ThrottledKeys counts throttled requests by partition key.
 	ThrottledKeys map[string]int
-	// AmbiguousDelta is the sum of the :delta values of the UpdateItem
-	// calls made ambiguous (any of the lost-answer kinds) that the
-	// store applied: what a client that retries them over-counts. A call
-	// the store refused or did not answer applied nothing and is not in it.
-	AmbiguousDelta int64
 	// Writes counts forwarded writes by partition key.
 	Writes map[string]int
 }
@@ -130,7 +119,6 @@ type Proxy struct {
 	failNext     int
 	refuseWrites bool
 	failCode     int
-	resetNext    int
 	ambigNext    int
 	loseRate     float64  // share of UpdateItem calls whose answer is lost
 	loseKinds    []string // how, chosen uniformly
@@ -172,20 +160,17 @@ func (p *Proxy) FailNext(n, status int) {
 	p.mu.Unlock()
 }
 
-// ResetNext resets the connection of the next n requests before forwarding.
-func (p *Proxy) ResetNext(n int) { p.mu.Lock(); p.resetNext = n; p.mu.Unlock() }
-
 // AmbiguousNext makes the next n UpdateItem calls (the counting writes)
 // ambiguous: applied upstream, then the response dropped.
 func (p *Proxy) AmbiguousNext(n int) { p.mu.Lock(); p.ambigNext = n; p.mu.Unlock() }
 
 // LoseAnswers makes, from now on, each UpdateItem call that would be
-// forwarded (not throttled, failed, reset, or taken by AmbiguousNext) lose
-// its answer after the store applied it, with probability rate, in one of
-// kinds chosen uniformly at random: Ambiguous, Ambiguous500,
-// AmbiguousHang or AmbiguousCut; no kinds is all of them. A rate of 0 or
-// less turns it off, 1 or more loses every answer. A kind that is not one
-// of them panics.
+// forwarded (not in an outage, failed, refused, throttled, or taken by
+// AmbiguousNext) lose its answer after the store applied it, with
+// probability rate, in one of kinds chosen uniformly at random:
+// Ambiguous, Ambiguous500, AmbiguousHang or AmbiguousCut; no kinds is all
+// of them. A rate of 0 or less turns it off, 1 or more loses every answer.
+// A kind that is not one of them panics.
 func (p *Proxy) LoseAnswers(rate float64, kinds ...string) {
 	if len(kinds) == 0 {
 		kinds = lostKinds
@@ -223,7 +208,7 @@ func (p *Proxy) Hanging() int { return int(p.hanging.Load()) }
 func (p *Proxy) Stats() Stats {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	s := Stats{Did: map[string]int{}, ThrottledKeys: map[string]int{}, Writes: map[string]int{}, AmbiguousDelta: p.stats.AmbiguousDelta}
+	s := Stats{Did: map[string]int{}, ThrottledKeys: map[string]int{}, Writes: map[string]int{}}
 	for k, v := range p.stats.Did {
 		s.Did[k] = v
 	}
@@ -241,12 +226,10 @@ type request struct {
 	op    string   // UpdateItem, BatchGetItem, ...
 	keys  []string // partition key values (the pk attribute)
 	write bool
-	delta int64 // UpdateItem's :delta, if any
 }
 
 type attr struct {
 	S string `json:"S"`
-	N string `json:"N"`
 }
 
 func parse(target string, body []byte) request {
@@ -255,9 +238,8 @@ func parse(target string, body []byte) request {
 	switch op {
 	case "UpdateItem", "PutItem", "DeleteItem", "GetItem":
 		var b struct {
-			Key    map[string]attr
-			Item   map[string]attr
-			Values map[string]attr `json:"ExpressionAttributeValues"`
+			Key  map[string]attr
+			Item map[string]attr
 		}
 		json.Unmarshal(body, &b) //nolint:errcheck // a body it cannot read is forwarded as it is
 		for _, m := range []map[string]attr{b.Key, b.Item} {
@@ -266,9 +248,6 @@ func parse(target string, body []byte) request {
 			}
 		}
 		r.write = op != "GetItem"
-		if d, ok := b.Values[":delta"]; ok {
-			r.delta, _ = strconv.ParseInt(d.N, 10, 64)
-		}
 	case "BatchGetItem":
 		var b struct {
 			RequestItems map[string]struct{ Keys []map[string]attr }
@@ -298,9 +277,6 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	switch {
 	case time.Now().Before(p.outageEnd):
 		verdict = Outage
-	case p.resetNext > 0:
-		p.resetNext--
-		verdict = Reset
 	case p.failNext > 0:
 		p.failNext--
 		verdict = Failed
@@ -345,7 +321,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	switch verdict {
-	case Outage, Reset:
+	case Outage:
 		reset(w)
 		return
 	case Failed:
@@ -363,11 +339,6 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		http.Error(w, err.Error(), http.StatusBadGateway)
 		return
-	}
-	if lost && resp.status/100 == 2 {
-		p.mu.Lock()
-		p.stats.AmbiguousDelta += req.delta
-		p.mu.Unlock()
 	}
 	switch verdict {
 	case Ambiguous:
