@@ -45,7 +45,7 @@ bench: deps
 	$(GO) test -run '^$$' -bench 'BenchmarkIngest|BenchmarkCounters|BenchmarkWindowWrites' -benchtime 1000000x -count $(COUNT) ./bench/ | tee -a bench.out
 	$(GO) test -run '^$$' -bench BenchmarkFlush -benchtime 3000x -count $(COUNT) ./bench/ | tee -a bench.out
 	$(GO) test -run '^$$' -bench BenchmarkSidecarRSS -benchtime 1000000x -count $(COUNT) ./cmd/hotcount/ | tee -a bench.out
-	$(GO) test -run '^$$' -bench BenchmarkFleetReads -benchtime 2000x -count $(COUNT) ./peers/ | tee -a bench.out
+	$(GO) test -run '^$$' -bench BenchmarkFleetReads -benchtime 2000x -count $(COUNT) ./fleet/ | tee -a bench.out
 	$(GO) test -run '^$$' -bench BenchmarkFleetWrites -benchtime 4000x -count $(COUNT) ./sidecar/ | tee -a bench.out
 	$(GO) test -run '^$$' -bench BenchmarkOutageRSS -benchtime 2000000x -count 1 ./cmd/hotcount/ | tee -a bench.out
 	$(GO) test -run '^$$' -bench BenchmarkLongTail -benchtime 3000000x -count 1 ./cmd/hotcount/ | tee -a bench.out

@@ -27,10 +27,10 @@ import (
 
 	"github.com/hotcount/hotcount/admin"
 	"github.com/hotcount/hotcount/aggregator"
+	"github.com/hotcount/hotcount/fleet"
 	"github.com/hotcount/hotcount/flusher"
 	"github.com/hotcount/hotcount/ingest"
 	"github.com/hotcount/hotcount/lookup"
-	"github.com/hotcount/hotcount/peers"
 	"github.com/hotcount/hotcount/shards"
 	"github.com/hotcount/hotcount/store"
 )
@@ -175,7 +175,7 @@ func Default() Config {
 		QueueGroup:        ingest.DefaultQueueGroup,
 		DeadLetterSubject: ingest.DefaultDeadLetterSubject,
 		ShareTotals:       "auto",
-		ShareSubject:      peers.DefaultSubject,
+		ShareSubject:      fleet.DefaultSharesSubject,
 		DrainTimeout:      ingest.DefaultDrainTimeout,
 		Store:             DefaultStore,
 		Table:             DefaultTable,

@@ -57,7 +57,7 @@ type JetStreamConfig struct {
 	Owner      Owner
 }
 
-// Owner says which partitions this sidecar owns (fleet.Fleet).
+// Owner says which partitions this sidecar owns (fleet.Members).
 type Owner interface {
 	// Owned returns the partitions of 0..n-1 this sidecar owns now.
 	Owned(n int) []int

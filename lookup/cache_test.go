@@ -189,7 +189,11 @@ func TestRefreshesBounded(t *testing.T) {
 		}
 		return nil
 	})
-	time.Sleep(100 * time.Millisecond)
+	// Every worker is held in a gather: the other 64 refreshes wait in the
+	// queue, where none can start until the gate opens.
+	if n := c.now.Load(); n != 16 || lookup.Queued(svc) < 64 {
+		t.Errorf("%d refreshes in gathers, %d tasks queued; want 16 busy and the other 64 queued", n, lookup.Queued(svc))
+	}
 	if n := c.max.Load(); n != 16 {
 		t.Errorf("%d refreshes at once, want at most 16", n)
 	}

@@ -146,8 +146,9 @@ func newEntry(shards []store.Shard, now time.Time) entry {
 	return entry{count: sum, shards: len(shards), saturated: saturated, at: now}
 }
 
-// Service answers lookups. It is safe for concurrent use. Close stops its
-// background refreshes.
+// Service answers lookups. It is safe for concurrent use. Its background
+// work (refreshes, the cache's clean-up) runs in Run; Close ends what is
+// left of it.
 type Service struct {
 	cfg     Config
 	store   Store
@@ -178,10 +179,10 @@ type Service struct {
 // New returns a lookup service over st, its metrics registered with reg.
 // A total is fresh for CacheTTL; then the next read starts a background
 // refresh and is served the old total, marked stale; an entry no refresh
-// has renewed by CacheStale is gone.
+// has renewed by CacheStale is gone. It starts nothing: see Run.
 func New(cfg Config, st Store, reg prometheus.Registerer, now func() time.Time) *Service {
 	m := newMetrics(reg)
-	s := &Service{cfg: cfg, store: st, metrics: m, now: now, pool: newPool(refreshers), seed: maphash.MakeSeed()}
+	s := &Service{cfg: cfg, store: st, metrics: m, now: now, pool: newPool(), seed: maphash.MakeSeed()}
 	s.bgCtx, s.stopBg = context.WithCancel(context.Background())
 	clk := clock{now}
 	s.cache = otter.Must(&otter.Options[string, entry]{
@@ -217,7 +218,7 @@ func New(cfg Config, st Store, reg prometheus.Registerer, now func() time.Time) 
 }
 
 // Sharer publishes a total this sidecar gathered to the rest of the fleet
-// (peers.Peers).
+// (fleet.Shares).
 type Sharer interface {
 	Share(topic string, count int64, shards int)
 }
@@ -255,8 +256,9 @@ type clock struct{ now func() time.Time }
 
 func (c clock) NowNano() int64 { return c.now().UnixNano() }
 
-// Tick drives otter's periodic clean-up.
-func (c clock) Tick(d time.Duration) <-chan time.Time { return time.Tick(d) }
+// Tick returns no ticks: otter's own periodic clean-up goroutine returns at
+// once, and Run cleans the caches up instead.
+func (clock) Tick(time.Duration) <-chan time.Time { return nil }
 
 // lifetime is the refresh (TTL) or expiry (CacheStale) time of an entry,
 // counted from the gather that made it: a raise by this sidecar's own
@@ -309,41 +311,96 @@ func (l lifetime) same(e otter.Entry[string, entry], old entry, left time.Durati
 	return l.after()
 }
 
-// pool runs otter's background tasks (refreshes, maintenance) on a fixed
-// number of goroutines. Its queue never blocks the cache, as otter
-// requires; it holds at most one refresh per cached topic.
-type pool struct {
-	mu    sync.Mutex
-	cond  *sync.Cond
-	queue []func()
-	done  bool
-	wg    sync.WaitGroup
+// cleanUpEvery is how often Run drops expired totals (otter's own
+// period), so that the cache's size and eviction metrics follow time even
+// while nobody reads.
+const cleanUpEvery = time.Second
+
+// Run runs the service's background work until ctx ends: the refreshes of
+// stale totals, at most 16 at once, and the clean-up of expired totals
+// every second. Then it ends the gathers of refreshes under way or queued
+// (a store that hangs does not hold it up), and returns once its workers
+// have, with nil. Run once, for as long as the service answers: a gather
+// started after Run fails at once, as after Close. Before Run, a
+// refresh runs on a goroutine of its own, which Close waits for, and
+// expired totals are dropped as the cache is read and written.
+func (s *Service) Run(ctx context.Context) error {
+	cleanUp := time.NewTicker(cleanUpEvery)
+	defer cleanUp.Stop()
+	var wg sync.WaitGroup
+	wg.Go(func() { s.pool.serve(ctx, refreshers) })
+	defer wg.Wait()
+	for {
+		select {
+		case <-ctx.Done():
+			s.stopBg() // the workers then run what is queued at once
+			return nil
+		case <-cleanUp.C:
+			s.cache.CleanUp()
+			s.absent.CleanUp()
+			s.floors.CleanUp()
+		}
+	}
 }
 
-func newPool(n int) *pool {
+// pool runs otter's background tasks (refreshes, maintenance). While
+// serve runs, a fixed number of workers run them; its queue never blocks
+// the cache, as otter requires, and holds at most one refresh per cached
+// topic. Otherwise each task runs on a goroutine of its own (otter must
+// have every task run), which close waits for.
+type pool struct {
+	mu      sync.Mutex
+	cond    *sync.Cond
+	queue   []func()
+	serving bool
+	closed  bool
+	loose   sync.WaitGroup // tasks run outside serve, until closed
+}
+
+func newPool() *pool {
 	p := &pool{}
 	p.cond = sync.NewCond(&p.mu)
-	for range n {
-		p.wg.Go(p.work)
-	}
 	return p
 }
 
 func (p *pool) run(fn func()) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.done {
-		go fn() // after Close: otter must have its tasks run
-		return
+	switch {
+	case p.serving:
+		p.queue = append(p.queue, fn)
+		p.cond.Signal()
+	case !p.closed:
+		p.loose.Go(fn)
+	default:
+		go fn() // after Close: the gathers end at once
 	}
-	p.queue = append(p.queue, fn)
-	p.cond.Signal()
+}
+
+// serve runs n workers until ctx ends; they then run what is queued, and
+// serve returns once they have.
+func (p *pool) serve(ctx context.Context, n int) {
+	p.mu.Lock()
+	p.serving = true
+	p.mu.Unlock()
+	stop := context.AfterFunc(ctx, func() {
+		p.mu.Lock()
+		p.serving = false
+		p.cond.Broadcast()
+		p.mu.Unlock()
+	})
+	defer stop()
+	var wg sync.WaitGroup
+	for range n {
+		wg.Go(p.work)
+	}
+	wg.Wait()
 }
 
 func (p *pool) work() {
 	for {
 		p.mu.Lock()
-		for len(p.queue) == 0 && !p.done {
+		for len(p.queue) == 0 && p.serving {
 			p.cond.Wait()
 		}
 		if len(p.queue) == 0 {
@@ -358,21 +415,20 @@ func (p *pool) work() {
 	}
 }
 
+// close waits for the tasks run outside serve; later ones are not waited
+// for.
 func (p *pool) close() {
 	p.mu.Lock()
-	p.done = true
-	p.cond.Broadcast()
+	p.closed = true
 	p.mu.Unlock()
-	p.wg.Wait()
+	p.loose.Wait()
 }
 
-// Close stops background refreshes and waits for those under way.
+// Close ends the gathers under way and waits for the refreshes that ran
+// outside Run. Call it once Run has returned, or was never called.
 func (s *Service) Close() {
 	s.stopBg()
 	s.pool.close()
-	s.cache.StopAllGoroutines()
-	s.absent.StopAllGoroutines()
-	s.floors.StopAllGoroutines()
 }
 
 // Known returns up to limit topics the cache holds a total of, those it

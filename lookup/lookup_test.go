@@ -89,7 +89,29 @@ func newService(t testing.TB, st lookup.Store, ttl, stale time.Duration, now fun
 	}
 	svc := lookup.New(lookup.Config{Shards: 4, CacheTTL: ttl, CacheStale: stale, CacheSize: 100, MaxTopicBytes: 32}, st, reg, now)
 	t.Cleanup(svc.Close)
+	run(t, svc)
 	return svc, reg
+}
+
+// run runs svc's background work until the test ends (stopped before
+// Close: cleanups run last first), once its workers are up.
+func run(t testing.TB, svc *lookup.Service) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- svc.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	})
+	testenv.Eventually(t, 5*time.Second, func() error {
+		if !lookup.Serving(svc) {
+			return errors.New("refresh workers not up")
+		}
+		return nil
+	})
 }
 
 func add(t testing.TB, b *store.Bolt, topic string, shard int, n int64) {
@@ -179,14 +201,15 @@ func TestStaleWhileRevalidate(t *testing.T) {
 // served, up to --cache-stale; past it readers miss and get the error.
 func TestStaleSurvivesStoreFailure(t *testing.T) {
 	st, b := newStore(t)
-	svc, reg := newService(t, st, 20*time.Millisecond, 300*time.Millisecond, nil)
+	clk := testenv.NewClock(time.Unix(1_800_000_000, 0))
+	svc, reg := newService(t, st, 20*time.Millisecond, 300*time.Millisecond, clk.Now)
 	ctx := context.Background()
 	add(t, b, "x", 2, 9)
 	if _, err := svc.Lookup(ctx, "x", lookup.Cached); err != nil {
 		t.Fatal(err)
 	}
 	st.fail.Store(true)
-	time.Sleep(40 * time.Millisecond) // past the TTL, inside the stale bound
+	clk.Add(40 * time.Millisecond) // past the TTL, inside the stale bound
 	got, err := svc.Lookup(ctx, "x", lookup.Cached)
 	if err != nil || got.Count != 9 || !got.Stale {
 		t.Fatalf("Lookup with the store down = %+v, %v; want the stale 9", got, err)
@@ -197,6 +220,7 @@ func TestStaleSurvivesStoreFailure(t *testing.T) {
 		}
 		return nil
 	})
+	clk.Add(300 * time.Millisecond) // past the stale bound
 	testenv.Eventually(t, 5*time.Second, func() error {
 		if _, err := svc.Lookup(ctx, "x", lookup.Cached); err == nil {
 			return errors.New("still served past the stale bound")

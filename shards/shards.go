@@ -8,6 +8,7 @@
 package shards
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -15,7 +16,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/hashicorp/golang-lru/v2/expirable"
+	"github.com/maypok86/otter/v2"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 	"golang.org/x/sync/errgroup"
@@ -56,32 +57,41 @@ type Config struct {
 	Every time.Duration
 }
 
+// historyAge is how long a topic's raises are kept for people to look at.
+const historyAge = time.Hour
+
 // Book is the writers' view of the topics' shard counts. It is safe for
-// concurrent use. The expirable LRU behind it starts a goroutine that lives
-// as long as the process.
+// concurrent use. Its caches expire entries by the clock it is given, as
+// they are read and written: it starts no goroutine and has nothing to
+// run or stop.
 type Book struct {
 	cfg       Config
 	st        Store
 	log       *zap.Logger
-	cache     *expirable.LRU[string, store.Meta]
-	raised    *expirable.LRU[string, struct{}] // topics raised lately: one raise per cache period
-	history   *expirable.LRU[string, []Raise]  // raises this sidecar made or saw, by topic (the console shows them)
+	now       func() time.Time
+	cache     *otter.Cache[string, store.Meta]
+	raised    *otter.Cache[string, struct{}] // topics raised lately: one raise per cache period
+	history   *otter.Cache[string, []Raise]  // raises this sidecar made or saw, by topic (the console shows them)
 	raises    prometheus.Counter
 	created   prometheus.Counter
 	fallbacks prometheus.Counter
 }
 
-// New returns a book over st, its metrics registered with reg.
-func New(cfg Config, st Store, log *zap.Logger, reg prometheus.Registerer) *Book {
+// New returns a book over st, its metrics registered with reg. now is its
+// clock (time.Now, or a test's): it times the cache period and the raise
+// history.
+func New(cfg Config, st Store, log *zap.Logger, reg prometheus.Registerer, now func() time.Time) *Book {
+	every := cmp.Or(cfg.Every, DefaultEvery)
 	b := &Book{
 		cfg:    cfg,
 		st:     st,
 		log:    log.Named("shards"),
-		cache:  expirable.NewLRU[string, store.Meta](cacheSize, nil, cfg.Every),
-		raised: expirable.NewLRU[string, struct{}](cacheSize, nil, cfg.Every),
+		now:    now,
+		cache:  newCache[store.Meta](every, now),
+		raised: newCache[struct{}](every, now),
 		// An hour of raises per topic, for people to look at: raises are
 		// rare, the map small.
-		history: expirable.NewLRU[string, []Raise](cacheSize, nil, time.Hour),
+		history: newCache[[]Raise](historyAge, now),
 		raises: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "hotcount_shards_raised_total",
 			Help: "Topics whose shard count this sidecar raised (--adaptive, on throttling).",
@@ -98,6 +108,31 @@ func New(cfg Config, st Store, log *zap.Logger, reg prometheus.Registerer) *Book
 	reg.MustRegister(b.raises, b.created, b.fallbacks)
 	return b
 }
+
+// newCache returns a cache of at most cacheSize topics, each kept for ttl
+// from its last write by now's time. Its clock does not tick, so otter
+// runs no periodic clean-up (its goroutine for that returns at once), and
+// its maintenance runs on the goroutine that reads or writes, as otter
+// allows of a cache whose functions never call it back (no deletion
+// listener, no loader; remember's Compute only appends): an expired entry
+// is never served, and is dropped by that maintenance, within the size
+// bound.
+func newCache[V any](ttl time.Duration, now func() time.Time) *otter.Cache[string, V] {
+	return otter.Must(&otter.Options[string, V]{
+		MaximumSize:      cacheSize,
+		ExpiryCalculator: otter.ExpiryWriting[string, V](ttl),
+		Clock:            clock{now},
+		Executor:         func(fn func()) { fn() },
+	})
+}
+
+// clock is the book's time for otter.
+type clock struct{ now func() time.Time }
+
+func (c clock) NowNano() int64 { return c.now().UnixNano() }
+
+// Tick returns no ticks: no periodic clean-up (see newCache).
+func (clock) Tick(time.Duration) <-chan time.Time { return nil }
 
 // initial is the shard count a new topic starts with.
 func (b *Book) initial() int { return max(b.cfg.Default, 1) }
@@ -117,7 +152,7 @@ func (b *Book) WriteCounts(ctx context.Context, topics []string) (map[string]int
 	out := make(map[string]int, len(topics))
 	var missing []string
 	for _, t := range topics {
-		if m, ok := b.cache.Get(t); ok {
+		if m, ok := b.cache.GetIfPresent(t); ok {
 			out[t] = m.Write()
 		} else {
 			missing = append(missing, t)
@@ -145,7 +180,7 @@ func (b *Book) WriteCounts(ctx context.Context, topics []string) (map[string]int
 	for _, t := range missing {
 		m := metas[t]
 		if m.Exists() || b.initial() == 1 {
-			b.cache.Add(t, m)
+			b.cache.Set(t, m)
 			mu.Lock() // recordings started earlier write to out too
 			out[t] = m.Write()
 			mu.Unlock()
@@ -171,7 +206,7 @@ func (b *Book) WriteCounts(ctx context.Context, topics []string) (map[string]int
 			if recorded { // else another sidecar recorded it first
 				b.created.Inc()
 			}
-			b.cache.Add(t, m)
+			b.cache.Set(t, m)
 			out[t] = m.Write()
 			return nil
 		})
@@ -209,11 +244,13 @@ func (b *Book) change(ctx context.Context, topic string, old, m store.Meta) (sto
 // most once per cache period per sidecar; the decision is logged and
 // counted. It returns the count to write with now.
 func (b *Book) Throttled(ctx context.Context, topic string) int {
-	m, _ := b.cache.Get(topic)
-	if !b.cfg.Adaptive || m.Write() >= b.cfg.Max || b.raised.Contains(topic) {
+	m, _ := b.cache.GetIfPresent(topic)
+	if !b.cfg.Adaptive || m.Write() >= b.cfg.Max {
 		return m.Write()
 	}
-	b.raised.Add(topic, struct{}{})
+	if _, first := b.raised.SetIfAbsent(topic, struct{}{}); !first {
+		return m.Write() // raised (or tried) this cache period already
+	}
 	metas, err := b.st.Metas(ctx, []string{topic})
 	if err != nil {
 		b.log.Warn("raise: read metadata", zap.String("topic", topic), zap.Error(err))
@@ -221,8 +258,8 @@ func (b *Book) Throttled(ctx context.Context, topic string) int {
 	}
 	cur := metas[topic]
 	if cur.Write() > m.Write() { // raised by another sidecar since we looked
-		b.cache.Add(topic, cur)
-		b.remember(topic, Raise{At: time.Now(), From: m.Write(), To: cur.Write(), Here: false})
+		b.cache.Set(topic, cur)
+		b.remember(topic, Raise{At: b.now(), From: m.Write(), To: cur.Write(), Here: false})
 		return cur.Write()
 	}
 	next, applied, err := b.change(ctx, topic, cur, cur.With(min(2*cur.Write(), b.cfg.Max)))
@@ -230,13 +267,13 @@ func (b *Book) Throttled(ctx context.Context, topic string) int {
 		b.log.Warn("raise", zap.String("topic", topic), zap.Error(err))
 		return m.Write()
 	}
-	b.cache.Add(topic, next)
+	b.cache.Set(topic, next)
 	if next.Write() > cur.Write() && !applied { // another sidecar's raise won the race
-		b.remember(topic, Raise{At: time.Now(), From: cur.Write(), To: next.Write(), Here: false})
+		b.remember(topic, Raise{At: b.now(), From: cur.Write(), To: next.Write(), Here: false})
 	}
 	if next.Write() > cur.Write() && applied {
 		b.raises.Inc()
-		b.remember(topic, Raise{At: time.Now(), From: cur.Write(), To: next.Write(), Here: true})
+		b.remember(topic, Raise{At: b.now(), From: cur.Write(), To: next.Write(), Here: true})
 		b.log.Info("raised shards", zap.String("topic", topic), zap.Int("from", cur.Write()), zap.Int("to", next.Write()))
 	}
 	return next.Write()
@@ -254,26 +291,30 @@ type Raise struct {
 const maxHistory = 16
 
 func (b *Book) remember(topic string, r Raise) {
-	h, _ := b.history.Get(topic)
-	h = append(h, r)
-	if len(h) > maxHistory {
-		h = h[len(h)-maxHistory:]
-	}
-	b.history.Add(topic, h)
+	b.history.Compute(topic, func(h []Raise, _ bool) ([]Raise, otter.ComputeOp) {
+		h = append(slices.Clip(h), r) // History's readers hold the old slice
+		if len(h) > maxHistory {
+			h = h[len(h)-maxHistory:]
+		}
+		return h, otter.WriteOp
+	})
 }
 
 // History returns the raises of topic this sidecar made or saw in the last
 // hour, oldest first.
 func (b *Book) History(topic string) []Raise {
-	h, _ := b.history.Peek(topic)
-	return slices.Clone(h)
+	e, ok := b.history.GetEntryQuietly(topic)
+	if !ok {
+		return nil
+	}
+	return slices.Clone(e.Value)
 }
 
 // Cached is the shard count this sidecar last used for topic, or the
 // initial count.
 func (b *Book) Cached(topic string) int {
-	if m, ok := b.cache.Peek(topic); ok {
-		return m.Write()
+	if e, ok := b.cache.GetEntryQuietly(topic); ok {
+		return e.Value.Write()
 	}
 	return b.initial()
 }

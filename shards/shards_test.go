@@ -26,7 +26,7 @@ func TestRacingRaisesAgree(t *testing.T) {
 	ctx := context.Background()
 	var books []*shards.Book
 	for range 4 {
-		b := shards.New(shards.Config{Adaptive: true, Max: 64}, st, zaptest.NewLogger(t), prometheus.NewRegistry())
+		b := shards.New(shards.Config{Adaptive: true, Max: 64}, st, zaptest.NewLogger(t), prometheus.NewRegistry(), time.Now)
 		if n, err := b.WriteCounts(ctx, []string{"hot"}); err != nil || n["hot"] != 1 {
 			t.Fatalf("WriteCounts of a new topic = %v, %v; want 1 shard", n, err)
 		}
@@ -68,18 +68,77 @@ func TestRacingRaisesAgree(t *testing.T) {
 	}
 }
 
+// TestRaisesFollowTheClock: with a stepped clock, a book trusts its copy of
+// a topic's count for one cache period (another sidecar's raise shows after
+// it), raises a topic at most once per period, and keeps an hour of raise
+// history.
+func TestRaisesFollowTheClock(t *testing.T) {
+	st := dynamo(t)
+	ctx := context.Background()
+	clk := testenv.NewClock(time.Unix(1_800_000_000, 0))
+	const every = 30 * time.Second
+	cfg := shards.Config{Adaptive: true, Max: 64, Every: every}
+	reg := prometheus.NewRegistry()
+	b := shards.New(cfg, st, zaptest.NewLogger(t), reg, clk.Now)
+	if n, err := b.WriteCounts(ctx, []string{"hot"}); err != nil || n["hot"] != 1 {
+		t.Fatalf("WriteCounts of a new topic = %v, %v; want 1 shard", n, err)
+	}
+	if n := b.Throttled(ctx, "hot"); n != 2 {
+		t.Fatalf("first raise: %d shards, want 2", n)
+	}
+	clk.Add(every - time.Second)
+	if n := b.Throttled(ctx, "hot"); n != 2 {
+		t.Errorf("a second raise within the period: %d shards, want 2", n)
+	}
+	clk.Add(2 * time.Second)
+	if n, err := b.WriteCounts(ctx, []string{"hot"}); err != nil || n["hot"] != 2 { // as the next flush does
+		t.Fatalf("WriteCounts after the period = %v, %v; want 2", n, err)
+	}
+	if n := b.Throttled(ctx, "hot"); n != 4 {
+		t.Errorf("a raise after the period: %d shards, want 4", n)
+	}
+	if n := testenv.Metric(t, reg, "hotcount_shards_raised_total"); n != 2 {
+		t.Errorf("raised_total = %v, want 2", n)
+	}
+
+	// Another sidecar raises hot to 8: this book keeps writing with its
+	// copy until the period ends, then follows.
+	if _, _, err := shards.Set(ctx, st, "hot", 8); err != nil {
+		t.Fatal(err)
+	}
+	clk.Add(every - time.Second)
+	if n, err := b.WriteCounts(ctx, []string{"hot"}); err != nil || n["hot"] != 4 {
+		t.Errorf("WriteCounts within the period = %v, %v; want the cached 4", n, err)
+	}
+	if n := b.Cached("hot"); n != 4 {
+		t.Errorf("Cached = %d, want 4", n)
+	}
+	clk.Add(2 * time.Second)
+	if n, err := b.WriteCounts(ctx, []string{"hot"}); err != nil || n["hot"] != 8 {
+		t.Errorf("WriteCounts after the period = %v, %v; want 8, read again", n, err)
+	}
+
+	if h := b.History("hot"); len(h) != 2 || h[0].To != 2 || h[1].To != 4 || !h[1].Here || !h[1].At.Equal(clk.Now().Add(-every-time.Second)) {
+		t.Errorf("history = %+v, want the raises to 2 and 4, made here, at the clock's time", h)
+	}
+	clk.Add(time.Hour)
+	if h := b.History("hot"); len(h) != 0 {
+		t.Errorf("history an hour later = %+v, want none", h)
+	}
+}
+
 // TestStaticTopicsKeepTheirCount: a topic first written under --shards 4
 // keeps 4 when the default becomes 8 or 2; a new topic takes the default of
 // its first writer; one-shard topics have no metadata row.
 func TestStaticTopicsKeepTheirCount(t *testing.T) {
 	st := dynamo(t)
 	ctx := context.Background()
-	four := shards.New(shards.Config{Default: 4, Max: 64}, st, zaptest.NewLogger(t), prometheus.NewRegistry())
+	four := shards.New(shards.Config{Default: 4, Max: 64}, st, zaptest.NewLogger(t), prometheus.NewRegistry(), time.Now)
 	if n, err := four.WriteCounts(ctx, []string{"a"}); err != nil || n["a"] != 4 {
 		t.Fatalf("%v, %v", n, err)
 	}
 	for _, def := range []int{8, 2} {
-		b := shards.New(shards.Config{Default: def, Max: 64}, st, zaptest.NewLogger(t), prometheus.NewRegistry())
+		b := shards.New(shards.Config{Default: def, Max: 64}, st, zaptest.NewLogger(t), prometheus.NewRegistry(), time.Now)
 		n, err := b.WriteCounts(ctx, []string{"a", "new" + string(rune('0'+def))})
 		if err != nil {
 			t.Fatal(err)
@@ -88,7 +147,7 @@ func TestStaticTopicsKeepTheirCount(t *testing.T) {
 			t.Errorf("default %d: counts %v, want a kept at 4, the new topic at %d", def, n, def)
 		}
 	}
-	one := shards.New(shards.Config{Default: 1, Max: 64}, st, zaptest.NewLogger(t), prometheus.NewRegistry())
+	one := shards.New(shards.Config{Default: 1, Max: 64}, st, zaptest.NewLogger(t), prometheus.NewRegistry(), time.Now)
 	if _, err := one.WriteCounts(ctx, []string{"quiet"}); err != nil {
 		t.Fatal(err)
 	}

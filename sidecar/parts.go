@@ -20,7 +20,6 @@ import (
 	"github.com/hotcount/hotcount/ingest"
 	"github.com/hotcount/hotcount/journal"
 	"github.com/hotcount/hotcount/lookup"
-	"github.com/hotcount/hotcount/peers"
 	"github.com/hotcount/hotcount/shards"
 	"github.com/hotcount/hotcount/spill"
 	"github.com/hotcount/hotcount/store"
@@ -40,12 +39,16 @@ type parts struct {
 	tr      *trend.Service
 	fl      *flusher.Flusher
 	jr      *journal.Journal // durable modes only
-	members *fleet.Fleet     // partitioned mode only
+	members *fleet.Members   // partitioned mode only; run by Run, not in runs or services
 	sub     source
 	// writer is this process's writer id, journaled or not.
 	writer string
 	// runs are the pipeline's loops, each run until its context ends.
 	runs []func(ctx context.Context) error
+	// services are the read side's loops (the lookup's refreshes, the
+	// totals shared by the fleet), run until the HTTP listeners have
+	// stopped: the lookup API answers through the whole shutdown.
+	services []func(ctx context.Context) error
 	// closers release what was opened, in reverse order.
 	closers []func()
 }
@@ -141,7 +144,7 @@ func (s *Sidecar) connect(_ context.Context, p *parts) error {
 func (s *Sidecar) readers(_ context.Context, p *parts) error {
 	cfg := s.cfg
 	p.hottest = hot.New(hot.DefaultCapacity, hot.DefaultPeriod, time.Now)
-	p.book = shards.New(shards.Config{Default: cfg.Shards, Adaptive: cfg.Adaptive, Max: cfg.MaxShards, Every: cfg.ShardsCache}, p.st, s.log, s.reg)
+	p.book = shards.New(shards.Config{Default: cfg.Shards, Adaptive: cfg.Adaptive, Max: cfg.MaxShards, Every: cfg.ShardsCache}, p.st, s.log, s.reg, time.Now)
 	p.lk = lookup.New(lookup.Config{
 		Shards:        cfg.ReadGuess(),
 		CacheTTL:      cfg.CacheTTL,
@@ -151,6 +154,7 @@ func (s *Sidecar) readers(_ context.Context, p *parts) error {
 		Share:         cfg.SharesTotals(),
 	}, p.st, s.reg, time.Now)
 	p.onClose(p.lk.Close)
+	p.services = append(p.services, p.lk.Run)
 	minutes, hours := cfg.Buckets()
 	p.tr = trend.New(trend.Config{
 		Minutes:   minutes,
@@ -170,11 +174,8 @@ func (s *Sidecar) readers(_ context.Context, p *parts) error {
 		p.tr.UseSketch(sk)
 	}
 	if cfg.SharesTotals() {
-		sh, err := peers.Join(p.nc, cfg.ShareSubject, p.writer, cfg.StoreScope(), p.lk, s.reg, s.log)
-		if err != nil {
-			return err
-		}
-		p.onClose(func() { sh.Close() })
+		sh := fleet.NewShares(p.nc, cfg.ShareSubject, p.writer, cfg.StoreScope(), p.lk, s.reg, s.log)
+		p.services = append(p.services, sh.Run)
 		p.lk.ShareWith(sh)
 	}
 	return nil
@@ -225,12 +226,7 @@ func (s *Sidecar) writers(ctx context.Context, p *parts) error {
 func (s *Sidecar) ingest(_ context.Context, p *parts) error {
 	cfg := s.cfg
 	if cfg.NATSMode == config.ModePartitioned {
-		members, err := fleet.Join(p.nc, fleet.DefaultSubject, p.writer, cfg.Stream+"/"+cfg.Consumer, fleet.DefaultInterval, s.log)
-		if err != nil {
-			return fmt.Errorf("sidecar: join the fleet: %w", err)
-		}
-		p.members = members
-		p.onClose(members.Leave)
+		p.members = fleet.NewMembers(p.nc, fleet.DefaultMembersSubject, p.writer, cfg.Stream+"/"+cfg.Consumer, fleet.DefaultInterval, s.log)
 	}
 	sub, err := newSource(cfg, p.nc, p.agg, p.fl, p.members, s.log, p.im)
 	if err != nil {
@@ -275,7 +271,7 @@ type source interface {
 	Ready() error
 }
 
-func newSource(cfg config.Config, nc *nats.Conn, agg *aggregator.Aggregator, fl *flusher.Flusher, members *fleet.Fleet, log *zap.Logger, m *ingest.Metrics) (source, error) {
+func newSource(cfg config.Config, nc *nats.Conn, agg *aggregator.Aggregator, fl *flusher.Flusher, members *fleet.Members, log *zap.Logger, m *ingest.Metrics) (source, error) {
 	icfg := ingest.Config{
 		Subject:           cfg.Subject,
 		QueueGroup:        cfg.QueueGroup,

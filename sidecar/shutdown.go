@@ -35,7 +35,8 @@ type shutdown struct {
 	reserve time.Duration
 	// stop stops taking messages and returns once the pipeline's
 	// goroutines have: the NATS drain (at most --drain-timeout), the flush
-	// loop (its flush in progress), the journal's and console's loops.
+	// loop (its flush in progress), the journal's and console's loops;
+	// then, in partitioned mode, it leaves the fleet (see runMembers).
 	stop func() error
 	// final writes what is buffered, retrying until its deadline: the
 	// budget's end less the reserve.

@@ -7,6 +7,7 @@ package sidecar
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"sync/atomic"
 	"time"
@@ -17,6 +18,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/hotcount/hotcount/config"
+	"github.com/hotcount/hotcount/fleet"
 	"github.com/hotcount/hotcount/flusher"
 	"github.com/hotcount/hotcount/lookup"
 	"github.com/hotcount/hotcount/shards"
@@ -93,10 +95,12 @@ func OpenStore(ctx context.Context, cfg config.Config, m *store.Metrics) (Store,
 
 // Run runs the sidecar until ctx ends (SIGTERM) or a part fails, then shuts
 // down within --shutdown-timeout: stop taking messages and drain the NATS
-// subscription (at most --drain-timeout), stop the flush loop, flush what is
-// buffered (retrying until the budget's end less a reserve), leave the
-// journal, send the acknowledgements, close NATS, stop the HTTP listeners.
-// The lookup API keeps answering until the final flush is done.
+// subscription (at most --drain-timeout), stop the flush loop, leave the
+// fleet (partitioned mode), flush what is buffered (retrying until the
+// budget's end less a reserve), leave the journal, send the
+// acknowledgements, close NATS, stop the HTTP listeners, then the lookup's
+// background work. The lookup API keeps answering until the final flush
+// is done.
 func (s *Sidecar) Run(ctx context.Context) error {
 	s.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	p, err := s.assemble(ctx)
@@ -113,6 +117,19 @@ func (s *Sidecar) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+
+	// The services (the read side's loops, and the fleet's membership)
+	// run on a context of their own, which ends only after the HTTP
+	// listeners have stopped, the last phase of the shutdown: the lookup
+	// API answers, refreshing its cache, until then. They start before
+	// the listeners serve.
+	svcCtx, stopServices := context.WithCancel(context.Background())
+	defer stopServices()
+	services, sctx := errgroup.WithContext(svcCtx)
+	for _, run := range p.services {
+		services.Go(func() error { return run(sctx) })
+	}
+	leaveFleet := runMembers(sctx, p.members, services)
 	l.start()
 
 	// The pipeline runs on its own context: the shutdown stops it step by
@@ -137,6 +154,8 @@ func (s *Sidecar) Run(ctx context.Context) error {
 		s.log.Info("shutting down", zap.Duration("budget", s.cfg.ShutdownTimeout))
 	case <-pctx.Done():
 		s.log.Error("pipeline stopped; shutting down")
+	case <-sctx.Done():
+		s.log.Error("a service stopped; shutting down")
 	case cause = <-l.failed:
 		s.log.Error("listener failed; shutting down", zap.Error(cause))
 	}
@@ -147,19 +166,49 @@ func (s *Sidecar) Run(ctx context.Context) error {
 		stop: func() error {
 			stopPipe()
 			err := pipe.Wait()
-			if p.members != nil {
-				// The drain has unpinned this sidecar's partitions: the
-				// others take them now rather than after fleet.Expiry
-				// intervals, while the final flush writes what this one
-				// holds.
-				p.members.Leave()
-			}
+			// The drain has unpinned this sidecar's partitions: the
+			// others take them now rather than after fleet.Expiry
+			// intervals, while the final flush writes what this one
+			// holds.
+			leaveFleet()
 			return err
 		},
 		final: p.fl.Final, // returned below, with what it could not write
 		after: s.afterFinal(p, l),
 	}.run(s.log)
-	return errors.Join(cause, err)
+	// The HTTP listeners have stopped: nothing reads any more.
+	stopServices()
+	return errors.Join(cause, err, services.Wait())
+}
+
+// runMembers runs the fleet's membership, if any (partitioned mode), on
+// services, and returns what makes it leave the fleet and waits until it
+// has. It has a context of its own, ended by that leave, neither the
+// pipeline's nor the services': the shutdown cancels the pipeline first, and the drain
+// that follows keeps this sidecar's partitions pinned to it, so it must
+// keep announcing itself meanwhile, or the others would find it silent
+// and claim partitions it still drains; and it must leave once the drain
+// is done, well before the services stop after the HTTP listeners, so
+// that the others take its partitions while its final flush writes. A
+// failure of the services' other loops ends it too (the sidecar shuts
+// down then).
+func runMembers(sctx context.Context, members *fleet.Members, services *errgroup.Group) (leave func()) {
+	if members == nil {
+		return func() {}
+	}
+	fleetCtx, stop := context.WithCancel(sctx)
+	done := make(chan struct{})
+	services.Go(func() error {
+		defer close(done)
+		if err := members.Run(fleetCtx); err != nil {
+			return fmt.Errorf("sidecar: join the fleet: %w", err)
+		}
+		return nil
+	})
+	return func() {
+		stop()
+		<-done
+	}
 }
 
 // afterFinal are the phases of the shutdown after the final flush.

@@ -1,4 +1,4 @@
-// Package peers shares gathered totals between the sidecars of a fleet
+// Shares shares gathered totals between the sidecars of a fleet
 // over NATS. Every sidecar gathers the topics its application reads, so
 // without sharing the read rate on a hot topic's shards is sidecars / TTL:
 // at 10,000 sidecars and a 1 s TTL, 10,000 reads a second on every shard,
@@ -12,9 +12,11 @@
 // is wrong (a bug, a stray publisher) is undone by the next gather that
 // reads lower: it is read again strongly, and the strong read is served
 // (lookup.Service's regressions), so a bad total lives at most one TTL.
-package peers
+
+package fleet
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"sync/atomic"
@@ -24,8 +26,8 @@ import (
 	"go.uber.org/zap"
 )
 
-// DefaultSubject is the subject totals are shared on.
-const DefaultSubject = "hotcount.totals"
+// DefaultSharesSubject is the subject totals are shared on.
+const DefaultSharesSubject = "hotcount.totals"
 
 // Taker takes a peer's total (lookup.Service.Offer).
 type Taker interface {
@@ -46,14 +48,14 @@ type total struct {
 // --max-shards, at most 1,000).
 const maxShards = 1000
 
-// Peers publishes this sidecar's gathered totals and hands the others' to
-// a Taker. Close unsubscribes.
-type Peers struct {
+// Shares publishes this sidecar's gathered totals and, in Run, hands the
+// others' to a Taker. Its methods are safe for concurrent use.
+type Shares struct {
 	nc      *nats.Conn
 	subject string
 	id      string
 	scope   string
-	sub     *nats.Subscription
+	taker   Taker
 	sent    prometheus.Counter
 	taken   prometheus.Counter
 	bad     prometheus.Counter
@@ -61,14 +63,15 @@ type Peers struct {
 	log     *zap.Logger
 }
 
-// Join subscribes to subject on nc and hands the totals other sidecars
-// publish there to t. id tells this sidecar's own totals apart (its writer
-// id); scope names what the totals are of (the table): totals of another
-// scope, from a deployment on another table sharing the NATS server, are
-// not this one's and are ignored.
-func Join(nc *nats.Conn, subject, id, scope string, t Taker, reg prometheus.Registerer, log *zap.Logger) (*Peers, error) {
-	p := &Peers{
-		nc: nc, subject: subject, id: id, scope: scope, log: log.Named("peers"),
+// NewShares returns the sharing of totals on subject over nc, handing the
+// totals other sidecars publish there to t once Run runs. id tells this
+// sidecar's own totals apart (its writer id); scope names what the totals
+// are of (the table): totals of another scope, from a deployment on another
+// table sharing the NATS server, are not this one's and are ignored. Its
+// metrics are registered with reg. It starts nothing.
+func NewShares(nc *nats.Conn, subject, id, scope string, t Taker, reg prometheus.Registerer, log *zap.Logger) *Shares {
+	s := &Shares{
+		nc: nc, subject: subject, id: id, scope: scope, taker: t, log: log.Named("peers"),
 		sent: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "hotcount_peers_sent_total",
 			Help: "Gathered totals this sidecar shared with the fleet (--share-totals).",
@@ -82,40 +85,55 @@ func Join(nc *nats.Conn, subject, id, scope string, t Taker, reg prometheus.Regi
 			Help: "Messages on the totals subject that were not a total (ignored).",
 		}),
 	}
-	reg.MustRegister(p.sent, p.taken, p.bad)
-	sub, err := nc.Subscribe(subject, func(m *nats.Msg) {
-		var tot total
-		if err := json.Unmarshal(m.Data, &tot); err != nil || tot.Topic == "" || tot.Count < 0 || tot.Shards < 1 || tot.Shards > maxShards {
-			p.bad.Inc()
-			return
-		}
-		if tot.From == p.id || tot.Scope != p.scope {
-			return
-		}
-		p.taken.Inc()
-		t.Offer(tot.Topic, tot.Count, tot.Shards)
-	})
+	reg.MustRegister(s.sent, s.taken, s.bad)
+	return s
+}
+
+// Run subscribes to the subject and hands the others' totals to the Taker
+// until ctx ends; then it unsubscribes and returns nil. It returns the
+// error of a subscription that fails. Call it once.
+func (s *Shares) Run(ctx context.Context) error {
+	msgs := make(chan *nats.Msg, inbox)
+	sub, err := s.nc.ChanSubscribe(s.subject, msgs)
 	if err != nil {
-		return nil, fmt.Errorf("peers: subscribe %s: %w", subject, err)
+		return fmt.Errorf("fleet: subscribe %s: %w", s.subject, err)
 	}
-	p.sub = sub
-	return p, nil
+	for {
+		select {
+		case <-ctx.Done():
+			sub.Unsubscribe() //nolint:errcheck // the connection may be closed already
+			return nil
+		case m := <-msgs:
+			s.take(m)
+		}
+	}
+}
+
+// take hands a total another sidecar shared to the Taker.
+func (s *Shares) take(m *nats.Msg) {
+	var tot total
+	if err := json.Unmarshal(m.Data, &tot); err != nil || tot.Topic == "" || tot.Count < 0 || tot.Shards < 1 || tot.Shards > maxShards {
+		s.bad.Inc()
+		return
+	}
+	if tot.From == s.id || tot.Scope != s.scope {
+		return
+	}
+	s.taker.Offer(tot.Topic, tot.Count, tot.Shards)
+	s.taken.Inc() // after the offer: a test that sees the count sees the offer's effect
 }
 
 // Share publishes a total this sidecar gathered.
-func (p *Peers) Share(topic string, count int64, shards int) {
-	data, err := json.Marshal(total{From: p.id, Scope: p.scope, Topic: topic, Count: count, Shards: shards})
+func (s *Shares) Share(topic string, count int64, shards int) {
+	data, err := json.Marshal(total{From: s.id, Scope: s.scope, Topic: topic, Count: count, Shards: shards})
 	if err == nil {
-		err = p.nc.Publish(p.subject, data)
+		err = s.nc.Publish(s.subject, data)
 	}
 	if err != nil {
-		if p.dropped.Add(1) == 1 {
-			p.log.Warn("a total could not be shared (the fleet gathers it for itself meanwhile)", zap.Error(err))
+		if s.dropped.Add(1) == 1 {
+			s.log.Warn("a total could not be shared (the fleet gathers it for itself meanwhile)", zap.Error(err))
 		}
 		return
 	}
-	p.sent.Inc()
+	s.sent.Inc()
 }
-
-// Close stops taking totals.
-func (p *Peers) Close() error { return p.sub.Unsubscribe() }

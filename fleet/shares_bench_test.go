@@ -1,4 +1,4 @@
-package peers_test
+package fleet_test
 
 import (
 	"context"
@@ -11,9 +11,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
+	"github.com/hotcount/hotcount/fleet"
 	"github.com/hotcount/hotcount/internal/testenv"
 	"github.com/hotcount/hotcount/lookup"
-	"github.com/hotcount/hotcount/peers"
 	"github.com/hotcount/hotcount/store"
 )
 
@@ -67,19 +67,19 @@ func BenchmarkFleetReads(b *testing.B) {
 			}
 			st := &counted{Store: bolt}
 			svcs := make([]*lookup.Service, sidecars)
+			var shares []*fleet.Shares
 			for i := range svcs {
 				svcs[i] = lookup.New(lookup.Config{Shards: 1, CacheTTL: ttl, CacheStale: 10 * ttl, CacheSize: 1000, MaxTopicBytes: 64, Share: share}, st, prometheus.NewRegistry(), time.Now)
-				defer svcs[i].Close()
+				b.Cleanup(svcs[i].Close)
+				start(b, svcs[i].Run)
 				if share {
 					nc := testenv.Connect(b, ns.ClientURL())
-					p, err := peers.Join(nc, peers.DefaultSubject, "sidecar-"+strconv.Itoa(i), "bench", svcs[i], prometheus.NewRegistry(), zap.NewNop())
-					if err != nil {
-						b.Fatal(err)
-					}
-					defer p.Close() //nolint:errcheck // closing
-					svcs[i].ShareWith(p)
+					sh := fleet.NewShares(nc, fleet.DefaultSharesSubject, "sidecar-"+strconv.Itoa(i), "bench", svcs[i], prometheus.NewRegistry(), zap.NewNop())
+					svcs[i].ShareWith(sh)
+					shares = append(shares, sh)
 				}
 			}
+			runShares(b, ns, shares...)
 			ctx := context.Background()
 			// Warm: every sidecar caches every topic, then the count starts.
 			for _, svc := range svcs {
