@@ -1,0 +1,127 @@
+package flusher
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/cenkalti/backoff/v5"
+	"go.uber.org/zap"
+
+	"github.com/hotcount/hotcount/store"
+)
+
+// Final flushes until the buffer is empty and no write is in doubt, or ctx
+// ends (or is too close for another try), for shutdown, after ingest has
+// stopped. What is still buffered then goes to the spill folder in core mode
+// (lost only without one: counted in hotcount_flusher_unflushed_total), and
+// in JetStream mode its messages are handed back (Nak) for redelivery, so
+// nothing is lost; the error says where every mention is. Writes still in
+// doubt are reported too: each may or may not be in the store.
+//
+// A retry the deadline would cut off in flight leaves its writes in doubt;
+// one never started leaves its mentions whole, for the spill folder (core
+// mode) or NATS (JetStream mode). So a retry starts only with time left for
+// it (retryRoom), and Final gives up before the deadline when there is none.
+// When ctx ends while Final waits to retry (SIGTERM's budget spent), it
+// gives up at once.
+func (f *Flusher) Final(ctx context.Context) error {
+	pace := newFinalPace(ctx)
+	var last error // the last flush's, for abandon
+	_, err := backoff.Retry(ctx, func() (struct{}, error) {
+		start := time.Now()
+		err := f.Flush(ctx)
+		pace.room, pace.spilling = retryRoom(time.Since(start), f.cfg.WriteTimeout), false
+		if err == nil {
+			if p, ok := f.buf.(persister); !ok || !p.Spilled() {
+				return struct{}{}, nil
+			}
+			// The store takes writes and the spill comes back window by
+			// window: go on at once.
+			err, pace.spilling = errors.New("spilled mentions left"), true
+		} else {
+			f.log.Warn("final flush incomplete", zap.Error(err))
+		}
+		last = err
+		return struct{}{}, err
+	}, backoff.WithBackOff(pace), backoff.WithMaxElapsedTime(0))
+	if err == nil {
+		return nil
+	}
+	return f.abandon(last)
+}
+
+// finalPace is the wait between Final's flushes, as a backoff.BackOff: a
+// doubling back-off (50 ms to 1 s) after a failed flush, none while the
+// spill comes back, and backoff.Stop when the next flush would not have
+// room to finish before ctx's deadline. Final's goroutine owns it.
+type finalPace struct {
+	failed   *backoff.ExponentialBackOff
+	deadline time.Time // zero: none
+	room     time.Duration
+	spilling bool // the last flush wrote everything, and more is spilled
+}
+
+func newFinalPace(ctx context.Context) *finalPace {
+	b := backoff.NewExponentialBackOff()
+	b.InitialInterval, b.Multiplier, b.MaxInterval, b.RandomizationFactor = 50*time.Millisecond, 2, time.Second, 0
+	deadline, _ := ctx.Deadline()
+	return &finalPace{failed: b, deadline: deadline}
+}
+
+func (p *finalPace) NextBackOff() time.Duration {
+	var wait time.Duration
+	if !p.spilling {
+		wait = p.failed.NextBackOff()
+	}
+	if !p.deadline.IsZero() && time.Until(p.deadline) < wait+p.room {
+		return backoff.Stop
+	}
+	return wait
+}
+
+func (p *finalPace) Reset() { p.failed.Reset() }
+
+// retryRoom is the time a final flush's retry needs before the deadline:
+// four times the last attempt (a loaded machine's attempts vary), at least
+// 50 ms, at most a write's timeout.
+func retryRoom(last, writeTimeout time.Duration) time.Duration {
+	return min(writeTimeout, max(4*last, 50*time.Millisecond))
+}
+
+// abandon ends Final at (or just before) the deadline: what is buffered
+// goes to the spill folder (core mode) or back to NATS (JetStream mode),
+// and the error says where every mention is.
+func (f *Flusher) abandon(err error) error {
+	var spilled int64
+	if p, ok := f.buf.(persister); ok {
+		// Core mode with a spill folder: what is left waits there
+		// for the next process on the folder, instead of being lost.
+		var err error
+		if spilled, err = p.Persist(); err != nil {
+			f.log.Error("unwritten mentions could not be spilled at shutdown", zap.Error(err))
+		}
+	}
+	w := f.buf.Drain()
+	var handedBack int
+	for _, m := range w.Acks {
+		if m.Msg.Nak() == nil {
+			handedBack++
+		}
+	}
+	f.metrics.unflushed.Add(float64(w.Mentions()))
+	f.flushMu.Lock()
+	doubt, journaled, naked := f.ledger.atExit()
+	f.flushMu.Unlock()
+	handedBack += naked
+	f.metrics.doubtAtExit.Add(float64(doubt))
+	var bucketed int64 // time buckets' increments left unwritten (their mentions are in a total)
+	for name, d := range w.Deltas.All() {
+		if !store.CountsMentions(name) {
+			bucketed += d
+		}
+	}
+	return fmt.Errorf("flusher: shutdown deadline passed (or too close for another try) with %d mentions over %d topics unwritten (and %d increments of time buckets), %d in writes in doubt, %d left in the journal for replay (%d messages handed back for redelivery) and %d kept in the spill folder for the next start: %w",
+		w.Mentions(), w.Len(), bucketed, doubt, journaled, handedBack, spilled, err)
+}

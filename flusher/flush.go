@@ -1,0 +1,293 @@
+package flusher
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/hotcount/hotcount/aggregator"
+	"github.com/hotcount/hotcount/store"
+)
+
+// Flush drains the window once and writes every delta to a random shard,
+// each write an idempotent store.Write with this writer's next seq. Then
+// the messages (JetStream mode) of every topic written are acknowledged,
+// in stream order.
+//
+// A write whose outcome is unknown (store.ErrAmbiguous) becomes the
+// topic's pending write: each later flush sends it again, unchanged (same
+// shard, delta and seq), until the store settles it; until then the
+// topic's newer deltas wait in the buffer, so this writer never lands a
+// newer seq on an item while an older one is in doubt. Writes refused for
+// throughput move to another shard with a new seq (nothing was applied).
+// Writes that fail, or that were not started before the flush deadline,
+// are merged back into the buffer with their messages, whose redelivery
+// timer is reset; the error says how many.
+//
+// The steps are those of docs/SEMANTICS.md.
+func (f *Flusher) Flush(ctx context.Context) error {
+	f.flushMu.Lock()
+	defer f.flushMu.Unlock()
+	start := f.now()
+	defer func() { f.metrics.duration.Observe(f.now().Sub(start).Seconds()) }()
+
+	// 1. Build the writes: totals and time buckets, a topic with a write
+	// pending held back whole, so that a message goes with every count it
+	// makes.
+	p := f.drain()
+	defer f.ledger.keepAliveWhile(p.write.Acks)()
+	f.shardCounts(ctx, p)
+	// 2-3. JetStream mode: journal them, then acknowledge their messages:
+	// from there on the journal carries the counts, whatever happens to
+	// this process.
+	unwritten := f.record(ctx, p)
+	if f.journal != nil {
+		f.ledger.confirm(ctx)
+		f.ledger.retire(ctx)
+	}
+	// 4. Writes pending go first, unchanged: a topic's newer deltas wait
+	// behind them, so no newer seq lands while an older one is in doubt.
+	r := f.send(ctx, p, start.Add(f.cfg.Timeout))
+	f.gather(p, r, &unwritten)
+	// 5. Acknowledge the messages whose counts are all in the store, and
+	// retire the entries that are.
+	f.ledger.settle(ctx, r.settled)
+	unwritten.Acks = append(unwritten.Acks, f.ledger.ackWritten(p.write.Acks, unwritten.Deltas, r.doubt)...)
+	f.observe(r)
+	f.ledger.hold()
+	f.progress(r, unwritten)
+	// What is left goes back to the buffer for the next flush.
+	return f.end(p, r, unwritten)
+}
+
+// drain takes the buffer's window and plans it; what the plan does not
+// write this flush goes back at once, in the same step for readers.
+func (f *Flusher) drain() *plan {
+	var p *plan
+	f.view.move(func() *aggregator.Deltas {
+		p = newPlan(f.buf.Drain(), f.down.Load(), f.ledger.waiting(), f.planning)
+		if p.untried != nil {
+			rest := aggregator.Window{Deltas: p.untried}
+			f.metrics.requeued.Add(float64(rest.Mentions()))
+			f.buf.Merge(rest) // the buffer's now
+			p.untried = nil
+		}
+		if p.heldCounters > 0 {
+			f.ledger.keepAliveAll(p.held.Acks)
+			f.metrics.requeued.Add(float64(p.held.Mentions()))
+			f.buf.Merge(p.held)
+			p.held = aggregator.Window{}
+		}
+		return p.write.Deltas
+	})
+	return p
+}
+
+// record journals the plan's writes (JetStream mode with a journal),
+// acknowledges the messages of the topics recorded, in stream order, and
+// leaves the recorded writes pending in the ledger. It returns the
+// counters the journal did not take, with their messages.
+func (f *Flusher) record(ctx context.Context, p *plan) aggregator.Window {
+	left := aggregator.Window{Deltas: aggregator.NewDeltas(0)}
+	if f.journal == nil || p.write.Len() == 0 {
+		return left
+	}
+	writes := p.writes(f.cfg.Writer, f.seq.Next)
+	recorded, at := f.ledger.record(ctx, writes, p.write.Acks)
+	var taken []store.Write
+	for _, w := range writes {
+		if _, ok := recorded[w.Topic]; ok {
+			taken = append(taken, w)
+		} else {
+			left.Deltas.Set(w.Topic, w.Delta)
+		}
+	}
+	f.view.journaled(taken, func(counter string) bool { return recorded[counter].Unconfirmed }, at, left.Deltas)
+	p.write.Deltas = aggregator.NewDeltas(0) // no longer in the view: all pending or in left
+	left.Acks = f.ledger.ackRecorded(p.write.Acks, recorded)
+	p.write.Acks = nil
+	return left
+}
+
+// round is one flush's tally of its writes' answers. The flush's goroutine
+// owns it: the batch hands it every answer (take).
+type round struct {
+	topics    int                    // counters the flush had to write, journaled ones aside
+	wrote     []topicDelta           // new writes applied
+	settled   map[string]int64       // pending writes now in the store, by counter
+	doubt     map[string]store.Write // new writes in doubt, by counter
+	written   int64                  // deltas applied, of both kinds
+	refused   int                    // new writes refused with an answer, throttles aside
+	throttled int                    // new writes throttled on every shard tried
+	err       error                  // the first failure
+}
+
+// take tallies one answer.
+func (r *round) take(a answer) {
+	counter := a.write.Topic
+	switch {
+	case a.outcome == applied && a.resend:
+		r.settled[counter] = a.write.Delta
+		r.written += a.write.Delta
+		return
+	case a.outcome == applied:
+		r.wrote = append(r.wrote, topicDelta{counter, a.write.Delta})
+		r.written += a.write.Delta
+		return
+	case a.resend:
+	case a.outcome == inDoubt:
+		r.doubt[counter] = a.write
+	case a.outcome == throttled:
+		r.throttled++ // the store is up: this topic is hot
+	default:
+		r.refused++
+	}
+	if r.err == nil {
+		r.err = a.err
+	}
+}
+
+// down says the store refused a whole round of writes and took none: the
+// rest of the window waits for the next flush instead of costing a failed
+// call each (a million topics during an outage).
+func (r *round) down(limit int) bool { return r.refused >= limit && r.written == 0 }
+
+// send sends the ledger's pending writes again, then the plan's new ones,
+// while the deadline, the context and the store allow, and tallies their
+// answers. A write not started is no ambiguity: its delta waits for the
+// next flush.
+func (f *Flusher) send(ctx context.Context, p *plan, deadline time.Time) *round {
+	r := &round{topics: p.write.Len(), settled: make(map[string]int64), doubt: make(map[string]store.Write)}
+	b := f.writer.batch(r.take)
+	for counter, pw := range f.ledger.resendable(func() bool { return !f.now().After(deadline) }) {
+		f.view.resending(counter)
+		b.start(func() answer {
+			a := f.writer.resend(ctx, pw.write)
+			f.view.resent(counter, a.outcome)
+			f.ledger.answered(ctx, pw, a)
+			f.landed(a)
+			return a
+		})
+	}
+	for counter, delta := range p.write.Deltas.All() {
+		b.collect()
+		if r.down(f.cfg.Concurrency) || f.now().After(deadline) || ctx.Err() != nil {
+			continue
+		}
+		w, n, sentAt := p.newWrite(counter, delta, f.cfg.Writer), p.shardsOf(counter), f.now()
+		f.view.sending(counter, sentAt)
+		b.start(func() answer {
+			a := f.writer.send(ctx, w, n)
+			a.sentAt = sentAt
+			f.view.answered(a)
+			f.landed(a)
+			return a
+		})
+	}
+	b.wait()
+	return r
+}
+
+// landed counts an applied write's mentions as it lands, not at the
+// flush's end: a long flush shows its progress. A time bucket's repeat a
+// total's.
+func (f *Flusher) landed(a answer) {
+	if a.outcome == applied && !store.IsBucket(a.write.Topic) {
+		f.metrics.flushed.Add(float64(a.write.Delta))
+	}
+}
+
+// gather adds to u what the flush did not write (not applied, not in
+// doubt), in one step for readers. During an outage a million-topic window
+// is handed back without a copy: only the counters written leave it.
+func (f *Flusher) gather(p *plan, r *round, u *aggregator.Window) {
+	f.view.move(func() *aggregator.Deltas {
+		left := p.write.Deltas
+		for _, w := range r.wrote {
+			left.Delete(w.topic)
+		}
+		for counter := range r.doubt {
+			left.Delete(counter)
+		}
+		if left.Len() > u.Deltas.Len() {
+			u.Deltas, left = left, u.Deltas
+		}
+		for counter, d := range left.All() {
+			u.Deltas.Set(counter, d)
+		}
+		p.write.Deltas = nil // u's now
+		return u.Deltas      // refused or not sent: pending again
+	})
+}
+
+// observe tells the observers what the flush wrote, new writes and
+// settled ones.
+func (f *Flusher) observe(r *round) {
+	if f.observer == nil || r.written == 0 {
+		return
+	}
+	observed := make(map[string]int64, len(r.settled)+len(r.wrote))
+	for _, w := range r.wrote {
+		observed[w.topic] = w.delta
+	}
+	for counter, d := range r.settled {
+		observed[counter] += d
+	}
+	f.observer.Observe(observed)
+}
+
+// progress is what health and backpressure follow: a flush that wrote
+// something (or had nothing to write) moved on, even if one poison topic
+// keeps failing; only a flush that wrote nothing of its work means the
+// store is not taking writes.
+func (f *Flusher) progress(r *round, unwritten aggregator.Window) {
+	attempted := r.topics > 0 || f.ledger.writes() > 0 || unwritten.Len() > 0 || len(r.settled) > 0
+	progress := r.written > 0 || !attempted
+	if progress {
+		f.lastProgress.Store(f.now().UnixNano())
+	}
+	f.failing.Store(!progress)
+	f.down.Store(!progress && r.refused > 0 && r.throttled == 0)
+}
+
+// end hands what is left back to the buffer and reports the flush.
+// Held-back and untried deltas count as unwritten too: Final must flush
+// again.
+func (f *Flusher) end(p *plan, r *round, u aggregator.Window) error {
+	if u.Len() > 0 || f.ledger.writes() > 0 || p.heldCounters > 0 || p.untriedCounters > 0 && r.written == 0 {
+		return f.requeue(p, r, u)
+	}
+	f.view.move(func() *aggregator.Deltas { return nil })
+	if p.untriedCounters > 0 {
+		// The probe went through: the store is back, and the next flush
+		// takes the rest, which Final must not leave behind.
+		f.metrics.flushes.WithLabelValues("error").Inc()
+		return fmt.Errorf("flusher: the store refused the last flush; %d counters probed and written, %d left for the next flush", r.topics, p.untriedCounters)
+	}
+	f.metrics.flushes.WithLabelValues("ok").Inc()
+	f.metrics.lastSuccess.Set(float64(f.now().UnixNano()) / 1e9)
+	return nil
+}
+
+// requeue merges u back into the buffer, its messages kept alive, and
+// says what the flush left and why.
+func (f *Flusher) requeue(p *plan, r *round, u aggregator.Window) error {
+	f.ledger.keepAliveAll(u.Acks)
+	kept, topics := u.Mentions(), u.Len()
+	f.view.move(func() *aggregator.Deltas { f.buf.Merge(u); return nil })
+	f.metrics.requeued.Add(float64(kept))
+	f.metrics.flushes.WithLabelValues("error").Inc()
+	err := r.err
+	switch {
+	case err != nil:
+	case p.heldCounters > 0:
+		err = fmt.Errorf("%d counters waited behind writes in doubt", p.heldCounters)
+	case p.untriedCounters > 0:
+		err = errors.New("the store refused the last flush")
+	default:
+		err = errors.New("flush deadline passed")
+	}
+	return fmt.Errorf("flusher: %d of %d topics not written (%d mentions kept), %d writes pending (in doubt or journaled), %d topics held back, %d not tried (the store is down): %w",
+		topics, r.topics, kept, f.ledger.writes(), p.heldCounters, p.untriedCounters, err)
+}

@@ -1,0 +1,78 @@
+package flusher
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// Metrics are the flusher's metrics.
+type Metrics struct {
+	flushes     *prometheus.CounterVec
+	duration    prometheus.Histogram
+	flushed     prometheus.Counter
+	requeued    prometheus.Counter
+	rerouted    prometheus.Counter
+	early       prometheus.Counter
+	unflushed   prometheus.Counter
+	doubtAtExit prometheus.Counter
+	lastSuccess prometheus.Gauge
+	acked       prometheus.Counter
+	ackErrors   prometheus.Counter
+	pending     prometheus.Gauge
+}
+
+// NewMetrics registers the flusher's metrics with reg.
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		flushes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "hotcount_flusher_flushes_total",
+			Help: "Flushes, by result: ok (everything written) or error (some deltas kept for the next flush).",
+		}, []string{"result"}),
+		duration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "hotcount_flusher_flush_seconds",
+			Help:    "Time one flush took.",
+			Buckets: prometheus.ExponentialBuckets(0.001, 4, 8),
+		}),
+		flushed: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "hotcount_flusher_flushed_mentions_total",
+			Help: "Mentions written to the store (the sum of the deltas of successful writes).",
+		}),
+		requeued: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "hotcount_flusher_requeued_mentions_total",
+			Help: "Mentions whose write failed or was not started in time and went back into the buffer.",
+		}),
+		rerouted: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "hotcount_flusher_rerouted_total",
+			Help: "Throttled writes retried on another shard.",
+		}),
+		early: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "hotcount_flusher_early_total",
+			Help: "Flushes started before the interval because the window reached --max-topics.",
+		}),
+		unflushed: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "hotcount_flusher_unflushed_total",
+			Help: "Mentions still buffered when the shutdown deadline passed (lost in core NATS mode; handed back for redelivery in JetStream mode).",
+		}),
+		doubtAtExit: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "hotcount_flusher_doubt_at_shutdown_total",
+			Help: "Mentions in writes still in doubt (no answer) when the shutdown deadline passed, in core mode: each may or may not be in the store.",
+		}),
+		acked: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "hotcount_flusher_acked_total",
+			Help: "JetStream messages acknowledged after their delta was written.",
+		}),
+		ackErrors: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "hotcount_flusher_ack_errors_total",
+			Help: "JetStream acknowledgements that could not be sent; those messages will be redelivered and counted again.",
+		}),
+		pending: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "hotcount_flusher_pending_writes",
+			Help: "Writes in doubt (outcome unknown) waiting to be sent again unchanged; their topics' newer deltas wait behind them.",
+		}),
+		lastSuccess: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "hotcount_flusher_last_success_timestamp_seconds",
+			Help: "Unix time of the last flush that wrote everything it drained.",
+		}),
+	}
+	reg.MustRegister(m.flushes, m.duration, m.flushed, m.requeued, m.rerouted, m.early, m.unflushed, m.lastSuccess, m.acked, m.ackErrors, m.pending, m.doubtAtExit)
+	m.flushes.WithLabelValues("ok")
+	m.flushes.WithLabelValues("error")
+	return m
+}

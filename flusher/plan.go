@@ -1,0 +1,231 @@
+package flusher
+
+import (
+	"cmp"
+	"context"
+	"math"
+	"math/rand/v2"
+	"slices"
+
+	"go.uber.org/zap"
+
+	"github.com/hotcount/hotcount/aggregator"
+	"github.com/hotcount/hotcount/store"
+)
+
+// maxLookups bounds the topics whose shard count one flush looks up.
+const maxLookups = 4096
+
+// planning is the part of Config a plan follows: a value, set by New and
+// read only.
+type planning struct {
+	probe          int  // counters a flush tries while the store is down (Config.Concurrency)
+	shards         int  // a topic's shard count when Shards does not give one (Config.Shards)
+	minutes, hours bool // the time buckets a minute counter is written to (--windows)
+}
+
+// plan is what one flush does with the window it drained, decided before
+// anything is written: a pure function of the window, of whether the last
+// flush found the store down and of the topics the ledger holds back
+// (newPlan), to which the flush adds the shard counts it looked up. It
+// owns the window's parts until it hands them on; only the flush's
+// goroutine uses it.
+type plan struct {
+	// write is the counters to write this flush, minute counters split
+	// into a total and time buckets, and the messages behind them.
+	write aggregator.Window
+	// held is the counters and messages of topics that wait behind a
+	// pending write (in doubt or journaled): back to the buffer whole, so
+	// that a message is acknowledged, or journaled, with every count it
+	// makes.
+	held aggregator.Window
+	// untried is, while the store is down, the window past the probe:
+	// back to the buffer as it came, not split (nil otherwise).
+	untried *aggregator.Deltas
+	// heldCounters and untriedCounters are held's and untried's sizes,
+	// kept once the buffer owns them.
+	heldCounters, untriedCounters int
+	// counts is the shard count of the topics looked up (busyTopics);
+	// the others have shards.
+	counts map[string]int
+	shards int
+}
+
+// newPlan plans the drained window w. down says the last flush found the
+// store refusing everything; waiting is the topics with a pending write.
+func newPlan(w aggregator.Window, down bool, waiting map[string]bool, c planning) *plan {
+	p := &plan{write: w, shards: c.shards}
+	// While the store refuses everything, a flush only probes it with a
+	// few counters, and the rest goes back as it came: split, each topic's
+	// minute would take three counters (total, minute, hour) of memory
+	// through an outage of millions of topics. (Core mode: JetStream mode
+	// stops fetching instead, and its messages stay with their counts.)
+	if down && len(w.Acks) == 0 {
+		p.untried = probe(&p.write, c.probe)
+		p.untriedCounters = p.untried.Len()
+	}
+	split(p.write.Deltas, c.minutes, c.hours)
+	p.held = hold(&p.write, waiting)
+	p.heldCounters = p.held.Len()
+	return p
+}
+
+// probe keeps in w the first n counters of its window, the writes a flush
+// tries before it takes the store for down, and returns the rest,
+// untouched.
+func probe(w *aggregator.Window, n int) (rest *aggregator.Deltas) {
+	p := aggregator.NewDeltas(n)
+	for name, d := range w.Deltas.All() {
+		if p.Len() >= n {
+			break
+		}
+		p.Set(name, d)
+		w.Deltas.Delete(name)
+	}
+	rest, w.Deltas = w.Deltas, p
+	return rest
+}
+
+// split turns each minute counter (store.Fresh) of a drained window into
+// the counters it is written to: its topic's total, and as --windows asks
+// its minute and hour buckets. What a flush cannot write goes back under
+// those names, never as Fresh, so a mention reaches each once.
+func split(d *aggregator.Deltas, minutes, hours bool) {
+	var fresh []string
+	for name := range d.All() {
+		if _, g, _, ok := store.ParseCounter(name); ok && g == store.Fresh {
+			fresh = append(fresh, name)
+		}
+	}
+	for _, name := range fresh {
+		delta, _ := d.Get(name)
+		d.Delete(name)
+		topic, minute, hour := store.SplitFresh(name)
+		addTo(d, topic, delta)
+		if minutes {
+			addTo(d, minute, delta)
+		}
+		if hours {
+			addTo(d, hour, delta)
+		}
+	}
+}
+
+// addTo adds delta to name's delta in d, saturating like the aggregator.
+func addTo(d *aggregator.Deltas, name string, delta int64) {
+	v, _ := d.Ref(name)
+	if *v > math.MaxInt64-delta {
+		*v = math.MaxInt64
+		return
+	}
+	*v += delta
+}
+
+// hold moves out of w the counters and messages of the waiting topics:
+// all their counters (total and time buckets) and their messages.
+func hold(w *aggregator.Window, waiting map[string]bool) (held aggregator.Window) {
+	held.Deltas = aggregator.NewDeltas(0)
+	for name, d := range w.Deltas.All() {
+		if waiting[store.TopicOf(name)] {
+			held.Deltas.Set(name, d)
+			w.Deltas.Delete(name)
+		}
+	}
+	var acks []aggregator.Message
+	for _, m := range w.Acks {
+		if waiting[m.Topic] {
+			held.Acks = append(held.Acks, m)
+		} else {
+			acks = append(acks, m)
+		}
+	}
+	w.Acks = acks
+	return held
+}
+
+type topicDelta struct {
+	topic string
+	delta int64
+}
+
+// busyTopics returns the topics of d whose shard count is worth a lookup,
+// the busiest maxLookups at most. shards is the default count.
+func busyTopics(d *aggregator.Deltas, shards int) []string {
+	var busy []topicDelta
+	for t, delta := range d.All() {
+		if store.IsBucket(t) {
+			continue // written with its topic's shard count
+		}
+		// Topics start on one shard (the default): one mention in a
+		// window is no hot key, so it goes to shard 0, always in the read
+		// set, without a metadata read. A long tail of new topics then
+		// costs one write each and nothing more; a topic another sidecar
+		// raised still gets its writes spread once it is busy here too.
+		if shards == 1 && delta < 2 {
+			continue
+		}
+		busy = append(busy, topicDelta{t, delta})
+	}
+	// Spreading matters for the hottest topics only: the busiest
+	// maxLookups are looked up, the rest go to their default shards.
+	if len(busy) > maxLookups {
+		slices.SortFunc(busy, func(a, b topicDelta) int { return cmp.Compare(b.delta, a.delta) })
+		busy = busy[:maxLookups]
+	}
+	topics := make([]string, len(busy))
+	for i, b := range busy {
+		topics[i] = b.topic
+	}
+	return topics
+}
+
+// shardsOf is the shard count of counter's topic.
+func (p *plan) shardsOf(counter string) int {
+	if n := p.counts[store.TopicOf(counter)]; n > 0 {
+		return n
+	}
+	return p.shards
+}
+
+// newWrite is a new write of delta to a random shard of counter's topic,
+// its seq not yet given.
+func (p *plan) newWrite(counter string, delta int64, writer string) store.Write {
+	return store.Write{Topic: counter, Shard: rand.IntN(p.shardsOf(counter)), Delta: delta, Writer: writer}
+}
+
+// writes is every counter to write as a new store.Write with a seq from
+// next, a topic's time buckets next to its total: the journal keeps them
+// in one entry, so a message's counts are journaled whole or not at all.
+func (p *plan) writes(writer string, next func() int64) []store.Write {
+	ws := make([]store.Write, 0, p.write.Len())
+	for counter, delta := range p.write.Deltas.All() {
+		w := p.newWrite(counter, delta, writer)
+		w.Seq = next()
+		ws = append(ws, w)
+	}
+	slices.SortFunc(ws, func(a, b store.Write) int {
+		return cmp.Or(cmp.Compare(store.TopicOf(a.Topic), store.TopicOf(b.Topic)), cmp.Compare(a.Topic, b.Topic))
+	})
+	return ws
+}
+
+// shardCounts looks up the shard counts of p's busy topics, in a quarter
+// of the flush's budget: the counts it cannot give by then fall back to
+// one shard, and the writes keep the rest of the budget (metadata never
+// stands in front of counts).
+func (f *Flusher) shardCounts(ctx context.Context, p *plan) {
+	// While the store refuses writes, it answers no lookups either: the
+	// window goes to its default shards, which is always safe.
+	if f.shards == nil || p.write.Len() == 0 || f.down.Load() {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, f.cfg.Timeout/4)
+	defer cancel()
+	counts, err := f.shards.WriteCounts(ctx, busyTopics(p.write.Deltas, f.cfg.Shards))
+	if err != nil {
+		// The counts are usable all the same (one shard for the topics it
+		// could not look up): metadata never holds counts back.
+		f.log.Warn("shard counts incomplete; those topics go to one shard this flush", zap.Error(err))
+	}
+	p.counts = counts
+}

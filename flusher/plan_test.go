@@ -1,0 +1,175 @@
+package flusher
+
+import (
+	"fmt"
+	"maps"
+	"testing"
+	"time"
+
+	"github.com/hotcount/hotcount/aggregator"
+	"github.com/hotcount/hotcount/store"
+)
+
+// acker is a message that counts what it is told.
+type acker struct{ acks, naks, progress int }
+
+func (a *acker) Ack() error        { a.acks++; return nil }
+func (a *acker) Nak() error        { a.naks++; return nil }
+func (a *acker) InProgress() error { a.progress++; return nil }
+
+func msg(topic string, seq int64) aggregator.Message {
+	return aggregator.Message{Topic: topic, Msg: &acker{}, Seq: seq}
+}
+
+var noon = time.Date(2026, 12, 3, 12, 0, 10, 0, time.UTC)
+
+// fresh is topic's minute counter at noon, as the aggregator makes it.
+func fresh(topic string) string {
+	return store.BucketCounter(topic, store.Fresh, store.Minute.Index(noon))
+}
+
+func minuteOf(topic string) string {
+	return store.BucketCounter(topic, store.Minute, store.Minute.Index(noon))
+}
+
+func hourOf(topic string) string {
+	return store.BucketCounter(topic, store.Hour, store.Hour.Index(noon))
+}
+
+// TestPlanSplitsMinuteCounters: a minute counter becomes its topic's
+// total and the buckets --windows asks for, each with the whole delta.
+func TestPlanSplitsMinuteCounters(t *testing.T) {
+	for _, c := range []struct {
+		minutes, hours bool
+		want           map[string]int64
+	}{
+		{false, false, map[string]int64{"foo": 5}},
+		{true, false, map[string]int64{"foo": 5, minuteOf("foo"): 3}},
+		{true, true, map[string]int64{"foo": 5, minuteOf("foo"): 3, hourOf("foo"): 3}},
+	} {
+		w := aggregator.Window{Deltas: aggregator.DeltasOf(map[string]int64{"foo": 2, fresh("foo"): 3})}
+		p := newPlan(w, false, nil, planning{probe: 4, shards: 1, minutes: c.minutes, hours: c.hours})
+		if got := p.write.Deltas.Map(); !maps.Equal(got, c.want) {
+			t.Errorf("minutes %v hours %v: plan writes %v, want %v", c.minutes, c.hours, got, c.want)
+		}
+	}
+}
+
+// TestPlanHoldsTopicsBehindDoubt: every counter and message of a topic
+// with a pending write waits (its total and its buckets alike); the other
+// topics are written, their messages in stream order.
+func TestPlanHoldsTopicsBehindDoubt(t *testing.T) {
+	w := aggregator.Window{
+		Deltas: aggregator.DeltasOf(map[string]int64{"foo": 1, fresh("foo"): 2, "bar": 4}),
+		Acks:   []aggregator.Message{msg("foo", 1), msg("bar", 2), msg("foo", 3), msg("bar", 4)},
+	}
+	p := newPlan(w, false, map[string]bool{"foo": true}, planning{probe: 4, shards: 1, minutes: true, hours: true})
+	if got := p.write.Deltas.Map(); !maps.Equal(got, map[string]int64{"bar": 4}) {
+		t.Errorf("plan writes %v, want bar alone", got)
+	}
+	if got, want := p.held.Deltas.Map(), map[string]int64{"foo": 3, minuteOf("foo"): 2, hourOf("foo"): 2}; !maps.Equal(got, want) {
+		t.Errorf("plan holds %v, want %v", got, want)
+	}
+	if p.heldCounters != 3 {
+		t.Errorf("heldCounters = %d, want 3", p.heldCounters)
+	}
+	if seqs := seqsOf(p.write.Acks); fmt.Sprint(seqs) != "[2 4]" {
+		t.Errorf("messages written with bar: %v, want [2 4]", seqs)
+	}
+	if seqs := seqsOf(p.held.Acks); fmt.Sprint(seqs) != "[1 3]" {
+		t.Errorf("messages held with foo: %v, want [1 3]", seqs)
+	}
+}
+
+func seqsOf(ms []aggregator.Message) []int64 {
+	var s []int64
+	for _, m := range ms {
+		s = append(s, m.Seq)
+	}
+	return s
+}
+
+// TestPlanProbesWhileDown: while the store is down, a core-mode flush
+// tries only probe counters; the rest goes back as it came, its minute
+// counters not split. With messages (JetStream mode) there is no probe.
+func TestPlanProbesWhileDown(t *testing.T) {
+	window := func() aggregator.Window {
+		m := map[string]int64{}
+		for i := range 10 {
+			m[fresh(fmt.Sprint("t", i))] = 1
+		}
+		return aggregator.Window{Deltas: aggregator.DeltasOf(m)}
+	}
+	c := planning{probe: 3, shards: 1, minutes: true}
+	p := newPlan(window(), true, nil, c)
+	if p.untriedCounters != 7 || p.untried.Len() != 7 {
+		t.Fatalf("untried %d counters (%d counted), want 7", p.untried.Len(), p.untriedCounters)
+	}
+	for name := range p.untried.All() {
+		if _, g, _, ok := store.ParseCounter(name); !ok || g != store.Fresh {
+			t.Errorf("untried counter %q was split", name)
+		}
+	}
+	if n := p.write.Len(); n != 6 {
+		t.Errorf("plan writes %d counters, want 3 topics' totals and minutes", n)
+	}
+
+	w := window()
+	w.Acks = []aggregator.Message{msg("t0", 1)}
+	if p := newPlan(w, true, nil, c); p.untried != nil || p.write.Len() != 20 {
+		t.Errorf("with messages: untried %v, %d counters written; want no probe, 20", p.untried, p.write.Len())
+	}
+}
+
+// TestBusyTopics: shard counts are looked up for topics that could use
+// more than one shard: not buckets, not a lone mention on a one-shard
+// default, and at most maxLookups, the busiest.
+func TestBusyTopics(t *testing.T) {
+	d := aggregator.DeltasOf(map[string]int64{"lone": 1, "busy": 2, minuteOf("busy"): 2})
+	if got := busyTopics(d, 1); fmt.Sprint(got) != "[busy]" {
+		t.Errorf("default one shard: looked up %v, want [busy]", got)
+	}
+	if got := busyTopics(d, 4); len(got) != 2 {
+		t.Errorf("default four shards: looked up %v, want busy and lone", got)
+	}
+	many := aggregator.NewDeltas(0)
+	for i := range maxLookups + 10 {
+		many.Set(fmt.Sprint("t", i), int64(i+2))
+	}
+	got := busyTopics(many, 1)
+	if len(got) != maxLookups {
+		t.Fatalf("%d looked up, want %d", len(got), maxLookups)
+	}
+	for _, topic := range got {
+		if d, _ := many.Get(topic); d < 12 {
+			t.Errorf("%s (delta %d) looked up ahead of busier topics", topic, d)
+		}
+	}
+}
+
+// TestPlanWrites: each counter's write goes to a shard of its topic's
+// count, a bucket's by its topic's; journaled writes keep a topic's
+// counters together and take distinct seqs.
+func TestPlanWrites(t *testing.T) {
+	w := aggregator.Window{Deltas: aggregator.DeltasOf(map[string]int64{fresh("a"): 1, fresh("b"): 1, "c": 1})}
+	p := newPlan(w, false, nil, planning{probe: 4, shards: 2, minutes: true, hours: true})
+	p.counts = map[string]int{"a": 8}
+	if p.shardsOf(hourOf("a")) != 8 || p.shardsOf("b") != 2 {
+		t.Errorf("shards of a's hour %d (want 8), of b %d (want the default 2)", p.shardsOf(hourOf("a")), p.shardsOf("b"))
+	}
+	var seq int64
+	ws := p.writes("w1", func() int64 { seq++; return seq })
+	if len(ws) != 7 {
+		t.Fatalf("%d writes, want 7", len(ws))
+	}
+	seen := map[int64]bool{}
+	for i, x := range ws {
+		if i > 0 && store.TopicOf(ws[i-1].Topic) > store.TopicOf(x.Topic) {
+			t.Errorf("writes not grouped by topic: %q after %q", x.Topic, ws[i-1].Topic)
+		}
+		if x.Shard < 0 || x.Shard >= p.shardsOf(x.Topic) || x.Writer != "w1" || seen[x.Seq] {
+			t.Errorf("write %+v: shard out of range, wrong writer or repeated seq", x)
+		}
+		seen[x.Seq] = true
+	}
+}

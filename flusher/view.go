@@ -1,0 +1,176 @@
+package flusher
+
+import (
+	"sync"
+	"time"
+
+	"github.com/hotcount/hotcount/aggregator"
+	"github.com/hotcount/hotcount/store"
+)
+
+// View is what the read path asks of the flusher (lookup's pending counts
+// and its watch on writes on their way): Flusher.Read and Flusher.Sending.
+// Its methods are safe for concurrent use with each other and with flushes.
+type View interface {
+	// Read calls read, holding the flusher still, with a function that
+	// gives topic's mentions accepted by this sidecar and not in a total
+	// whose gather ended at gatheredAt (see Flusher.Read).
+	Read(topic string, read func(pending func(gatheredAt time.Time) int64))
+	// Sending reports whether a write of topic is on its way to the
+	// store, so that a total read now may or may not include it.
+	Sending(topic string) bool
+}
+
+var _ View = (*Flusher)(nil)
+
+// view is where a mention accepted by this sidecar is, as readers see it:
+// in the buffer, in the window a flush holds, in a write on its way or in
+// doubt, or (once a write lands) in the Reader's totals. It is safe for
+// concurrent use. The Flusher owns it; the flush moves counters in it only
+// through its methods, each one step for a reader, and readers only take
+// its read lock.
+type view struct {
+	buf    Buffer
+	reader Reader // nil: none
+	now    func() time.Time
+
+	// mu guards inflight, sent and doubt. It is also held across each
+	// move of counters between the buffer and inflight (move), so that a
+	// reader never finds a mention in both or in neither; and the Reader
+	// is told of a landed write under it, as the write leaves the view.
+	mu       sync.RWMutex
+	inflight *aggregator.Deltas // the counters a flush holds and has not written
+	sent     map[string]sending // inflight counters whose write has started
+	doubt    map[string]sending // writes in doubt or journaled, by counter
+}
+
+// sending is a write: when it was first sent, its delta, and whether it
+// is on its way to the store (!landed) or not (it landed and the reader
+// was told, or it is in doubt between two sends).
+type sending struct {
+	at     time.Time
+	delta  int64
+	landed bool
+}
+
+func newView(buf Buffer, reader Reader, now func() time.Time) *view {
+	return &view{buf: buf, reader: reader, now: now, doubt: make(map[string]sending)}
+}
+
+// Sending reports whether a write of topic is on its way to the store: sent
+// and not landed, so a total read now may or may not include it.
+func (v *view) Sending(topic string) bool {
+	v.mu.RLock()
+	defer v.mu.RUnlock()
+	s, ok := v.sent[topic]
+	d, doubted := v.doubt[topic]
+	return ok && !s.landed || doubted && !d.landed
+}
+
+// Read: see Flusher.Read.
+func (v *view) Read(topic string, read func(pending func(gatheredAt time.Time) int64)) {
+	v.mu.RLock()
+	defer v.mu.RUnlock()
+	read(func(gatheredAt time.Time) int64 {
+		p := v.buf.Pending(topic)
+		q, _ := v.inflight.Get(topic) // 0 when not there
+		if s, ok := v.sent[topic]; ok && (s.landed || !gatheredAt.Before(s.at)) {
+			q = 0
+		}
+		if d, ok := v.doubt[topic]; ok && gatheredAt.Before(d.at) {
+			q += d.delta // first sent after the gather: it cannot be in it
+		}
+		if p > 1<<63-1-q {
+			return 1<<63 - 1
+		}
+		return p + q
+	})
+}
+
+// move runs fn, which moves counters between the buffer and what the
+// flush holds, as one step for readers, and makes what fn returns the
+// window the flush holds with none of its writes started.
+func (v *view) move(fn func() *aggregator.Deltas) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	v.inflight, v.sent = fn(), nil
+}
+
+// journaled shows the writes the journal recorded as held the way writes in
+// doubt are (no total gathered before at can hold them; the reader is told
+// when they land), and left as what the flush still holds, in one step.
+// An unconfirmed entry's writes are not on their way: they are not sent
+// until it is confirmed.
+func (v *view) journaled(recorded []store.Write, unconfirmed func(counter string) bool, at time.Time, left *aggregator.Deltas) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	for _, w := range recorded {
+		v.doubt[w.Topic] = sending{at: at, delta: w.Delta, landed: unconfirmed(w.Topic)}
+	}
+	v.inflight, v.sent = left, nil
+}
+
+// sending marks counter's new write as on its way since at.
+func (v *view) sending(counter string, at time.Time) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.sent == nil {
+		v.sent = make(map[string]sending)
+	}
+	v.sent[counter] = sending{at: at}
+}
+
+// answered takes the answer to a new write: applied, the reader holds it; in
+// doubt, it is held like a pending write until sent again; refused, its
+// delta is the flush's again.
+func (v *view) answered(a answer) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	counter, delta := a.write.Topic, a.write.Delta
+	switch a.outcome {
+	case applied:
+		v.sent[counter] = sending{at: a.sentAt, landed: true}
+		v.wrote(counter, delta, a.sentAt)
+	case inDoubt:
+		v.sent[counter] = sending{at: a.sentAt, landed: true}
+		v.doubt[counter] = sending{at: a.sentAt, delta: delta, landed: true} // not on its way until sent again
+	default:
+		delete(v.sent, counter)
+	}
+}
+
+// resending marks counter's pending write as on its way again.
+func (v *view) resending(counter string) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if d, ok := v.doubt[counter]; ok {
+		d.landed = false
+		v.doubt[counter] = d
+	}
+}
+
+// resent takes the answer to a pending write sent again: applied, it
+// leaves the view for the reader's totals; otherwise it stays, not on its
+// way.
+func (v *view) resent(counter string, o outcome) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	d, ok := v.doubt[counter]
+	switch {
+	case !ok:
+	case o == applied:
+		delete(v.doubt, counter)
+		v.wrote(counter, d.delta, d.at)
+	default:
+		d.landed = true
+		v.doubt[counter] = d
+	}
+}
+
+// wrote tells the reader of a landed write of a topic's total (a time
+// bucket's is no total). Under mu.
+func (v *view) wrote(counter string, delta int64, sent time.Time) {
+	if v.reader != nil && !store.IsBucket(counter) {
+		v.reader.Wrote(counter, delta, sent, v.now())
+	}
+}
