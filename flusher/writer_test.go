@@ -47,7 +47,7 @@ func testWriter(t *testing.T, st Store, sh Shards) (*writer, prometheus.Counter)
 		log: zaptest.NewLogger(t), rerouted: rerouted, now: time.Now}, rerouted
 }
 
-var throttle = fmt.Errorf("injected: %w", store.ErrThrottled)
+var errThrottle = fmt.Errorf("injected: %w", store.ErrThrottled)
 
 // TestOutcomeOf: only a definite answer frees a delta, and doubt wins
 // over a throttle.
@@ -58,7 +58,7 @@ func TestOutcomeOf(t *testing.T) {
 	}{
 		{nil, applied},
 		{errors.New("400"), refused},
-		{throttle, throttled},
+		{errThrottle, throttled},
 		{fmt.Errorf("%w after %w", store.ErrAmbiguous, store.ErrThrottled), inDoubt},
 	} {
 		if got := outcomeOf(c.err); got != c.want {
@@ -71,7 +71,7 @@ func TestOutcomeOf(t *testing.T) {
 // of its topic with new seqs, up to maxReroutes, the first throttle
 // raising its shard count; on one shard it has nowhere to go.
 func TestSendReroutesThrottled(t *testing.T) {
-	st := &scripted{errs: []error{throttle, throttle}}
+	st := &scripted{errs: []error{errThrottle, errThrottle}}
 	wr, rerouted := testWriter(t, st, raising{n: 4})
 	a := wr.send(context.Background(), store.Write{Topic: "hot", Delta: 3, Writer: "w"}, 1)
 	if a.outcome != applied || a.err != nil || len(st.sent) != 3 {
@@ -89,7 +89,7 @@ func TestSendReroutesThrottled(t *testing.T) {
 		t.Errorf("rerouted %v, want 2", n)
 	}
 
-	st = &scripted{errs: []error{throttle}}
+	st = &scripted{errs: []error{errThrottle}}
 	wr, _ = testWriter(t, st, raising{n: 1})
 	if a := wr.send(context.Background(), store.Write{Topic: "hot", Delta: 3}, 1); a.outcome != throttled || len(st.sent) != 1 {
 		t.Errorf("one shard: %+v after %d attempts, want throttled after one", a, len(st.sent))
