@@ -21,7 +21,6 @@ package aggregator
 
 import (
 	"errors"
-	"math"
 	"sync"
 	"time"
 	"unsafe"
@@ -312,9 +311,9 @@ func (a *Aggregator) scratch(topic string, g store.Granularity, i int64) string 
 // mu must be held.
 func (a *Aggregator) addCounter(name string, delta int64) (isNew bool) {
 	v, isNew := a.cur.Deltas.Ref(name)
-	if *v > math.MaxInt64-delta {
+	if sum, capped := store.SatAdd(*v, delta); capped {
 		a.saturated.Inc() // an atomic add: cheap enough under the lock
-		delta = math.MaxInt64 - *v
+		delta = sum - *v
 	}
 	mentions := store.CountsMentions(name)
 	if isNew {
@@ -356,12 +355,11 @@ func (a *Aggregator) signal(full bool) {
 	}
 }
 
-// satAdd adds two non-negative numbers, capping at math.MaxInt64.
+// satAdd is store.SatAdd without its flag, for totals that say nothing
+// of a cap.
 func satAdd(x, y int64) int64 {
-	if x > math.MaxInt64-y {
-		return math.MaxInt64
-	}
-	return x + y
+	sum, _ := store.SatAdd(x, y)
+	return sum
 }
 
 // Drain swaps the current window for a fresh one and returns the old one,
@@ -482,31 +480,32 @@ func windowBytes(deltas *Deltas) int64 {
 // Past the memory budget, with a spill and no held messages (core mode),
 // the whole window then goes to disk.
 func (a *Aggregator) Merge(w Window) {
+	// Every name of w is read here, before the lock: w is the caller's
+	// until Merge takes it, and a window that comes back after an outage
+	// may hold a million counters, which the ingest must not wait for.
+	ws := statsOf(w.Deltas)
 	a.mu.Lock()
 	// Counted as Drain counts: counters of mentions, not the minute and
 	// hour counters a split topic also brings back.
-	a.merged += mentionCounters(w.Deltas)
+	a.merged += ws.counters
 	if w.Deltas.Len() > a.cur.Deltas.Len() {
-		// Swap: w's table becomes the window, the current one merges into it.
+		// Swap: w's table becomes the window, and what arrived since the
+		// drain (the smaller side) is added into it.
 		small := a.cur.Deltas
-		a.cur.Deltas, a.total, a.bytes, a.buckets = w.Deltas, 0, 0, 0
-		for name, d := range w.Deltas.All() {
-			if store.CountsMentions(name) {
-				a.total = satAdd(a.total, d)
-			} else {
-				a.buckets++
-			}
-			a.bytes += int64(len(name)) + TopicOverhead
-			a.sawMinute(name)
-		}
+		a.cur.Deltas, a.total, a.bytes, a.buckets = w.Deltas, ws.total, ws.bytes, ws.buckets
 		for name, d := range small.All() {
 			a.addCounter(name, d)
 		}
 	} else {
 		for name, d := range w.Deltas.All() {
 			a.addCounter(name, d)
-			a.sawMinute(name)
 		}
+	}
+	for m := range ws.minutes {
+		if a.minutes == nil {
+			a.minutes = make(map[int64]struct{}, len(ws.minutes))
+		}
+		a.minutes[m] = struct{}{}
 	}
 	// The merged-back messages are older than those that arrived since:
 	// they go first, to keep the window in stream order.
@@ -641,6 +640,36 @@ func (a *Aggregator) Pending(topic string) int64 {
 
 // sawMinute notes the minute of a Fresh counter merged into the window,
 // for Pending; mu must be held.
+// windowStats is what the aggregator keeps of a window beside its table.
+type windowStats struct {
+	total    int64              // its mentions (saturating)
+	bytes    int64              // its memory, as the budget counts it
+	buckets  int                // its Minute and Hour counters
+	counters int                // its counters of mentions (topics and Fresh minutes)
+	minutes  map[int64]struct{} // the minutes of its Fresh counters
+}
+
+// statsOf reads every counter of d once; it takes no lock.
+func statsOf(d *Deltas) windowStats {
+	var ws windowStats
+	for name, v := range d.All() {
+		ws.bytes += int64(len(name)) + TopicOverhead
+		if !store.CountsMentions(name) {
+			ws.buckets++
+			continue
+		}
+		ws.counters++
+		ws.total = satAdd(ws.total, v)
+		if _, g, i, ok := store.ParseCounter(name); ok && g == store.Fresh {
+			if ws.minutes == nil {
+				ws.minutes = make(map[int64]struct{}, 1)
+			}
+			ws.minutes[i] = struct{}{}
+		}
+	}
+	return ws
+}
+
 func (a *Aggregator) sawMinute(name string) {
 	if _, g, i, ok := store.ParseCounter(name); ok && g == store.Fresh {
 		if a.minutes == nil {

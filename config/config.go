@@ -767,8 +767,8 @@ func (c *Config) Validate() error {
 	}
 	durIn("health-flush-age", c.HealthFlushAge, 0, 24*time.Hour)
 	durIn("shutdown-timeout", c.ShutdownTimeout, time.Second, 10*time.Minute)
-	if c.ShutdownTimeout <= c.DrainTimeout {
-		bad("shutdown-timeout", "%s must be longer than drain-timeout %s, to leave time for the final flush", c.ShutdownTimeout, c.DrainTimeout)
+	if c.ShutdownTimeout-c.ShutdownReserve() <= c.DrainTimeout {
+		bad("shutdown-timeout", "%s must be longer than drain-timeout %s plus the reserve kept after the final flush (%s), to leave time for the final flush", c.ShutdownTimeout, c.DrainTimeout, c.ShutdownReserve())
 	}
 	if _, err := ParseBytes(c.MemoryLimit); err != nil && c.MemoryLimit != "none" {
 		bad("memory-limit", "%v", err)
@@ -828,21 +828,14 @@ func Print(w io.Writer, fs *pflag.FlagSet) error {
 		v := f.Value.String()
 		switch {
 		case secret[f.Name] && v != "":
-			v = Redacted
+			v = ingest.Redacted
 		case f.Name == "nats-url":
-			v = RedactURLs(v)
+			v = ingest.RedactURLs(v)
 		}
 		_, err = fmt.Fprintf(w, "%s: %q\n", f.Name, v)
 	})
 	return err
 }
-
-// Redacted stands in for a secret in printed settings.
-const Redacted = "REDACTED"
-
-// RedactURLs replaces the passwords (and tokens given as the user) in a
-// comma-separated list of URLs (ingest.RedactURLs).
-func RedactURLs(list string) string { return ingest.RedactURLs(list) }
 
 // NATSAuth is the NATS authentication part of c.
 func (c *Config) NATSAuth() ingest.Auth {
@@ -926,6 +919,11 @@ func (c Config) BufferBudget(gomemlimit int64) int64 {
 	n, _ := ParseBytes(c.BufferMemory)
 	return n
 }
+
+// ShutdownReserve is the part of --shutdown-timeout kept for what follows
+// the final flush (leaving the journal, the acknowledgements, the HTTP
+// shutdown): a tenth, at most a second.
+func (c Config) ShutdownReserve() time.Duration { return min(c.ShutdownTimeout/10, time.Second) }
 
 // UsesDataDir says whether a sidecar with these settings keeps files in
 // DataDir: the embedded store's, or core mode's spill folder.

@@ -3,25 +3,21 @@ package console
 import (
 	"context"
 	"fmt"
-	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-	"go.uber.org/zap"
 	"golang.org/x/time/rate"
 
-	"github.com/hotcount/hotcount/aggregator"
-	"github.com/hotcount/hotcount/flusher"
+	"github.com/hotcount/hotcount/internal/racer"
 	"github.com/hotcount/hotcount/store"
 )
 
-// The race is internal/demo's, made live and self-contained: demo races
-// against a DynamoDB API through internal/ddbfault, and hotcount dev has no
-// DynamoDB, so here the per-key ceiling is a rate limiter in front of a
-// store that only counts what it accepts. Nothing reaches the sidecar's
-// store or its metrics.
+// The race is internal/racer's, as `hotcount demo` runs it, made live and
+// self-contained: demo races against a DynamoDB API through
+// internal/ddbfault, and hotcount dev has no DynamoDB, so here the per-key
+// ceiling is a rate limiter in front of a store that only counts what it
+// accepts. Nothing reaches the sidecar's store or its metrics.
 
 // raceTopic is the one hot topic of a race, in the race's own store.
 const raceTopic = "race"
@@ -85,54 +81,18 @@ func newRace(p raceParams, now time.Time) *race {
 func (r *race) run(parent context.Context) {
 	ctx, cancel := context.WithTimeout(parent, r.p.Duration)
 	defer cancel()
-	// The race's own registry: its aggregator and flusher must not count
-	// into the sidecar's metrics.
-	reg := prometheus.NewRegistry()
-	agg := aggregator.New(aggregator.DefaultMaxTopics, reg)
-	fl := flusher.New(flusher.Config{Shards: r.p.Shards, Interval: r.p.FlushInterval, Timeout: r.p.FlushInterval, Concurrency: 4},
-		agg, r.coalesced, zap.NewNop(), flusher.NewMetrics(reg), time.Now)
-	every := time.Duration(float64(time.Second) * float64(r.p.Writers) / r.p.Offered)
+	c := racer.Config{Topic: raceTopic, Shards: r.p.Shards, Writers: r.p.Writers, FlushInterval: r.p.FlushInterval,
+		Every: time.Duration(float64(time.Second) * float64(r.p.Writers) / r.p.Offered)}
 	var wg sync.WaitGroup
-	wg.Go(func() { fl.Run(ctx) }) //nolint:errcheck // it returns nil
-	for range r.p.Writers {
-		wg.Go(func() {
-			// Each direct writer is a writer of its own, as an app
-			// writing to DynamoDB is.
-			id, seq := store.NewWriterID(), store.NewSequencer(time.Now)
-			paced(ctx, every, func() {
-				w := store.Write{Topic: raceTopic, Shard: rand.IntN(r.p.Shards), Delta: 1, Writer: id, Seq: seq.Next()}
-				r.direct.Add(ctx, w, time.Now()) //nolint:errcheck // counted by the store; a throttled mention is lost, as the app's would be
-			})
-		})
-		wg.Go(func() { paced(ctx, every, func() { agg.Add(raceTopic, 1) }) })
-	}
+	// A throttled direct mention is lost, as the app's would be; the
+	// store counts it.
+	wg.Go(func() { racer.Direct(ctx, c, r.direct, func(error) bool { return true }) })
+	wg.Go(func() { racer.Coalesced(ctx, parent, c, r.coalesced, 2*time.Second) })
 	wg.Go(func() { r.record(ctx) })
 	wg.Wait()
-	if parent.Err() == nil {
-		// What the last window coalesced is the race's too: written, as a
-		// sidecar's final flush writes it (unless the sidecar is stopping).
-		fctx, cancelFinal := context.WithTimeout(parent, 2*time.Second)
-		fl.Final(fctx) //nolint:errcheck // the store takes it or the race ends without it
-		cancelFinal()
-	}
 	r.mu.Lock()
 	r.ended = time.Now()
 	r.mu.Unlock()
-}
-
-// paced calls fn every interval until ctx ends. A ticker drops the ticks
-// it is late for, so a busy machine offers less rather than bursting.
-func paced(ctx context.Context, every time.Duration, fn func()) {
-	t := time.NewTicker(every)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			fn()
-		}
-	}
 }
 
 // record adds a point each second, and a last one when the race ends.

@@ -259,6 +259,14 @@ func New(cfg Config, buf Buffer, st Store, log *zap.Logger, m *Metrics, now func
 // its own deadline. Run does not do the final flush: call Final after the
 // ingest has stopped, so that nothing arrives behind it.
 func (f *Flusher) Run(ctx context.Context) error {
+	return f.RunWithin(ctx, context.WithoutCancel(ctx))
+}
+
+// RunWithin is Run whose flushes run on limit rather than past ctx: a
+// flush in progress when ctx ends finishes, unless limit ends first (the
+// shutdown's deadline for the final flush), when it stops starting writes
+// and hands back what it did not write.
+func (f *Flusher) RunWithin(ctx, limit context.Context) error {
 	for {
 		wait := time.Duration(float64(f.cfg.Interval) * (1 - jitter + 2*jitter*rand.Float64()))
 		t := time.NewTimer(wait)
@@ -271,7 +279,7 @@ func (f *Flusher) Run(ctx context.Context) error {
 			t.Stop()
 			f.metrics.early.Inc()
 		}
-		if err := f.Flush(context.WithoutCancel(ctx)); err != nil {
+		if err := f.Flush(limit); err != nil {
 			f.log.Warn("flush incomplete, deltas kept for the next flush", zap.Error(err))
 		}
 	}

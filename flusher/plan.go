@@ -3,7 +3,6 @@ package flusher
 import (
 	"cmp"
 	"context"
-	"math"
 	"math/rand/v2"
 	"slices"
 
@@ -114,11 +113,7 @@ func split(d *aggregator.Deltas, minutes, hours bool) {
 // addTo adds delta to name's delta in d, saturating like the aggregator.
 func addTo(d *aggregator.Deltas, name string, delta int64) {
 	v, _ := d.Ref(name)
-	if *v > math.MaxInt64-delta {
-		*v = math.MaxInt64
-		return
-	}
-	*v += delta
+	*v, _ = store.SatAdd(*v, delta)
 }
 
 // hold moves out of w the counters and messages of the waiting topics:

@@ -371,14 +371,8 @@ func (h *handler) addPending(t *Total) {
 		t.Pending = pending(t.gatheredAt)
 	})
 	t.PendingIncluded = true
-	t.Count = h.svc.hold(t.Topic, satAdd(t.Count, t.Pending), true)
-}
-
-func satAdd(x, y int64) int64 {
-	if y > 0 && x > (1<<63-1)-y {
-		return 1<<63 - 1
-	}
-	return x + y
+	count, _ := store.SatAdd(t.Count, t.Pending)
+	t.Count = h.svc.hold(t.Topic, count, true)
 }
 
 // cacheControl lets an HTTP cache keep a fresh cached total for what is

@@ -43,6 +43,9 @@ type parts struct {
 	sub     source
 	// writer is this process's writer id, journaled or not.
 	writer string
+	// cutFlushes stops the flush loop's flush in progress: the shutdown
+	// calls it at the final flush's deadline.
+	cutFlushes context.CancelFunc
 	// runs are the pipeline's loops, each run until its context ends.
 	runs []func(ctx context.Context) error
 	// services are the read side's loops (the lookup's refreshes, the
@@ -63,16 +66,12 @@ func (p *parts) close() {
 
 // assemble opens the store and NATS and builds every stage on them. On an
 // error it closes what it had opened.
-func (s *Sidecar) assemble(ctx context.Context) (p *parts, err error) {
-	p = &parts{writer: store.NewWriterID()}
-	defer func() {
-		if err != nil {
-			p.close()
-		}
-	}()
+func (s *Sidecar) assemble(ctx context.Context) (*parts, error) {
+	p := &parts{writer: store.NewWriterID()}
 	steps := []func(context.Context, *parts) error{s.openStore, s.buffer, s.connect, s.readers, s.writers, s.ingest}
 	for _, step := range steps {
 		if err := step(ctx, p); err != nil {
+			p.close()
 			return nil, err
 		}
 	}
@@ -213,7 +212,10 @@ func (s *Sidecar) writers(ctx context.Context, p *parts) error {
 		Hours:        hours,
 	}, p.agg, p.st, s.log, flusher.NewMetrics(s.reg), time.Now, opts...)
 	p.lk.WatchWrites(p.fl.Sending)
-	p.runs = append(p.runs, p.fl.Run)
+	limit, cut := context.WithCancel(context.Background())
+	p.cutFlushes = cut
+	p.onClose(cut)
+	p.runs = append(p.runs, func(ctx context.Context) error { return p.fl.RunWithin(ctx, limit) })
 	if p.jr != nil {
 		p.runs = append(p.runs, p.jr.Run)
 	}

@@ -8,14 +8,6 @@ import (
 	"go.uber.org/zap"
 )
 
-// maxReserve bounds the part of --shutdown-timeout kept for what follows
-// the final flush.
-const maxReserve = time.Second
-
-// reserveOf is the part of the budget the final flush leaves for the phases
-// after it: a tenth, at most maxReserve.
-func reserveOf(budget time.Duration) time.Duration { return min(budget/10, maxReserve) }
-
 // phase is one step after the final flush. It must return by its
 // context's deadline.
 type phase struct {
@@ -34,10 +26,13 @@ type shutdown struct {
 	budget  time.Duration
 	reserve time.Duration
 	// stop stops taking messages and returns once the pipeline's
-	// goroutines have: the NATS drain (at most --drain-timeout), the flush
-	// loop (its flush in progress), the journal's and console's loops;
-	// then, in partitioned mode, it leaves the fleet (see runMembers).
-	stop func() error
+	// goroutines have: the NATS drain (at most --drain-timeout, which
+	// config keeps under the budget less the reserve), the flush loop
+	// (its flush in progress, cut off at ctx's deadline), the journal's
+	// and console's loops; then, in partitioned mode, it leaves the fleet
+	// (see runMembers), waiting at most until ctx's deadline. ctx ends
+	// where the final flush must: the budget's end less the reserve.
+	stop func(ctx context.Context) error
 	// final writes what is buffered, retrying until its deadline: the
 	// budget's end less the reserve.
 	final func(ctx context.Context) error
@@ -53,8 +48,8 @@ func (s shutdown) run(log *zap.Logger) error {
 	budget, cancel := context.WithDeadline(context.Background(), end)
 	defer cancel()
 
-	stopErr := s.stop()
 	finalCtx, cancelFinal := context.WithDeadline(budget, end.Add(-s.reserve))
+	stopErr := s.stop(finalCtx)
 	finalErr := s.final(finalCtx)
 	cancelFinal()
 	if finalErr == nil {

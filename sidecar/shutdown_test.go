@@ -24,7 +24,7 @@ func TestShutdownReserveSurvivesASlowDrain(t *testing.T) {
 	)
 	start := time.Now()
 	end := start.Add(budget)
-	var finalDeadline time.Time
+	var finalDeadline, stopDeadline time.Time
 	type seen struct {
 		name string
 		left time.Duration
@@ -41,7 +41,8 @@ func TestShutdownReserveSurvivesASlowDrain(t *testing.T) {
 	err := shutdown{
 		budget:  budget,
 		reserve: reserve,
-		stop: func() error {
+		stop: func(ctx context.Context) error {
+			stopDeadline, _ = ctx.Deadline()
 			<-time.After(drain) // the drain is slow: the point of the test
 			return nil
 		},
@@ -62,6 +63,9 @@ func TestShutdownReserveSurvivesASlowDrain(t *testing.T) {
 	if want := end.Add(-reserve); finalDeadline.Before(want) || finalDeadline.After(want.Add(200*time.Millisecond)) {
 		t.Errorf("final flush's deadline %s after the start, want %s (the budget's end less the reserve)", finalDeadline.Sub(start), want.Sub(start))
 	}
+	if !stopDeadline.Equal(finalDeadline) {
+		t.Errorf("the drain's deadline %s after the start, want the final flush's, %s", stopDeadline.Sub(start), finalDeadline.Sub(start))
+	}
 	if len(after) != 3 {
 		t.Fatalf("%d phases ran after the final flush, want 3", len(after))
 	}
@@ -80,16 +84,30 @@ func TestShutdownReserveSurvivesASlowDrain(t *testing.T) {
 	}
 }
 
-// TestReserve keeps the reserve a tenth of the budget, at most a second.
-func TestReserve(t *testing.T) {
-	for _, c := range []struct{ budget, want time.Duration }{
-		{time.Second, 100 * time.Millisecond},
-		{5 * time.Second, 500 * time.Millisecond},
-		{25 * time.Second, time.Second},
-		{10 * time.Minute, time.Second},
-	} {
-		if got := reserveOf(c.budget); got != c.want {
-			t.Errorf("reserveOf(%s) = %s, want %s", c.budget, got, c.want)
-		}
+// TestOverrunningDrainKeepsTheReserve: a drain that would run past the
+// final flush's deadline is cut off there (the flush in progress stops
+// starting writes): the phases after the final flush keep their reserve.
+func TestOverrunningDrainKeepsTheReserve(t *testing.T) {
+	const budget, reserve = 2 * time.Second, 500 * time.Millisecond
+	var left time.Duration
+	err := shutdown{
+		budget:  budget,
+		reserve: reserve,
+		stop: func(ctx context.Context) error {
+			<-ctx.Done() // a drain and a flush that would go on and on
+			return ctx.Err()
+		},
+		final: func(ctx context.Context) error { return ctx.Err() },
+		after: []phase{{"leave the journal", func(ctx context.Context) error {
+			d, _ := ctx.Deadline()
+			left = time.Until(d)
+			return ctx.Err()
+		}}},
+	}.run(zap.NewNop())
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("shutdown returned %v, want the deadline the drain ran into", err)
+	}
+	if left < reserve/2 {
+		t.Errorf("the phase after the final flush started with %s left, want about the reserve (%s)", left, reserve)
 	}
 }

@@ -162,15 +162,18 @@ func (s *Sidecar) Run(ctx context.Context) error {
 	stopping.Store(true)
 	err = shutdown{
 		budget:  s.cfg.ShutdownTimeout,
-		reserve: reserveOf(s.cfg.ShutdownTimeout),
-		stop: func() error {
+		reserve: s.cfg.ShutdownReserve(),
+		stop: func(ctx context.Context) error {
 			stopPipe()
+			// The flush in progress finishes, but not past the final
+			// flush's deadline.
+			defer context.AfterFunc(ctx, p.cutFlushes)()
 			err := pipe.Wait()
 			// The drain has unpinned this sidecar's partitions: the
 			// others take them now rather than after fleet.Expiry
 			// intervals, while the final flush writes what this one
 			// holds.
-			leaveFleet()
+			leaveFleet(ctx)
 			return err
 		},
 		final: p.fl.Final, // returned below, with what it could not write
@@ -183,20 +186,21 @@ func (s *Sidecar) Run(ctx context.Context) error {
 
 // runMembers runs the fleet's membership, if any (partitioned mode), on
 // services, and returns what makes it leave the fleet and waits until it
-// has. It has a context of its own, ended by that leave, neither the
-// pipeline's nor the services': the shutdown cancels the pipeline first, and the drain
-// that follows keeps this sidecar's partitions pinned to it, so it must
-// keep announcing itself meanwhile, or the others would find it silent
-// and claim partitions it still drains; and it must leave once the drain
-// is done, well before the services stop after the HTTP listeners, so
-// that the others take its partitions while its final flush writes. A
-// failure of the services' other loops ends it too (the sidecar shuts
-// down then).
-func runMembers(sctx context.Context, members *fleet.Members, services *errgroup.Group) (leave func()) {
+// has (or until the context given to leave ends). It has a context of its
+// own, ended by that leave, neither the pipeline's nor the services': the
+// shutdown cancels the pipeline first, and the drain that follows keeps
+// this sidecar's partitions pinned to it, so it must keep announcing
+// itself meanwhile, or the others would find it silent and claim
+// partitions it still drains; and it must leave once the drain is done,
+// well before the services stop after the HTTP listeners, so that the
+// others take its partitions while its final flush writes. Not even a
+// failure of the other services ends it before the drain: the sidecar
+// shuts down then, in this order.
+func runMembers(sctx context.Context, members *fleet.Members, services *errgroup.Group) (leave func(context.Context)) {
 	if members == nil {
-		return func() {}
+		return func(context.Context) {}
 	}
-	fleetCtx, stop := context.WithCancel(sctx)
+	fleetCtx, stop := context.WithCancel(context.WithoutCancel(sctx))
 	done := make(chan struct{})
 	services.Go(func() error {
 		defer close(done)
@@ -205,9 +209,12 @@ func runMembers(sctx context.Context, members *fleet.Members, services *errgroup
 		}
 		return nil
 	})
-	return func() {
+	return func(ctx context.Context) {
 		stop()
-		<-done
+		select {
+		case <-done:
+		case <-ctx.Done(): // services.Wait joins it
+		}
 	}
 }
 

@@ -84,12 +84,21 @@ type Shard struct {
 // math.MaxInt64 rather than wrap, and says so.
 func Sum(shards []Shard) (total int64, saturated bool) {
 	for _, s := range shards {
-		if s.Count > math.MaxInt64-total {
-			return math.MaxInt64, true
+		if total, saturated = SatAdd(total, s.Count); saturated {
+			return total, true
 		}
-		total += s.Count
 	}
 	return total, false
+}
+
+// SatAdd adds y to the count x, capping at math.MaxInt64 rather than
+// wrapping, and says whether it capped: a count is never negative, so only
+// a positive y can overflow it. Every stage adds counts with it.
+func SatAdd(x, y int64) (sum int64, saturated bool) {
+	if y > 0 && x > math.MaxInt64-y {
+		return math.MaxInt64, true
+	}
+	return x + y, false
 }
 
 // UnixMilli is the updatedAt encoding of t.

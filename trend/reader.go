@@ -398,11 +398,10 @@ func (s *Service) readManyWithin(ctx context.Context, topics []string, spans []S
 	return out, shards, nil
 }
 
+// satAdd is store.SatAdd, keeping an earlier saturation.
 func satAdd(x, y int64, sat bool) (int64, bool) {
-	if x > math.MaxInt64-y {
-		return math.MaxInt64, true
-	}
-	return x + y, sat
+	sum, capped := store.SatAdd(x, y)
+	return sum, sat || capped
 }
 
 func floorDiv(a, b int64) int64 {
@@ -445,7 +444,9 @@ func (s *Service) Observe(written map[string]int64) {
 		}
 	}
 	if first < s.marked.Load() {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		// Short: the final flush calls this too, inside the shutdown's
+		// budget; a mark that fails is tried again by the next flush.
+		ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
 		if s.st.MarkHistory(ctx, store.Minute.Start(first)) == nil {
 			s.marked.Store(first) // else: the next flush tries again
 			s.histMu.Lock()

@@ -11,17 +11,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math/rand/v2"
-	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"go.uber.org/zap"
 
-	"github.com/hotcount/hotcount/aggregator"
-	"github.com/hotcount/hotcount/flusher"
 	"github.com/hotcount/hotcount/internal/ddbfault"
+	"github.com/hotcount/hotcount/internal/racer"
 	"github.com/hotcount/hotcount/store"
 )
 
@@ -101,45 +97,23 @@ func race(ctx context.Context, cfg Config, n int, coalesced bool) (Result, error
 
 	rctx, cancel := context.WithTimeout(ctx, cfg.Duration)
 	defer cancel()
+	c := racer.Config{Topic: topic, Shards: n, Writers: cfg.Writers, FlushInterval: cfg.FlushInterval}
 	var mentions, writes atomic.Int64
-	var wg sync.WaitGroup
 	start := time.Now()
 	if !coalesced {
-		for range cfg.Writers {
-			wg.Go(func() {
-				// Each direct writer is a writer of its own, as a sidecar is.
-				id, seq := store.NewWriterID(), store.NewSequencer(time.Now)
-				for rctx.Err() == nil {
-					err := st.Add(rctx, store.Write{Topic: topic, Shard: rand.IntN(n), Delta: 1, Writer: id, Seq: seq.Next()}, time.Now())
-					if err == nil {
-						mentions.Add(1)
-						writes.Add(1)
-					} else if !errors.Is(err, store.ErrThrottled) && rctx.Err() == nil {
-						return // the store failed: the race ends short, and says so below
-					}
-				}
-			})
-		}
-		wg.Wait()
+		racer.Direct(rctx, c, st, func(err error) bool {
+			if err == nil {
+				mentions.Add(1)
+				writes.Add(1)
+			}
+			// Another failure than a throttle ends the writer: the race
+			// ends short, and says so in its figures.
+			return err == nil || errors.Is(err, store.ErrThrottled) || rctx.Err() != nil
+		})
 	} else {
-		agg := aggregator.New(aggregator.DefaultMaxTopics, reg)
-		fl := flusher.New(flusher.Config{Shards: n, Interval: cfg.FlushInterval, Timeout: cfg.FlushInterval, Concurrency: 4},
-			agg, st, zap.NewNop(), flusher.NewMetrics(reg), time.Now)
-		var flushing sync.WaitGroup
-		flushing.Go(func() { fl.Run(rctx) }) //nolint:errcheck // it returns nil
-		for range cfg.Writers {
-			wg.Go(func() {
-				for i := 0; rctx.Err() == nil; i++ {
-					agg.Add(topic, 1)
-					if i%1024 == 0 {
-						time.Sleep(time.Millisecond) // leave the flusher a core
-					}
-				}
-			})
-		}
-		wg.Wait()
-		flushing.Wait()
-		// What was accepted is what reached the store within the race.
+		// What was accepted is what reached the store within the race:
+		// no final flush.
+		racer.Coalesced(rctx, rctx, c, st, 0)
 		got, err := st.Gather(ctx, topic, n, true)
 		if err != nil {
 			return Result{}, err
