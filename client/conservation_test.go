@@ -137,12 +137,12 @@ func TestPublisherConservesAcrossNATSRestart(t *testing.T) {
 	// Everything is in the sidecar's window once it has taken all that
 	// was mentioned; its final flush writes it at shutdown.
 	testenv.Eventually(t, time.Minute, func() error {
-		if got, err := gauge(hc.sc, "hotcount_ingest_mentions_total", ""); err != nil || int64(got) < total {
+		if got, err := gauge(hc.sc, "hotcount_ingest_mentions_total"); err != nil || int64(got) < total {
 			return fmt.Errorf("the sidecar took %v of %d mentions (%v)", got, total, err)
 		}
 		return nil
 	})
-	redelivered, _ := gauge(hc.sc, "hotcount_ingest_redelivered_total", "")
+	redelivered, _ := gauge(hc.sc, "hotcount_ingest_redelivered_total")
 	if err := hc.stop(); err != nil {
 		t.Fatalf("sidecar: %v", err)
 	}

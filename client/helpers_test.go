@@ -6,21 +6,17 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"slices"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
-	dto "github.com/prometheus/client_model/go"
-	"go.uber.org/zap"
 
 	"github.com/hotcount/hotcount/config"
 	"github.com/hotcount/hotcount/ingest"
 	"github.com/hotcount/hotcount/internal/embeddednats"
 	"github.com/hotcount/hotcount/internal/testenv"
-	"github.com/hotcount/hotcount/sidecar"
+	"github.com/hotcount/hotcount/internal/testenv/sidecartest"
 )
 
 // hotcount is a sidecar on the embedded store against a real NATS server,
@@ -29,10 +25,12 @@ import (
 type hotcount struct {
 	natsURL string // the NATS server
 	httpURL string // the lookup API
-	sc      *sidecar.Sidecar
+	sc      *sidecartest.Sidecar
 	cfg     config.Config
-	stop    func() error // shuts the sidecar down; again, returns the same
 }
+
+// stop shuts the sidecar down; again, it returns the same.
+func (h *hotcount) stop() error { return h.sc.Stop() }
 
 // startHotcount starts a sidecar in mode (config.ModeCore or ModeJetStream,
 // creating the stream) against the NATS server at natsURL, storing in dir,
@@ -60,36 +58,17 @@ func startHotcount(natsURL, mode, dir string, tune func(*config.Config)) (*hotco
 			return nil, err
 		}
 	}
-	sc := sidecar.New(cfg, zap.NewNop())
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- sc.Run(ctx) }()
-	select {
-	case <-sc.Started():
-	case err := <-done:
-		cancel()
+	sc, err := sidecartest.Start(cfg, nil)
+	if err != nil {
 		return nil, err
 	}
-	h := &hotcount{natsURL: natsURL, httpURL: "http://" + sc.HTTPAddr(), sc: sc, cfg: cfg,
-		stop: sync.OnceValue(func() error { cancel(); return <-done })}
-	// Started means listening; taking mentions means subscribed (or the
-	// consumer bound), which the NATS dependency gauge says.
-	if err := poll(10*time.Second, func() error {
-		if up, err := gauge(sc, "hotcount_dependency_up", "nats"); err != nil || up != 1 {
-			return fmt.Errorf("sidecar not subscribed (%v)", err)
-		}
-		return nil
-	}); err != nil {
-		h.stop() //nolint:errcheck // the first error says it
-		return nil, err
-	}
-	return h, nil
+	return &hotcount{natsURL: natsURL, httpURL: sc.URL(), sc: sc, cfg: cfg}, nil
 }
 
 // waitWritten waits until the sidecar has written n mentions to its store.
 func (h *hotcount) waitWritten(n int64) error {
-	return poll(30*time.Second, func() error {
-		got, err := gauge(h.sc, "hotcount_flusher_flushed_mentions_total", "")
+	return sidecartest.Poll(30*time.Second, func() error {
+		got, err := gauge(h.sc, "hotcount_flusher_flushed_mentions_total")
 		if err != nil || got < float64(n) {
 			return fmt.Errorf("%v of %d mentions written (%v)", got, n, err)
 		}
@@ -104,38 +83,9 @@ func (h *hotcount) written(n int64) {
 	}
 }
 
-// gauge reads a metric of the sidecar's: the series whose dependency
-// label is dep, or the first series when dep is empty.
-func gauge(sc *sidecar.Sidecar, name, dep string) (float64, error) {
-	mfs, err := sc.Registry().Gather()
-	if err != nil {
-		return 0, err
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			if dep == "" || slices.ContainsFunc(m.GetLabel(), func(l *dto.LabelPair) bool {
-				return l.GetName() == "dependency" && l.GetValue() == dep
-			}) {
-				return m.GetGauge().GetValue() + m.GetCounter().GetValue(), nil
-			}
-		}
-	}
-	return 0, fmt.Errorf("no metric %s", name)
-}
-
-// poll calls cond every 10 ms until it returns nil or timeout passes.
-func poll(timeout time.Duration, cond func() error) error {
-	deadline := time.Now().Add(timeout)
-	for {
-		err := cond()
-		if err == nil || time.Now().After(deadline) {
-			return err
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+// gauge reads an unlabelled metric of the sidecar's (the first series).
+func gauge(sc *sidecartest.Sidecar, name string) (float64, error) {
+	return sidecartest.Gauge(sc.Registry(), name, "", "")
 }
 
 // example starts what an example needs, a NATS server with JetStream and

@@ -530,7 +530,9 @@ func TestLostAckIsNotCountedTwice(t *testing.T) {
 // the NATS server is down when it is called and comes back later.
 func TestCloseWaitsOutAnOutage(t *testing.T) {
 	ns := testenv.NATS(t)
-	nc, err := nats.Connect(ns.ClientURL(), nats.ReconnectWait(50*time.Millisecond), nats.MaxReconnects(-1))
+	var refused atomic.Int64 // reconnect attempts the absent server refused
+	nc, err := nats.Connect(ns.ClientURL(), nats.ReconnectWait(50*time.Millisecond), nats.MaxReconnects(-1),
+		nats.ReconnectErrHandler(func(*nats.Conn, error) { refused.Add(1) }))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -551,9 +553,26 @@ func TestCloseWaitsOutAnOutage(t *testing.T) {
 		want += int64(i%3 + 1)
 	}
 	up := down(t, ns)
+	sent := nc.Stats().OutMsgs
 	closed := make(chan error, 1)
 	go func() { closed <- pub.Close(ctx) }()
-	time.Sleep(time.Second) // Close retries against a server that is away
+	// Close publishes against a server that is away: its messages go to
+	// the connection, which holds them while it reconnects...
+	testenv.Eventually(t, 10*time.Second, func() error {
+		if nc.Stats().OutMsgs == sent {
+			return errors.New("Close has published nothing yet")
+		}
+		return nil
+	})
+	// ... and the server stays away through a few more reconnect
+	// attempts, while Close waits for the acknowledgements.
+	before := refused.Load()
+	testenv.Eventually(t, 10*time.Second, func() error {
+		if n := refused.Load() - before; n < 3 {
+			return fmt.Errorf("%d reconnect attempts refused since Close published", n)
+		}
+		return nil
+	})
 	select {
 	case err := <-closed:
 		t.Fatalf("Close returned while the server was down: %v", err)
@@ -721,8 +740,12 @@ func TestNoStreamFailsSoon(t *testing.T) {
 	}
 	start := time.Now()
 	err = pub.Close(context.Background())
-	if err == nil || !strings.Contains(err.Error(), "no JetStream stream takes mentions.golang") {
-		t.Errorf("Close = %v, want the missing stream named", err)
+	// Given up as a message no stream takes; the text names its subject,
+	// which is what the user must create a stream for.
+	var given *client.PublishError
+	if !errors.As(err, &given) || given.Messages != 1 || !errors.Is(err, jetstream.ErrNoStreamResponse) ||
+		!strings.Contains(err.Error(), "mentions.golang") {
+		t.Errorf("Close = %v, want the message given up for want of a stream, its subject named", err)
 	}
 	if d := time.Since(start); d > 20*time.Second {
 		t.Errorf("Close took %s, want about the 5 s grace", d)

@@ -20,13 +20,12 @@ import (
 
 	"github.com/chromedp/chromedp"
 	"github.com/nats-io/nats.go/jetstream"
-	"go.uber.org/zap"
 
 	"github.com/hotcount/hotcount/config"
 	"github.com/hotcount/hotcount/ingest"
 	"github.com/hotcount/hotcount/internal/embeddednats"
 	"github.com/hotcount/hotcount/internal/testenv"
-	"github.com/hotcount/hotcount/sidecar"
+	"github.com/hotcount/hotcount/internal/testenv/sidecartest"
 )
 
 // TestConsoleInBrowser drives the console in headless Chromium against a
@@ -245,25 +244,9 @@ func startDev(t *testing.T) *devSidecar {
 		t.Fatal(err)
 	}
 
-	sc := sidecar.New(cfg, zap.NewNop())
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- sc.Run(ctx) }()
-	select {
-	case <-sc.Started():
-	case err := <-done:
-		cancel()
-		t.Fatalf("sidecar: %v", err)
-	}
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("sidecar: %v", err)
-		}
-	})
-	testenv.Subscribed(t, sc.AdminAddr(), 20*time.Second)
-	return &devSidecar{js: js, lookup: "http://" + sc.HTTPAddr(), admin: "http://" + sc.AdminAddr(),
-		console: "http://" + sc.AdminAddr() + "/console", published: map[string]int64{}}
+	sc := sidecartest.Run(t, cfg, nil)
+	return &devSidecar{js: js, lookup: sc.URL(), admin: sc.AdminURL(),
+		console: sc.AdminURL() + "/console", published: map[string]int64{}}
 }
 
 // publish publishes n mentions of topic, each of count (0: 1, 2, ... n),

@@ -22,7 +22,6 @@ import (
 	"github.com/prometheus/prometheus/model/labels"
 	"github.com/prometheus/prometheus/model/rulefmt"
 	"github.com/prometheus/prometheus/promql/parser"
-	"go.uber.org/zap"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -34,7 +33,7 @@ import (
 	"github.com/hotcount/hotcount/config"
 	"github.com/hotcount/hotcount/ingest"
 	"github.com/hotcount/hotcount/internal/testenv"
-	"github.com/hotcount/hotcount/sidecar"
+	"github.com/hotcount/hotcount/internal/testenv/sidecartest"
 )
 
 // The operator pack in observability/: the alerting rules (rules.yaml, and
@@ -78,22 +77,12 @@ func exposedMetrics(t *testing.T) map[string]series {
 	if _, err := ingest.EnsureStream(context.Background(), testenv.Connect(t, ns.ClientURL()), cfg.Stream, cfg.Subject, time.Minute); err != nil {
 		t.Fatal(err)
 	}
-	sc := sidecar.New(cfg, zap.NewNop())
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- sc.Run(ctx) }()
-	select {
-	case <-sc.Started():
-	case err := <-done:
-		cancel()
-		t.Fatalf("sidecar did not start: %v", err)
-	}
+	sc := sidecartest.Run(t, cfg, nil)
 	families, err := sc.Registry().Gather()
-	cancel()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := <-done; err != nil {
+	if err := sc.Stop(); err != nil {
 		t.Fatalf("sidecar: %v", err)
 	}
 

@@ -140,13 +140,14 @@ func TestHeldMessagesAreNotRedelivered(t *testing.T) {
 		}
 		return nil
 	})
-	time.Sleep(1800 * time.Millisecond) // three AckWaits: the point of the test is the wait
+	// Three AckWaits of holding: the point of the test is the wait.
+	time.Sleep(1800 * time.Millisecond)
 	if n := fx.sink.count("held"); n != 50 {
 		t.Errorf("after holding for 3 AckWaits: %d counted, want 50 (redelivered: %v)", n,
 			testenv.Metric(t, fx.reg, "hotcount_ingest_redelivered_total"))
 	}
-	if n := fx.consumerInfo(t).NumAckPending; n != 50 {
-		t.Errorf("ack pending = %d, want 50 held", n)
+	if info := fx.consumerInfo(t); info.NumAckPending != 50 || info.NumRedelivered != 0 {
+		t.Errorf("ack pending = %d, redelivered = %d; want 50 held, none redelivered", info.NumAckPending, info.NumRedelivered)
 	}
 	fx.sink.ackAll(t)
 	testenv.Eventually(t, 5*time.Second, func() error {
@@ -167,16 +168,23 @@ func TestBadMessagesAreTerminated(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// The server's own view: all 4 delivered, the 2 rejected ones
+	// terminated (no longer pending, so never redelivered), only the 2
+	// valid ones held, nothing redelivered; and the handler has seen all 4.
 	testenv.Eventually(t, 5*time.Second, func() error {
-		if n := fx.consumerInfo(t).NumAckPending; n != 2 {
-			return fmt.Errorf("ack pending %d, want the 2 valid messages held", n)
+		info := fx.consumerInfo(t)
+		if info.Delivered.Stream != 4 || info.NumPending != 0 || info.NumAckPending != 2 || info.NumRedelivered != 0 {
+			return fmt.Errorf("delivered up to %d, %d pending, %d unacknowledged, %d redelivered; want 4, 0, the 2 valid messages held, 0",
+				info.Delivered.Stream, info.NumPending, info.NumAckPending, info.NumRedelivered)
+		}
+		if n := fx.sink.count("mixed"); n != 4 {
+			return fmt.Errorf("counted %d, want 1 + 3", n)
+		}
+		if n := testenv.Metric(t, fx.reg, "hotcount_ingest_invalid_total"); n < 2 {
+			return fmt.Errorf("invalid = %v, want 2", n)
 		}
 		return nil
 	})
-	time.Sleep(1200 * time.Millisecond) // two AckWaits: a terminated message would be back by now
-	if n := fx.sink.count("mixed"); n != 4 {
-		t.Errorf("counted %d, want 1 + 3", n)
-	}
 	if n := testenv.Metric(t, fx.reg, "hotcount_ingest_invalid_total"); n != 2 {
 		t.Errorf("invalid = %v, want 2 (each rejected once, not redelivered)", n)
 	}
@@ -187,7 +195,8 @@ func TestBadMessagesAreTerminated(t *testing.T) {
 func TestPausedFetchesNothing(t *testing.T) {
 	var mu sync.Mutex
 	paused := true
-	fx := startConsumer(t, 5*time.Second, func() bool { mu.Lock(); defer mu.Unlock(); return paused })
+	looks := 0 // how often the consumer asked whether it is paused
+	fx := startConsumer(t, 5*time.Second, func() bool { mu.Lock(); defer mu.Unlock(); looks++; return paused })
 	ctx := context.Background()
 	for range 20 {
 		if _, err := fx.js.Publish(ctx, "mentions.wait", nil); err != nil {
@@ -200,9 +209,22 @@ func TestPausedFetchesNothing(t *testing.T) {
 		}
 		return nil
 	})
-	time.Sleep(300 * time.Millisecond) // a few of the consumer's 100 ms looks
+	mu.Lock()
+	from := looks
+	mu.Unlock()
+	testenv.Eventually(t, 5*time.Second, func() error { // a few more of the consumer's looks
+		mu.Lock()
+		defer mu.Unlock()
+		if looks < from+3 {
+			return fmt.Errorf("%d looks while paused, want 3", looks-from)
+		}
+		return nil
+	})
 	if n := fx.sink.count("wait"); n != 0 {
 		t.Errorf("%d handled while paused, want 0", n)
+	}
+	if info := fx.consumerInfo(t); info.NumPending != 20 || info.NumAckPending != 0 {
+		t.Errorf("server: %d pending, %d delivered unacknowledged; want all 20 still to deliver", info.NumPending, info.NumAckPending)
 	}
 	mu.Lock()
 	paused = false
@@ -244,6 +266,8 @@ func TestLongPauseCountsOnce(t *testing.T) {
 	paused = true
 	mu.Unlock()
 	publishN(400) // some may reach the handler before it stops
+	// Paused for three AckWaits, so that what nats.go had buffered expires
+	// on the server: the point of the test is the wait.
 	time.Sleep(3 * time.Second)
 	mu.Lock()
 	paused = false
@@ -254,7 +278,18 @@ func TestLongPauseCountsOnce(t *testing.T) {
 		}
 		return nil
 	})
-	time.Sleep(2 * time.Second) // any redelivered copy would arrive by now
+	// The server's own view: all 500 delivered, each held by the handler
+	// (kept alive, so never handed out again), and every redelivery the
+	// server made handled: no copy is still on its way.
+	testenv.Eventually(t, 10*time.Second, func() error {
+		info := fx.consumerInfo(t)
+		handled := testenv.Metric(t, fx.reg, "hotcount_ingest_redelivered_total")
+		if info.Delivered.Stream != 500 || info.NumPending != 0 || info.NumAckPending != 500 || float64(info.NumRedelivered) != handled {
+			return fmt.Errorf("delivered up to %d, %d pending, %d unacknowledged, %d redelivered of which %v handled",
+				info.Delivered.Stream, info.NumPending, info.NumAckPending, info.NumRedelivered, handled)
+		}
+		return nil
+	})
 	if n := fx.sink.count("wait"); n != 500 {
 		t.Errorf("handled %d, published 500: messages counted twice", n)
 	}
@@ -304,6 +339,8 @@ func TestBucketsByPublication(t *testing.T) {
 		}
 		return nil
 	})
+	// Over a second between publication and redelivery: the point of the
+	// test is the wait.
 	time.Sleep(1100 * time.Millisecond)
 	for _, m := range fx.sink.Held() {
 		if err := m.Nak(); err != nil {

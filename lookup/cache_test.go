@@ -57,7 +57,7 @@ func TestBatchesShareGathers(t *testing.T) {
 	add(t, b, "a", 0, 1)
 	add(t, b, "b", 1, 2)
 	st.gate = make(chan struct{})
-	svc, _ := newService(t, st, time.Minute, time.Hour, nil)
+	svc, reg := newService(t, st, time.Minute, time.Hour, nil)
 	var wg sync.WaitGroup
 	for i := range 60 {
 		wg.Go(func() {
@@ -73,7 +73,14 @@ func TestBatchesShareGathers(t *testing.T) {
 			}
 		})
 	}
-	time.Sleep(200 * time.Millisecond) // let every lookup join the gather
+	// Every lookup has missed (10 singles of b, 50 batches of a and b)
+	// and so waits for a gather, held at the gate.
+	testenv.Eventually(t, 5*time.Second, func() error {
+		if n := testenv.MetricWith(t, reg, "hotcount_cache_requests_total", "result", "miss"); n != 10+50*2 {
+			return fmt.Errorf("%v misses, want 110", n)
+		}
+		return nil
+	})
 	close(st.gate)
 	wg.Wait()
 	if g, c := st.gathers.Load(), st.calls.Load(); g != 2 || c > 2 {

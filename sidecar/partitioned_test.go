@@ -90,9 +90,26 @@ func TestPartitionedFleetCountsExactly(t *testing.T) {
 	wg.Go(func() {
 		second = publish(t, a.nats, loadgen.Config{Prefix: "mentions.", Topics: 300, Zipf: 1.2, Messages: 30_000, Rate: 10_000, Count: 2, Seed: 22, JetStream: true})
 	})
-	time.Sleep(500 * time.Millisecond)
+	accepted := func(es ...*env) (n float64) {
+		for _, e := range es {
+			n += testenv.Metric(t, e.sc.Registry(), "hotcount_ingest_mentions_total")
+		}
+		return n
+	}
+	testenv.Eventually(t, 20*time.Second, func() error { // the second stream is being counted
+		if n := accepted(a, b, c); n < float64(first.Mentions)+2_000 {
+			return fmt.Errorf("%v mentions accepted, want the first %d and some of the second", n, first.Mentions)
+		}
+		return nil
+	})
 	d := newEnvOn(t, a, others) // joins mid-stream
-	time.Sleep(time.Second)
+	// The first rebalance done: the newcomer owns partitions.
+	testenv.Eventually(t, 20*time.Second, func() error {
+		if n := testenv.Metric(t, d.sc.Registry(), "hotcount_ingest_partitions_owned"); n == 0 {
+			return fmt.Errorf("the newcomer owns no partition yet")
+		}
+		return nil
+	})
 	if err := b.stop(); err != nil { // leaves mid-stream
 		t.Fatalf("b's shutdown: %v", err)
 	}

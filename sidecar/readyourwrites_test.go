@@ -75,7 +75,15 @@ func readYourWrites(t *testing.T, mode string) {
 		published <- publish(t, e.nats, loadgen.Config{Prefix: "mentions.", Topics: 1, Rate: 2000, Duration: 4 * time.Second, Count: 1, Seed: 70, JetStream: mode == config.ModeJetStream})
 	})
 	wg.Go(func() { // another writer raises the topic to 4 shards mid-run
-		time.Sleep(time.Second)
+		if err := testenv.Poll(10*time.Second, func() error { // once about a second of mentions is in
+			if n := testenv.Metric(t, e.sc.Registry(), "hotcount_ingest_mentions_total"); n < 2000 {
+				return fmt.Errorf("%v mentions accepted before the raise, want 2000", n)
+			}
+			return nil
+		}); err != nil {
+			t.Error(err)
+			return
+		}
 		st := store.NewDynamoDB(e.dyn.Client(), e.cfg.Table, store.NewMetrics(prometheus.NewRegistry()))
 		if err := st.SetMeta(context.Background(), "topic-0", store.Meta{}, store.Meta{}.With(4)); err != nil {
 			t.Errorf("raise: %v", err)
@@ -84,6 +92,8 @@ func readYourWrites(t *testing.T, mode string) {
 	blipFrom := time.Now().Add(2 * time.Second)
 	blipTo := blipFrom.Add(800 * time.Millisecond) // 300 ms of outage, then time for doubts to settle
 	wg.Go(func() {                                 // and the store drops out for a moment
+		// The blip is on the clock the reads below check against, and its
+		// length is what it tests: the point of the test is the wait.
 		time.Sleep(time.Until(blipFrom))
 		e.fault.SetOutage(time.Hour)
 		time.Sleep(300 * time.Millisecond)

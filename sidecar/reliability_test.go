@@ -107,9 +107,47 @@ func TestReliabilityOutage(t *testing.T) {
 	if err := e.probe("/healthz"); err != nil && time.Since(outageStart) < e.cfg.HealthFlushAge {
 		t.Errorf("unhealthy %s into the outage, before --health-flush-age %s: %v", time.Since(outageStart), e.cfg.HealthFlushAge, err)
 	}
+	// failedFlushes counts the flushes that ended in an error (none yet:
+	// no such series).
+	failedFlushes := func() float64 {
+		mfs, err := e.sc.Registry().Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, mf := range mfs {
+			if mf.GetName() != "hotcount_flusher_flushes_total" {
+				continue
+			}
+			for _, m := range mf.GetMetric() {
+				for _, l := range m.GetLabel() {
+					if l.GetName() == "result" && l.GetValue() == "error" {
+						return m.GetCounter().GetValue()
+					}
+				}
+			}
+		}
+		return 0
+	}
+	accepted := int64(first.Mentions)
 	for i := range 3 { // mentions keep arriving
-		during = append(during, publish(t, e.nats, loadgen.Config{Prefix: "mentions.", Topics: 50, Messages: 1_000, Count: 2, Seed: uint64(22 + i)}))
-		time.Sleep(300 * time.Millisecond) // spread over several flushes: the point is time passing
+		rep := publish(t, e.nats, loadgen.Config{Prefix: "mentions.", Topics: 50, Messages: 1_000, Count: 2, Seed: uint64(22 + i)})
+		during = append(during, rep)
+		accepted += rep.Mentions
+		// Spread over several flushes: this batch is buffered, and a
+		// flush begun after that has failed.
+		failed := -1.0
+		testenv.Eventually(t, 10*time.Second, func() error {
+			if n := testenv.Metric(t, e.sc.Registry(), "hotcount_ingest_mentions_total"); n < float64(accepted) {
+				return fmt.Errorf("%v of %d mentions accepted", n, accepted)
+			}
+			if failed < 0 {
+				failed = failedFlushes()
+			}
+			if n := failedFlushes(); n < failed+2 {
+				return fmt.Errorf("%v failed flushes since batch %d was buffered, want 2", n-failed, i+1)
+			}
+			return nil
+		})
 	}
 	testenv.Eventually(t, 10*time.Second, func() error {
 		if e.probe("/healthz") == nil {
@@ -180,8 +218,8 @@ func TestReliabilityThrottling(t *testing.T) {
 
 // TestReliabilityLostAnswers: the store applies 8% of the writes and
 // loses their answers (a reset, a 500, a hang past --write-timeout, a 200
-// cut short; one kind per phase), while
-// hot keys are throttled and the store is down for a second. In core and in
+// cut short; one kind per phase), while hot keys are throttled and the
+// store is down until it has refused a few requests. In core and in
 // JetStream mode the table holds exactly what was published, topic by
 // topic, and every write in doubt was settled.
 func TestReliabilityLostAnswers(t *testing.T) {
@@ -205,7 +243,18 @@ func TestReliabilityLostAnswers(t *testing.T) {
 					reps = append(reps, publish(t, e.nats, loadgen.Config{Prefix: "mentions.", Topics: 40, Zipf: 1.5, Rate: 4000,
 						Duration: 300 * time.Millisecond, Count: int64(i + 1), Seed: uint64(40 + 100*i + round), JetStream: js}))
 					if i == 1 && round == 0 {
-						e.fault.SetOutage(time.Second)
+						// The store is down until it has refused a few
+						// requests, not for a set time: a second in
+						// which no flush happened to write tested no
+						// outage (CI saw one).
+						e.fault.SetOutage(time.Hour)
+						testenv.Eventually(t, 30*time.Second, func() error {
+							if n := e.fault.Stats().Did[ddbfault.Outage]; n < 3 {
+								return fmt.Errorf("%d requests refused by the outage", n)
+							}
+							return nil
+						})
+						e.fault.EndOutage()
 					}
 				}
 			}

@@ -90,7 +90,19 @@ func TestAdaptiveRaisesTheHotTopic(t *testing.T) {
 	hot := publish(t, e.nats, loadgen.Config{Prefix: "mentions.", Topics: 1, Rate: 1000, Duration: 3 * time.Second, Count: 1, Seed: 80})
 	throttledAfter := e.fault.Stats().Did[ddbfault.Throttled]
 	quiet := publish(t, e.nats, loadgen.Config{Prefix: "mentions.quiet.", Topics: 20, Messages: 40, Count: 1, Seed: 81})
-	time.Sleep(time.Second) // a second of quiet topics only: the hot one's throttles must have stopped
+	// Every mention accepted and written, the hot topic's backlog
+	// included: throttles counted from here on ("late") are those of its
+	// writes after the raise.
+	testenv.Eventually(t, 20*time.Second, func() error {
+		reg := e.sc.Registry()
+		accepted := testenv.Metric(t, reg, "hotcount_ingest_mentions_total")
+		buffered := testenv.Metric(t, reg, "hotcount_aggregator_buffered_mentions")
+		pending := testenv.Metric(t, reg, "hotcount_flusher_pending_writes")
+		if accepted != float64(hot.Mentions+quiet.Mentions) || buffered != 0 || pending != 0 {
+			return fmt.Errorf("%v of %d mentions accepted, %v buffered, %v writes pending", accepted, hot.Mentions+quiet.Mentions, buffered, pending)
+		}
+		return nil
+	})
 	if err := e.stop(); err != nil {
 		t.Fatal(err)
 	}

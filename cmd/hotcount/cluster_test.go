@@ -105,7 +105,26 @@ func clusterRun(t *testing.T, lose string) {
 		}
 	}()
 
-	time.Sleep(3 * time.Second)
+	ackedTotal := func() (n int64) {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, v := range acked {
+			n += v
+		}
+		return n
+	}
+	// flowing waits until the stream has acknowledged n more mentions to
+	// the producer than it had at from.
+	flowing := func(from, n int64, what string) {
+		t.Helper()
+		testenv.Eventually(t, time.Minute, func() error {
+			if got := ackedTotal() - from; got < n {
+				return fmt.Errorf("%s: %d of %d mentions acknowledged", what, got, n)
+			}
+			return nil
+		})
+	}
+	flowing(0, 6_000, "before the faults") // about 3 s of mentions
 	js, err := jetstream.New(nc)
 	if err != nil {
 		t.Fatal(err)
@@ -142,10 +161,26 @@ func clusterRun(t *testing.T, lose string) {
 	}
 	cl.Stop(node)
 	fleet[victim].cmd.Wait() //nolint:errcheck // killed
-	time.Sleep(4 * time.Second)
+	// The fleet runs on without them for a while: about 4 s of mentions.
+	flowing(ackedTotal(), 8_000, "with a node and a sidecar down")
 	cl.Start(node)
 	fleet[victim] = startChild(t, args...)
-	time.Sleep(4 * time.Second)
+	testenv.Eventually(t, time.Minute, func() error { // the node back in the stream's group
+		info, err := s.Info(ctx)
+		if err != nil {
+			return err
+		}
+		if info.Cluster == nil || len(info.Cluster.Replicas) != 2 {
+			return fmt.Errorf("stream cluster %+v, want a leader and 2 replicas", info.Cluster)
+		}
+		for _, r := range info.Cluster.Replicas {
+			if !r.Current || r.Offline {
+				return fmt.Errorf("replica %s: current %v, offline %v", r.Name, r.Current, r.Offline)
+			}
+		}
+		return nil
+	})
+	flowing(ackedTotal(), 8_000, "after the restarts")
 	close(stopPub)
 	if err := <-pubDone; err != nil {
 		t.Fatal(err)
@@ -159,18 +194,12 @@ func clusterRun(t *testing.T, lose string) {
 
 	// Everything acknowledged by the sidecars, the dead one's journal
 	// replayed by the others.
-	for deadline := time.Now().Add(90 * time.Second); ; time.Sleep(200 * time.Millisecond) {
-		err := owned(fleet)
-		if err == nil {
-			break
+	if err := testenv.Poll(90*time.Second, func() error { return owned(fleet) }); err != nil {
+		var logs strings.Builder
+		for i, c := range fleet {
+			fmt.Fprintf(&logs, "--- sidecar %d:\n%s", i, c.logs)
 		}
-		if time.Now().After(deadline) {
-			var logs strings.Builder
-			for i, c := range fleet {
-				fmt.Fprintf(&logs, "--- sidecar %d:\n%s", i, c.logs)
-			}
-			t.Fatalf("%v after 90 s\n%s", err, logs.String())
-		}
+		t.Fatalf("%v\n%s", err, logs.String())
 	}
 	testenv.Eventually(t, 2*journal.Lease+time.Minute, func() error {
 		for p := range partitions {

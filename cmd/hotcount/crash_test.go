@@ -110,21 +110,21 @@ func tryChild(t testing.TB, args []string) (*child, error) {
 	})
 	// Generous: under `go test ./...` on two cores the race-instrumented
 	// child starts next to every other package's tests.
-	deadline := time.Now().Add(90 * time.Second)
-	for {
+	taken := false
+	if err := testenv.Poll(90*time.Second, func() error {
 		_, err := c.get("/readyz")
-		if err == nil {
-			break
+		if err != nil && strings.Contains(c.logs.String(), "address already in use") {
+			taken = true
+			return nil
 		}
-		if strings.Contains(c.logs.String(), "address already in use") {
-			c.cmd.Process.Kill() //nolint:errcheck // it is exiting anyway
-			c.cmd.Wait()         //nolint:errcheck // killed
-			return nil, errPortTaken
-		}
-		if time.Now().After(deadline) {
-			return nil, fmt.Errorf("child not serving after 90 s: %w; its log:\n%s", err, c.logs)
-		}
-		time.Sleep(50 * time.Millisecond)
+		return err
+	}); err != nil {
+		return nil, fmt.Errorf("child not serving: %w; its log:\n%s", err, c.logs)
+	}
+	if taken {
+		c.cmd.Process.Kill() //nolint:errcheck // it is exiting anyway
+		c.cmd.Wait()         //nolint:errcheck // killed
+		return nil, errPortTaken
 	}
 	testenv.Subscribed(t, c.admin, 60*time.Second)
 	return c, nil
@@ -216,6 +216,8 @@ func TestSIGKILLLosesNothing(t *testing.T) {
 			}
 			return nil
 		})
+		// A random moment of the next flushes: the point of the test is
+		// the wait.
 		time.Sleep(time.Duration(rng.Int64N(int64(900 * time.Millisecond))))
 		if err := cur.cmd.Process.Signal(syscall.SIGKILL); err != nil {
 			t.Fatal(err)

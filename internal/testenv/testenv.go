@@ -220,14 +220,24 @@ func AWSEnv(t testing.TB) {
 // then fails the test with cond's last error.
 func Eventually(t testing.TB, timeout time.Duration, cond func() error) {
 	t.Helper()
+	if err := Poll(timeout, cond); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Poll is Eventually for where a failure must not stop the test at once (a
+// goroutine other than the test's, a failure that adds logs): it polls cond
+// every 10 ms until it returns nil, and returns nil, or until timeout
+// passes, and returns an error wrapping cond's last.
+func Poll(timeout time.Duration, cond func() error) error {
 	deadline := time.Now().Add(timeout)
 	for {
 		err := cond()
 		if err == nil {
-			return
+			return nil
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("not within %s: %v", timeout, err)
+			return fmt.Errorf("not within %s: %w", timeout, err)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
