@@ -123,30 +123,18 @@ func (s *Sidecar) Run(ctx context.Context) error {
 	// listeners have stopped, the last phase of the shutdown: the lookup
 	// API answers, refreshing its cache, until then. They start before
 	// the listeners serve.
-	svcCtx, stopServices := context.WithCancel(context.Background())
+	services, sctx, stopServices := goAll(p.services)
 	defer stopServices()
-	services, sctx := errgroup.WithContext(svcCtx)
-	for _, run := range p.services {
-		services.Go(func() error { return run(sctx) })
-	}
 	leaveFleet := runMembers(sctx, p.members, services)
 	l.start()
 
 	// The pipeline runs on its own context: the shutdown stops it step by
 	// step rather than all at once.
-	pipeCtx, stopPipe := context.WithCancel(context.Background())
+	pipe, pctx, stopPipe := goAll(p.runs)
 	defer stopPipe()
-	pipe, pctx := errgroup.WithContext(pipeCtx)
-	for _, run := range p.runs {
-		pipe.Go(func() error { return run(pctx) })
-	}
 
 	close(s.started)
-	s.log.Info("started",
-		zap.String("http", s.HTTPAddr()), zap.String("admin", s.AdminAddr()),
-		zap.String("nats", p.nc.ConnectedUrlRedacted()), zap.String("subject", s.cfg.Subject),
-		zap.String("mode", s.cfg.NATSMode), zap.String("store", s.cfg.Store), zap.Int("shards", s.cfg.Shards),
-		zap.String("writer", p.fl.Writer()))
+	s.logStarted(p)
 
 	var cause error
 	select {
@@ -182,6 +170,26 @@ func (s *Sidecar) Run(ctx context.Context) error {
 	// The HTTP listeners have stopped: nothing reads any more.
 	stopServices()
 	return errors.Join(cause, err, services.Wait())
+}
+
+// goAll runs each of runs on one errgroup, on a context of its own that
+// stop ends, and that ends too when one of them fails.
+func goAll(runs []func(context.Context) error) (g *errgroup.Group, ctx context.Context, stop context.CancelFunc) {
+	parent, stop := context.WithCancel(context.Background())
+	g, ctx = errgroup.WithContext(parent)
+	for _, run := range runs {
+		g.Go(func() error { return run(ctx) })
+	}
+	return g, ctx, stop
+}
+
+// logStarted says where the running sidecar listens and what it reads.
+func (s *Sidecar) logStarted(p *parts) {
+	s.log.Info("started",
+		zap.String("http", s.HTTPAddr()), zap.String("admin", s.AdminAddr()),
+		zap.String("nats", p.nc.ConnectedUrlRedacted()), zap.String("subject", s.cfg.Subject),
+		zap.String("mode", s.cfg.NATSMode), zap.String("store", s.cfg.Store), zap.Int("shards", s.cfg.Shards),
+		zap.String("writer", p.fl.Writer()))
 }
 
 // runMembers runs the fleet's membership, if any (partitioned mode), on
