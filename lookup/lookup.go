@@ -28,6 +28,7 @@ import (
 	"github.com/maypok86/otter/v2"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/hotcount/hotcount/internal/clockcache"
 	"github.com/hotcount/hotcount/store"
 )
 
@@ -184,7 +185,7 @@ func New(cfg Config, st Store, reg prometheus.Registerer, now func() time.Time) 
 	m := newMetrics(reg)
 	s := &Service{cfg: cfg, store: st, metrics: m, now: now, pool: newPool(), seed: maphash.MakeSeed()}
 	s.bgCtx, s.stopBg = context.WithCancel(context.Background())
-	clk := clock{now}
+	clk := clockcache.Clock{Now: now} // never ticks: Run cleans the caches up
 	s.cache = otter.Must(&otter.Options[string, entry]{
 		MaximumSize:       cfg.CacheSize,
 		ExpiryCalculator:  lifetime{d: max(cfg.CacheStale, cfg.CacheTTL)},
@@ -250,15 +251,6 @@ func (s *Service) Offer(topic string, count int64, shards int) {
 // count it nor leave it out, so it waits for the write to land and reads
 // again. Call it before serving.
 func (s *Service) WatchWrites(sending func(topic string) bool) { s.sending = sending }
-
-// clock is the service's time source, for otter.
-type clock struct{ now func() time.Time }
-
-func (c clock) NowNano() int64 { return c.now().UnixNano() }
-
-// Tick returns no ticks: otter's own periodic clean-up goroutine returns at
-// once, and Run cleans the caches up instead.
-func (clock) Tick(time.Duration) <-chan time.Time { return nil }
 
 // lifetime is the refresh (TTL) or expiry (CacheStale) time of an entry,
 // counted from the gather that made it: a raise by this sidecar's own

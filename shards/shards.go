@@ -21,6 +21,7 @@ import (
 	"go.uber.org/zap"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/hotcount/hotcount/internal/clockcache"
 	"github.com/hotcount/hotcount/store"
 )
 
@@ -87,11 +88,11 @@ func New(cfg Config, st Store, log *zap.Logger, reg prometheus.Registerer, now f
 		st:     st,
 		log:    log.Named("shards"),
 		now:    now,
-		cache:  newCache[store.Meta](every, now),
-		raised: newCache[struct{}](every, now),
+		cache:  clockcache.New[string, store.Meta](cacheSize, every, now),
+		raised: clockcache.New[string, struct{}](cacheSize, every, now),
 		// An hour of raises per topic, for people to look at: raises are
 		// rare, the map small.
-		history: newCache[[]Raise](historyAge, now),
+		history: clockcache.New[string, []Raise](cacheSize, historyAge, now),
 		raises: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "hotcount_shards_raised_total",
 			Help: "Topics whose shard count this sidecar raised (--adaptive, on throttling).",
@@ -108,31 +109,6 @@ func New(cfg Config, st Store, log *zap.Logger, reg prometheus.Registerer, now f
 	reg.MustRegister(b.raises, b.created, b.fallbacks)
 	return b
 }
-
-// newCache returns a cache of at most cacheSize topics, each kept for ttl
-// from its last write by now's time. Its clock does not tick, so otter
-// runs no periodic clean-up (its goroutine for that returns at once), and
-// its maintenance runs on the goroutine that reads or writes, as otter
-// allows of a cache whose functions never call it back (no deletion
-// listener, no loader; remember's Compute only appends): an expired entry
-// is never served, and is dropped by that maintenance, within the size
-// bound.
-func newCache[V any](ttl time.Duration, now func() time.Time) *otter.Cache[string, V] {
-	return otter.Must(&otter.Options[string, V]{
-		MaximumSize:      cacheSize,
-		ExpiryCalculator: otter.ExpiryWriting[string, V](ttl),
-		Clock:            clock{now},
-		Executor:         func(fn func()) { fn() },
-	})
-}
-
-// clock is the book's time for otter.
-type clock struct{ now func() time.Time }
-
-func (c clock) NowNano() int64 { return c.now().UnixNano() }
-
-// Tick returns no ticks: no periodic clean-up (see newCache).
-func (clock) Tick(time.Duration) <-chan time.Time { return nil }
 
 // initial is the shard count a new topic starts with.
 func (b *Book) initial() int { return max(b.cfg.Default, 1) }

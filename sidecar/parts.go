@@ -165,11 +165,8 @@ func (s *Sidecar) readers(_ context.Context, p *parts) error {
 	if minutes {
 		// Every sidecar publishes what it wrote and merges what all wrote:
 		// each ranks the fleet's trending topics from the same summaries.
-		sk, err := trend.JoinSketch(p.nc, cfg.TrendSubject, p.writer, s.reg, s.log, s.clock)
-		if err != nil {
-			return fmt.Errorf("sidecar: subscribe to %s: %w", cfg.TrendSubject, err)
-		}
-		p.onClose(func() { sk.Close() })
+		sk := trend.NewSketch(p.nc, cfg.TrendSubject, p.writer, s.reg, s.log, s.clock)
+		p.services = append(p.services, sk.Run)
 		p.tr.UseSketch(sk)
 	}
 	if cfg.SharesTotals() {

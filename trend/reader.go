@@ -7,10 +7,10 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/hashicorp/golang-lru/v2/expirable"
+	"github.com/maypok86/otter/v2"
 	"github.com/prometheus/client_golang/prometheus"
-	"golang.org/x/sync/singleflight"
 
+	"github.com/hotcount/hotcount/internal/clockcache"
 	"github.com/hotcount/hotcount/store"
 )
 
@@ -113,20 +113,21 @@ type Series struct {
 // Service answers windowed reads and the trending list. It is safe for
 // concurrent use.
 type Service struct {
-	cfg   Config
-	st    Store
-	now   func() time.Time
-	group singleflight.Group
+	cfg Config
+	st  Store
+	now func() time.Time
 
-	counts *expirable.LRU[string, Count]
-	series *expirable.LRU[string, Series]
-	trends *expirable.LRU[string, Trending]
+	// The answers, each kept for CacheTTL by now's time; a load is
+	// shared by every caller that asks for its key meanwhile (otter's Get).
+	counts *otter.Cache[string, Count]
+	series *otter.Cache[string, Series]
+	trends *otter.Cache[string, Trending]
 	// settled caches buckets that ended over settleAfter ago: only a late
 	// mention (a backfill, a redelivery, a flush retried) still changes
 	// them, so a sliding window re-reads just its newest buckets. A count
 	// is used only if it was read after the last late write to its bucket
 	// that late knows of.
-	settled *expirable.LRU[string, settledCount]
+	settled *otter.Cache[string, settledCount]
 	late    *lateBook
 	m       metrics
 
@@ -158,10 +159,10 @@ func New(cfg Config, st Store, reg prometheus.Registerer, now func() time.Time) 
 		cfg:     cfg,
 		st:      st,
 		now:     now,
-		counts:  expirable.NewLRU[string, Count](size, nil, cfg.CacheTTL),
-		series:  expirable.NewLRU[string, Series](size, nil, cfg.CacheTTL),
-		trends:  expirable.NewLRU[string, Trending](64, nil, cfg.CacheTTL),
-		settled: expirable.NewLRU[string, settledCount](settledKeys, nil, settledTTL),
+		counts:  clockcache.New[string, Count](size, cfg.CacheTTL, now),
+		series:  clockcache.New[string, Series](size, cfg.CacheTTL, now),
+		trends:  clockcache.New[string, Trending](64, cfg.CacheTTL, now),
+		settled: clockcache.New[string, settledCount](settledKeys, settledTTL, now),
 		late:    newLateBook(),
 		m: metrics{
 			reads: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -186,7 +187,7 @@ func (s *Service) Window(ctx context.Context, topic, window string) (Count, erro
 		return Count{}, err
 	}
 	window = FormatWindow(d)
-	return cached(s, "count", s.counts, topic+"\x00"+window, func(c *Count) *Served { return &c.Served }, func() (Count, error) {
+	return cached(ctx, s, "count", s.counts, topic+"\x00"+window, func(c *Count) *Served { return &c.Served }, func() (Count, error) {
 		now := s.now()
 		sp, err := s.cfg.plan(d, now)
 		if err != nil {
@@ -204,26 +205,22 @@ func (s *Service) Window(ctx context.Context, topic, window string) (Count, erro
 	})
 }
 
-// cached answers from lru, or loads the answer (one load per key at a
-// time, shared by every caller) and caches it for the TTL. served is the
-// answer's Served.
-func cached[T any](s *Service, kind string, lru *expirable.LRU[string, T], key string, served func(*T) *Served, load func() (T, error)) (T, error) {
-	v, ok := lru.Get(key)
+// cached answers from c, or loads the answer (one load per key at a
+// time, shared by every caller that asks meanwhile) and caches it for the
+// TTL. served is the answer's Served.
+func cached[T any](ctx context.Context, s *Service, kind string, c *otter.Cache[string, T], key string, served func(*T) *Served, load func() (T, error)) (T, error) {
+	v, ok := c.GetIfPresent(key)
 	source := "cache"
 	if !ok {
 		source = "store"
-		shared, err, _ := s.group.Do(kind+"\x00"+key, func() (any, error) {
+		var err error
+		v, err = c.Get(ctx, key, otter.LoaderFunc[string, T](func(context.Context, string) (T, error) {
 			s.m.reads.WithLabelValues(kind, "store").Inc() // once per load, however many wait for it
-			v, err := load()
-			if err == nil {
-				lru.Add(key, v)
-			}
-			return v, err
-		})
+			return load()
+		}))
 		if err != nil {
 			return v, err
 		}
-		v = shared.(T)
 	} else {
 		s.m.reads.WithLabelValues(kind, "cache").Inc()
 	}
@@ -245,7 +242,7 @@ func (s *Service) SeriesOf(ctx context.Context, topic, window, step string) (Ser
 		return Series{}, err
 	}
 	window, step = FormatWindow(d), FormatWindow(st)
-	return cached(s, "series", s.series, topic+"\x00"+window+"\x00"+step, func(sr *Series) *Served { return &sr.Served }, func() (Series, error) {
+	return cached(ctx, s, "series", s.series, topic+"\x00"+window+"\x00"+step, func(sr *Series) *Served { return &sr.Served }, func() (Series, error) {
 		var g store.Granularity
 		switch {
 		case s.cfg.Hours && st%time.Hour == 0 && (d > s.cfg.minuteSpan() || !s.cfg.Minutes):
@@ -357,7 +354,7 @@ func (s *Service) readManyWithin(ctx context.Context, topics []string, spans []S
 				st := states[bucketID{sp.G, i}]
 				for sh := range n {
 					k := store.BucketKey(t, sp.G, i, sh)
-					if c, ok := s.settled.Get(k); ok && st.settled && c.read.After(st.late) {
+					if c, ok := s.settled.GetIfPresent(k); ok && st.settled && c.read.After(st.late) {
 						counts[k] = c.n
 						continue
 					}
@@ -378,7 +375,7 @@ func (s *Service) readManyWithin(ctx context.Context, topics []string, spans []S
 		for k, c := range read {
 			counts[k] = c
 			if fresh[k] {
-				s.settled.Add(k, settledCount{c, now})
+				s.settled.Set(k, settledCount{c, now})
 			}
 		}
 	}

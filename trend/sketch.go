@@ -2,7 +2,9 @@ package trend
 
 import (
 	"cmp"
+	"context"
 	"encoding/json"
+	"fmt"
 	"math"
 	"slices"
 	"sync"
@@ -65,7 +67,6 @@ type Sketch struct {
 	writer  string
 	log     *zap.Logger
 	now     func() time.Time
-	sub     *nats.Subscription
 
 	mu      sync.Mutex
 	minutes map[int64]map[string]int64 // by minute: the last recentMinutes
@@ -76,14 +77,21 @@ type Sketch struct {
 	merged, dropped prometheus.Counter
 }
 
-// JoinSketch subscribes to the fleet's summaries on subject (every sidecar
-// gets every summary, its own included) and returns the sketch; Close
-// unsubscribes.
-func JoinSketch(nc *nats.Conn, subject, writer string, reg prometheus.Registerer, log *zap.Logger, now func() time.Time) (*Sketch, error) {
+// NewSketch returns the sketch of the fleet's summaries on subject, which
+// Run keeps (every sidecar gets every summary, its own included) and
+// Observe publishes this sidecar's to. It starts nothing.
+func NewSketch(nc *nats.Conn, subject, writer string, reg prometheus.Registerer, log *zap.Logger, now func() time.Time) *Sketch {
 	s := newSketch(now)
 	s.nc, s.subject, s.writer, s.log = nc, subject, writer, log
 	reg.MustRegister(s.merged, s.dropped)
-	sub, err := nc.Subscribe(subject, func(m *nats.Msg) {
+	return s
+}
+
+// Run merges the fleet's summaries until ctx ends. It subscribes at once,
+// before the first flush can publish this sidecar's own summary (the
+// sidecar starts its services before its pipeline).
+func (s *Sketch) Run(ctx context.Context) error {
+	sub, err := s.nc.Subscribe(s.subject, func(m *nats.Msg) {
 		var sum Summary
 		if err := json.Unmarshal(m.Data, &sum); err != nil {
 			s.dropped.Inc()
@@ -92,15 +100,16 @@ func JoinSketch(nc *nats.Conn, subject, writer string, reg prometheus.Registerer
 		s.Merge(sum)
 	})
 	if err != nil {
-		return nil, err
+		return fmt.Errorf("trend: subscribe to %s: %w", s.subject, err)
 	}
 	// A summary is merged in microseconds; a burst of them from a large
 	// fleet waits in a buffer of its own, bounded well inside the pod's
 	// memory: past it NATS drops summaries (slow consumer), and trending
 	// misses their candidates for a flush.
 	sub.SetPendingLimits(4096, 16<<20) //nolint:errcheck // only fails on a closed subscription
-	s.sub = sub
-	return s, nil
+	<-ctx.Done()
+	sub.Unsubscribe() //nolint:errcheck // the connection may be closed already
+	return nil
 }
 
 // newSketch returns an empty sketch on clock now, not subscribed.
@@ -116,9 +125,6 @@ func newSketch(now func() time.Time) *Sketch {
 		}),
 	}
 }
-
-// Close unsubscribes.
-func (s *Sketch) Close() error { return s.sub.Unsubscribe() }
 
 // Observe is told what a flush wrote (flusher.Observer): its minute bucket
 // counters become this sidecar's summary, published to the fleet.

@@ -84,7 +84,7 @@ func (s *Service) Trending(ctx context.Context, window string, limit int) (Trend
 	case d > MaxTrendWindow:
 		return Trending{}, badRequest("window %s is longer than trending's %s", FormatWindow(d), FormatWindow(MaxTrendWindow))
 	}
-	return cached(s, "trending", s.trends, FormatWindow(d)+"\x00"+strconv.Itoa(limit), func(t *Trending) *Served { return &t.Served }, func() (Trending, error) {
+	return cached(ctx, s, "trending", s.trends, FormatWindow(d)+"\x00"+strconv.Itoa(limit), func(t *Trending) *Served { return &t.Served }, func() (Trending, error) {
 		now := s.now()
 		window, err := s.cfg.span(store.Minute, d, now)
 		if err != nil {
