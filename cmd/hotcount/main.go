@@ -18,6 +18,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 
 	"github.com/spf13/pflag"
@@ -96,23 +97,9 @@ func dispatch(ctx context.Context, args, environ []string, stdout, stderr io.Wri
 	case "dev":
 		return cmdDev(ctx, rest, environ, stdout, stderr)
 	case "table":
-		if help(rest) {
-			fmt.Fprint(stdout, "Usage:\n  hotcount table create [flags]   create the DynamoDB table if absent (hotcount table create --help: its flags)\n")
-			return nil
-		}
-		if len(rest) == 0 || rest[0] != "create" {
-			return usageError{errors.New(`"table" takes one subcommand: create (hotcount table --help)`)}
-		}
-		return cmdTableCreate(ctx, rest[1:], environ, stdout, stderr)
+		return group(ctx, "table", rest, environ, stdout, stderr, subcommand{"create", "create the DynamoDB table if absent", cmdTableCreate})
 	case "stream":
-		if help(rest) {
-			fmt.Fprint(stdout, "Usage:\n  hotcount stream create [flags]  create the JetStream stream of mentions if absent (hotcount stream create --help: its flags)\n")
-			return nil
-		}
-		if len(rest) == 0 || rest[0] != "create" {
-			return usageError{errors.New(`"stream" takes one subcommand: create (hotcount stream --help)`)}
-		}
-		return cmdStreamCreate(ctx, rest[1:], environ, stdout, stderr)
+		return group(ctx, "stream", rest, environ, stdout, stderr, subcommand{"create", "create the JetStream stream of mentions if absent", cmdStreamCreate})
 	case "load":
 		return cmdLoad(ctx, rest, environ, stdout, stderr)
 	case "top":
@@ -133,6 +120,36 @@ func dispatch(ctx context.Context, args, environ []string, stdout, stderr io.Wri
 		fmt.Fprint(stderr, usage)
 		return usageError{fmt.Errorf("unknown command %q", cmd)}
 	}
+}
+
+// subcommand is one of the commands a group (table, stream) takes.
+type subcommand struct {
+	name, summary string
+	run           func(ctx context.Context, args, environ []string, stdout, stderr io.Writer) error
+}
+
+// group runs the subcommand args name of the group name (hotcount table
+// create), or prints the group's usage (--help).
+func group(ctx context.Context, name string, args, environ []string, stdout, stderr io.Writer, subs ...subcommand) error {
+	if help(args) {
+		fmt.Fprint(stdout, "Usage:\n")
+		for _, s := range subs {
+			fmt.Fprintf(stdout, "  %-32s%s (hotcount %s %s --help: its flags)\n", "hotcount "+name+" "+s.name+" [flags]", s.summary, name, s.name)
+		}
+		return nil
+	}
+	names := make([]string, len(subs))
+	for i, s := range subs {
+		if len(args) > 0 && args[0] == s.name {
+			return s.run(ctx, args[1:], environ, stdout, stderr)
+		}
+		names[i] = s.name
+	}
+	what := "one subcommand"
+	if len(subs) > 1 {
+		what = "a subcommand"
+	}
+	return usageError{fmt.Errorf("%q takes %s: %s (hotcount %s --help)", name, what, strings.Join(names, ", "), name)}
 }
 
 // parse parses and validates the settings of a command.
