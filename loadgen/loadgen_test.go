@@ -2,13 +2,10 @@ package loadgen_test
 
 import (
 	"context"
-	"fmt"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/hotcount/hotcount/ingest"
@@ -63,23 +60,7 @@ func TestLoadJetStreamReportIsWhatTheStreamStored(t *testing.T) {
 // receives exactly that, topic by topic.
 func TestLoadCoreReportIsWhatTheServerReceived(t *testing.T) {
 	ns := testenv.NATS(t)
-	sub := testenv.Connect(t, ns.ClientURL())
-	var mu sync.Mutex
-	got := make(map[string]int64)
-	if _, err := sub.Subscribe("mentions.>", func(m *nats.Msg) {
-		n, err := ingest.Count(m.Data, ingest.DefaultMaxCount)
-		if err != nil {
-			t.Errorf("%s: %v", m.Subject, err)
-		}
-		mu.Lock()
-		got[strings.TrimPrefix(m.Subject, "mentions.")] += n
-		mu.Unlock()
-	}); err != nil {
-		t.Fatal(err)
-	}
-	if err := sub.Flush(); err != nil {
-		t.Fatal(err)
-	}
+	tally := testenv.NewTally(t, ns.ClientURL(), "mentions.>", "mentions.")
 	rep, err := loadgen.Run(context.Background(), testenv.Connect(t, ns.ClientURL()),
 		loadgen.Config{Prefix: "mentions.", Topics: 30, Messages: 3_000, Rate: 30_000, Count: 1, Seed: 2})
 	if err != nil {
@@ -88,17 +69,5 @@ func TestLoadCoreReportIsWhatTheServerReceived(t *testing.T) {
 	if rep.Messages != 3_000 || rep.Mentions != 3_000 {
 		t.Fatalf("report: %d messages, %d mentions; want 3000 of each", rep.Messages, rep.Mentions)
 	}
-	testenv.Eventually(t, 10*time.Second, func() error {
-		mu.Lock()
-		defer mu.Unlock()
-		for topic, n := range rep.PerTopic {
-			if got[topic] != n {
-				return fmt.Errorf("%s: received %d, report %d", topic, got[topic], n)
-			}
-		}
-		if len(got) != len(rep.PerTopic) {
-			return fmt.Errorf("received %d topics, report %d", len(got), len(rep.PerTopic))
-		}
-		return nil
-	})
+	testenv.Eventually(t, 10*time.Second, func() error { return tally.Is(rep.PerTopic) })
 }

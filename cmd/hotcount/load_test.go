@@ -9,13 +9,9 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
-
-	"github.com/hotcount/hotcount/ingest"
 	"github.com/hotcount/hotcount/internal/testenv"
 	"github.com/hotcount/hotcount/loadgen"
 )
@@ -48,23 +44,7 @@ func TestLoadHelp(t *testing.T) {
 // prints repeats the run.
 func TestLoadCoreReportsWhatTheServerReceived(t *testing.T) {
 	ns := testenv.NATS(t)
-	sub := testenv.Connect(t, ns.ClientURL())
-	var mu sync.Mutex
-	got := make(map[string]int64)
-	if _, err := sub.Subscribe("mentions.>", func(m *nats.Msg) {
-		n, err := ingest.Count(m.Data, ingest.DefaultMaxCount)
-		if err != nil {
-			t.Errorf("%s %q: %v", m.Subject, m.Data, err)
-		}
-		mu.Lock()
-		got[strings.TrimPrefix(m.Subject, "mentions.")] += n
-		mu.Unlock()
-	}); err != nil {
-		t.Fatal(err)
-	}
-	if err := sub.Flush(); err != nil {
-		t.Fatal(err)
-	}
+	tally := testenv.NewTally(t, ns.ClientURL(), "mentions.>", "mentions.")
 	load := func(args ...string) (loadgen.Report, string) {
 		t.Helper()
 		report := filepath.Join(t.TempDir(), "sent.json")
@@ -91,14 +71,7 @@ func TestLoadCoreReportsWhatTheServerReceived(t *testing.T) {
 	if first.Messages != 2000 || first.Mentions != 6000 {
 		t.Fatalf("report: %d messages, %d mentions; want 2000, 6000", first.Messages, first.Mentions)
 	}
-	testenv.Eventually(t, 10*time.Second, func() error {
-		mu.Lock()
-		defer mu.Unlock()
-		if fmt.Sprint(got) != fmt.Sprint(first.PerTopic) {
-			return fmt.Errorf("received %v, report %v", got, first.PerTopic)
-		}
-		return nil
-	})
+	testenv.Eventually(t, 10*time.Second, func() error { return tally.Is(first.PerTopic) })
 	seed := regexp.MustCompile(`seed (\d+)`).FindStringSubmatch(out)
 	if seed == nil {
 		t.Fatalf("load printed no seed:\n%s", out)
