@@ -12,11 +12,13 @@
 // topics in it.
 //
 // With time buckets on (WithBuckets), a mention counts in its topic's
-// minute counter (store.BucketCounter, kind store.Fresh) instead of the
+// minute counter (a store.Counter of kind store.Fresh) instead of the
 // topic's: one counter per topic per minute, which the flusher splits into
-// the topic's total and its minute and hour buckets. Spilling, merging back
-// and journaling treat every counter alike; a window's topic and mention
-// counts leave out the Minute and Hour counters a failed flush hands back.
+// the topic's total and its minute and hour buckets. A window keys its
+// counters by name (store.Counter.AppendName: a total's is its topic),
+// the compact form, which spilling and merging back keep as it is; a
+// window's topic and mention counts leave out the minute and hour bucket
+// counters a failed flush hands back.
 package aggregator
 
 import (
@@ -118,11 +120,12 @@ func (w Window) Len() int { return w.Deltas.Len() }
 // counters' deltas; Minute and Hour counters repeat them).
 func (w Window) Mentions() int64 { return mentionsOf(w.Deltas) }
 
-// mentionCounters counts d's counters of mentions (store.CountsMentions).
+// mentionCounters counts d's counters of mentions
+// (store.Counter.CountsMentions).
 func mentionCounters(d *Deltas) int {
 	n := 0
 	for name := range d.All() {
-		if store.CountsMentions(name) {
+		if countsMentions(name) {
 			n++
 		}
 	}
@@ -132,11 +135,18 @@ func mentionCounters(d *Deltas) int {
 func mentionsOf(d *Deltas) int64 {
 	var n int64
 	for name, v := range d.All() {
-		if store.CountsMentions(name) {
+		if countsMentions(name) {
 			n = satAdd(n, v)
 		}
 	}
 	return n
+}
+
+// countsMentions says whether the counter named name counts mentions (a
+// topic's total or its Fresh minute), not a bucket's repeat of them.
+func countsMentions(name string) bool {
+	c, _ := store.ParseName(name)
+	return c.CountsMentions()
 }
 
 // Aggregator holds the current window. It is safe for concurrent use. Its
@@ -284,7 +294,7 @@ func (a *Aggregator) AddAcked(topic string, delta int64, m Acker, seq int64, at 
 // at; mu must be held. isNew says whether the counter is new to the window.
 func (a *Aggregator) add(topic string, delta int64, at time.Time) (isNew bool) {
 	if a.now == nil {
-		return a.addCounter(topic, delta)
+		return a.addCounter(topic, delta, true)
 	}
 	if at.IsZero() {
 		at = a.now()
@@ -294,28 +304,33 @@ func (a *Aggregator) add(topic string, delta int64, at time.Time) (isNew bool) {
 		a.minutes = make(map[int64]struct{}, 1)
 	}
 	a.minutes[m] = struct{}{}
-	return a.addCounter(a.scratch(topic, store.Fresh, m), delta)
+	return a.addCounter(a.scratch(freshOf(topic, m)), delta, true)
 }
 
-// scratch names topic's counter of kind g, i in a.name: a string valid
-// until the next call (Deltas.Ref copies what it keeps). mu must be held.
-func (a *Aggregator) scratch(topic string, g store.Granularity, i int64) string {
-	a.name = store.AppendBucketCounter(a.name[:0], topic, g, i)
+// freshOf is topic's Fresh counter of minute m.
+func freshOf(topic string, m int64) store.Counter {
+	return store.Counter{Topic: topic, Kind: store.Fresh, Index: m}
+}
+
+// scratch names c in a.name: a string valid until the next call
+// (Deltas.Ref copies what it keeps). mu must be held.
+func (a *Aggregator) scratch(c store.Counter) string {
+	a.name = c.AppendName(a.name[:0])
 	if len(a.name) > maxShort {
 		return string(a.name) // Deltas keeps a long name as given
 	}
 	return unsafe.String(&a.name[0], len(a.name))
 }
 
-// addCounter adds delta to the counter name (a topic or a bucket counter);
-// mu must be held.
-func (a *Aggregator) addCounter(name string, delta int64) (isNew bool) {
+// addCounter adds delta to the counter name (a topic or a bucket
+// counter), which counts mentions or (a minute or hour bucket's) repeats
+// them; mu must be held.
+func (a *Aggregator) addCounter(name string, delta int64, mentions bool) (isNew bool) {
 	v, isNew := a.cur.Deltas.Ref(name)
 	if sum, capped := store.SatAdd(*v, delta); capped {
 		a.saturated.Inc() // an atomic add: cheap enough under the lock
 		delta = sum - *v
 	}
-	mentions := store.CountsMentions(name)
 	if isNew {
 		a.bytes += int64(len(name)) + TopicOverhead
 		if !mentions {
@@ -494,11 +509,11 @@ func (a *Aggregator) Merge(w Window) {
 		small := a.cur.Deltas
 		a.cur.Deltas, a.total, a.bytes, a.buckets = w.Deltas, ws.total, ws.bytes, ws.buckets
 		for name, d := range small.All() {
-			a.addCounter(name, d)
+			a.addNamed(name, d)
 		}
 	} else {
 		for name, d := range w.Deltas.All() {
-			a.addCounter(name, d)
+			a.addNamed(name, d)
 		}
 	}
 	for m := range ws.minutes {
@@ -556,8 +571,7 @@ func (a *Aggregator) Persist() (int64, error) {
 		// spill from this Merge: the same Put would fail again.)
 		a.mu.Lock()
 		for name, d := range out.All() {
-			a.addCounter(name, d)
-			a.sawMinute(name)
+			a.addNamed(name, d)
 		}
 		a.mu.Unlock()
 		return 0, err
@@ -632,14 +646,12 @@ func (a *Aggregator) Pending(topic string) int64 {
 	defer a.mu.Unlock()
 	v, _ := a.cur.Deltas.Get(topic)
 	for m := range a.minutes {
-		d, _ := a.cur.Deltas.Get(a.scratch(topic, store.Fresh, m))
+		d, _ := a.cur.Deltas.Get(a.scratch(freshOf(topic, m)))
 		v = satAdd(v, d)
 	}
 	return v
 }
 
-// sawMinute notes the minute of a Fresh counter merged into the window,
-// for Pending; mu must be held.
 // windowStats is what the aggregator keeps of a window beside its table.
 type windowStats struct {
 	total    int64              // its mentions (saturating)
@@ -654,28 +666,34 @@ func statsOf(d *Deltas) windowStats {
 	var ws windowStats
 	for name, v := range d.All() {
 		ws.bytes += int64(len(name)) + TopicOverhead
-		if !store.CountsMentions(name) {
+		c, _ := store.ParseName(name)
+		if !c.CountsMentions() {
 			ws.buckets++
 			continue
 		}
 		ws.counters++
 		ws.total = satAdd(ws.total, v)
-		if _, g, i, ok := store.ParseCounter(name); ok && g == store.Fresh {
+		if c.Kind == store.Fresh {
 			if ws.minutes == nil {
 				ws.minutes = make(map[int64]struct{}, 1)
 			}
-			ws.minutes[i] = struct{}{}
+			ws.minutes[c.Index] = struct{}{}
 		}
 	}
 	return ws
 }
 
-func (a *Aggregator) sawMinute(name string) {
-	if _, g, i, ok := store.ParseCounter(name); ok && g == store.Fresh {
+// addNamed adds delta to the counter name of a window merged back or
+// taken back from disk, reading what it counts from the name, and notes
+// a Fresh counter's minute for Pending; mu must be held.
+func (a *Aggregator) addNamed(name string, delta int64) {
+	c, _ := store.ParseName(name)
+	a.addCounter(name, delta, c.CountsMentions())
+	if c.Kind == store.Fresh {
 		if a.minutes == nil {
 			a.minutes = make(map[int64]struct{}, 1)
 		}
-		a.minutes[i] = struct{}{}
+		a.minutes[c.Index] = struct{}{}
 	}
 }
 

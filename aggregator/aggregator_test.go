@@ -180,11 +180,14 @@ func TestMinuteCounters(t *testing.T) {
 		t.Errorf("Stats = %d counters, %d mentions; want 4 (golang's three minutes and rust's) and %d", topics, mentions, 2+1+3+4+1001)
 	}
 	w := a.Drain()
+	fresh := func(topic string, at time.Time) string {
+		return store.Counter{Topic: topic, Kind: store.Fresh, Index: store.Minute.Index(at)}.Name()
+	}
 	want := map[string]int64{
-		store.BucketCounter("golang", store.Fresh, store.Minute.Index(clk.Now().Add(-time.Minute))):   2,
-		store.BucketCounter("rust", store.Fresh, store.Minute.Index(clk.Now().Add(-time.Minute))):     1,
-		store.BucketCounter("golang", store.Fresh, store.Minute.Index(clk.Now())):                     1004,
-		store.BucketCounter("golang", store.Fresh, store.Minute.Index(clk.Now().Add(-2*time.Minute))): 4,
+		fresh("golang", clk.Now().Add(-time.Minute)):   2,
+		fresh("rust", clk.Now().Add(-time.Minute)):     1,
+		fresh("golang", clk.Now()):                     1004,
+		fresh("golang", clk.Now().Add(-2*time.Minute)): 4,
 	}
 	if got := w.Deltas.Map(); !maps.Equal(got, want) {
 		t.Errorf("window %v, want %v", got, want)

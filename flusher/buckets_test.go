@@ -32,27 +32,29 @@ func (j *memJournal) Record(ctx context.Context, writes []store.Write, seqs map[
 	k := "e" + strconv.Itoa(j.n)
 	r := journal.Recorded{Key: k}
 	for _, w := range writes {
-		r.Topics = append(r.Topics, w.Topic)
+		r.Counters = append(r.Counters, w.Counter)
 	}
 	j.entries[k] = append([]store.Write(nil), writes...)
 	return []journal.Recorded{r}, nil
 }
-func (j *memJournal) Confirm(context.Context, string) (bool, error)        { return true, nil }
-func (j *memJournal) Rewrite(context.Context, string, string, int64) error { return nil }
-func (j *memJournal) MaybeReplayed(time.Time) bool                         { return false }
-func (j *memJournal) Settled(context.Context, string) error                { return nil }
+func (j *memJournal) Confirm(context.Context, string) (bool, error) { return true, nil }
+func (j *memJournal) Rewrite(context.Context, string, store.Counter, int64) error {
+	return nil
+}
+func (j *memJournal) MaybeReplayed(time.Time) bool          { return false }
+func (j *memJournal) Settled(context.Context, string) error { return nil }
 
 // journaled is a flusher with minute and hour buckets and memJournal, on
 // the embedded store whose writes of counter poison are all refused, and
 // its aggregator on clock now.
-func journaled(t *testing.T, now time.Time, poison string) (*store.Bolt, *aggregator.Aggregator, *memJournal, *flusher.Flusher) {
+func journaled(t *testing.T, now time.Time, poison store.Counter) (*store.Bolt, *aggregator.Aggregator, *memJournal, *flusher.Flusher) {
 	reg := prometheus.NewRegistry()
 	b, err := store.OpenBolt(t.TempDir(), store.NewMetrics(reg))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { b.Close() })
-	st := &faulty{Bolt: b, tried: map[string][]int{}, poison: poison}
+	st := &faulty{Bolt: b, tried: map[store.Counter][]int{}, poison: poison}
 	agg := aggregator.New(1000, reg, aggregator.WithBuckets(func() time.Time { return now }))
 	j := &memJournal{entries: map[string][]store.Write{}}
 	c := cfg
@@ -68,7 +70,7 @@ func journaled(t *testing.T, now time.Time, poison string) (*store.Bolt, *aggreg
 func TestBucketHeldWithItsTopic(t *testing.T) {
 	now := time.Date(2026, 12, 3, 10, 0, 10, 0, time.UTC)
 	min := store.Minute.Index(now)
-	_, agg, j, fl := journaled(t, now, store.BucketCounter("foo", store.Minute, min))
+	_, agg, j, fl := journaled(t, now, store.BucketOf("foo", store.Minute, min))
 	ctx := context.Background()
 
 	m1 := &heldMsg{}
@@ -80,8 +82,8 @@ func TestBucketHeldWithItsTopic(t *testing.T) {
 	var minuteInJournal int64
 	for k, ws := range j.entries {
 		for _, w := range ws {
-			t.Logf("entry %s: %q +%d", k, w.Topic, w.Delta)
-			if w.Topic == store.BucketCounter("foo", store.Minute, min) {
+			t.Logf("entry %s: %+v +%d", k, w.Counter, w.Delta)
+			if w.Counter == store.BucketOf("foo", store.Minute, min) {
 				minuteInJournal += w.Delta
 			}
 		}
@@ -102,7 +104,7 @@ func TestBucketHeldWithItsTopic(t *testing.T) {
 // the minute bucket.
 func TestNoBucketJournaledForAHeldMessage(t *testing.T) {
 	now := time.Date(2026, 12, 3, 10, 0, 50, 0, time.UTC)
-	b, agg, j, fl := journaled(t, now, "foo")
+	b, agg, j, fl := journaled(t, now, store.TotalOf("foo"))
 	ctx := context.Background()
 	agg.AddAcked("foo", 1, &heldMsg{}, 1, now)
 	fl.Flush(ctx)                      //nolint:errcheck // foo's total is refused: an error, by design
@@ -110,11 +112,11 @@ func TestNoBucketJournaledForAHeldMessage(t *testing.T) {
 	m2 := &heldMsg{}
 	agg.AddAcked("foo", 1, m2, 2, later)
 	fl.Flush(ctx) //nolint:errcheck // as above
-	next := store.BucketCounter("foo", store.Minute, store.Minute.Index(later))
+	next := store.BucketOf("foo", store.Minute, store.Minute.Index(later))
 	var journaled int64
 	for _, ws := range j.entries {
 		for _, w := range ws {
-			if w.Topic == next {
+			if w.Counter == next {
 				journaled += w.Delta
 			}
 		}
@@ -142,7 +144,7 @@ func TestOutageKeepsMinutesWhole(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer b.Close()
-	st := &faulty{Bolt: b, tried: map[string][]int{}, down: true}
+	st := &faulty{Bolt: b, tried: map[store.Counter][]int{}, down: true}
 	agg := aggregator.New(100_000, reg, aggregator.WithBuckets(func() time.Time { return now }))
 	c := cfg
 	c.Minutes, c.Hours = true, true

@@ -8,8 +8,6 @@ import (
 
 	"github.com/cenkalti/backoff/v5"
 	"go.uber.org/zap"
-
-	"github.com/hotcount/hotcount/store"
 )
 
 // Final flushes until the buffer is empty and no write is in doubt, or ctx
@@ -117,8 +115,8 @@ func (f *Flusher) abandon(err error) error {
 	handedBack += naked
 	f.metrics.doubtAtExit.Add(float64(doubt))
 	var bucketed int64 // time buckets' increments left unwritten (their mentions are in a total)
-	for name, d := range w.Deltas.All() {
-		if !store.CountsMentions(name) {
+	for c, d := range counters(w.Deltas) {
+		if !c.CountsMentions() {
 			bucketed += d
 		}
 	}

@@ -53,7 +53,7 @@ func (f *Flusher) Flush(ctx context.Context) error {
 	// 5. Acknowledge the messages whose counts are all in the store, and
 	// retire the entries that are.
 	f.ledger.settle(ctx, r.settled)
-	unwritten.Acks = append(unwritten.Acks, f.ledger.ackWritten(p.write.Acks, unwritten.Deltas, r.doubt)...)
+	unwritten.Acks = append(unwritten.Acks, f.ledger.ackWritten(p.write.Acks, r.missed, r.doubt)...)
 	f.observe(r)
 	f.ledger.hold()
 	f.progress(r, unwritten)
@@ -97,13 +97,13 @@ func (f *Flusher) record(ctx context.Context, p *plan) aggregator.Window {
 	recorded, at := f.ledger.record(ctx, writes, p.write.Acks)
 	var taken []store.Write
 	for _, w := range writes {
-		if _, ok := recorded[w.Topic]; ok {
+		if _, ok := recorded[w.Counter]; ok {
 			taken = append(taken, w)
 		} else {
-			left.Deltas.Set(w.Topic, w.Delta)
+			left.Deltas.Set(w.Counter.Name(), w.Delta) // back to the buffer, by name
 		}
 	}
-	f.view.journaled(taken, func(counter string) bool { return recorded[counter].Unconfirmed }, at, left.Deltas)
+	f.view.journaled(taken, func(c store.Counter) bool { return recorded[c].Unconfirmed }, at, left.Deltas)
 	p.write.Deltas = aggregator.NewDeltas(0) // no longer in the view: all pending or in left
 	left.Acks = f.ledger.ackRecorded(p.write.Acks, recorded)
 	p.write.Acks = nil
@@ -113,38 +113,55 @@ func (f *Flusher) record(ctx context.Context, p *plan) aggregator.Window {
 // round is one flush's tally of its writes' answers. The flush's goroutine
 // owns it: the batch hands it every answer (take).
 type round struct {
-	topics    int                    // counters the flush had to write, journaled ones aside
-	wrote     []topicDelta           // new writes applied
-	settled   map[string]int64       // pending writes now in the store, by counter
-	doubt     map[string]store.Write // new writes in doubt, by counter
-	written   int64                  // deltas applied, of both kinds
-	refused   int                    // new writes refused with an answer, throttles aside
-	throttled int                    // new writes throttled on every shard tried
-	err       error                  // the first failure
+	topics    int                           // counters the flush had to write, journaled ones aside
+	wrote     []counterDelta                // new writes applied
+	settled   map[store.Counter]int64       // pending writes now in the store
+	doubt     map[store.Counter]store.Write // new writes in doubt
+	missed    map[string]bool               // topics with a new write refused or not sent, while messages wait on them (nil: none do)
+	written   int64                         // deltas applied, of both kinds
+	refused   int                           // new writes refused with an answer, throttles aside
+	throttled int                           // new writes throttled on every shard tried
+	err       error                         // the first failure
+}
+
+// counterDelta is a counter's delta.
+type counterDelta struct {
+	counter store.Counter
+	delta   int64
 }
 
 // take tallies one answer.
 func (r *round) take(a answer) {
-	counter := a.write.Topic
+	c := a.write.Counter
 	switch {
 	case a.outcome == applied && a.resend:
-		r.settled[counter] = a.write.Delta
+		r.settled[c] = a.write.Delta
 		r.written += a.write.Delta
 		return
 	case a.outcome == applied:
-		r.wrote = append(r.wrote, topicDelta{counter, a.write.Delta})
+		r.wrote = append(r.wrote, counterDelta{c, a.write.Delta})
 		r.written += a.write.Delta
 		return
 	case a.resend:
 	case a.outcome == inDoubt:
-		r.doubt[counter] = a.write
+		r.doubt[c] = a.write
 	case a.outcome == throttled:
 		r.throttled++ // the store is up: this topic is hot
+		r.miss(c)
 	default:
 		r.refused++
+		r.miss(c)
 	}
 	if r.err == nil {
 		r.err = a.err
+	}
+}
+
+// miss notes that c's new write left its delta unwritten, when messages
+// wait on the flush's counts (their topics' messages go back with it).
+func (r *round) miss(c store.Counter) {
+	if r.missed != nil {
+		r.missed[c.Topic] = true
 	}
 }
 
@@ -158,25 +175,29 @@ func (r *round) down(limit int) bool { return r.refused >= limit && r.written ==
 // answers. A write not started is no ambiguity: its delta waits for the
 // next flush.
 func (f *Flusher) send(ctx context.Context, p *plan, deadline time.Time) *round {
-	r := &round{topics: p.write.Len(), settled: make(map[string]int64), doubt: make(map[string]store.Write)}
+	r := &round{topics: p.write.Len(), settled: make(map[store.Counter]int64), doubt: make(map[store.Counter]store.Write)}
+	if len(p.write.Acks) > 0 {
+		r.missed = make(map[string]bool)
+	}
 	b := f.writer.batch(r.take)
-	for counter, pw := range f.ledger.resendable(func() bool { return !f.now().After(deadline) }) {
-		f.view.resending(counter)
+	for c, pw := range f.ledger.resendable(func() bool { return !f.now().After(deadline) }) {
+		f.view.resending(c)
 		b.start(func() answer {
 			a := f.writer.resend(ctx, pw.write)
-			f.view.resent(counter, a.outcome)
+			f.view.resent(c, a.outcome)
 			f.ledger.answered(ctx, pw, a)
 			f.landed(a)
 			return a
 		})
 	}
-	for counter, delta := range p.write.Deltas.All() {
+	for c, delta := range p.counters() {
 		b.collect()
 		if r.down(f.cfg.Concurrency) || f.now().After(deadline) || ctx.Err() != nil {
+			r.miss(c)
 			continue
 		}
-		w, n, sentAt := p.newWrite(counter, delta, f.cfg.Writer), p.shardsOf(counter), f.now()
-		f.view.sending(counter, sentAt)
+		w, n, sentAt := p.newWrite(c, delta, f.cfg.Writer), p.shardsOf(c), f.now()
+		f.view.sending(c, sentAt)
 		b.start(func() answer {
 			a := f.writer.send(ctx, w, n)
 			a.sentAt = sentAt
@@ -193,7 +214,7 @@ func (f *Flusher) send(ctx context.Context, p *plan, deadline time.Time) *round 
 // flush's end: a long flush shows its progress. A time bucket's repeat a
 // total's.
 func (f *Flusher) landed(a answer) {
-	if a.outcome == applied && !store.IsBucket(a.write.Topic) {
+	if a.outcome == applied && !a.write.Counter.IsBucket() {
 		f.metrics.flushed.Add(float64(a.write.Delta))
 	}
 }
@@ -204,11 +225,14 @@ func (f *Flusher) landed(a answer) {
 func (f *Flusher) gather(p *plan, r *round, u *aggregator.Window) {
 	f.view.move(func() *aggregator.Deltas {
 		left := p.write.Deltas
+		var name []byte // the window keeps counters by name; Delete keeps nothing of its argument
 		for _, w := range r.wrote {
-			left.Delete(w.topic)
+			name = w.counter.AppendName(name[:0])
+			left.Delete(string(name))
 		}
-		for counter := range r.doubt {
-			left.Delete(counter)
+		for c := range r.doubt {
+			name = c.AppendName(name[:0])
+			left.Delete(string(name))
 		}
 		if left.Len() > u.Deltas.Len() {
 			u.Deltas, left = left, u.Deltas
@@ -227,12 +251,12 @@ func (f *Flusher) observe(r *round) {
 	if f.observer == nil || r.written == 0 {
 		return
 	}
-	observed := make(map[string]int64, len(r.settled)+len(r.wrote))
+	observed := make(map[store.Counter]int64, len(r.settled)+len(r.wrote))
 	for _, w := range r.wrote {
-		observed[w.topic] = w.delta
+		observed[w.counter] = w.delta
 	}
-	for counter, d := range r.settled {
-		observed[counter] += d
+	for c, d := range r.settled {
+		observed[c] += d
 	}
 	f.observer.Observe(observed)
 }

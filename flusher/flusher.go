@@ -96,11 +96,11 @@ type Store interface {
 	Add(ctx context.Context, w store.Write, now time.Time) error
 }
 
-// Observer is told, after each flush, what it wrote: per counter (a topic,
-// or a time bucket: store.ParseCounter), the delta. It must not keep the
-// map.
+// Observer is told, after each flush, what it wrote: per counter (a
+// topic's total, or one of its time buckets), the delta. It must not keep
+// the map.
 type Observer interface {
-	Observe(written map[string]int64)
+	Observe(written map[store.Counter]int64)
 }
 
 // Shards gives each topic's shard count (per-topic metadata) and is told
@@ -128,8 +128,9 @@ type Journal interface {
 	// Confirm settles an entry Record returned unconfirmed: true once it
 	// is surely recorded.
 	Confirm(ctx context.Context, key string) (bool, error)
-	// Rewrite gives a journaled write a new seq (after a store.FloorError).
-	Rewrite(ctx context.Context, key, topic string, seq int64) error
+	// Rewrite gives the journaled write of c a new seq (after a
+	// store.FloorError).
+	Rewrite(ctx context.Context, key string, c store.Counter, seq int64) error
 	// MaybeReplayed says whether an entry recorded at t may have been
 	// replayed by another sidecar (this writer's heartbeat lapsed since).
 	MaybeReplayed(t time.Time) bool
@@ -151,7 +152,7 @@ func WithObserver(os ...Observer) Option {
 
 type observers []Observer
 
-func (os observers) Observe(written map[string]int64) {
+func (os observers) Observe(written map[store.Counter]int64) {
 	for _, o := range os {
 		o.Observe(written)
 	}

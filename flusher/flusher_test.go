@@ -27,10 +27,10 @@ type faulty struct {
 	mu            sync.Mutex
 	down          bool
 	throttleFirst bool
-	poison        string // a topic every write of which is refused
-	loseFirst     bool   // each topic's first write is applied and its answer lost
+	poison        store.Counter // a counter every write of which is refused (zero: none)
+	loseFirst     bool          // each topic's first write is applied and its answer lost
 	latency       time.Duration
-	tried         map[string][]int
+	tried         map[store.Counter][]int
 	started       []time.Time // when each write began
 }
 
@@ -38,10 +38,10 @@ var errDown = errors.New("injected: store down")
 
 func (f *faulty) Add(ctx context.Context, w store.Write, now time.Time) error {
 	f.mu.Lock()
-	f.tried[w.Topic] = append(f.tried[w.Topic], w.Shard)
+	f.tried[w.Counter] = append(f.tried[w.Counter], w.Shard)
 	f.started = append(f.started, time.Now())
-	first := len(f.tried[w.Topic]) == 1
-	down, throttle, latency := f.down || (f.poison != "" && w.Topic == f.poison), f.throttleFirst && first, f.latency
+	first := len(f.tried[w.Counter]) == 1
+	down, throttle, latency := f.down || (f.poison != store.Counter{} && w.Counter == f.poison), f.throttleFirst && first, f.latency
 	lose := f.loseFirst && first
 	f.mu.Unlock()
 	if lose {
@@ -83,7 +83,7 @@ func newFixture(t *testing.T, cfg flusher.Config, now func() time.Time) *fixture
 	if now == nil {
 		now = time.Now
 	}
-	fx := &fixture{agg: aggregator.New(1000, reg), st: &faulty{Bolt: b, tried: map[string][]int{}}, reg: reg}
+	fx := &fixture{agg: aggregator.New(1000, reg), st: &faulty{Bolt: b, tried: map[store.Counter][]int{}}, reg: reg}
 	fx.fl = flusher.New(cfg, fx.agg, fx.st, zaptest.NewLogger(t), flusher.NewMetrics(reg), now)
 	return fx
 }
@@ -155,12 +155,12 @@ func TestThrottleMovesToAnotherShard(t *testing.T) {
 	if err := fx.fl.Flush(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	for topic, shards := range fx.st.tried {
+	for c, shards := range fx.st.tried {
 		if len(shards) != 2 || shards[0] == shards[1] {
-			t.Errorf("%s: shards tried %v, want two different", topic, shards)
+			t.Errorf("%s: shards tried %v, want two different", c.Topic, shards)
 		}
-		if n := fx.total(t, topic, 4); n != 5 {
-			t.Errorf("%s: store holds %d, want 5", topic, n)
+		if n := fx.total(t, c.Topic, 4); n != 5 {
+			t.Errorf("%s: store holds %d, want 5", c.Topic, n)
 		}
 	}
 	if n := testenv.Metric(t, fx.reg, "hotcount_flusher_rerouted_total"); n != 20 {
@@ -270,8 +270,8 @@ func TestFinalGivesUpAtDeadline(t *testing.T) {
 	if n := testenv.Metric(t, fx.reg, "hotcount_flusher_unflushed_total"); n != 10 {
 		t.Errorf("unflushed = %v, want 10", n)
 	}
-	if len(fx.st.tried["x"]) < 2 {
-		t.Errorf("Final tried %d times, want retries while there is time for them", len(fx.st.tried["x"]))
+	if len(fx.st.tried[store.TotalOf("x")]) < 2 {
+		t.Errorf("Final tried %d times, want retries while there is time for them", len(fx.st.tried[store.TotalOf("x")]))
 	}
 }
 
@@ -345,11 +345,11 @@ func TestDeadlinePassesMidFlush(t *testing.T) {
 	}
 }
 
-type recorder struct{ seen map[string]int64 }
+type recorder struct{ seen map[store.Counter]int64 }
 
-func (r *recorder) Observe(w map[string]int64) {
-	for t, d := range w {
-		r.seen[t] += d
+func (r *recorder) Observe(w map[store.Counter]int64) {
+	for c, d := range w {
+		r.seen[c] += d
 	}
 }
 
@@ -362,9 +362,9 @@ func TestObserverSeesWhatWasWritten(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer b.Close()
-	st := &faulty{Bolt: b, tried: map[string][]int{}}
+	st := &faulty{Bolt: b, tried: map[store.Counter][]int{}}
 	agg := aggregator.New(100, reg)
-	rec := &recorder{seen: map[string]int64{}}
+	rec := &recorder{seen: map[store.Counter]int64{}}
 	fl := flusher.New(cfg, agg, st, zaptest.NewLogger(t), flusher.NewMetrics(reg), time.Now, flusher.WithObserver(rec))
 	agg.Add("a", 3)
 	st.set(true)
@@ -379,7 +379,7 @@ func TestObserverSeesWhatWasWritten(t *testing.T) {
 	if err := fl.Flush(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	if rec.seen["a"] != 3 || rec.seen["b"] != 2 || len(rec.seen) != 2 {
+	if rec.seen[store.TotalOf("a")] != 3 || rec.seen[store.TotalOf("b")] != 2 || len(rec.seen) != 2 {
 		t.Errorf("observed %v, want a:3 b:2", rec.seen)
 	}
 }
@@ -424,7 +424,7 @@ func TestSlowFlushKeepsItsMessagesAlive(t *testing.T) {
 func TestPoisonTopicDoesNotStopTheFlusher(t *testing.T) {
 	clk := testenv.NewClock(time.Unix(1_800_000_000, 0))
 	fx := newFixture(t, cfg, clk.Now)
-	fx.st.poison = "poison"
+	fx.st.poison = store.TotalOf("poison")
 	for round := range 3 {
 		clk.Add(time.Minute)
 		fx.agg.Add("poison", 1)

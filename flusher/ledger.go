@@ -36,9 +36,9 @@ type ledger struct {
 	metrics   *Metrics
 	now       func() time.Time
 
-	pending   map[string]*pending // by counter: writes in doubt or journaled
-	entries   map[string]int      // journal entry -> its writes not yet in the store
-	unretired []string            // journal entries settled, not yet deleted
+	pending   map[store.Counter]*pending // writes in doubt or journaled
+	entries   map[string]int             // journal entry -> its writes not yet in the store
+	unretired []string                   // journal entries settled, not yet deleted
 }
 
 // pending is a write sent again unchanged until it is in the store: a
@@ -56,15 +56,15 @@ type pending struct {
 
 func newLedger(j Journal, seq *store.Sequencer, keepAlive time.Duration, log *zap.Logger, m *Metrics, now func() time.Time) *ledger {
 	return &ledger{journal: j, seq: seq, keepAlive: keepAlive, log: log, metrics: m, now: now,
-		pending: make(map[string]*pending), entries: make(map[string]int)}
+		pending: make(map[store.Counter]*pending), entries: make(map[string]int)}
 }
 
 // waiting returns the topics with a write pending (in doubt or
 // journaled), of their total or of a time bucket.
 func (l *ledger) waiting() map[string]bool {
 	w := make(map[string]bool, len(l.pending))
-	for name := range l.pending {
-		w[store.TopicOf(name)] = true
+	for c := range l.pending {
+		w[c.Topic] = true
 	}
 	return w
 }
@@ -76,40 +76,40 @@ func (l *ledger) waiting() map[string]bool {
 // replay after a crash sends it where the journal says). It returns the
 // entries of the writes recorded, by counter, and when they were recorded;
 // the others wait for the next flush.
-func (l *ledger) record(ctx context.Context, writes []store.Write, acks []aggregator.Message) (map[string]journal.Recorded, time.Time) {
+func (l *ledger) record(ctx context.Context, writes []store.Write, acks []aggregator.Message) (map[store.Counter]journal.Recorded, time.Time) {
 	seqs := make(map[string][]int64, len(writes))
 	for _, m := range acks {
 		seqs[m.Topic] = append(seqs[m.Topic], m.Seq)
 	}
 	recs, err := l.journal.Record(ctx, writes, seqs)
-	recorded := make(map[string]journal.Recorded, len(writes))
+	recorded := make(map[store.Counter]journal.Recorded, len(writes))
 	for _, r := range recs {
-		for _, t := range r.Topics {
-			recorded[t] = r
+		for _, c := range r.Counters {
+			recorded[c] = r
 		}
-		l.entries[r.Key] = len(r.Topics)
+		l.entries[r.Key] = len(r.Counters)
 	}
 	if err != nil {
 		l.log.Warn("journal incomplete; the rest waits for the next flush", zap.Int("recorded", len(recorded)), zap.Int("topics", len(writes)), zap.Error(err))
 	}
 	at := l.now()
 	for _, w := range writes {
-		if r, ok := recorded[w.Topic]; ok {
-			l.pending[w.Topic] = &pending{write: w, entry: r.Key, recordedAt: at, unconfirmed: r.Unconfirmed}
+		if r, ok := recorded[w.Counter]; ok {
+			l.pending[w.Counter] = &pending{write: w, entry: r.Key, recordedAt: at, unconfirmed: r.Unconfirmed}
 		}
 	}
 	return recorded, at
 }
 
 // ackRecorded acknowledges, in order, the messages whose counts are surely
-// journaled; an unconfirmed entry's messages wait with its pending
-// writes, and those of topics not recorded are returned, to go back with
-// their deltas.
-func (l *ledger) ackRecorded(acks []aggregator.Message, recorded map[string]journal.Recorded) (back []aggregator.Message) {
-	kept := l.ack(acks, func(topic string) bool { r, ok := recorded[topic]; return !ok || r.Unconfirmed })
+// journaled (with their topic's total: a topic's writes share an entry);
+// an unconfirmed entry's messages wait with its pending writes, and those
+// of topics not recorded are returned, to go back with their deltas.
+func (l *ledger) ackRecorded(acks []aggregator.Message, recorded map[store.Counter]journal.Recorded) (back []aggregator.Message) {
+	kept := l.ack(acks, func(topic string) bool { r, ok := recorded[store.TotalOf(topic)]; return !ok || r.Unconfirmed })
 	for _, m := range kept {
-		if _, ok := recorded[m.Topic]; ok {
-			p := l.pending[m.Topic]
+		if _, ok := recorded[store.TotalOf(m.Topic)]; ok {
+			p := l.pending[store.TotalOf(m.Topic)]
 			p.msgs = append(p.msgs, m)
 		} else {
 			back = append(back, m)
@@ -174,9 +174,9 @@ func (l *ledger) retire(ctx context.Context) {
 // more says so: all but those of unconfirmed entries. A journaled write
 // another sidecar may have replayed is marked so, so that a refusal by
 // the mark reads as applied.
-func (l *ledger) resendable(more func() bool) iter.Seq2[string, *pending] {
-	return func(yield func(string, *pending) bool) {
-		for counter, p := range l.pending {
+func (l *ledger) resendable(more func() bool) iter.Seq2[store.Counter, *pending] {
+	return func(yield func(store.Counter, *pending) bool) {
+		for c, p := range l.pending {
 			if !more() {
 				return
 			}
@@ -186,7 +186,7 @@ func (l *ledger) resendable(more func() bool) iter.Seq2[string, *pending] {
 			if p.entry != "" && l.journal.MaybeReplayed(p.recordedAt) {
 				p.write.Replay = true
 			}
-			if !yield(counter, p) {
+			if !yield(c, p) {
 				return
 			}
 		}
@@ -206,7 +206,7 @@ func (l *ledger) answered(ctx context.Context, p *pending, a answer) {
 	}
 	var behind *store.FloorError
 	if errors.As(a.err, &behind) && p.entry != "" {
-		if seq := l.seq.Next(); l.journal.Rewrite(ctx, p.entry, p.write.Topic, seq) == nil {
+		if seq := l.seq.Next(); l.journal.Rewrite(ctx, p.entry, p.write.Counter, seq) == nil {
 			p.write.Seq = seq
 		}
 	}
@@ -215,11 +215,11 @@ func (l *ledger) answered(ctx context.Context, p *pending, a answer) {
 // settle drops the pending writes now in the store (by counter): their
 // messages are acknowledged once their topic has no other write pending,
 // and entries left with no write pending are retired.
-func (l *ledger) settle(ctx context.Context, settled map[string]int64) {
+func (l *ledger) settle(ctx context.Context, settled map[store.Counter]int64) {
 	var done []aggregator.Message
 	var retire []string
-	for counter := range settled {
-		p := l.pending[counter]
+	for c := range settled {
+		p := l.pending[c]
 		done = append(done, p.msgs...)
 		if p.entry != "" {
 			if l.entries[p.entry]--; l.entries[p.entry] == 0 {
@@ -227,7 +227,7 @@ func (l *ledger) settle(ctx context.Context, settled map[string]int64) {
 				retire = append(retire, p.entry)
 			}
 		}
-		delete(l.pending, counter)
+		delete(l.pending, c)
 	}
 	l.ackAll(l.stillWaiting(done))
 	l.unretired = append(l.unretired, retire...)
@@ -238,23 +238,21 @@ func (l *ledger) settle(ctx context.Context, settled map[string]int64) {
 
 // ackWritten acknowledges, in stream order, the messages of acks whose
 // every count is written, and makes each new write in doubt pending. A
-// message waits while any count of its topic is unwritten (returned, to go
-// back to the buffer with it) or in doubt (kept with that write).
-func (l *ledger) ackWritten(acks []aggregator.Message, unwritten *aggregator.Deltas, doubt map[string]store.Write) (back []aggregator.Message) {
-	bad, unsure := make(map[string]bool), make(map[string]string)
-	for name := range unwritten.All() {
-		bad[store.TopicOf(name)] = true
+// message waits while any count of its topic is unwritten (its topic in
+// unwritten: returned, to go back to the buffer with it) or in doubt (kept
+// with that write).
+func (l *ledger) ackWritten(acks []aggregator.Message, unwritten map[string]bool, doubt map[store.Counter]store.Write) (back []aggregator.Message) {
+	unsure := make(map[string]store.Counter, len(doubt))
+	for c := range doubt {
+		unsure[c.Topic] = c
 	}
-	for name := range doubt {
-		unsure[store.TopicOf(name)] = name
-	}
-	kept := l.ack(acks, func(topic string) bool { return bad[topic] || unsure[topic] != "" })
-	for name, w := range doubt {
-		l.pendingOf(name, w)
+	kept := l.ack(acks, func(topic string) bool { _, doubted := unsure[topic]; return unwritten[topic] || doubted })
+	for c, w := range doubt {
+		l.pendingOf(c, w)
 	}
 	for _, m := range kept {
-		if name := unsure[m.Topic]; name != "" && !bad[m.Topic] {
-			p := l.pending[name]
+		if c, doubted := unsure[m.Topic]; doubted && !unwritten[m.Topic] {
+			p := l.pending[c]
 			p.msgs = append(p.msgs, m)
 		} else {
 			back = append(back, m)
@@ -271,8 +269,8 @@ func (l *ledger) stillWaiting(ms []aggregator.Message) (done []aggregator.Messag
 		return nil
 	}
 	by := make(map[string]*pending, len(l.pending))
-	for name, p := range l.pending {
-		by[store.TopicOf(name)] = p
+	for c, p := range l.pending {
+		by[c.Topic] = p
 	}
 	for _, m := range ms {
 		if p := by[m.Topic]; p != nil {
@@ -284,13 +282,13 @@ func (l *ledger) stillWaiting(ms []aggregator.Message) (done []aggregator.Messag
 	return done
 }
 
-// pendingOf returns counter's pending write, made from w if there is none.
-func (l *ledger) pendingOf(counter string, w store.Write) *pending {
-	p, ok := l.pending[counter]
+// pendingOf returns c's pending write, made from w if there is none.
+func (l *ledger) pendingOf(c store.Counter, w store.Write) *pending {
+	p, ok := l.pending[c]
 	if !ok {
 		w.Retry = true
 		p = &pending{write: w}
-		l.pending[counter] = p
+		l.pending[c] = p
 	}
 	return p
 }
@@ -375,9 +373,9 @@ func (l *ledger) keepAliveAll(ms []aggregator.Message) {
 // says how many mentions are left in writes in doubt and in the journal,
 // for the shutdown's report.
 func (l *ledger) atExit() (doubt, journaled int64, handedBack int) {
-	for name, p := range l.pending {
+	for c, p := range l.pending {
 		switch {
-		case store.IsBucket(name):
+		case c.IsBucket():
 			// A time bucket's write: its mentions are counted
 			// with their topic's.
 		case p.entry != "":

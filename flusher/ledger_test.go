@@ -26,14 +26,14 @@ func (j *entries) Record(_ context.Context, ws []store.Write, _ map[string][]int
 	j.n++
 	r := journal.Recorded{Key: fmt.Sprint("e", j.n)}
 	for _, w := range ws {
-		r.Topics = append(r.Topics, w.Topic)
-		r.Unconfirmed = r.Unconfirmed || j.lost[store.TopicOf(w.Topic)]
+		r.Counters = append(r.Counters, w.Counter)
+		r.Unconfirmed = r.Unconfirmed || j.lost[w.Counter.Topic]
 	}
 	return []journal.Recorded{r}, nil
 }
-func (j *entries) Confirm(context.Context, string) (bool, error)        { return true, nil }
-func (j *entries) Rewrite(context.Context, string, string, int64) error { return nil }
-func (j *entries) MaybeReplayed(time.Time) bool                         { return false }
+func (j *entries) Confirm(context.Context, string) (bool, error)               { return true, nil }
+func (j *entries) Rewrite(context.Context, string, store.Counter, int64) error { return nil }
+func (j *entries) MaybeReplayed(time.Time) bool                                { return false }
 func (j *entries) Settled(_ context.Context, key string) error {
 	j.retired = append(j.retired, key)
 	return nil
@@ -58,8 +58,8 @@ func acks(ms ...aggregator.Message) []int {
 func TestAckWrittenHoldsMessagesWithTheirWrite(t *testing.T) {
 	l := testLedger(t, nil)
 	written, doubted, unwritten := msg("done", 1), msg("foo", 2), msg("bar", 3)
-	unsent := aggregator.DeltasOf(map[string]int64{minuteOf("bar"): 1})
-	doubt := map[string]store.Write{hourOf("foo"): {Topic: hourOf("foo"), Delta: 1, Seq: 7}}
+	unsent := map[string]bool{"bar": true} // bar's minute is not written
+	doubt := map[store.Counter]store.Write{hourOf("foo"): {Counter: hourOf("foo"), Delta: 1, Seq: 7}}
 	back := l.ackWritten([]aggregator.Message{written, doubted, unwritten}, unsent, doubt)
 	if fmt.Sprint(acks(written, doubted, unwritten)) != "[1 0 0]" {
 		t.Errorf("acks %v, want the written topic's message alone", acks(written, doubted, unwritten))
@@ -82,19 +82,19 @@ func TestAckWrittenHoldsMessagesWithTheirWrite(t *testing.T) {
 func TestSettleAcksWhenTheTopicIsClear(t *testing.T) {
 	j := &entries{}
 	l := testLedger(t, j)
-	ws := []store.Write{{Topic: "foo", Delta: 1, Seq: 1}, {Topic: minuteOf("foo"), Delta: 1, Seq: 2}}
+	ws := []store.Write{{Counter: store.TotalOf("foo"), Delta: 1, Seq: 1}, {Counter: minuteOf("foo"), Delta: 1, Seq: 2}}
 	m := msg("foo", 9)
 	recorded, _ := l.record(context.Background(), ws, []aggregator.Message{m})
 	if back := l.ackRecorded([]aggregator.Message{m}, recorded); len(back) != 0 || acks(m)[0] != 1 {
 		t.Fatalf("journaled whole: %d back, %d acks; want the message acknowledged", len(back), acks(m)[0])
 	}
 	m2 := msg("foo", 10) // a later message, held behind foo's pending writes
-	l.ackWritten([]aggregator.Message{m2}, nil, map[string]store.Write{"foo": {Topic: "foo"}})
-	l.settle(context.Background(), map[string]int64{"foo": 1})
+	l.ackWritten([]aggregator.Message{m2}, nil, map[store.Counter]store.Write{store.TotalOf("foo"): {Counter: store.TotalOf("foo")}})
+	l.settle(context.Background(), map[store.Counter]int64{store.TotalOf("foo"): 1})
 	if acks(m2)[0] != 0 || len(j.retired) != 0 {
 		t.Errorf("foo's minute still pending: m2 acked %d times, %v retired; want neither", acks(m2)[0], j.retired)
 	}
-	l.settle(context.Background(), map[string]int64{minuteOf("foo"): 1})
+	l.settle(context.Background(), map[store.Counter]int64{minuteOf("foo"): 1})
 	if acks(m2)[0] != 1 || fmt.Sprint(j.retired) != "[e1]" || l.writes() != 0 {
 		t.Errorf("all settled: m2 acked %d times, retired %v, %d pending; want 1, [e1], 0", acks(m2)[0], j.retired, l.writes())
 	}
@@ -106,27 +106,27 @@ func TestSettleAcksWhenTheTopicIsClear(t *testing.T) {
 func TestUnconfirmedEntryWaits(t *testing.T) {
 	l := testLedger(t, &entries{lost: map[string]bool{"foo": true}})
 	m, other := msg("foo", 1), msg("bar", 2)
-	recorded, _ := l.record(context.Background(), []store.Write{{Topic: "foo", Delta: 1}}, []aggregator.Message{m})
+	recorded, _ := l.record(context.Background(), []store.Write{{Counter: store.TotalOf("foo"), Delta: 1}}, []aggregator.Message{m})
 	back := l.ackRecorded([]aggregator.Message{m, other}, recorded)
 	if acks(m)[0] != 0 || len(back) != 1 || back[0].Topic != "bar" {
 		t.Fatalf("unconfirmed: %d acks of foo's message, back %v; want 0 and bar's", acks(m)[0], back)
 	}
 	for counter := range l.resendable(func() bool { return true }) {
-		t.Errorf("%s sent before its entry is confirmed", counter)
+		t.Errorf("%+v sent before its entry is confirmed", counter)
 	}
 	l.confirm(context.Background())
 	if acks(m)[0] != 1 {
 		t.Errorf("confirmed: %d acks, want 1", acks(m)[0])
 	}
-	var sent []string
-	for counter := range l.resendable(func() bool { return true }) {
-		sent = append(sent, counter)
+	var sent []store.Counter
+	for c := range l.resendable(func() bool { return true }) {
+		sent = append(sent, c)
 	}
-	if fmt.Sprint(sent) != "[foo]" {
-		t.Errorf("confirmed: resendable %v, want [foo]", sent)
+	if len(sent) != 1 || sent[0] != store.TotalOf("foo") {
+		t.Errorf("confirmed: resendable %v, want foo's total", sent)
 	}
 	for counter := range l.resendable(func() bool { return false }) {
-		t.Errorf("%s yielded past the deadline", counter)
+		t.Errorf("%+v yielded past the deadline", counter)
 	}
 }
 
@@ -136,8 +136,8 @@ func TestUnconfirmedEntryWaits(t *testing.T) {
 func TestAtExit(t *testing.T) {
 	l := testLedger(t, nil)
 	m := msg("foo", 1)
-	l.ackWritten([]aggregator.Message{m}, nil, map[string]store.Write{"foo": {Topic: "foo", Delta: 5}, hourOf("foo"): {Topic: hourOf("foo"), Delta: 5}})
-	l.pending["bar"] = &pending{write: store.Write{Topic: "bar", Delta: 3}, entry: "e1"}
+	l.ackWritten([]aggregator.Message{m}, nil, map[store.Counter]store.Write{store.TotalOf("foo"): {Counter: store.TotalOf("foo"), Delta: 5}, hourOf("foo"): {Counter: hourOf("foo"), Delta: 5}})
+	l.pending[store.TotalOf("bar")] = &pending{write: store.Write{Counter: store.TotalOf("bar"), Delta: 3}, entry: "e1"}
 	doubt, journaled, naked := l.atExit()
 	if doubt != 5 || journaled != 3 || naked != 1 || m.Msg.(*acker).naks != 1 {
 		t.Errorf("doubt %d, journaled %d, handed back %d; want 5, 3, 1", doubt, journaled, naked)

@@ -3,6 +3,7 @@ package flusher
 import (
 	"cmp"
 	"context"
+	"iter"
 	"math/rand/v2"
 	"slices"
 
@@ -29,6 +30,12 @@ type planning struct {
 // (newPlan), to which the flush adds the shard counts it looked up. It
 // owns the window's parts until it hands them on; only the flush's
 // goroutine uses it.
+//
+// The plan is where a counter's name becomes a store.Counter: the window
+// keeps its counters by name, in its compact table (which goes back to
+// the buffer as it is, a million topics during an outage), and the plan
+// reads each name as it hands the counter on (counters). Past the plan,
+// the flush knows counters, not names.
 type plan struct {
 	// write is the counters to write this flush, minute counters split
 	// into a total and time buckets, and the messages behind them.
@@ -85,22 +92,43 @@ func probe(w *aggregator.Window, n int) (rest *aggregator.Deltas) {
 	return rest
 }
 
+// counterOf reads a counter's name. A damaged one (store.ParseName) reads
+// as a total: written, not lost.
+func counterOf(name string) store.Counter {
+	c, _ := store.ParseName(name)
+	return c
+}
+
+// counters yields the counters of d and their deltas.
+func counters(d *aggregator.Deltas) iter.Seq2[store.Counter, int64] {
+	return func(yield func(store.Counter, int64) bool) {
+		for name, delta := range d.All() {
+			if !yield(counterOf(name), delta) {
+				return
+			}
+		}
+	}
+}
+
+// counters yields the counters to write and their deltas.
+func (p *plan) counters() iter.Seq2[store.Counter, int64] { return counters(p.write.Deltas) }
+
 // split turns each minute counter (store.Fresh) of a drained window into
 // the counters it is written to: its topic's total, and as --windows asks
-// its minute and hour buckets. What a flush cannot write goes back under
-// those names, never as Fresh, so a mention reaches each once.
+// its minute and hour buckets. What a flush cannot write goes back as
+// those, never as Fresh, so a mention reaches each once.
 func split(d *aggregator.Deltas, minutes, hours bool) {
 	var fresh []string
 	for name := range d.All() {
-		if _, g, _, ok := store.ParseCounter(name); ok && g == store.Fresh {
+		if counterOf(name).Kind == store.Fresh {
 			fresh = append(fresh, name)
 		}
 	}
 	for _, name := range fresh {
 		delta, _ := d.Get(name)
 		d.Delete(name)
-		topic, minute, hour := store.SplitFresh(name)
-		addTo(d, topic, delta)
+		total, minute, hour := counterOf(name).Split()
+		addTo(d, total, delta)
 		if minutes {
 			addTo(d, minute, delta)
 		}
@@ -110,9 +138,9 @@ func split(d *aggregator.Deltas, minutes, hours bool) {
 	}
 }
 
-// addTo adds delta to name's delta in d, saturating like the aggregator.
-func addTo(d *aggregator.Deltas, name string, delta int64) {
-	v, _ := d.Ref(name)
+// addTo adds delta to c's delta in d, saturating like the aggregator.
+func addTo(d *aggregator.Deltas, c store.Counter, delta int64) {
+	v, _ := d.Ref(c.Name())
 	*v, _ = store.SatAdd(*v, delta)
 }
 
@@ -121,7 +149,7 @@ func addTo(d *aggregator.Deltas, name string, delta int64) {
 func hold(w *aggregator.Window, waiting map[string]bool) (held aggregator.Window) {
 	held.Deltas = aggregator.NewDeltas(0)
 	for name, d := range w.Deltas.All() {
-		if waiting[store.TopicOf(name)] {
+		if waiting[counterOf(name).Topic] {
 			held.Deltas.Set(name, d)
 			w.Deltas.Delete(name)
 		}
@@ -147,8 +175,8 @@ type topicDelta struct {
 // the busiest maxLookups at most. shards is the default count.
 func busyTopics(d *aggregator.Deltas, shards int) []string {
 	var busy []topicDelta
-	for t, delta := range d.All() {
-		if store.IsBucket(t) {
+	for c, delta := range counters(d) {
+		if c.IsBucket() {
 			continue // written with its topic's shard count
 		}
 		// Topics start on one shard (the default): one mention in a
@@ -159,7 +187,7 @@ func busyTopics(d *aggregator.Deltas, shards int) []string {
 		if shards == 1 && delta < 2 {
 			continue
 		}
-		busy = append(busy, topicDelta{t, delta})
+		busy = append(busy, topicDelta{c.Topic, delta})
 	}
 	// Spreading matters for the hottest topics only: the busiest
 	// maxLookups are looked up, the rest go to their default shards.
@@ -174,18 +202,18 @@ func busyTopics(d *aggregator.Deltas, shards int) []string {
 	return topics
 }
 
-// shardsOf is the shard count of counter's topic.
-func (p *plan) shardsOf(counter string) int {
-	if n := p.counts[store.TopicOf(counter)]; n > 0 {
+// shardsOf is the shard count of c's topic.
+func (p *plan) shardsOf(c store.Counter) int {
+	if n := p.counts[c.Topic]; n > 0 {
 		return n
 	}
 	return p.shards
 }
 
-// newWrite is a new write of delta to a random shard of counter's topic,
-// its seq not yet given.
-func (p *plan) newWrite(counter string, delta int64, writer string) store.Write {
-	return store.Write{Topic: counter, Shard: rand.IntN(p.shardsOf(counter)), Delta: delta, Writer: writer}
+// newWrite is a new write of delta to a random shard of c's topic, its seq
+// not yet given.
+func (p *plan) newWrite(c store.Counter, delta int64, writer string) store.Write {
+	return store.Write{Counter: c, Shard: rand.IntN(p.shardsOf(c)), Delta: delta, Writer: writer}
 }
 
 // writes is every counter to write as a new store.Write with a seq from
@@ -193,13 +221,13 @@ func (p *plan) newWrite(counter string, delta int64, writer string) store.Write 
 // in one entry, so a message's counts are journaled whole or not at all.
 func (p *plan) writes(writer string, next func() int64) []store.Write {
 	ws := make([]store.Write, 0, p.write.Len())
-	for counter, delta := range p.write.Deltas.All() {
-		w := p.newWrite(counter, delta, writer)
+	for c, delta := range p.counters() {
+		w := p.newWrite(c, delta, writer)
 		w.Seq = next()
 		ws = append(ws, w)
 	}
 	slices.SortFunc(ws, func(a, b store.Write) int {
-		return cmp.Or(cmp.Compare(store.TopicOf(a.Topic), store.TopicOf(b.Topic)), cmp.Compare(a.Topic, b.Topic))
+		return cmp.Or(cmp.Compare(a.Counter.Topic, b.Counter.Topic), cmp.Compare(a.Counter.Kind, b.Counter.Kind), cmp.Compare(a.Counter.Index, b.Counter.Index))
 	})
 	return ws
 }

@@ -24,16 +24,16 @@ func msg(topic string, seq int64) aggregator.Message {
 var noon = time.Date(2026, 12, 3, 12, 0, 10, 0, time.UTC)
 
 // fresh is topic's minute counter at noon, as the aggregator makes it.
-func fresh(topic string) string {
-	return store.BucketCounter(topic, store.Fresh, store.Minute.Index(noon))
+func fresh(topic string) store.Counter {
+	return store.Counter{Topic: topic, Kind: store.Fresh, Index: store.Minute.Index(noon)}
 }
 
-func minuteOf(topic string) string {
-	return store.BucketCounter(topic, store.Minute, store.Minute.Index(noon))
+func minuteOf(topic string) store.Counter {
+	return store.BucketOf(topic, store.Minute, store.Minute.Index(noon))
 }
 
-func hourOf(topic string) string {
-	return store.BucketCounter(topic, store.Hour, store.Hour.Index(noon))
+func hourOf(topic string) store.Counter {
+	return store.BucketOf(topic, store.Hour, store.Hour.Index(noon))
 }
 
 // TestPlanSplitsMinuteCounters: a minute counter becomes its topic's
@@ -44,10 +44,10 @@ func TestPlanSplitsMinuteCounters(t *testing.T) {
 		want           map[string]int64
 	}{
 		{false, false, map[string]int64{"foo": 5}},
-		{true, false, map[string]int64{"foo": 5, minuteOf("foo"): 3}},
-		{true, true, map[string]int64{"foo": 5, minuteOf("foo"): 3, hourOf("foo"): 3}},
+		{true, false, map[string]int64{"foo": 5, minuteOf("foo").Name(): 3}},
+		{true, true, map[string]int64{"foo": 5, minuteOf("foo").Name(): 3, hourOf("foo").Name(): 3}},
 	} {
-		w := aggregator.Window{Deltas: aggregator.DeltasOf(map[string]int64{"foo": 2, fresh("foo"): 3})}
+		w := aggregator.Window{Deltas: aggregator.DeltasOf(map[string]int64{"foo": 2, fresh("foo").Name(): 3})}
 		p := newPlan(w, false, nil, planning{probe: 4, shards: 1, minutes: c.minutes, hours: c.hours})
 		if got := p.write.Deltas.Map(); !maps.Equal(got, c.want) {
 			t.Errorf("minutes %v hours %v: plan writes %v, want %v", c.minutes, c.hours, got, c.want)
@@ -60,14 +60,14 @@ func TestPlanSplitsMinuteCounters(t *testing.T) {
 // topics are written, their messages in stream order.
 func TestPlanHoldsTopicsBehindDoubt(t *testing.T) {
 	w := aggregator.Window{
-		Deltas: aggregator.DeltasOf(map[string]int64{"foo": 1, fresh("foo"): 2, "bar": 4}),
+		Deltas: aggregator.DeltasOf(map[string]int64{"foo": 1, fresh("foo").Name(): 2, "bar": 4}),
 		Acks:   []aggregator.Message{msg("foo", 1), msg("bar", 2), msg("foo", 3), msg("bar", 4)},
 	}
 	p := newPlan(w, false, map[string]bool{"foo": true}, planning{probe: 4, shards: 1, minutes: true, hours: true})
 	if got := p.write.Deltas.Map(); !maps.Equal(got, map[string]int64{"bar": 4}) {
 		t.Errorf("plan writes %v, want bar alone", got)
 	}
-	if got, want := p.held.Deltas.Map(), map[string]int64{"foo": 3, minuteOf("foo"): 2, hourOf("foo"): 2}; !maps.Equal(got, want) {
+	if got, want := p.held.Deltas.Map(), map[string]int64{"foo": 3, minuteOf("foo").Name(): 2, hourOf("foo").Name(): 2}; !maps.Equal(got, want) {
 		t.Errorf("plan holds %v, want %v", got, want)
 	}
 	if p.heldCounters != 3 {
@@ -96,7 +96,7 @@ func TestPlanProbesWhileDown(t *testing.T) {
 	window := func() aggregator.Window {
 		m := map[string]int64{}
 		for i := range 10 {
-			m[fresh(fmt.Sprint("t", i))] = 1
+			m[fresh(fmt.Sprint("t", i)).Name()] = 1
 		}
 		return aggregator.Window{Deltas: aggregator.DeltasOf(m)}
 	}
@@ -106,7 +106,7 @@ func TestPlanProbesWhileDown(t *testing.T) {
 		t.Fatalf("untried %d counters (%d counted), want 7", p.untried.Len(), p.untriedCounters)
 	}
 	for name := range p.untried.All() {
-		if _, g, _, ok := store.ParseCounter(name); !ok || g != store.Fresh {
+		if c, ok := store.ParseName(name); !ok || c.Kind != store.Fresh {
 			t.Errorf("untried counter %q was split", name)
 		}
 	}
@@ -125,7 +125,7 @@ func TestPlanProbesWhileDown(t *testing.T) {
 // more than one shard: not buckets, not a lone mention on a one-shard
 // default, and at most maxLookups, the busiest.
 func TestBusyTopics(t *testing.T) {
-	d := aggregator.DeltasOf(map[string]int64{"lone": 1, "busy": 2, minuteOf("busy"): 2})
+	d := aggregator.DeltasOf(map[string]int64{"lone": 1, "busy": 2, minuteOf("busy").Name(): 2})
 	if got := busyTopics(d, 1); fmt.Sprint(got) != "[busy]" {
 		t.Errorf("default one shard: looked up %v, want [busy]", got)
 	}
@@ -151,11 +151,11 @@ func TestBusyTopics(t *testing.T) {
 // count, a bucket's by its topic's; journaled writes keep a topic's
 // counters together and take distinct seqs.
 func TestPlanWrites(t *testing.T) {
-	w := aggregator.Window{Deltas: aggregator.DeltasOf(map[string]int64{fresh("a"): 1, fresh("b"): 1, "c": 1})}
+	w := aggregator.Window{Deltas: aggregator.DeltasOf(map[string]int64{fresh("a").Name(): 1, fresh("b").Name(): 1, "c": 1})}
 	p := newPlan(w, false, nil, planning{probe: 4, shards: 2, minutes: true, hours: true})
 	p.counts = map[string]int{"a": 8}
-	if p.shardsOf(hourOf("a")) != 8 || p.shardsOf("b") != 2 {
-		t.Errorf("shards of a's hour %d (want 8), of b %d (want the default 2)", p.shardsOf(hourOf("a")), p.shardsOf("b"))
+	if p.shardsOf(hourOf("a")) != 8 || p.shardsOf(store.TotalOf("b")) != 2 {
+		t.Errorf("shards of a's hour %d (want 8), of b %d (want the default 2)", p.shardsOf(hourOf("a")), p.shardsOf(store.TotalOf("b")))
 	}
 	var seq int64
 	ws := p.writes("w1", func() int64 { seq++; return seq })
@@ -164,10 +164,10 @@ func TestPlanWrites(t *testing.T) {
 	}
 	seen := map[int64]bool{}
 	for i, x := range ws {
-		if i > 0 && store.TopicOf(ws[i-1].Topic) > store.TopicOf(x.Topic) {
-			t.Errorf("writes not grouped by topic: %q after %q", x.Topic, ws[i-1].Topic)
+		if i > 0 && ws[i-1].Counter.Topic > x.Counter.Topic {
+			t.Errorf("writes not grouped by topic: %+v after %+v", x.Counter, ws[i-1].Counter)
 		}
-		if x.Shard < 0 || x.Shard >= p.shardsOf(x.Topic) || x.Writer != "w1" || seen[x.Seq] {
+		if x.Shard < 0 || x.Shard >= p.shardsOf(x.Counter) || x.Writer != "w1" || seen[x.Seq] {
 			t.Errorf("write %+v: shard out of range, wrong writer or repeated seq", x)
 		}
 		seen[x.Seq] = true

@@ -39,9 +39,9 @@ type view struct {
 	// reader never finds a mention in both or in neither; and the Reader
 	// is told of a landed write under it, as the write leaves the view.
 	mu       sync.RWMutex
-	inflight *aggregator.Deltas // the counters a flush holds and has not written
-	sent     map[string]sending // inflight counters whose write has started
-	doubt    map[string]sending // writes in doubt or journaled, by counter
+	inflight *aggregator.Deltas        // the counters a flush holds and has not written, by name
+	sent     map[store.Counter]sending // inflight counters whose write has started
+	doubt    map[store.Counter]sending // writes in doubt or journaled
 }
 
 // sending is a write: when it was first sent, its delta, and whether it
@@ -54,7 +54,7 @@ type sending struct {
 }
 
 func newView(buf Buffer, reader Reader, now func() time.Time) *view {
-	return &view{buf: buf, reader: reader, now: now, doubt: make(map[string]sending)}
+	return &view{buf: buf, reader: reader, now: now, doubt: make(map[store.Counter]sending)}
 }
 
 // Sending reports whether a write of topic is on its way to the store: sent
@@ -62,8 +62,9 @@ func newView(buf Buffer, reader Reader, now func() time.Time) *view {
 func (v *view) Sending(topic string) bool {
 	v.mu.RLock()
 	defer v.mu.RUnlock()
-	s, ok := v.sent[topic]
-	d, doubted := v.doubt[topic]
+	total := store.TotalOf(topic)
+	s, ok := v.sent[total]
+	d, doubted := v.doubt[total]
 	return ok && !s.landed || doubted && !d.landed
 }
 
@@ -71,13 +72,14 @@ func (v *view) Sending(topic string) bool {
 func (v *view) Read(topic string, read func(pending func(gatheredAt time.Time) int64)) {
 	v.mu.RLock()
 	defer v.mu.RUnlock()
+	total := store.TotalOf(topic)
 	read(func(gatheredAt time.Time) int64 {
 		p := v.buf.Pending(topic)
-		q, _ := v.inflight.Get(topic) // 0 when not there
-		if s, ok := v.sent[topic]; ok && (s.landed || !gatheredAt.Before(s.at)) {
+		q, _ := v.inflight.Get(total.Name()) // 0 when not there
+		if s, ok := v.sent[total]; ok && (s.landed || !gatheredAt.Before(s.at)) {
 			q = 0
 		}
-		if d, ok := v.doubt[topic]; ok && gatheredAt.Before(d.at) {
+		if d, ok := v.doubt[total]; ok && gatheredAt.Before(d.at) {
 			q += d.delta // first sent after the gather: it cannot be in it
 		}
 		if p > 1<<63-1-q {
@@ -101,23 +103,23 @@ func (v *view) move(fn func() *aggregator.Deltas) {
 // when they land), and left as what the flush still holds, in one step.
 // An unconfirmed entry's writes are not on their way: they are not sent
 // until it is confirmed.
-func (v *view) journaled(recorded []store.Write, unconfirmed func(counter string) bool, at time.Time, left *aggregator.Deltas) {
+func (v *view) journaled(recorded []store.Write, unconfirmed func(store.Counter) bool, at time.Time, left *aggregator.Deltas) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	for _, w := range recorded {
-		v.doubt[w.Topic] = sending{at: at, delta: w.Delta, landed: unconfirmed(w.Topic)}
+		v.doubt[w.Counter] = sending{at: at, delta: w.Delta, landed: unconfirmed(w.Counter)}
 	}
 	v.inflight, v.sent = left, nil
 }
 
-// sending marks counter's new write as on its way since at.
-func (v *view) sending(counter string, at time.Time) {
+// sending marks c's new write as on its way since at.
+func (v *view) sending(c store.Counter, at time.Time) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	if v.sent == nil {
-		v.sent = make(map[string]sending)
+		v.sent = make(map[store.Counter]sending)
 	}
-	v.sent[counter] = sending{at: at}
+	v.sent[c] = sending{at: at}
 }
 
 // answered takes the answer to a new write: applied, the reader holds it; in
@@ -126,51 +128,51 @@ func (v *view) sending(counter string, at time.Time) {
 func (v *view) answered(a answer) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	counter, delta := a.write.Topic, a.write.Delta
+	c, delta := a.write.Counter, a.write.Delta
 	switch a.outcome {
 	case applied:
-		v.sent[counter] = sending{at: a.sentAt, landed: true}
-		v.wrote(counter, delta, a.sentAt)
+		v.sent[c] = sending{at: a.sentAt, landed: true}
+		v.wrote(c, delta, a.sentAt)
 	case inDoubt:
-		v.sent[counter] = sending{at: a.sentAt, landed: true}
-		v.doubt[counter] = sending{at: a.sentAt, delta: delta, landed: true} // not on its way until sent again
+		v.sent[c] = sending{at: a.sentAt, landed: true}
+		v.doubt[c] = sending{at: a.sentAt, delta: delta, landed: true} // not on its way until sent again
 	default:
-		delete(v.sent, counter)
+		delete(v.sent, c)
 	}
 }
 
-// resending marks counter's pending write as on its way again.
-func (v *view) resending(counter string) {
+// resending marks c's pending write as on its way again.
+func (v *view) resending(c store.Counter) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	if d, ok := v.doubt[counter]; ok {
+	if d, ok := v.doubt[c]; ok {
 		d.landed = false
-		v.doubt[counter] = d
+		v.doubt[c] = d
 	}
 }
 
 // resent takes the answer to a pending write sent again: applied, it
 // leaves the view for the reader's totals; otherwise it stays, not on its
 // way.
-func (v *view) resent(counter string, o outcome) {
+func (v *view) resent(c store.Counter, o outcome) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	d, ok := v.doubt[counter]
+	d, ok := v.doubt[c]
 	switch {
 	case !ok:
 	case o == applied:
-		delete(v.doubt, counter)
-		v.wrote(counter, d.delta, d.at)
+		delete(v.doubt, c)
+		v.wrote(c, d.delta, d.at)
 	default:
 		d.landed = true
-		v.doubt[counter] = d
+		v.doubt[c] = d
 	}
 }
 
 // wrote tells the reader of a landed write of a topic's total (a time
 // bucket's is no total). Under mu.
-func (v *view) wrote(counter string, delta int64, sent time.Time) {
-	if v.reader != nil && !store.IsBucket(counter) {
-		v.reader.Wrote(counter, delta, sent, v.now())
+func (v *view) wrote(c store.Counter, delta int64, sent time.Time) {
+	if v.reader != nil && !c.IsBucket() {
+		v.reader.Wrote(c.Topic, delta, sent, v.now())
 	}
 }

@@ -38,19 +38,19 @@ func TestViewFollowsAWrite(t *testing.T) {
 	if n := pendingAt(v, "golang", before); n != 7 {
 		t.Errorf("held by the flush: %d, want 7", n)
 	}
-	v.sending("golang", sent)
+	v.sending(store.TotalOf("golang"), sent)
 	if !v.Sending("golang") || pendingAt(v, "golang", before) != 7 || pendingAt(v, "golang", after) != 2 {
 		t.Errorf("on its way: sending %v, %d before, %d after; want true, 7, 2", v.Sending("golang"), pendingAt(v, "golang", before), pendingAt(v, "golang", after))
 	}
-	v.answered(answer{write: store.Write{Topic: "golang", Delta: 5}, sentAt: sent, outcome: inDoubt})
+	v.answered(answer{write: store.Write{Counter: store.TotalOf("golang"), Delta: 5}, sentAt: sent, outcome: inDoubt})
 	if v.Sending("golang") || pendingAt(v, "golang", before) != 7 || pendingAt(v, "golang", after) != 2 {
 		t.Errorf("in doubt: sending %v, %d before, %d after; want false, 7, 2", v.Sending("golang"), pendingAt(v, "golang", before), pendingAt(v, "golang", after))
 	}
-	v.resending("golang")
+	v.resending(store.TotalOf("golang"))
 	if !v.Sending("golang") {
 		t.Error("sent again: not on its way")
 	}
-	v.resent("golang", applied)
+	v.resent(store.TotalOf("golang"), applied)
 	if v.Sending("golang") || pendingAt(v, "golang", before) != 2 || r["golang"] != 5 {
 		t.Errorf("landed: sending %v, %d pending, reader told %d; want false, 2, 5", v.Sending("golang"), pendingAt(v, "golang", before), r["golang"])
 	}
@@ -62,15 +62,15 @@ func TestViewRefusedWriteIsHeldAgain(t *testing.T) {
 	r := wrote{}
 	v := newView(buffered{}, r, time.Now)
 	v.move(func() *aggregator.Deltas {
-		return aggregator.DeltasOf(map[string]int64{"x": 3, minuteOf("x"): 3})
+		return aggregator.DeltasOf(map[string]int64{"x": 3, minuteOf("x").Name(): 3})
 	})
-	v.sending("x", noon)
-	v.answered(answer{write: store.Write{Topic: "x", Delta: 3}, sentAt: noon, outcome: refused})
+	v.sending(store.TotalOf("x"), noon)
+	v.answered(answer{write: store.Write{Counter: store.TotalOf("x"), Delta: 3}, sentAt: noon, outcome: refused})
 	if v.Sending("x") || pendingAt(v, "x", noon.Add(time.Hour)) != 3 {
 		t.Errorf("refused: sending %v, pending %d; want false, 3", v.Sending("x"), pendingAt(v, "x", noon.Add(time.Hour)))
 	}
 	v.sending(minuteOf("x"), noon)
-	v.answered(answer{write: store.Write{Topic: minuteOf("x"), Delta: 3}, sentAt: noon, outcome: applied})
+	v.answered(answer{write: store.Write{Counter: minuteOf("x"), Delta: 3}, sentAt: noon, outcome: applied})
 	if len(r) != 0 {
 		t.Errorf("reader told of %v, want nothing (a bucket)", r)
 	}
@@ -83,7 +83,7 @@ func TestViewJournaled(t *testing.T) {
 	v := newView(buffered{}, nil, time.Now)
 	v.move(func() *aggregator.Deltas { return aggregator.DeltasOf(map[string]int64{"a": 1, "b": 2, "c": 4}) })
 	left := aggregator.DeltasOf(map[string]int64{"c": 4})
-	v.journaled([]store.Write{{Topic: "a", Delta: 1}, {Topic: "b", Delta: 2}}, func(c string) bool { return c == "b" }, noon, left)
+	v.journaled([]store.Write{{Counter: store.TotalOf("a"), Delta: 1}, {Counter: store.TotalOf("b"), Delta: 2}}, func(c store.Counter) bool { return c == store.TotalOf("b") }, noon, left)
 	if !v.Sending("a") || v.Sending("b") {
 		t.Errorf("sending a %v, b %v; want a on its way, b (unconfirmed) not", v.Sending("a"), v.Sending("b"))
 	}

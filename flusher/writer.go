@@ -90,7 +90,7 @@ func (wr *writer) send(ctx context.Context, w store.Write, n int) answer {
 			return answer{write: w, outcome: outcomeOf(err), err: err}
 		}
 		if wr.shards != nil && attempt == 0 {
-			n = max(n, wr.shards.Throttled(ctx, store.TopicOf(w.Topic)))
+			n = max(n, wr.shards.Throttled(ctx, w.Counter.Topic))
 		}
 		if n == 1 {
 			return answer{write: w, outcome: outcomeOf(err), err: err}
@@ -106,7 +106,7 @@ func (wr *writer) send(ctx context.Context, w store.Write, n int) answer {
 func (wr *writer) resend(ctx context.Context, w store.Write) answer {
 	err := wr.add(ctx, w)
 	if errors.Is(err, store.ErrThrottled) && wr.shards != nil {
-		wr.shards.Throttled(ctx, store.TopicOf(w.Topic)) // may raise the topic for its next writes
+		wr.shards.Throttled(ctx, w.Counter.Topic) // may raise the topic for its next writes
 	}
 	if errors.Is(err, store.ErrUnresolvable) {
 		wr.log.Error("write in doubt too long to tell whether it was applied; counted as applied",

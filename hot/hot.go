@@ -118,14 +118,15 @@ func (t *Tracker) rotate(now time.Time) {
 }
 
 // Observe counts a flushed window: each topic's delta, once. Time bucket
-// counters (store.IsBucket) are left out: they repeat the topics' deltas.
-func (t *Tracker) Observe(deltas map[string]int64) {
+// counters (store.Counter.IsBucket) are left out: they repeat the topics'
+// deltas.
+func (t *Tracker) Observe(deltas map[store.Counter]int64) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.rotate(t.now())
-	for topic, d := range deltas {
-		if !store.IsBucket(topic) {
-			t.cur.add(topic, d)
+	for c, d := range deltas {
+		if !c.IsBucket() {
+			t.cur.add(c.Topic, d)
 		}
 	}
 }

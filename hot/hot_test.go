@@ -8,6 +8,7 @@ import (
 
 	"github.com/hotcount/hotcount/hot"
 	"github.com/hotcount/hotcount/internal/testenv"
+	"github.com/hotcount/hotcount/store"
 )
 
 // TestFindsHeavyHitters: among 10,000 topics with a Zipf tail, the sketch of
@@ -20,14 +21,14 @@ func TestFindsHeavyHitters(t *testing.T) {
 	r := rand.New(rand.NewPCG(1, 2))
 	z := rand.NewZipf(r, 1.3, 1, 9999)
 	for flush := range 100 {
-		w := map[string]int64{}
+		w := map[store.Counter]int64{}
 		for range 1000 {
 			topic := fmt.Sprintf("t%d", z.Uint64())
-			w[topic]++
+			w[store.TotalOf(topic)]++
 			truth[topic]++
 		}
 		if flush == 0 {
-			w["burst"] = 1 // a one-off topic must not end on top
+			w[store.TotalOf("burst")] = 1 // a one-off topic must not end on top
 			truth["burst"]++
 		}
 		tr.Observe(w)
@@ -48,13 +49,14 @@ func TestFindsHeavyHitters(t *testing.T) {
 }
 
 // TestRatesRotate: rates are of the last complete period; a topic that
-// stopped falls out after a period without it.
+// stopped falls out after a period without it. Time buckets repeat their
+// topics' deltas and are left out.
 func TestRatesRotate(t *testing.T) {
 	clk := testenv.NewClock(time.Unix(1_800_000_000, 0))
 	tr := hot.New(8, 10*time.Second, clk.Now)
-	tr.Observe(map[string]int64{"old": 500})
+	tr.Observe(map[store.Counter]int64{store.TotalOf("old"): 500, store.BucketOf("old", store.Minute, 30_000_000): 500})
 	clk.Add(10 * time.Second)
-	tr.Observe(map[string]int64{"new": 30})
+	tr.Observe(map[store.Counter]int64{store.TotalOf("new"): 30})
 	top := tr.Top(10)
 	if len(top) != 1 || top[0].Topic != "old" || top[0].Rate != 50 {
 		t.Fatalf("Top after one period = %+v, want old at 50/s", top)
@@ -69,9 +71,9 @@ func TestRatesRotate(t *testing.T) {
 // BenchmarkObserveEvictions: a flush of 100,000 distinct topics into a full
 // sketch, every one an eviction: O(log k) each, not a scan of the sketch.
 func BenchmarkObserveEvictions(b *testing.B) {
-	w := make(map[string]int64, 100_000)
+	w := make(map[store.Counter]int64, 100_000)
 	for i := range 100_000 {
-		w[fmt.Sprintf("topic-%d", i)] = int64(i%7 + 1)
+		w[store.TotalOf(fmt.Sprintf("topic-%d", i))] = int64(i%7 + 1)
 	}
 	tr := hot.New(hot.DefaultCapacity, time.Hour, time.Now)
 	b.ResetTimer()

@@ -83,9 +83,11 @@ type Entry struct {
 	Done   bool       `json:"done,omitempty"`
 }
 
-// Write is a store.Write as journaled.
+// Write is a store.Write as journaled: its counter by name
+// (store.Counter.Name), the encoding entries have always held, read back
+// once (store.ParseName) when a replay sends it.
 type Write struct {
-	Topic string `json:"t"`
+	Name  string `json:"t"`
 	Shard int    `json:"s"`
 	Delta int64  `json:"d"`
 	Seq   int64  `json:"q"`
@@ -220,20 +222,20 @@ func ackFloor(js jetstream.JetStream, cfg Config) func(ctx context.Context) (int
 	}
 }
 
-// Recorded is an entry as the flusher tracks it: its key and the topics of
-// its writes. Unconfirmed: the put's answer was lost, so the entry may or
-// may not be in the bucket; Confirm settles it. Until then its messages
+// Recorded is an entry as the flusher tracks it: its key and the counters
+// of its writes. Unconfirmed: the put's answer was lost, so the entry may
+// or may not be in the bucket; Confirm settles it. Until then its messages
 // must not be acknowledged (if it is not there, they carry the counts) and
 // its writes must not be sent (if it is there, a replay may send them).
 type Recorded struct {
 	Key         string
-	Topics      []string
+	Counters    []store.Counter
 	Unconfirmed bool
 }
 
 // Record journals writes, with the stream sequences of the messages behind
-// each (seqs, by topic), in entries of about maxEntryWrites writes, never
-// parting a topic's adjacent writes. It
+// each topic (seqs, by topic: with its total's write), in entries of about
+// maxEntryWrites writes, never parting a topic's adjacent writes. It
 // returns the entries recorded, the last perhaps unconfirmed; on error, the
 // writes of the entries not returned were not sent, and their messages
 // must not be acknowledged.
@@ -244,7 +246,7 @@ func (j *Journal) Record(ctx context.Context, writes []store.Write, seqs map[str
 		// writes) share an entry: they are journaled together or not at
 		// all, as their messages are acknowledged.
 		end = min(start+maxEntryWrites, len(writes))
-		for end < len(writes) && store.TopicOf(writes[end].Topic) == store.TopicOf(writes[end-1].Topic) {
+		for end < len(writes) && writes[end].Counter.Topic == writes[end-1].Counter.Topic {
 			end++
 		}
 		part := writes[start:end]
@@ -252,9 +254,11 @@ func (j *Journal) Record(ctx context.Context, writes []store.Write, seqs map[str
 		rec := Recorded{}
 		var covered []int64
 		for _, w := range part {
-			e.Writes = append(e.Writes, Write{Topic: w.Topic, Shard: w.Shard, Delta: w.Delta, Seq: w.Seq})
-			rec.Topics = append(rec.Topics, w.Topic)
-			covered = append(covered, seqs[w.Topic]...)
+			e.Writes = append(e.Writes, Write{Name: w.Counter.Name(), Shard: w.Shard, Delta: w.Delta, Seq: w.Seq})
+			rec.Counters = append(rec.Counters, w.Counter)
+			if w.Counter.Kind == store.Total {
+				covered = append(covered, seqs[w.Counter.Topic]...)
+			}
 		}
 		e.Seqs = toRanges(covered)
 		b, err := json.Marshal(e)
@@ -315,9 +319,9 @@ func (j *Journal) Confirm(ctx context.Context, key string) (bool, error) {
 	return true, nil
 }
 
-// Rewrite gives one write of an entry a new seq (the store refused its seq
-// as below an item's floor, so it was not applied).
-func (j *Journal) Rewrite(ctx context.Context, key, topic string, seq int64) error {
+// Rewrite gives the write of c in an entry a new seq (the store refused
+// its seq as below an item's floor, so it was not applied).
+func (j *Journal) Rewrite(ctx context.Context, key string, c store.Counter, seq int64) error {
 	kve, err := j.kv.Get(ctx, key)
 	if err != nil {
 		return fmt.Errorf("journal: rewrite %s: %w", key, err)
@@ -326,8 +330,9 @@ func (j *Journal) Rewrite(ctx context.Context, key, topic string, seq int64) err
 	if err := json.Unmarshal(kve.Value(), &e); err != nil {
 		return fmt.Errorf("journal: rewrite %s: %w", key, err)
 	}
+	name := c.Name()
 	for i := range e.Writes {
-		if e.Writes[i].Topic == topic {
+		if e.Writes[i].Name == name {
 			e.Writes[i].Seq = seq
 		}
 	}
@@ -583,8 +588,9 @@ func (j *Journal) replay(ctx context.Context, key string, e Entry, rev uint64) e
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(replayConcurrency)
 	for _, w := range e.Writes {
+		c, _ := store.ParseName(w.Name) // a damaged name reads as a total: written, not lost
 		g.Go(func() error {
-			sw := store.Write{Topic: w.Topic, Shard: w.Shard, Delta: w.Delta, Writer: e.Writer, Seq: w.Seq, Replay: true}
+			sw := store.Write{Counter: c, Shard: w.Shard, Delta: w.Delta, Writer: e.Writer, Seq: w.Seq, Replay: true}
 			wctx, cancel := context.WithTimeout(gctx, 10*time.Second)
 			defer cancel()
 			if err := j.st.Add(wctx, sw, time.Now()); err != nil && !errors.Is(err, store.ErrUnresolvable) {

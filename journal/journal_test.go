@@ -48,12 +48,12 @@ func TestReplayAppliesOnce(t *testing.T) {
 	}
 	seq := store.NewSequencer(time.Now)
 	writes := []store.Write{
-		{Topic: "golang", Shard: 0, Delta: 5, Writer: "writera", Seq: seq.Next()},
-		{Topic: "rust", Shard: 1, Delta: 2, Writer: "writera", Seq: seq.Next()},
-		{Topic: "zig", Shard: 0, Delta: 9, Writer: "writera", Seq: seq.Next()},
+		{Counter: store.TotalOf("golang"), Shard: 0, Delta: 5, Writer: "writera", Seq: seq.Next()},
+		{Counter: store.TotalOf("rust"), Shard: 1, Delta: 2, Writer: "writera", Seq: seq.Next()},
+		{Counter: store.TotalOf("zig"), Shard: 0, Delta: 9, Writer: "writera", Seq: seq.Next()},
 	}
 	recs, err := a.Record(ctx, writes, map[string][]int64{"golang": {10, 11, 12}, "rust": {14}, "zig": {13}})
-	if err != nil || len(recs) != 1 || len(recs[0].Topics) != 3 {
+	if err != nil || len(recs) != 1 || len(recs[0].Counters) != 3 {
 		t.Fatalf("Record = %v, %v", recs, err)
 	}
 	// A applied golang's write, then died before the others.
@@ -81,12 +81,12 @@ func TestReplayAppliesOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, w := range writes {
-		got, err := st.Gather(ctx, w.Topic, 2, true)
+		got, err := st.Gather(ctx, w.Counter.Topic, 2, true)
 		if err != nil {
 			t.Fatal(err)
 		}
 		if sum, _ := store.Sum(got); sum != w.Delta {
-			t.Errorf("%s: store holds %d, want %d once", w.Topic, sum, w.Delta)
+			t.Errorf("%s: store holds %d, want %d once", w.Counter.Topic, sum, w.Delta)
 		}
 	}
 	kv, err := js.KeyValue(ctx, journal.DefaultBucket)
@@ -107,6 +107,78 @@ func TestReplayAppliesOnce(t *testing.T) {
 	got, _ := st.Gather(ctx, "zig", 1, true)
 	if got[0].Count != 9 {
 		t.Errorf("zig after a second replay = %d, want 9", got[0].Count)
+	}
+}
+
+// TestReplaysAnEarlierEntry: an entry as the previous version wrote it
+// (each write's counter by name: a total's is its topic, a bucket's the
+// mark, its kind, five index digits and the topic), left by a dead writer,
+// is replayed after an upgrade to the same items; and an entry recorded
+// now holds the same bytes.
+func TestReplaysAnEarlierEntry(t *testing.T) {
+	ns := testenv.NATS(t)
+	nc := testenv.Connect(t, ns.ClientURL())
+	ctx := context.Background()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "MENTIONS", Subjects: []string{"mentions.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	st, err := store.OpenBolt(t.TempDir(), store.NewMetrics(prometheus.NewRegistry()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	cfg := journal.Config{Bucket: journal.DefaultBucket, WritersBucket: journal.DefaultWritersBucket, Stream: "MENTIONS", Consumer: "hotcount"}
+	j, err := journal.Open(ctx, nc, cfg, "writerb", st, zaptest.NewLogger(t), journal.NewMetrics(prometheus.NewRegistry()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// 2026-12-03 12:00 UTC: minute 29938320 ("1oDAG"), hour 498972 ("01vqS").
+	const m, h = 29938320, 498972
+	old := `{"writer":"writerz","writes":[` +
+		`{"t":"golang","s":1,"d":4,"q":100},` +
+		`{"t":"\u0001m1oDAGgolang","s":0,"d":4,"q":101},` +
+		`{"t":"\u0001h01vqSgolang","s":1,"d":4,"q":102}],"seqs":[[7,7]]}`
+	kv, err := js.KeyValue(ctx, journal.DefaultBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.Create(ctx, "writerz.1", []byte(old)); err != nil {
+		t.Fatal(err)
+	}
+	if err := j.Replay(ctx); err != nil {
+		t.Fatal(err)
+	}
+	total, err := st.Gather(ctx, "golang", 2, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	minute, hour := store.BucketKey("golang", store.Minute, m, 0), store.BucketKey("golang", store.Hour, h, 1)
+	buckets, err := st.Counts(ctx, []string{minute, hour}, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sum, _ := store.Sum(total); sum != 4 || total[1].Count != 4 || buckets[minute] != 4 || buckets[hour] != 4 {
+		t.Errorf("replayed: total %v, minute %d, hour %d; want 4 on shard 1, 4, 4", total, buckets[minute], buckets[hour])
+	}
+
+	recs, err := j.Record(ctx, []store.Write{
+		{Counter: store.TotalOf("golang"), Shard: 1, Delta: 4, Seq: 100},
+		{Counter: store.BucketOf("golang", store.Minute, m), Shard: 0, Delta: 4, Seq: 101},
+		{Counter: store.BucketOf("golang", store.Hour, h), Shard: 1, Delta: 4, Seq: 102},
+	}, map[string][]int64{"golang": {7}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := kv.Get(ctx, recs[0].Key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := strings.Replace(old, "writerz", "writerb", 1); string(e.Value()) != want {
+		t.Errorf("entry recorded now:\n%s\nwant, as the previous version's:\n%s", e.Value(), want)
 	}
 }
 
@@ -156,7 +228,7 @@ func TestSettledWaitsForTheAckFloor(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w := store.Write{Topic: "golang", Delta: 3, Writer: "writera", Seq: store.NewSequencer(time.Now).Next()}
+	w := store.Write{Counter: store.TotalOf("golang"), Delta: 3, Writer: "writera", Seq: store.NewSequencer(time.Now).Next()}
 	recs, err := j.Record(ctx, []store.Write{w}, map[string][]int64{"golang": {1, 2, 3}})
 	if err != nil {
 		t.Fatal(err)

@@ -113,8 +113,8 @@ func BenchmarkWindowLookup(b *testing.B) {
 	st, bolt := newStore(b)
 	now := time.Now()
 	for i := range int64(60) {
-		name := store.BucketCounter("golang", store.Minute, store.Minute.Index(now)-i)
-		if err := bolt.Add(context.Background(), testenv.W(name, 0, 25), now); err != nil {
+		c := store.BucketOf("golang", store.Minute, store.Minute.Index(now)-i)
+		if err := bolt.Add(context.Background(), testenv.Inc(c, 0, 25), now); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -334,7 +334,7 @@ func TestHTTP(t *testing.T) {
 	svc, _ := newService(t, st, time.Minute, time.Hour, nil)
 	pending := map[string]int64{"eu.west.k8s": 8}
 	tracker := hot.New(16, time.Hour, time.Now)
-	tracker.Observe(map[string]int64{"eu.west.k8s": 40, "a/b": 3, "quiet": 1})
+	tracker.Observe(map[store.Counter]int64{store.TotalOf("eu.west.k8s"): 40, store.TotalOf("a/b"): 3, store.TotalOf("quiet"): 1})
 	srv := httptest.NewServer(svc.Handler(zaptest.NewLogger(t), lookup.Extras{Pending: func(topic string, read func(func(time.Time) int64)) {
 		read(func(time.Time) int64 { return pending[topic] })
 	}, Hot: tracker.Top}))

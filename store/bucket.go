@@ -112,105 +112,6 @@ func ParseBucketKey(pk string) (topic string, g Granularity, i int64, shard int,
 	return rest[:k], g, i, shard, nil
 }
 
-// Counter names. The aggregator, the flusher and the journal handle
-// counters by name: a topic's all-time count is named by the topic, and a
-// bucket's by BucketCounter, which starts with a control character that
-// ValidateTopic keeps out of every topic, so the two never meet.
-//
-// With time buckets on, the ingest counts each mention in a counter of kind
-// Fresh, its topic's minute: one counter per topic per minute, no more
-// memory than the topic's own. The flusher splits each Fresh counter into
-// the topic's total and its minute and hour buckets (SplitFresh); what it
-// cannot write goes back under those names, the total's and the Minute and
-// Hour ones, never Fresh again, so no mention reaches a bucket or a total
-// twice.
-const (
-	counterMark = '\x01'
-	// Fresh is the kind of the counters the ingest adds to: a minute's
-	// mentions of a topic, bound for its total, its minute and its hour.
-	Fresh Granularity = 'M'
-	// indexLen is the width of a counter name's bucket index, in
-	// indexDigits: 64^5 minutes reach the year 4011.
-	indexLen    = 5
-	indexDigits = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz-_"
-	maxIndex    = 1<<30 - 1
-)
-
-// BucketCounter names topic's bucket i of kind g (Fresh, Minute or Hour).
-func BucketCounter(topic string, g Granularity, i int64) string {
-	return string(AppendBucketCounter(nil, topic, g, i))
-}
-
-// AppendBucketCounter appends BucketCounter's name to b, for callers that
-// name a counter per message without allocating: the mark, the kind, the
-// index in indexLen printable digits (the name goes into JSON journal
-// entries, which take UTF-8 only), then the topic.
-func AppendBucketCounter(b []byte, topic string, g Granularity, i int64) []byte {
-	i = min(max(i, 0), maxIndex)
-	b = append(b, counterMark, byte(g))
-	for k := indexLen - 1; k >= 0; k-- {
-		b = append(b, indexDigits[(i>>(6*k))&63])
-	}
-	return append(b, topic...)
-}
-
-// IsBucket says whether a counter name is a bucket counter's (Fresh,
-// Minute or Hour) rather than a topic's all-time count.
-func IsBucket(name string) bool { return len(name) > 0 && name[0] == counterMark }
-
-// CountsMentions says whether a counter's delta is mentions: a topic's
-// total, or a Fresh counter (which becomes one). Minute and Hour counters
-// repeat mentions counted in a total.
-func CountsMentions(name string) bool {
-	return !IsBucket(name) || len(name) > 1 && Granularity(name[1]) == Fresh
-}
-
-// ParseCounter splits a counter name: the topic, and for a bucket counter
-// its kind and index (ok false for a topic's all-time counter).
-func ParseCounter(name string) (topic string, g Granularity, i int64, ok bool) {
-	if !IsBucket(name) || len(name) < 2+indexLen {
-		return name, 0, 0, false
-	}
-	for k := range indexLen {
-		d := strings.IndexByte(indexDigits, name[2+k])
-		if d < 0 {
-			return name, 0, 0, false
-		}
-		i = i<<6 | int64(d)
-	}
-	return name[2+indexLen:], Granularity(name[1]), i, true
-}
-
-// TopicOf is the topic a counter counts for.
-func TopicOf(name string) string {
-	t, _, _, _ := ParseCounter(name)
-	return t
-}
-
-// SplitFresh returns the topic (its total) and the Minute and Hour
-// counters a Fresh counter's delta goes to (all "" when name is not
-// Fresh).
-func SplitFresh(name string) (topic, minute, hour string) {
-	topic, g, i, ok := ParseCounter(name)
-	if !ok || g != Fresh {
-		return "", "", ""
-	}
-	start := Minute.Start(i)
-	return topic, BucketCounter(topic, Minute, i), BucketCounter(topic, Hour, Hour.Index(start))
-}
-
-// itemKey is the partition key a write of counter name goes to.
-func itemKey(name string, shard int) string {
-	topic, g, i, ok := ParseCounter(name)
-	if !ok {
-		return ShardKey(name, shard)
-	}
-	if g == Fresh {
-		g = Minute // not written as such; keyed as its minute
-	}
-	return BucketKey(topic, g, i, shard)
-}
-
 // Retention is how long each granularity's buckets are kept; a zero field
 // is its default (DefaultMinuteRetention, DefaultHourRetention).
 type Retention struct{ Minute, Hour time.Duration }
@@ -228,17 +129,14 @@ func (r Retention) Of(g Granularity) time.Duration {
 	return DefaultMinuteRetention
 }
 
-// expiry is the expiresAt of a write of counter name (0 for a total): the
-// end of its bucket plus the retention.
-func (r Retention) expiry(name string) int64 {
-	_, g, i, ok := ParseCounter(name)
-	if !ok {
+// expiry is the expiresAt of a write of c (0 for a total): the end of its
+// bucket plus the retention.
+func (r Retention) expiry(c Counter) int64 {
+	if c.Kind == Total {
 		return 0
 	}
-	if g == Fresh {
-		g = Minute
-	}
-	return g.Start(i + 1).Add(r.Of(g)).Unix()
+	g := c.bucket()
+	return g.Start(c.Index + 1).Add(r.Of(g)).Unix()
 }
 
 // The fleet's history: the time the first bucket was written, the same for

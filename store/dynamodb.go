@@ -98,7 +98,7 @@ func (d *DynamoDB) Add(ctx context.Context, w Write, now time.Time) error {
 		":now":   &types.AttributeValueMemberN{Value: strconv.FormatInt(UnixMilli(now), 10)},
 		":seq":   &types.AttributeValueMemberN{Value: strconv.FormatInt(w.Seq, 10)},
 	}
-	if exp := d.Retention.expiry(w.Topic); exp > 0 {
+	if exp := d.Retention.expiry(w.Counter); exp > 0 {
 		// A bucket: its TTL, the same on every write of it.
 		update += ", #exp = :exp"
 		names["#exp"] = AttrExpiresAt

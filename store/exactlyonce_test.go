@@ -187,7 +187,7 @@ func TestMarksStayBounded(t *testing.T) {
 	write := func(t *testing.T, add func(store.Write, time.Time) error) {
 		for range restarts {
 			id, seq := store.NewWriterID(), store.NewSequencer(now)
-			if err := add(store.Write{Topic: "hot", Shard: 0, Delta: 1, Writer: id, Seq: seq.Next()}, clock); err != nil {
+			if err := add(store.Write{Counter: store.TotalOf("hot"), Shard: 0, Delta: 1, Writer: id, Seq: seq.Next()}, clock); err != nil {
 				t.Fatal(err)
 			}
 			clock = clock.Add(5 * time.Second)

@@ -69,16 +69,16 @@ var ErrAmbiguous = errors.New("store: write outcome unknown")
 // counting it twice.
 var ErrUnresolvable = errors.New("store: write outcome can no longer be told")
 
-// Write is one idempotent increment: Delta added to one shard of Topic,
+// Write is one idempotent increment: Delta added to one shard of Counter,
 // identified by Writer and Seq.
 type Write struct {
-	// Topic names the counter: a topic (its all-time count) or a bucket
-	// counter (BucketCounter).
-	Topic  string
-	Shard  int
-	Delta  int64
-	Writer string // a writer id (NewWriterID)
-	Seq    int64  // from the writer's Sequencer: strictly increasing
+	// Counter is what it counts in: a topic's total or one of its time
+	// buckets.
+	Counter Counter
+	Shard   int
+	Delta   int64
+	Writer  string // a writer id (NewWriterID)
+	Seq     int64  // from the writer's Sequencer: strictly increasing
 	// Retry says an earlier attempt may have been applied (it ended in
 	// ErrAmbiguous). It changes nothing in the request, only how its
 	// outcome is read and counted.
@@ -90,9 +90,8 @@ type Write struct {
 	Replay bool
 }
 
-// Key is the write's item key: a shard of the topic's total, or of one of
-// its time buckets when Topic is a bucket counter's name (BucketCounter).
-func (w Write) Key() string { return itemKey(w.Topic, w.Shard) }
+// Key is the write's item key: a shard of its counter (Counter.Key).
+func (w Write) Key() string { return w.Counter.Key(w.Shard) }
 
 // NewWriterID returns a fresh random writer id: 8 base32 characters (40
 // bits), unique for every process that ever writes. Ids are never reused,

@@ -427,17 +427,17 @@ func windowsOf(c Config) string {
 // mention's "at" may be hours old). Writes to settled buckets are noted as
 // late, so that their cached counts are read again. Then the sketch
 // publishes the summary.
-func (s *Service) Observe(written map[string]int64) {
+func (s *Service) Observe(written map[store.Counter]int64) {
 	now := s.now()
 	first := int64(math.MaxInt64)
-	for name := range written {
-		_, g, i, ok := store.ParseCounter(name)
-		if !ok || (g != store.Minute && g != store.Hour) {
+	for c := range written {
+		g, ok := c.Granularity()
+		if !ok {
 			continue
 		}
-		s.late.wrote(g, i, now)
+		s.late.wrote(g, c.Index, now)
 		if g == store.Minute {
-			first = min(first, i)
+			first = min(first, c.Index)
 		}
 	}
 	if first < s.marked.Load() {

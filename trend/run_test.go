@@ -87,7 +87,7 @@ func TestAnswersExpireByTheClock(t *testing.T) {
 	s := New(Config{Minutes: true, Hours: true, CacheTTL: 10 * time.Second, CacheSize: 10}, st, prometheus.NewRegistry(), clock)
 	minute := store.Minute.Index(now)
 	add := func(n int64) {
-		if err := st.Add(ctx, testenv.W(store.BucketCounter("t", store.Minute, minute), 0, n), now); err != nil {
+		if err := st.Add(ctx, testenv.Inc(store.BucketOf("t", store.Minute, minute), 0, n), now); err != nil {
 			t.Fatal(err)
 		}
 	}

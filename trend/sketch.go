@@ -128,11 +128,11 @@ func newSketch(now func() time.Time) *Sketch {
 
 // Observe is told what a flush wrote (flusher.Observer): its minute bucket
 // counters become this sidecar's summary, published to the fleet.
-func (s *Sketch) Observe(written map[string]int64) {
+func (s *Sketch) Observe(written map[store.Counter]int64) {
 	per := make(map[int64][]topicCount)
-	for name, d := range written {
-		if topic, g, i, ok := store.ParseCounter(name); ok && g == store.Minute {
-			per[i] = append(per[i], topicCount{topic, d})
+	for c, d := range written {
+		if c.Kind == store.MinuteBucket {
+			per[c.Index] = append(per[c.Index], topicCount{c.Topic, d})
 		}
 	}
 	if len(per) == 0 {

@@ -202,7 +202,7 @@ func TestNewTopicsInAnOldFleet(t *testing.T) {
 			if g == store.Hour {
 				i = store.Hour.Index(store.Minute.Start(minute))
 			}
-			if err := st.Add(ctx, testenv.W(store.BucketCounter(topic, g, i), 0, n), now); err != nil {
+			if err := st.Add(ctx, testenv.Inc(store.BucketOf(topic, g, i), 0, n), now); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -250,7 +250,7 @@ func TestHistoryFollowsABackfill(t *testing.T) {
 		minute int64
 		want   int64
 	}{{last, last}, {last - 1, last - 1}, {last - 90, last - 90}, {last - 5, last - 90}} {
-		s.Observe(map[string]int64{store.BucketCounter("a", store.Minute, step.minute): 1, "a": 1})
+		s.Observe(map[store.Counter]int64{store.BucketOf("a", store.Minute, step.minute): 1, store.TotalOf("a"): 1})
 		got, err := st.HistoryStart(ctx)
 		if err != nil {
 			t.Fatal(err)
@@ -283,8 +283,8 @@ func TestLateWritesAreReadAgain(t *testing.T) {
 	h := store.Hour.Index(store.Minute.Start(m))
 	minute, hour := Span{G: store.Minute, First: m, Last: m}, Span{G: store.Hour, First: h, Last: h}
 	write := func(n int64) {
-		for _, c := range []string{store.BucketCounter("a", store.Minute, m), store.BucketCounter("a", store.Hour, h)} {
-			if err := st.Add(ctx, testenv.W(c, 0, n), clk.Now()); err != nil {
+		for _, c := range []store.Counter{store.BucketOf("a", store.Minute, m), store.BucketOf("a", store.Hour, h)} {
+			if err := st.Add(ctx, testenv.Inc(c, 0, n), clk.Now()); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -319,7 +319,7 @@ func TestLateWritesAreReadAgain(t *testing.T) {
 	check("cached again", 12, 12)
 
 	clk.Add(time.Second)
-	s.Observe(map[string]int64{store.BucketCounter("a", store.Minute, m): 1, store.BucketCounter("a", store.Hour, h): 1})
+	s.Observe(map[store.Counter]int64{store.BucketOf("a", store.Minute, m): 1, store.BucketOf("a", store.Hour, h): 1})
 	clk.Add(time.Second)
 	check("after this sidecar's flush", 13, 13)
 }

@@ -85,7 +85,7 @@ func TestShardsShowFindsDevStore(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := st.Add(context.Background(), store.Write{Topic: "golang", Shard: 0, Delta: 7, Writer: store.NewWriterID(), Seq: store.NewSequencer(time.Now).Next()}, time.Now()); err != nil {
+	if err := st.Add(context.Background(), store.Write{Counter: store.TotalOf("golang"), Shard: 0, Delta: 7, Writer: store.NewWriterID(), Seq: store.NewSequencer(time.Now).Next()}, time.Now()); err != nil {
 		t.Fatal(err)
 	}
 	st.Close()

@@ -47,7 +47,7 @@ func Direct(ctx context.Context, c Config, st flusher.Store, done func(err error
 			// Each direct writer is a writer of its own, as an app is.
 			id, seq := store.NewWriterID(), store.NewSequencer(time.Now)
 			offer(ctx, c.Every, func() bool {
-				w := store.Write{Topic: c.Topic, Shard: rand.IntN(c.Shards), Delta: 1, Writer: id, Seq: seq.Next()}
+				w := store.Write{Counter: store.TotalOf(c.Topic), Shard: rand.IntN(c.Shards), Delta: 1, Writer: id, Seq: seq.Next()}
 				return done(st.Add(ctx, w, time.Now()))
 			})
 		})

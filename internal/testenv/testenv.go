@@ -447,18 +447,23 @@ var (
 	testSeq    = store.NewSequencer(time.Now)
 )
 
-// W is an increment of delta to one shard of topic, as a new write of the
-// tests' own writer. One writer writes an item one write at a time (the
-// flusher's rule): concurrent writers each take a Writer.
+// W is an increment of delta to one shard of topic's total, as a new write
+// of the tests' own writer. One writer writes an item one write at a time
+// (the flusher's rule): concurrent writers each take a Writer.
 func W(topic string, shard int, delta int64) store.Write {
-	return store.Write{Topic: topic, Shard: shard, Delta: delta, Writer: testWriter, Seq: testSeq.Next()}
+	return Inc(store.TotalOf(topic), shard, delta)
+}
+
+// Inc is W for any counter (a time bucket's).
+func Inc(c store.Counter, shard int, delta int64) store.Write {
+	return store.Write{Counter: c, Shard: shard, Delta: delta, Writer: testWriter, Seq: testSeq.Next()}
 }
 
 // Writer returns a W of a writer of its own.
 func Writer() func(topic string, shard int, delta int64) store.Write {
 	id, seq := store.NewWriterID(), store.NewSequencer(time.Now)
 	return func(topic string, shard int, delta int64) store.Write {
-		return store.Write{Topic: topic, Shard: shard, Delta: delta, Writer: id, Seq: seq.Next()}
+		return store.Write{Counter: store.TotalOf(topic), Shard: shard, Delta: delta, Writer: id, Seq: seq.Next()}
 	}
 }
 
