@@ -3,7 +3,6 @@ package flusher
 import (
 	"context"
 	"errors"
-	"fmt"
 	"time"
 
 	"github.com/cenkalti/backoff/v5"
@@ -120,6 +119,5 @@ func (f *Flusher) abandon(err error) error {
 			bucketed += d
 		}
 	}
-	return fmt.Errorf("flusher: shutdown deadline passed (or too close for another try) with %d mentions over %d topics unwritten (and %d increments of time buckets), %d in writes in doubt, %d left in the journal for replay (%d messages handed back for redelivery) and %d kept in the spill folder for the next start: %w",
-		w.Mentions(), w.Len(), bucketed, doubt, journaled, handedBack, spilled, err)
+	return &ShutdownError{Mentions: w.Mentions(), Topics: w.Len(), Buckets: bucketed, Doubt: doubt, Journaled: journaled, HandedBack: handedBack, Spilled: spilled, Err: err}
 }

@@ -2,8 +2,6 @@ package flusher
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"time"
 
 	"github.com/hotcount/hotcount/aggregator"
@@ -287,7 +285,7 @@ func (f *Flusher) end(p *plan, r *round, u aggregator.Window) error {
 		// The probe went through: the store is back, and the next flush
 		// takes the rest, which Final must not leave behind.
 		f.metrics.flushes.WithLabelValues("error").Inc()
-		return fmt.Errorf("flusher: the store refused the last flush; %d counters probed and written, %d left for the next flush", r.topics, p.untriedCounters)
+		return &ProbedError{Probed: r.topics, Left: p.untriedCounters}
 	}
 	f.metrics.flushes.WithLabelValues("ok").Inc()
 	f.metrics.lastSuccess.Set(float64(f.now().UnixNano()) / 1e9)
@@ -306,12 +304,11 @@ func (f *Flusher) requeue(p *plan, r *round, u aggregator.Window) error {
 	switch {
 	case err != nil:
 	case p.heldCounters > 0:
-		err = fmt.Errorf("%d counters waited behind writes in doubt", p.heldCounters)
+		err = &HeldError{Counters: p.heldCounters}
 	case p.untriedCounters > 0:
-		err = errors.New("the store refused the last flush")
+		err = ErrStoreDown
 	default:
-		err = errors.New("flush deadline passed")
+		err = ErrFlushDeadline
 	}
-	return fmt.Errorf("flusher: %d of %d topics not written (%d mentions kept), %d writes pending (in doubt or journaled), %d topics held back, %d not tried (the store is down): %w",
-		topics, r.topics, kept, f.ledger.writes(), p.heldCounters, p.untriedCounters, err)
+	return &IncompleteError{Unwritten: topics, Sent: r.topics, Kept: kept, Pending: f.ledger.writes(), Held: p.heldCounters, Untried: p.untriedCounters, Err: err}
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -122,8 +121,9 @@ func TestFailedFlushLosesNothing(t *testing.T) {
 	fx.st.set(false)
 	// The first flush after an outage probes the store with Concurrency
 	// counters; the next takes the rest.
-	if err := fx.fl.Flush(ctx); err == nil || !strings.Contains(err.Error(), "left for the next flush") {
-		t.Fatalf("first flush after the outage = %v, want a probe", err)
+	var probed *flusher.ProbedError
+	if err := fx.fl.Flush(ctx); !errors.As(err, &probed) || probed.Left == 0 || !errors.Is(err, flusher.ErrStoreDown) {
+		t.Fatalf("first flush after the outage = %v, want a probe with counters left for the next flush", err)
 	}
 	_, left, _ := fx.agg.Stats() // not tried by the probe: back in the buffer
 	if err := fx.fl.Flush(ctx); err != nil {
@@ -186,8 +186,9 @@ func TestDeadlineKeepsUnstartedWrites(t *testing.T) {
 	fx.agg.Add("a", 1)
 	fx.agg.Add("b", 2)
 	err := fx.fl.Flush(context.Background())
-	if err == nil || !strings.Contains(err.Error(), "deadline") {
-		t.Fatalf("Flush = %v, want a deadline error", err)
+	var inc *flusher.IncompleteError
+	if !errors.As(err, &inc) || !errors.Is(err, flusher.ErrFlushDeadline) || inc.Unwritten != 2 || inc.Kept != 3 {
+		t.Fatalf("Flush = %v, want the deadline with 3 mentions over 2 topics kept", err)
 	}
 	if len(fx.st.tried) != 0 {
 		t.Errorf("writes started after the deadline: %v", fx.st.tried)
@@ -264,7 +265,8 @@ func TestFinalGivesUpAtDeadline(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 	defer cancel()
 	err := fx.fl.Final(ctx)
-	if err == nil || !strings.Contains(err.Error(), "10 mentions over 2 topics") {
+	var sd *flusher.ShutdownError
+	if !errors.As(err, &sd) || sd.Mentions != 10 || sd.Topics != 2 {
 		t.Fatalf("Final = %v, want it to name 10 mentions over 2 topics", err)
 	}
 	if n := testenv.Metric(t, fx.reg, "hotcount_flusher_unflushed_total"); n != 10 {
@@ -292,7 +294,8 @@ func TestFinalStartsNoRetryItCannotFinish(t *testing.T) {
 	defer cancel()
 	deadline, _ := ctx.Deadline()
 	err := fx.fl.Final(ctx)
-	if err == nil || !strings.Contains(err.Error(), "7 mentions over 1 topics") {
+	var sd *flusher.ShutdownError
+	if !errors.As(err, &sd) || sd.Mentions != 7 || sd.Topics != 1 {
 		t.Fatalf("Final = %v, want it to name 7 mentions over 1 topics", err)
 	}
 	fx.st.mu.Lock()
@@ -320,7 +323,8 @@ func TestDeadlinePassesMidFlush(t *testing.T) {
 		fx.agg.Add(fmt.Sprintf("t%d", i), 1)
 	}
 	err := fx.fl.Flush(context.Background())
-	if err == nil || !strings.Contains(err.Error(), "200 of 200 topics not written") {
+	var inc *flusher.IncompleteError
+	if !errors.As(err, &inc) || inc.Unwritten != 200 || inc.Sent != 200 || inc.Kept != 200 {
 		t.Fatalf("Flush = %v, want all 200 topics kept for the next flush", err)
 	}
 	if tried := len(fx.st.tried); tried == 0 || tried == 200 {

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/hotcount/hotcount/config"
+	"github.com/hotcount/hotcount/flusher"
 	"github.com/hotcount/hotcount/internal/ddbfault"
 	"github.com/hotcount/hotcount/internal/testenv"
 	"github.com/hotcount/hotcount/journal"
@@ -312,14 +313,14 @@ func TestReliabilityShutdownStoreDown(t *testing.T) {
 		name   string
 		fail   func(*ddbfault.Proxy)
 		heal   func(*ddbfault.Proxy)
-		said   string
+		said   func(*flusher.ShutdownError) int64 // where the error says the mentions are
 		metric string
 	}{
 		// Refused writes come back into the buffer, which goes to the spill
 		// folder at the deadline, but the ones the deadline cuts off in
 		// flight are in doubt: either may hold more.
-		{"refused", func(p *ddbfault.Proxy) { p.SetWriteFailure(true) }, func(p *ddbfault.Proxy) { p.SetWriteFailure(false) }, "kept in the spill folder", "hotcount_aggregator_spilled_mentions_total"},
-		{"unreachable", func(p *ddbfault.Proxy) { p.SetOutage(time.Hour) }, (*ddbfault.Proxy).EndOutage, "in writes in doubt", "hotcount_flusher_doubt_at_shutdown_total"},
+		{"refused", func(p *ddbfault.Proxy) { p.SetWriteFailure(true) }, func(p *ddbfault.Proxy) { p.SetWriteFailure(false) }, func(e *flusher.ShutdownError) int64 { return e.Spilled }, "hotcount_aggregator_spilled_mentions_total"},
+		{"unreachable", func(p *ddbfault.Proxy) { p.SetOutage(time.Hour) }, (*ddbfault.Proxy).EndOutage, func(e *flusher.ShutdownError) int64 { return e.Doubt }, "hotcount_flusher_doubt_at_shutdown_total"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e := newFaultEnv(t, &ddbfault.Config{}, func(c *config.Config) {
@@ -340,8 +341,10 @@ func TestReliabilityShutdownStoreDown(t *testing.T) {
 			if took := time.Since(start); took > e.cfg.ShutdownTimeout+2*time.Second {
 				t.Errorf("shutdown took %s, budget %s", took, e.cfg.ShutdownTimeout)
 			}
-			if err == nil || !strings.Contains(err.Error(), "shutdown deadline passed") || !strings.Contains(err.Error(), tc.said) {
-				t.Errorf("shutdown error = %v, want the deadline and %q", err, tc.said)
+			// The error says where every mention is.
+			var sd *flusher.ShutdownError
+			if !errors.As(err, &sd) || tc.said(sd) == 0 || sd.Mentions+sd.Doubt+sd.Spilled != rep.Mentions {
+				t.Errorf("shutdown error = %v, want the deadline, with %s above 0 and all %d mentions placed", err, tc.name, rep.Mentions)
 			}
 			// Every mention is accounted for: spilled, unwritten, or in a
 			// write in doubt (one the deadline cut off in flight is in
@@ -477,9 +480,9 @@ func TestReliabilityShutdownStoreDownJetStream(t *testing.T) {
 				return nil
 			})
 			tc.fail(e.fault)
-			want := fmt.Sprintf("%d left in the journal for replay", rep.Mentions)
-			if err := e.stop(); err == nil || !strings.Contains(err.Error(), want) {
-				t.Fatalf("shutdown error = %v, want %q", err, want)
+			var sd *flusher.ShutdownError
+			if err := e.stop(); !errors.As(err, &sd) || sd.Journaled != rep.Mentions {
+				t.Fatalf("shutdown error = %v, want all %d mentions left in the journal for replay", err, rep.Mentions)
 			}
 			tc.heal(e.fault)
 

@@ -1,0 +1,84 @@
+package flusher
+
+import (
+	"errors"
+	"fmt"
+)
+
+// The errors a flush returns are values that say where every mention it
+// did not write is, so that callers (and tests) read fields, not text.
+
+// ErrStoreDown is the cause of a flush that tried only a probe because
+// the store refused the flush before (IncompleteError.Err), and of one
+// whose probe went through with the rest left for the next flush
+// (ProbedError).
+var ErrStoreDown = errors.New("the store refused the last flush")
+
+// ErrFlushDeadline is the cause of a flush that ran out of time before it
+// had sent every write (IncompleteError.Err).
+var ErrFlushDeadline = errors.New("flush deadline passed")
+
+// IncompleteError is a flush that left counters for the next one: they
+// are back in the buffer, and the next flush (or Final) writes them.
+type IncompleteError struct {
+	// Unwritten of Sent counters were not written; their Kept mentions
+	// are back in the buffer.
+	Unwritten, Sent int
+	Kept            int64
+	// Pending writes are in doubt or journaled (the ledger's).
+	Pending int
+	// Held counters waited behind writes in doubt; Untried were not tried
+	// because the store is down.
+	Held, Untried int
+	// Err is why: a write's error, HeldError, ErrStoreDown or
+	// ErrFlushDeadline.
+	Err error
+}
+
+func (e *IncompleteError) Error() string {
+	return fmt.Sprintf("flusher: %d of %d topics not written (%d mentions kept), %d writes pending (in doubt or journaled), %d topics held back, %d not tried (the store is down): %v",
+		e.Unwritten, e.Sent, e.Kept, e.Pending, e.Held, e.Untried, e.Err)
+}
+
+func (e *IncompleteError) Unwrap() error { return e.Err }
+
+// HeldError is the cause of a flush that wrote everything it tried but
+// held Counters back behind writes in doubt.
+type HeldError struct{ Counters int }
+
+func (e *HeldError) Error() string {
+	return fmt.Sprintf("%d counters waited behind writes in doubt", e.Counters)
+}
+
+// ProbedError is a flush after an outage whose probe of Probed counters
+// went through: the store is back, and Left counters wait for the next
+// flush. It wraps ErrStoreDown.
+type ProbedError struct{ Probed, Left int }
+
+func (e *ProbedError) Error() string {
+	return fmt.Sprintf("flusher: %v; %d counters probed and written, %d left for the next flush", ErrStoreDown, e.Probed, e.Left)
+}
+
+func (e *ProbedError) Unwrap() error { return ErrStoreDown }
+
+// ShutdownError is Final giving up at the shutdown deadline: where every
+// mention it could not write is.
+type ShutdownError struct {
+	// Mentions over Topics counters were unwritten, and Buckets
+	// increments of time buckets (their mentions are in a total).
+	Mentions   int64
+	Topics     int
+	Buckets    int64
+	Doubt      int64 // mentions in writes in doubt (core mode: each may or may not be in)
+	Journaled  int64 // mentions left in the journal for replay (JetStream mode)
+	HandedBack int   // messages handed back for redelivery
+	Spilled    int64 // mentions kept in the spill folder for the next start
+	Err        error // the last flush's error
+}
+
+func (e *ShutdownError) Error() string {
+	return fmt.Sprintf("flusher: shutdown deadline passed (or too close for another try) with %d mentions over %d topics unwritten (and %d increments of time buckets), %d in writes in doubt, %d left in the journal for replay (%d messages handed back for redelivery) and %d kept in the spill folder for the next start: %v",
+		e.Mentions, e.Topics, e.Buckets, e.Doubt, e.Journaled, e.HandedBack, e.Spilled, e.Err)
+}
+
+func (e *ShutdownError) Unwrap() error { return e.Err }
