@@ -77,11 +77,7 @@ func TestSketchRunKeepsTheFleetsSummaries(t *testing.T) {
 // on the injected clock, not on the wall's.
 func TestAnswersExpireByTheClock(t *testing.T) {
 	ctx := context.Background()
-	st, err := store.OpenBolt(t.TempDir(), store.NewMetrics(prometheus.NewRegistry()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
+	st := openBolt(t)
 	now := time.Date(2026, 12, 3, 12, 0, 30, 0, time.UTC)
 	clock := func() time.Time { return now }
 	s := New(Config{Minutes: true, Hours: true, CacheTTL: 10 * time.Second, CacheSize: 10}, st, prometheus.NewRegistry(), clock)
@@ -112,4 +108,15 @@ func TestAnswersExpireByTheClock(t *testing.T) {
 	if c := read(); c.Count != 7 || c.Source != "store" {
 		t.Errorf("read past the TTL: %d from %s, want 7 from the store", c.Count, c.Source)
 	}
+}
+
+// openBolt is an embedded store in the test's folder, closed at its end.
+func openBolt(t *testing.T) *store.Bolt {
+	t.Helper()
+	st, err := store.OpenBolt(t.TempDir(), store.NewMetrics(prometheus.NewRegistry()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	return st
 }

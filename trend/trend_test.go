@@ -152,11 +152,7 @@ func TestSketch(t *testing.T) {
 // TestBadWindows: windows and steps out of range are the caller's error,
 // never a panic or a read past the bounds.
 func TestBadWindows(t *testing.T) {
-	st, err := store.OpenBolt(t.TempDir(), store.NewMetrics(prometheus.NewRegistry()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
+	st := openBolt(t)
 	s := New(Config{Minutes: true, Hours: true, CacheTTL: time.Second, CacheSize: 10}, st, prometheus.NewRegistry(), time.Now)
 	ctx := context.Background()
 	for _, q := range [][2]string{{"11574d", "100000d"}, {"100000d", "100000d"}, {"1h", "1d"}, {"30d", "1m"}, {"0m", "1m"}} {
@@ -185,11 +181,7 @@ func TestBadWindows(t *testing.T) {
 // the list, even though every candidate is new.
 func TestNewTopicsInAnOldFleet(t *testing.T) {
 	ctx := context.Background()
-	st, err := store.OpenBolt(t.TempDir(), store.NewMetrics(prometheus.NewRegistry()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
+	st := openBolt(t)
 	now := time.Date(2026, 12, 3, 12, 0, 30, 0, time.UTC)
 	clock := func() time.Time { return now }
 	s := New(Config{Minutes: true, Hours: true, CacheTTL: time.Second, CacheSize: 10}, st, prometheus.NewRegistry(), clock)
@@ -238,11 +230,7 @@ func TestNewTopicsInAnOldFleet(t *testing.T) {
 // first one did (mentions stamped with an old "at").
 func TestHistoryFollowsABackfill(t *testing.T) {
 	ctx := context.Background()
-	st, err := store.OpenBolt(t.TempDir(), store.NewMetrics(prometheus.NewRegistry()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
+	st := openBolt(t)
 	now := time.Date(2026, 12, 3, 12, 0, 30, 0, time.UTC)
 	s := New(Config{Minutes: true, Hours: true, CacheTTL: time.Second, CacheSize: 10}, st, prometheus.NewRegistry(), func() time.Time { return now })
 	last := store.Minute.Index(now)
@@ -270,11 +258,7 @@ func TestHistoryFollowsABackfill(t *testing.T) {
 // too; then it is cached again.
 func TestLateWritesAreReadAgain(t *testing.T) {
 	ctx := context.Background()
-	st, err := store.OpenBolt(t.TempDir(), store.NewMetrics(prometheus.NewRegistry()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
+	st := openBolt(t)
 	clk := testenv.NewClock(time.Date(2026, 12, 3, 12, 0, 30, 0, time.UTC))
 	s := New(Config{Minutes: true, Hours: true, CacheTTL: time.Second, CacheSize: 10}, st, prometheus.NewRegistry(), clk.Now)
 	sk := newSketch(clk.Now)

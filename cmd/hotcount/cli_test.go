@@ -47,13 +47,7 @@ func TestHelpEverywhere(t *testing.T) {
 // TestSettingErrors: a bad value names where it came from, conflicting
 // addresses are refused, and a former variable name works with a warning.
 func TestSettingErrors(t *testing.T) {
-	tests := []struct {
-		name string
-		args []string
-		env  []string
-		code int
-		out  string
-	}{
+	tests := []exitCase{
 		{"env names the variable", []string{"check-config"}, []string{"HOTCOUNT_SHARDS=abc"}, exitUsage, `$HOTCOUNT_SHARDS: "abc" is not a whole number (--shards)`},
 		{"unknown env suggests", []string{"check-config"}, []string{"HOTCOUNT_SHARD=3"}, exitUsage, "did you mean HOTCOUNT_SHARDS?"},
 		{"same port", []string{"check-config", "--http", "127.0.0.1:9091", "--admin", ":9091"}, nil, exitUsage, "would bind the same port"},
@@ -62,18 +56,7 @@ func TestSettingErrors(t *testing.T) {
 		{"same port, two loopback names", []string{"check-config", "--http", "localhost:8080", "--admin", "127.0.0.1:8080"}, nil, exitUsage, "would bind the same port"},
 		{"nats port out of range", []string{"dev", "--nats-port", "0"}, nil, exitUsage, "--nats-port 0 is not a port"},
 	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			var stdout, stderr bytes.Buffer
-			err := dispatch(context.Background(), tt.args, tt.env, &stdout, &stderr)
-			if code := exitCode(err, &stderr); code != tt.code {
-				t.Errorf("exit %d, want %d (%v)", code, tt.code, err)
-			}
-			if !strings.Contains(stderr.String(), tt.out) {
-				t.Errorf("stderr %q does not say %q", stderr.String(), tt.out)
-			}
-		})
-	}
+	checkExits(t, tests)
 }
 
 // TestShardsShowFindsDevStore: after `hotcount dev` wrote to a data

@@ -21,13 +21,7 @@ import (
 )
 
 func TestExitCodes(t *testing.T) {
-	tests := []struct {
-		name string
-		args []string
-		env  []string
-		code int
-		out  string
-	}{
+	tests := []exitCase{
 		{"no command", nil, nil, exitUsage, "no command"},
 		{"unknown command", []string{"frobnicate"}, nil, exitUsage, `unknown command "frobnicate"`},
 		{"help", []string{"help"}, nil, exitOK, ""},
@@ -40,18 +34,7 @@ func TestExitCodes(t *testing.T) {
 		{"run --help", []string{"run", "--help"}, nil, exitOK, ""},
 		{"load bad zipf", []string{"load", "--zipf", "0.5"}, nil, exitUsage, "zipf"},
 	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			var stdout, stderr bytes.Buffer
-			err := dispatch(context.Background(), tt.args, tt.env, &stdout, &stderr)
-			if code := exitCode(err, &stderr); code != tt.code {
-				t.Errorf("exit %d, want %d (%v)", code, tt.code, err)
-			}
-			if !strings.Contains(stderr.String(), tt.out) {
-				t.Errorf("stderr %q does not say %q", stderr.String(), tt.out)
-			}
-		})
-	}
+	checkExits(t, tests)
 }
 
 // TestShardsCommand: set a topic's count, lower it, and show that the read
@@ -287,5 +270,32 @@ func TestDev(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+// exitCase is a command line with its environment, the code it must exit
+// with and what its stderr must say.
+type exitCase struct {
+	name string
+	args []string
+	env  []string
+	code int
+	out  string
+}
+
+// checkExits runs each case through dispatch, as main does.
+func checkExits(t *testing.T, cases []exitCase) {
+	t.Helper()
+	for _, tt := range cases {
+		t.Run(tt.name, func(t *testing.T) {
+			var stdout, stderr bytes.Buffer
+			err := dispatch(context.Background(), tt.args, tt.env, &stdout, &stderr)
+			if code := exitCode(err, &stderr); code != tt.code {
+				t.Errorf("exit %d, want %d (%v)", code, tt.code, err)
+			}
+			if !strings.Contains(stderr.String(), tt.out) {
+				t.Errorf("stderr %q does not say %q", stderr.String(), tt.out)
+			}
+		})
 	}
 }
