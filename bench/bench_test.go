@@ -29,7 +29,7 @@ import (
 	"github.com/hotcount/hotcount/ingest"
 	"github.com/hotcount/hotcount/internal/embeddednats"
 	"github.com/hotcount/hotcount/internal/testenv"
-	"github.com/hotcount/hotcount/shards"
+	"github.com/hotcount/hotcount/shardcount"
 	"github.com/hotcount/hotcount/sidecar"
 	"github.com/hotcount/hotcount/store"
 )
@@ -310,7 +310,7 @@ func BenchmarkFlush(b *testing.B) {
 		reg := prometheus.NewRegistry()
 		agg := aggregator.New(b.N+1, reg)
 		st := store.NewDynamoDB(client, table, store.NewMetrics(reg))
-		book := shards.New(shards.Config{Default: 1, Adaptive: true, Max: shards.DefaultMax, Every: shards.DefaultEvery}, st, zap.NewNop(), reg, time.Now)
+		book := shardcount.New(shardcount.Config{Default: 1, Adaptive: true, Max: shardcount.DefaultMax, Every: shardcount.DefaultEvery}, st, zap.NewNop(), reg, time.Now)
 		fl := flusher.New(flusher.Config{Shards: 1, Interval: time.Hour, Timeout: time.Hour, Concurrency: concurrency},
 			agg, st, zap.NewNop(), flusher.NewMetrics(reg), time.Now, flusher.WithShards(book))
 		for i := range b.N {

@@ -31,7 +31,7 @@ import (
 	"github.com/hotcount/hotcount/flusher"
 	"github.com/hotcount/hotcount/ingest"
 	"github.com/hotcount/hotcount/lookup"
-	"github.com/hotcount/hotcount/shards"
+	"github.com/hotcount/hotcount/shardcount"
 	"github.com/hotcount/hotcount/store"
 )
 
@@ -183,8 +183,8 @@ func Default() Config {
 		SpillMaxBytes:     "1Gi",
 		Shards:            flusher.DefaultShards,
 		Adaptive:          true,
-		MaxShards:         shards.DefaultMax,
-		ShardsCache:       shards.DefaultEvery,
+		MaxShards:         shardcount.DefaultMax,
+		ShardsCache:       shardcount.DefaultEvery,
 		FlushInterval:     flusher.DefaultInterval,
 		FlushTimeout:      flusher.DefaultTimeout,
 		WriteTimeout:      flusher.DefaultWriteTimeout,

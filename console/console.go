@@ -70,7 +70,7 @@ type Config struct {
 	// Race enables the race button (--console-race; on in hotcount dev).
 	Race bool
 	// Raises lists the shard-count raises of a topic this sidecar made or
-	// saw lately (shards.Book.History). Nil: none shown.
+	// saw lately (shardcount.Book.History). Nil: none shown.
 	Raises func(topic string) []Raise
 	// Known lists up to limit topics the lookup cache holds, with their
 	// cached totals (lookup.Service.Known): the picker lists them after

@@ -15,7 +15,7 @@ import (
 
 	"go.uber.org/zap"
 
-	"github.com/hotcount/hotcount/hot"
+	"github.com/hotcount/hotcount/heavyhitters"
 	"github.com/hotcount/hotcount/store"
 	"github.com/hotcount/hotcount/trend"
 )
@@ -28,7 +28,7 @@ type Extras struct {
 	// the cache in read agrees with it.
 	Pending func(topic string, read func(pending func(gatheredAt time.Time) int64))
 	// Hot is this sidecar's top topics by recent rate.
-	Hot func(limit int) []hot.Topic
+	Hot func(limit int) []heavyhitters.Topic
 	// ShardsOf is a topic's shard count as this sidecar writes it.
 	ShardsOf func(topic string) int
 	// Trend answers ?window=, /series and /v1/trending.
@@ -78,7 +78,7 @@ type handler struct {
 	svc      *Service
 	log      *zap.Logger
 	pending  func(string, func(func(time.Time) int64))
-	hot      func(int) []hot.Topic
+	hot      func(int) []heavyhitters.Topic
 	shardsOf func(string) int
 	trend    Trend
 }
@@ -100,7 +100,7 @@ func (h *handler) hottest(w http.ResponseWriter, r *http.Request) {
 		limit = n
 	}
 	type entry struct {
-		hot.Topic
+		heavyhitters.Topic
 		Shards int `json:"shards"`
 	}
 	top := h.hot(limit)

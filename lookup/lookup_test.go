@@ -18,7 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap/zaptest"
 
-	"github.com/hotcount/hotcount/hot"
+	"github.com/hotcount/hotcount/heavyhitters"
 	"github.com/hotcount/hotcount/internal/testenv"
 	"github.com/hotcount/hotcount/lookup"
 	"github.com/hotcount/hotcount/store"
@@ -333,7 +333,7 @@ func TestHTTP(t *testing.T) {
 	add(t, b, "a/b", 0, 3) // NATS subjects may hold slashes: so may topics
 	svc, _ := newService(t, st, time.Minute, time.Hour, nil)
 	pending := map[string]int64{"eu.west.k8s": 8}
-	tracker := hot.New(16, time.Hour, time.Now)
+	tracker := heavyhitters.New(16, time.Hour, time.Now)
 	tracker.Observe(map[store.Counter]int64{store.TotalOf("eu.west.k8s"): 40, store.TotalOf("a/b"): 3, store.TotalOf("quiet"): 1})
 	srv := httptest.NewServer(svc.Handler(zaptest.NewLogger(t), lookup.Extras{Pending: func(topic string, read func(func(time.Time) int64)) {
 		read(func(time.Time) int64 { return pending[topic] })

@@ -18,7 +18,7 @@ import (
 	"github.com/hotcount/hotcount/config"
 	"github.com/hotcount/hotcount/console"
 	"github.com/hotcount/hotcount/lookup"
-	"github.com/hotcount/hotcount/shards"
+	"github.com/hotcount/hotcount/shardcount"
 )
 
 // handlers builds the lookup API and the admin listener's handler (health,
@@ -188,7 +188,7 @@ func knownTopics(lk *lookup.Service) func(limit int) []console.KnownTopic {
 }
 
 // raisesOf gives the console the shard-count raises book made or saw.
-func raisesOf(book *shards.Book) func(topic string) []console.Raise {
+func raisesOf(book *shardcount.Book) func(topic string) []console.Raise {
 	return func(topic string) []console.Raise {
 		var out []console.Raise
 		for _, r := range book.History(topic) {

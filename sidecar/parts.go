@@ -16,11 +16,11 @@ import (
 	"github.com/hotcount/hotcount/config"
 	"github.com/hotcount/hotcount/fleet"
 	"github.com/hotcount/hotcount/flusher"
-	"github.com/hotcount/hotcount/hot"
+	"github.com/hotcount/hotcount/heavyhitters"
 	"github.com/hotcount/hotcount/ingest"
 	"github.com/hotcount/hotcount/journal"
 	"github.com/hotcount/hotcount/lookup"
-	"github.com/hotcount/hotcount/shards"
+	"github.com/hotcount/hotcount/shardcount"
 	"github.com/hotcount/hotcount/spill"
 	"github.com/hotcount/hotcount/store"
 	"github.com/hotcount/hotcount/trend"
@@ -33,8 +33,8 @@ type parts struct {
 	nc      *nats.Conn
 	im      *ingest.Metrics
 	agg     *aggregator.Aggregator
-	hottest *hot.Tracker
-	book    *shards.Book
+	hottest *heavyhitters.Tracker
+	book    *shardcount.Book
 	lk      *lookup.Service
 	tr      *trend.Service
 	fl      *flusher.Flusher
@@ -142,8 +142,8 @@ func (s *Sidecar) connect(_ context.Context, p *parts) error {
 // with the writers.
 func (s *Sidecar) readers(_ context.Context, p *parts) error {
 	cfg := s.cfg
-	p.hottest = hot.New(hot.DefaultCapacity, hot.DefaultPeriod, time.Now)
-	p.book = shards.New(shards.Config{Default: cfg.Shards, Adaptive: cfg.Adaptive, Max: cfg.MaxShards, Every: cfg.ShardsCache}, p.st, s.log, s.reg, time.Now)
+	p.hottest = heavyhitters.New(heavyhitters.DefaultCapacity, heavyhitters.DefaultPeriod, time.Now)
+	p.book = shardcount.New(shardcount.Config{Default: cfg.Shards, Adaptive: cfg.Adaptive, Max: cfg.MaxShards, Every: cfg.ShardsCache}, p.st, s.log, s.reg, time.Now)
 	p.lk = lookup.New(lookup.Config{
 		Shards:        cfg.ReadGuess(),
 		CacheTTL:      cfg.CacheTTL,

@@ -21,7 +21,7 @@ import (
 	"github.com/hotcount/hotcount/fleet"
 	"github.com/hotcount/hotcount/flusher"
 	"github.com/hotcount/hotcount/lookup"
-	"github.com/hotcount/hotcount/shards"
+	"github.com/hotcount/hotcount/shardcount"
 	"github.com/hotcount/hotcount/store"
 	"github.com/hotcount/hotcount/trend"
 )
@@ -30,7 +30,7 @@ import (
 type Store interface {
 	flusher.Store
 	lookup.Store
-	shards.Store
+	shardcount.Store
 	trend.Store
 	Ping(ctx context.Context) error
 	Close() error

@@ -13,7 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/hotcount/hotcount/config"
-	"github.com/hotcount/hotcount/shards"
+	"github.com/hotcount/hotcount/shardcount"
 	"github.com/hotcount/hotcount/sidecar"
 	"github.com/hotcount/hotcount/store"
 )
@@ -66,7 +66,7 @@ func cmdShards(ctx context.Context, args, environ []string, stdout, stderr io.Wr
 		if err != nil {
 			return usageError{fmt.Errorf("shard count %q is not a number", rest[1])}
 		}
-		before, after, err := shards.Set(ctx, st, rest[0], n)
+		before, after, err := shardcount.Set(ctx, st, rest[0], n)
 		if err != nil {
 			return err
 		}

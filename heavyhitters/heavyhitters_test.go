@@ -1,4 +1,4 @@
-package hot_test
+package heavyhitters_test
 
 import (
 	"fmt"
@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/hotcount/hotcount/hot"
+	"github.com/hotcount/hotcount/heavyhitters"
 	"github.com/hotcount/hotcount/internal/testenv"
 	"github.com/hotcount/hotcount/store"
 )
@@ -16,7 +16,7 @@ import (
 // holds.
 func TestFindsHeavyHitters(t *testing.T) {
 	clk := testenv.NewClock(time.Unix(1_800_000_000, 0))
-	tr := hot.New(64, 10*time.Second, clk.Now)
+	tr := heavyhitters.New(64, 10*time.Second, clk.Now)
 	truth := map[string]int64{}
 	r := rand.New(rand.NewPCG(1, 2))
 	z := rand.NewZipf(r, 1.3, 1, 9999)
@@ -53,7 +53,7 @@ func TestFindsHeavyHitters(t *testing.T) {
 // topics' deltas and are left out.
 func TestRatesRotate(t *testing.T) {
 	clk := testenv.NewClock(time.Unix(1_800_000_000, 0))
-	tr := hot.New(8, 10*time.Second, clk.Now)
+	tr := heavyhitters.New(8, 10*time.Second, clk.Now)
 	tr.Observe(map[store.Counter]int64{store.TotalOf("old"): 500, store.BucketOf("old", store.Minute, 30_000_000): 500})
 	clk.Add(10 * time.Second)
 	tr.Observe(map[store.Counter]int64{store.TotalOf("new"): 30})
@@ -75,7 +75,7 @@ func BenchmarkObserveEvictions(b *testing.B) {
 	for i := range 100_000 {
 		w[store.TotalOf(fmt.Sprintf("topic-%d", i))] = int64(i%7 + 1)
 	}
-	tr := hot.New(hot.DefaultCapacity, time.Hour, time.Now)
+	tr := heavyhitters.New(heavyhitters.DefaultCapacity, time.Hour, time.Now)
 	b.ResetTimer()
 	for range b.N {
 		tr.Observe(w)

@@ -1,4 +1,4 @@
-package shards_test
+package shardcount_test
 
 import (
 	"context"
@@ -10,7 +10,7 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/hotcount/hotcount/internal/testenv"
-	"github.com/hotcount/hotcount/shards"
+	"github.com/hotcount/hotcount/shardcount"
 	"github.com/hotcount/hotcount/store"
 )
 
@@ -24,9 +24,9 @@ func dynamo(t *testing.T) *store.DynamoDB {
 func TestRacingRaisesAgree(t *testing.T) {
 	st := dynamo(t)
 	ctx := context.Background()
-	var books []*shards.Book
+	var books []*shardcount.Book
 	for range 4 {
-		b := shards.New(shards.Config{Adaptive: true, Max: 64}, st, zaptest.NewLogger(t), prometheus.NewRegistry(), time.Now)
+		b := shardcount.New(shardcount.Config{Adaptive: true, Max: 64}, st, zaptest.NewLogger(t), prometheus.NewRegistry(), time.Now)
 		if n, err := b.WriteCounts(ctx, []string{"hot"}); err != nil || n["hot"] != 1 {
 			t.Fatalf("WriteCounts of a new topic = %v, %v; want 1 shard", n, err)
 		}
@@ -77,9 +77,9 @@ func TestRaisesFollowTheClock(t *testing.T) {
 	ctx := context.Background()
 	clk := testenv.NewClock(time.Unix(1_800_000_000, 0))
 	const every = 30 * time.Second
-	cfg := shards.Config{Adaptive: true, Max: 64, Every: every}
+	cfg := shardcount.Config{Adaptive: true, Max: 64, Every: every}
 	reg := prometheus.NewRegistry()
-	b := shards.New(cfg, st, zaptest.NewLogger(t), reg, clk.Now)
+	b := shardcount.New(cfg, st, zaptest.NewLogger(t), reg, clk.Now)
 	if n, err := b.WriteCounts(ctx, []string{"hot"}); err != nil || n["hot"] != 1 {
 		t.Fatalf("WriteCounts of a new topic = %v, %v; want 1 shard", n, err)
 	}
@@ -103,7 +103,7 @@ func TestRaisesFollowTheClock(t *testing.T) {
 
 	// Another sidecar raises hot to 8: this book keeps writing with its
 	// copy until the period ends, then follows.
-	if _, _, err := shards.Set(ctx, st, "hot", 8); err != nil {
+	if _, _, err := shardcount.Set(ctx, st, "hot", 8); err != nil {
 		t.Fatal(err)
 	}
 	clk.Add(every - time.Second)
@@ -133,12 +133,12 @@ func TestRaisesFollowTheClock(t *testing.T) {
 func TestStaticTopicsKeepTheirCount(t *testing.T) {
 	st := dynamo(t)
 	ctx := context.Background()
-	four := shards.New(shards.Config{Default: 4, Max: 64}, st, zaptest.NewLogger(t), prometheus.NewRegistry(), time.Now)
+	four := shardcount.New(shardcount.Config{Default: 4, Max: 64}, st, zaptest.NewLogger(t), prometheus.NewRegistry(), time.Now)
 	if n, err := four.WriteCounts(ctx, []string{"a"}); err != nil || n["a"] != 4 {
 		t.Fatalf("%v, %v", n, err)
 	}
 	for _, def := range []int{8, 2} {
-		b := shards.New(shards.Config{Default: def, Max: 64}, st, zaptest.NewLogger(t), prometheus.NewRegistry(), time.Now)
+		b := shardcount.New(shardcount.Config{Default: def, Max: 64}, st, zaptest.NewLogger(t), prometheus.NewRegistry(), time.Now)
 		n, err := b.WriteCounts(ctx, []string{"a", "new" + string(rune('0'+def))})
 		if err != nil {
 			t.Fatal(err)
@@ -147,7 +147,7 @@ func TestStaticTopicsKeepTheirCount(t *testing.T) {
 			t.Errorf("default %d: counts %v, want a kept at 4, the new topic at %d", def, n, def)
 		}
 	}
-	one := shards.New(shards.Config{Default: 1, Max: 64}, st, zaptest.NewLogger(t), prometheus.NewRegistry(), time.Now)
+	one := shardcount.New(shardcount.Config{Default: 1, Max: 64}, st, zaptest.NewLogger(t), prometheus.NewRegistry(), time.Now)
 	if _, err := one.WriteCounts(ctx, []string{"quiet"}); err != nil {
 		t.Fatal(err)
 	}
@@ -161,13 +161,13 @@ func TestStaticTopicsKeepTheirCount(t *testing.T) {
 func TestSetNeverShrinksTheReadSet(t *testing.T) {
 	st := dynamo(t)
 	ctx := context.Background()
-	if _, after, err := shards.Set(ctx, st, "t", 8); err != nil || after.Write() != 8 {
+	if _, after, err := shardcount.Set(ctx, st, "t", 8); err != nil || after.Write() != 8 {
 		t.Fatalf("Set 8 = %+v, %v", after, err)
 	}
 	if err := st.Add(ctx, testenv.W("t", 7, 3), time.Now()); err != nil {
 		t.Fatal(err)
 	}
-	before, after, err := shards.Set(ctx, st, "t", 2)
+	before, after, err := shardcount.Set(ctx, st, "t", 2)
 	if err != nil || before.Write() != 8 || after.Write() != 2 || after.Read() != 8 {
 		t.Fatalf("Set 2 = %+v -> %+v, %v; want writes on 2, reads of 8", before, after, err)
 	}
@@ -178,7 +178,7 @@ func TestSetNeverShrinksTheReadSet(t *testing.T) {
 	if sum, _ := store.Sum(got); sum != 3 {
 		t.Errorf("sum %d after lowering, want 3: the count in shard 7 is still read", sum)
 	}
-	if _, _, err := shards.Set(ctx, st, "t", 0); err == nil {
+	if _, _, err := shardcount.Set(ctx, st, "t", 0); err == nil {
 		t.Error("Set 0 accepted")
 	}
 }

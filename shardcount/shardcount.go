@@ -1,11 +1,11 @@
-// Package shards decides how many shards each topic's count is spread
+// Package shardcount decides how many shards each topic's count is spread
 // over, and records it in the topic's metadata item (store.Meta), so that
 // every writer and reader agrees: quiet topics keep one row, hot topics grow
 // their own shards, and changing the default never moves a topic's read
 // set. Writers cache the metadata briefly: a stale cache can only delay a
 // raise, never hide a count, because readers follow the metadata item
 // itself.
-package shards
+package shardcount
 
 import (
 	"cmp"

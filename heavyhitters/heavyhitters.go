@@ -1,9 +1,9 @@
-// Package hot finds this sidecar's hot topics: a Space-Saving heavy-hitters
+// Package heavyhitters finds this sidecar's hot topics: a Space-Saving heavy-hitters
 // sketch (Metwally et al.) of the mentions the sidecar flushed, over
 // rotating periods, so that the top topics by local rate are known in
 // bounded memory however many topics there are. It is fed once per topic per
 // flush, never per message.
-package hot
+package heavyhitters
 
 import (
 	"cmp"
