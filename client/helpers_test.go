@@ -67,7 +67,7 @@ func startHotcount(natsURL, mode, dir string, tune func(*config.Config)) (*hotco
 
 // waitWritten waits until the sidecar has written n mentions to its store.
 func (h *hotcount) waitWritten(n int64) error {
-	return sidecartest.Poll(30*time.Second, func() error {
+	return testenv.Poll(30*time.Second, func() error {
 		got, err := gauge(h.sc, "hotcount_flusher_flushed_mentions_total")
 		if err != nil || got < float64(n) {
 			return fmt.Errorf("%v of %d mentions written (%v)", got, n, err)

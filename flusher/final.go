@@ -36,7 +36,7 @@ func (f *Flusher) Final(ctx context.Context) error {
 			}
 			// The store takes writes and the spill comes back window by
 			// window: go on at once.
-			err, pace.spilling = errors.New("spilled mentions left"), true
+			err, pace.spilling = errSpilledLeft, true
 		} else {
 			f.log.Warn("final flush incomplete", zap.Error(err))
 		}
@@ -48,6 +48,10 @@ func (f *Flusher) Final(ctx context.Context) error {
 	}
 	return f.abandon(last)
 }
+
+// errSpilledLeft is a final flush that wrote everything in memory while
+// the spill folder still holds windows: Final goes on at once.
+var errSpilledLeft = errors.New("flusher: spilled mentions left")
 
 // finalPace is the wait between Final's flushes, as a backoff.BackOff: a
 // doubling back-off (50 ms to 1 s) after a failed flush, none while the

@@ -248,7 +248,7 @@ func (l *ledger) ackWritten(acks []aggregator.Message, unwritten map[string]bool
 	}
 	kept := l.ack(acks, func(topic string) bool { _, doubted := unsure[topic]; return unwritten[topic] || doubted })
 	for c, w := range doubt {
-		l.pendingOf(c, w)
+		l.addPending(c, w)
 	}
 	for _, m := range kept {
 		if c, doubted := unsure[m.Topic]; doubted && !unwritten[m.Topic] {
@@ -282,15 +282,12 @@ func (l *ledger) stillWaiting(ms []aggregator.Message) (done []aggregator.Messag
 	return done
 }
 
-// pendingOf returns c's pending write, made from w if there is none.
-func (l *ledger) pendingOf(c store.Counter, w store.Write) *pending {
-	p, ok := l.pending[c]
-	if !ok {
+// addPending makes w c's pending write, unless c has one.
+func (l *ledger) addPending(c store.Counter, w store.Write) {
+	if _, ok := l.pending[c]; !ok {
 		w.Retry = true
-		p = &pending{write: w}
-		l.pending[c] = p
+		l.pending[c] = &pending{write: w}
 	}
-	return p
 }
 
 // hold publishes how many writes are pending and keeps their messages

@@ -82,10 +82,8 @@ func (v *view) Read(topic string, read func(pending func(gatheredAt time.Time) i
 		if d, ok := v.doubt[total]; ok && gatheredAt.Before(d.at) {
 			q += d.delta // first sent after the gather: it cannot be in it
 		}
-		if p > 1<<63-1-q {
-			return 1<<63 - 1
-		}
-		return p + q
+		sum, _ := store.SatAdd(p, q)
+		return sum
 	})
 }
 

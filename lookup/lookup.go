@@ -770,11 +770,9 @@ func (s *Service) Wrote(topic string, delta int64, sent, landed time.Time) {
 			return old, otter.InvalidateOp
 		}
 		e := old
-		if e.count > (1<<63-1)-delta {
-			e.count, e.saturated = 1<<63-1, true
-		} else {
-			e.count += delta
-		}
+		var sat bool
+		e.count, sat = store.SatAdd(e.count, delta)
+		e.saturated = e.saturated || sat
 		return e, otter.WriteOp
 	}
 	s.cache.ComputeIfPresent(topic, update)

@@ -3,6 +3,7 @@ package trend
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 	"testing"
@@ -69,6 +70,51 @@ func TestSketchRunKeepsTheFleetsSummaries(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("Run still running 10s after its context ended")
+	}
+}
+
+// TestOwnSummaryIsMergedOnce: Observe merges this sidecar's summary as it
+// publishes it, before Run may have subscribed, and Run skips its echo.
+func TestOwnSummaryIsMergedOnce(t *testing.T) {
+	srv := testenv.NATS(t)
+	nc := testenv.Connect(t, srv.ClientURL())
+	now := time.Date(2026, 12, 3, 12, 0, 30, 0, time.UTC)
+	sk := NewSketch(nc, "trend.test", "me", prometheus.NewRegistry(), zap.NewNop(), func() time.Time { return now })
+	minute := store.Minute.Index(now)
+	sk.Observe(map[store.Counter]int64{store.BucketOf("mine", store.Minute, minute): 9})
+	if n := testutil.ToFloat64(sk.merged); n != 1 {
+		t.Fatalf("%v summaries merged before Run, want this sidecar's own", n)
+	}
+
+	ctx, stop := context.WithCancel(context.Background())
+	defer stop()
+	go sk.Run(ctx) //nolint:errcheck // returns nil when ctx ends
+	data, err := json.Marshal(Summary{Writer: "other", Minutes: map[int64]map[string]int64{minute: {"theirs": 5}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rounds := int64(0)
+	testenv.Eventually(t, 10*time.Second, func() error {
+		// Ours again, then theirs, on one connection: the server delivers
+		// them in that order, so once theirs is in, every echo of ours
+		// before it has reached Run.
+		sk.Observe(map[store.Counter]int64{store.BucketOf("mine", store.Minute, minute): 1})
+		rounds++
+		if err := nc.Publish("trend.test", data); err != nil {
+			return err
+		}
+		sk.mu.Lock()
+		defer sk.mu.Unlock()
+		if sk.minutes[minute]["theirs"] == 0 {
+			return errors.New("the other sidecar's summary is not in yet")
+		}
+		return nil
+	})
+	sk.mu.Lock()
+	mine := sk.minutes[minute]["mine"]
+	sk.mu.Unlock()
+	if mine != 9+rounds {
+		t.Errorf("mine counts %d in the sketch, want %d: this sidecar's summaries merged once each", mine, 9+rounds)
 	}
 }
 

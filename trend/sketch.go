@@ -77,9 +77,9 @@ type Sketch struct {
 	merged, dropped prometheus.Counter
 }
 
-// NewSketch returns the sketch of the fleet's summaries on subject, which
-// Run keeps (every sidecar gets every summary, its own included) and
-// Observe publishes this sidecar's to. It starts nothing.
+// NewSketch returns the sketch of the fleet's summaries on subject: Run
+// merges the other sidecars', Observe merges this sidecar's and publishes
+// them there. It starts nothing.
 func NewSketch(nc *nats.Conn, subject, writer string, reg prometheus.Registerer, log *zap.Logger, now func() time.Time) *Sketch {
 	s := newSketch(now)
 	s.nc, s.subject, s.writer, s.log = nc, subject, writer, log
@@ -87,15 +87,18 @@ func NewSketch(nc *nats.Conn, subject, writer string, reg prometheus.Registerer,
 	return s
 }
 
-// Run merges the fleet's summaries until ctx ends. It subscribes at once,
-// before the first flush can publish this sidecar's own summary (the
-// sidecar starts its services before its pipeline).
+// Run merges the other sidecars' summaries until ctx ends. This sidecar's
+// own are merged by Observe as it publishes them, so none is missed
+// however Run's subscription and the first flush are ordered.
 func (s *Sketch) Run(ctx context.Context) error {
 	sub, err := s.nc.Subscribe(s.subject, func(m *nats.Msg) {
 		var sum Summary
 		if err := json.Unmarshal(m.Data, &sum); err != nil {
 			s.dropped.Inc()
 			return
+		}
+		if sum.Writer == s.writer {
+			return // merged when Observe published it
 		}
 		s.Merge(sum)
 	})
@@ -127,7 +130,8 @@ func newSketch(now func() time.Time) *Sketch {
 }
 
 // Observe is told what a flush wrote (flusher.Observer): its minute bucket
-// counters become this sidecar's summary, published to the fleet.
+// counters become this sidecar's summary, merged here and published to
+// the fleet.
 func (s *Sketch) Observe(written map[store.Counter]int64) {
 	per := make(map[int64][]topicCount)
 	for c, d := range written {
@@ -144,6 +148,7 @@ func (s *Sketch) Observe(written map[store.Counter]int64) {
 		if len(sum.Minutes) == 0 {
 			return
 		}
+		s.Merge(sum) // this sidecar's own, at once: Run skips its echo
 		b, err := json.Marshal(sum)
 		if err == nil {
 			err = s.nc.Publish(s.subject, b)

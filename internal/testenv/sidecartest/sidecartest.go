@@ -21,6 +21,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/hotcount/hotcount/config"
+	"github.com/hotcount/hotcount/internal/testenv"
 	"github.com/hotcount/hotcount/sidecar"
 )
 
@@ -69,7 +70,7 @@ func Start(cfg config.Config, log *zap.Logger, opts ...sidecar.Option) (*Sidecar
 	}
 	// Started means listening; subscribed is what /healthz calls nats ok,
 	// and hotcount_dependency_up{dependency="nats"} 1.
-	if err := Poll(StartTimeout, func() error {
+	if err := testenv.Poll(StartTimeout, func() error {
 		up, err := Gauge(sc.Registry(), "hotcount_dependency_up", "dependency", "nats")
 		if err != nil || up != 1 {
 			return fmt.Errorf("sidecar not subscribed to NATS (up %v, %v)", up, err)
@@ -96,22 +97,6 @@ func Run(t testing.TB, cfg config.Config, log *zap.Logger, opts ...sidecar.Optio
 		}
 	})
 	return s
-}
-
-// Poll calls cond every 10 ms until it returns nil, or returns its last
-// error once timeout has passed: testenv.Eventually for code without a
-// testing.TB.
-func Poll(timeout time.Duration, cond func() error) error {
-	deadline := time.Now().Add(timeout)
-	tick := time.NewTicker(10 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		err := cond()
-		if err == nil || time.Now().After(deadline) {
-			return err
-		}
-		<-tick.C
-	}
 }
 
 // Gauge is the value of the named counter or gauge in g: of its series
