@@ -22,7 +22,10 @@
 package aggregator
 
 import (
+	"cmp"
 	"errors"
+	"maps"
+	"slices"
 	"sync"
 	"time"
 	"unsafe"
@@ -166,11 +169,11 @@ type Aggregator struct {
 
 	mu      sync.Mutex
 	cur     Window
-	total   int64              // sum of the window's mentions, for the buffered gauge
-	buckets int                // Minute and Hour counters in the window (not topics)
-	bytes   int64              // the window's memory, as the budget counts it
-	name    []byte             // scratch for a counter's name
-	minutes map[int64]struct{} // the minutes of the window's Fresh counters, for Pending
+	total   int64      // sum of the window's mentions, for the buffered gauge
+	buckets int        // Minute and Hour counters in the window (not topics)
+	bytes   int64      // the window's memory, as the budget counts it
+	name    []byte     // scratch for a counter's name
+	fresh   freshIndex // where Pending finds the window's Fresh counters
 
 	// Unspilling, under mu: whether the store took the last non-empty
 	// window drained (not all of it came back through Merge), how
@@ -290,21 +293,37 @@ func (a *Aggregator) AddAcked(topic string, delta int64, m Acker, seq int64, at 
 	a.signal(full)
 }
 
+// Now is the time the aggregator places mentions by: the clock WithBuckets
+// gave, else the wall clock. The ingest judges a mention's "at" against
+// it (ingest.Clock), so that the lateness it allows and the minute Add
+// picks come from one clock.
+func (a *Aggregator) Now() time.Time {
+	if a.now != nil {
+		return a.now()
+	}
+	return time.Now()
+}
+
 // add adds delta to topic, or with buckets on to its minute counter for
-// at; mu must be held. isNew says whether the counter is new to the window.
-func (a *Aggregator) add(topic string, delta int64, at time.Time) (isNew bool) {
+// at; mu must be held. grew says whether the window took more memory (a
+// counter new to it, or a topic new to its Fresh index), so that the
+// caller checks its bounds.
+func (a *Aggregator) add(topic string, delta int64, at time.Time) (grew bool) {
 	if a.now == nil {
-		return a.addCounter(topic, delta, true)
+		_, isNew := a.addCounter(topic, delta, true)
+		return isNew
 	}
 	if at.IsZero() {
 		at = a.now()
 	}
-	m := store.Minute.Index(at)
-	if a.minutes == nil {
-		a.minutes = make(map[int64]struct{}, 1)
-	}
-	a.minutes[m] = struct{}{}
-	return a.addCounter(a.scratch(freshOf(topic, m)), delta, true)
+	name := a.scratch(freshOf(topic, store.Minute.Index(at)))
+	added, isNew := a.addCounter(name, delta, true)
+	// The minute as named: a name keeps its index within range, and
+	// Pending looks the counter up by that name.
+	c, _ := store.ParseName(name)
+	more := a.fresh.add(topic, c.Index, added)
+	a.bytes += more
+	return isNew || more > 0
 }
 
 // freshOf is topic's Fresh counter of minute m.
@@ -324,8 +343,9 @@ func (a *Aggregator) scratch(c store.Counter) string {
 
 // addCounter adds delta to the counter name (a topic or a bucket
 // counter), which counts mentions or (a minute or hour bucket's) repeats
-// them; mu must be held.
-func (a *Aggregator) addCounter(name string, delta int64, mentions bool) (isNew bool) {
+// them, and returns what it added (less than delta when the counter
+// saturates); mu must be held.
+func (a *Aggregator) addCounter(name string, delta int64, mentions bool) (added int64, isNew bool) {
 	v, isNew := a.cur.Deltas.Ref(name)
 	if sum, capped := store.SatAdd(*v, delta); capped {
 		a.saturated.Inc() // an atomic add: cheap enough under the lock
@@ -341,7 +361,7 @@ func (a *Aggregator) addCounter(name string, delta int64, mentions bool) (isNew 
 	if mentions {
 		a.total = satAdd(a.total, delta)
 	}
-	return isNew
+	return delta, isNew
 }
 
 // OverBudget reports whether the window is past its memory budget.
@@ -397,7 +417,7 @@ func (a *Aggregator) Drain() Window {
 		a.cur.Acks = make([]Message, 0, len(w.Acks))
 	}
 	drained := w.Deltas.Len() - a.buckets // topics' counters, as Merge counts them
-	a.total, a.bytes, a.buckets, a.minutes = 0, 0, 0, nil
+	a.total, a.bytes, a.buckets, a.fresh = 0, 0, 0, freshIndex{}
 	if a.drained > 0 {
 		// The store takes writes if it took any of the last window: the
 		// rest may only have missed the flush's deadline.
@@ -507,7 +527,7 @@ func (a *Aggregator) Merge(w Window) {
 		// Swap: w's table becomes the window, and what arrived since the
 		// drain (the smaller side) is added into it.
 		small := a.cur.Deltas
-		a.cur.Deltas, a.total, a.bytes, a.buckets = w.Deltas, ws.total, ws.bytes, ws.buckets
+		a.cur.Deltas, a.total, a.bytes, a.buckets, a.fresh = w.Deltas, ws.total, ws.bytes, ws.buckets, ws.fresh
 		for name, d := range small.All() {
 			a.addNamed(name, d)
 		}
@@ -515,12 +535,6 @@ func (a *Aggregator) Merge(w Window) {
 		for name, d := range w.Deltas.All() {
 			a.addNamed(name, d)
 		}
-	}
-	for m := range ws.minutes {
-		if a.minutes == nil {
-			a.minutes = make(map[int64]struct{}, len(ws.minutes))
-		}
-		a.minutes[m] = struct{}{}
 	}
 	// The merged-back messages are older than those that arrived since:
 	// they go first, to keep the window in stream order.
@@ -538,7 +552,7 @@ func (a *Aggregator) Merge(w Window) {
 	if a.spill != nil && len(a.cur.Acks) == 0 && (back || a.maxBytes > 0 && a.bytes > a.maxBytes) {
 		out, mentions = a.cur.Deltas, a.total
 		a.cur.Deltas = NewDeltas(0)
-		a.total, a.bytes, a.buckets, a.minutes = 0, 0, 0, nil
+		a.total, a.bytes, a.buckets, a.fresh = 0, 0, 0, freshIndex{}
 	}
 	a.mu.Unlock()
 	if out != nil {
@@ -561,7 +575,7 @@ func (a *Aggregator) Persist() (int64, error) {
 	a.persisted = true
 	out, mentions := a.cur.Deltas, a.total
 	a.cur.Deltas = NewDeltas(0)
-	a.total, a.bytes, a.buckets, a.minutes = 0, 0, 0, nil
+	a.total, a.bytes, a.buckets, a.fresh = 0, 0, 0, freshIndex{}
 	a.mu.Unlock()
 	a.spillMu.Lock()
 	err := a.spill.Keep(out) // lost otherwise
@@ -640,30 +654,99 @@ func (a *Aggregator) Held() []Acker {
 
 // Pending returns topic's delta in the current window: accepted by this
 // sidecar and not yet written to the store (its total's counter and its
-// minutes').
+// minutes'). It makes at most directMinutes+2 lookups under the lock,
+// however many minutes the window spans (freshIndex).
 func (a *Aggregator) Pending(topic string) int64 {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	v, _ := a.cur.Deltas.Get(topic)
-	for m := range a.minutes {
+	for _, m := range a.fresh.minutes[:a.fresh.n] {
 		d, _ := a.cur.Deltas.Get(a.scratch(freshOf(topic, m)))
 		v = satAdd(v, d)
 	}
-	return v
+	d, _ := a.fresh.spread.Get(topic)
+	return satAdd(v, d)
+}
+
+// directMinutes is how many minutes of a window's Fresh counters Pending
+// looks up by name. A window drained every flush interval (a second by
+// default) spans one minute, two across a minute's turn; the rest leaves
+// room for late "at"s before the spread has to take any.
+const directMinutes = 4
+
+// freshIndex is how Pending finds a topic's Fresh counters in a bounded
+// number of lookups, however many minutes the window spans (a day of late
+// "at"s, or a window that an outage hands back unsplit, may span 1,440):
+// the counters of up to directMinutes minutes are looked up by name, and
+// for the window's other minutes spread keeps each topic's sum. A minute
+// is one or the other for as long as the window lives, so each counter is
+// counted once. Only the spread costs memory (counted in the budget), and
+// only for windows that span more minutes than that. The zero value is
+// an empty window's.
+type freshIndex struct {
+	minutes [directMinutes]int64 // looked up by name: the first the window met, or for a window merged back its busiest
+	n       int                  // of minutes in use
+	spread  *Deltas              // topic → the sum of its Fresh counters in the other minutes; nil while none
+}
+
+// add notes delta added to topic's Fresh counter of minute m (as its name
+// has it), and returns the memory that took, as the budget counts it:
+// none unless topic is new to the spread.
+func (f *freshIndex) add(topic string, m, delta int64) (bytes int64) {
+	if slices.Contains(f.minutes[:f.n], m) {
+		return 0
+	}
+	if f.n < directMinutes {
+		// No counter of m is in the spread: a minute goes there only once
+		// every slot is taken, and slots are freed only with the window.
+		f.minutes[f.n] = m
+		f.n++
+		return 0
+	}
+	if f.spread == nil {
+		f.spread = NewDeltas(0)
+	}
+	v, isNew := f.spread.Ref(topic)
+	*v = satAdd(*v, delta)
+	if isNew {
+		return int64(len(topic)) + TopicOverhead
+	}
+	return 0
+}
+
+// indexFresh returns d's freshIndex, given how many Fresh counters d has
+// in each minute, and the memory its spread takes: d's busiest minutes
+// are looked up by name, so that the spread holds as few topics as it
+// can.
+func indexFresh(d *Deltas, perMinute map[int64]int) (f freshIndex, bytes int64) {
+	minutes := slices.Collect(maps.Keys(perMinute))
+	slices.SortFunc(minutes, func(x, y int64) int { return cmp.Compare(perMinute[y], perMinute[x]) })
+	f.n = copy(f.minutes[:], minutes)
+	if len(minutes) <= directMinutes {
+		return f, 0
+	}
+	for name, v := range d.All() {
+		if c, _ := store.ParseName(name); c.Kind == store.Fresh {
+			bytes += f.add(c.Topic, c.Index, v)
+		}
+	}
+	return f, bytes
 }
 
 // windowStats is what the aggregator keeps of a window beside its table.
 type windowStats struct {
-	total    int64              // its mentions (saturating)
-	bytes    int64              // its memory, as the budget counts it
-	buckets  int                // its Minute and Hour counters
-	counters int                // its counters of mentions (topics and Fresh minutes)
-	minutes  map[int64]struct{} // the minutes of its Fresh counters
+	total    int64      // its mentions (saturating)
+	bytes    int64      // its memory, as the budget counts it (its Fresh index's included)
+	buckets  int        // its Minute and Hour counters
+	counters int        // its counters of mentions (topics and Fresh minutes)
+	fresh    freshIndex // its Fresh counters, for Pending
 }
 
-// statsOf reads every counter of d once; it takes no lock.
+// statsOf reads every counter of d once (twice when its Fresh counters
+// span more than directMinutes minutes); it takes no lock.
 func statsOf(d *Deltas) windowStats {
 	var ws windowStats
+	var perMinute map[int64]int // Fresh counters in each minute
 	for name, v := range d.All() {
 		ws.bytes += int64(len(name)) + TopicOverhead
 		c, _ := store.ParseName(name)
@@ -674,26 +757,26 @@ func statsOf(d *Deltas) windowStats {
 		ws.counters++
 		ws.total = satAdd(ws.total, v)
 		if c.Kind == store.Fresh {
-			if ws.minutes == nil {
-				ws.minutes = make(map[int64]struct{}, 1)
+			if perMinute == nil {
+				perMinute = make(map[int64]int, 1)
 			}
-			ws.minutes[c.Index] = struct{}{}
+			perMinute[c.Index]++
 		}
 	}
+	var more int64
+	ws.fresh, more = indexFresh(d, perMinute)
+	ws.bytes += more
 	return ws
 }
 
 // addNamed adds delta to the counter name of a window merged back or
 // taken back from disk, reading what it counts from the name, and notes
-// a Fresh counter's minute for Pending; mu must be held.
+// a Fresh counter for Pending; mu must be held.
 func (a *Aggregator) addNamed(name string, delta int64) {
 	c, _ := store.ParseName(name)
-	a.addCounter(name, delta, c.CountsMentions())
+	added, _ := a.addCounter(name, delta, c.CountsMentions())
 	if c.Kind == store.Fresh {
-		if a.minutes == nil {
-			a.minutes = make(map[int64]struct{}, 1)
-		}
-		a.minutes[c.Index] = struct{}{}
+		a.bytes += a.fresh.add(c.Topic, c.Index, added)
 	}
 }
 

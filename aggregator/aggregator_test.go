@@ -263,3 +263,28 @@ func BenchmarkWindowMemory(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkPending measures Pending of one topic in a window whose Fresh
+// counters span 1, 60 and 1,440 minutes (a day of late "at"s, or an
+// outage's window coming back unsplit), 100 topics in each: the read
+// path's cost under the ingest's lock.
+func BenchmarkPending(b *testing.B) {
+	for _, minutes := range []int{1, 60, 1440} {
+		b.Run(strconv.Itoa(minutes), func(b *testing.B) {
+			clk := testenv.NewClock(time.Date(2026, 12, 3, 10, 0, 0, 0, time.UTC))
+			a := aggregator.New(aggregator.DefaultMaxTopics, prometheus.NewRegistry(), aggregator.WithBuckets(clk.Now))
+			for m := range minutes {
+				at := clk.Now().Add(-time.Duration(m) * time.Minute)
+				for i := range 100 {
+					a.AddAt("topic-"+strconv.Itoa(i), 1, at)
+				}
+			}
+			b.ReportAllocs()
+			for b.Loop() {
+				if p := a.Pending("topic-7"); p != int64(minutes) {
+					b.Fatalf("Pending = %d, want %d", p, minutes)
+				}
+			}
+		})
+	}
+}

@@ -397,46 +397,81 @@ func Parse(fs *pflag.FlagSet, args, environ []string) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
+	// Noted before the file and the environment set anything, as both mark
+	// the flags they set changed too.
 	onCommandLine := make(map[string]bool)
 	fs.Visit(func(f *pflag.Flag) { onCommandLine[f.Name] = true })
+
+	path := configPath(fs, environ)
+	fromFile, err := readFile(fs, path)
+	if err != nil {
+		return err
+	}
+	fromEnv, varOf, err := readEnv(fs, environ)
+	if err != nil {
+		return err
+	}
+	// The command line wins over the environment, which wins over the
+	// file: set the file's values first.
+	if err := setFrom(fs, fromFile, onCommandLine, func(key string) string { return path + ": " + key }); err != nil {
+		return err
+	}
+	return setFrom(fs, fromEnv, onCommandLine, func(key string) string { return "$" + varOf[key] })
+}
+
+// configPath is the YAML file to read: --config, else HOTCOUNT_CONFIG (the
+// last one in environ), else none ("").
+func configPath(fs *pflag.FlagSet, environ []string) string {
+	f := fs.Lookup("config")
+	if f == nil {
+		return ""
+	}
+	path := f.Value.String()
+	if !f.Changed {
+		for _, kv := range environ {
+			if v, ok := strings.CutPrefix(kv, EnvPrefix+"CONFIG="); ok {
+				path = v
+			}
+		}
+	}
+	return path
+}
+
+// readFile reads the YAML file at path (none when path is empty), keeping
+// only the settings fs takes. A key that is no setting is an error.
+func readFile(fs *pflag.FlagSet, path string) (*koanf.Koanf, error) {
+	fromFile := koanf.New(".") // no setting's name has a dot: a nested key is unknown
+	if path == "" {
+		return fromFile, nil
+	}
+	if err := fromFile.Load(file.Provider(path), yaml.Parser()); err != nil {
+		return nil, fmt.Errorf("config: read %s: %w", path, err)
+	}
+	for _, key := range fromFile.Keys() {
+		_, known := lookupSetting(key)
+		switch {
+		case !known || key == "config":
+			return nil, fmt.Errorf("config: %s: unknown setting %q", path, key)
+		case fs.Lookup(key) == nil:
+			// A setting of another command: one file serves them all,
+			// as the environment does.
+			fromFile.Delete(key)
+		}
+	}
+	return fromFile, nil
+}
+
+// readEnv reads the HOTCOUNT_* variables of environ, deprecated names
+// renamed, keeping only the settings fs takes. varOf maps each setting read
+// to the variable it came from. A HOTCOUNT_* variable that is no setting is
+// an error.
+func readEnv(fs *pflag.FlagSet, environ []string) (fromEnv *koanf.Koanf, varOf map[string]string, err error) {
 	byEnv := make(map[string]string, len(settings))
 	for _, s := range settings {
 		byEnv[s.envName()] = s.name
 	}
-
-	path := ""
-	if f := fs.Lookup("config"); f != nil {
-		path = f.Value.String()
-		if !f.Changed {
-			for _, kv := range environ {
-				if v, ok := strings.CutPrefix(kv, EnvPrefix+"CONFIG="); ok {
-					path = v
-				}
-			}
-		}
-	}
-	fromFile := koanf.New(".") // no setting's name has a dot: a nested key is unknown
-	if path != "" {
-		if err := fromFile.Load(file.Provider(path), yaml.Parser()); err != nil {
-			return fmt.Errorf("config: read %s: %w", path, err)
-		}
-		known := make(map[string]bool, len(settings))
-		for _, st := range settings {
-			known[st.name] = true
-		}
-		for _, key := range fromFile.Keys() {
-			switch {
-			case !known[key] || key == "config":
-				return fmt.Errorf("config: %s: unknown setting %q", path, key)
-			case fs.Lookup(key) == nil:
-				// A setting of another command: one file serves them all,
-				// as the environment does.
-				fromFile.Delete(key)
-			}
-		}
-	}
-
-	fromEnv, varOf, unknown := koanf.New("."), make(map[string]string), []string(nil)
+	fromEnv, varOf = koanf.New("."), make(map[string]string)
+	var unknown []string
 	if err := fromEnv.Load(env.Provider(".", env.Opt{
 		Prefix:      EnvPrefix,
 		EnvironFunc: func() []string { return current(environ) },
@@ -453,34 +488,36 @@ func Parse(fs *pflag.FlagSet, args, environ []string) error {
 			return name, v
 		},
 	}), nil); err != nil {
-		return fmt.Errorf("config: environment: %w", err)
+		return nil, nil, fmt.Errorf("config: environment: %w", err)
 	}
 	if len(unknown) > 0 {
-		slices.Sort(unknown)
-		for i, key := range unknown {
-			if near := nearest(key, byEnv); near != "" {
-				unknown[i] += " (did you mean " + near + "?)"
-			}
-		}
-		return fmt.Errorf("config: unknown environment variable(s) %s: each is %s and a flag's name in capitals with - as _, as --help shows", strings.Join(unknown, ", "), EnvPrefix)
+		return nil, nil, unknownVars(unknown, byEnv)
 	}
+	return fromEnv, varOf, nil
+}
 
-	// The command line wins over the environment, which wins over the
-	// file: set the file's values first.
-	for _, src := range []struct {
-		k    *koanf.Koanf
-		from func(key string) string
-	}{
-		{fromFile, func(key string) string { return path + ": " + key }},
-		{fromEnv, func(key string) string { return "$" + varOf[key] }},
-	} {
-		for key, v := range src.k.All() {
-			if onCommandLine[key] {
-				continue
-			}
-			if err := fs.Set(key, fmt.Sprint(v)); err != nil {
-				return fmt.Errorf("config: %s: %q is not %s (--%s)", src.from(key), fmt.Sprint(v), kind(fs.Lookup(key)), key)
-			}
+// unknownVars is the error for HOTCOUNT_* variables that are no setting,
+// each with the known variable it is likely a typo of, if any.
+func unknownVars(unknown []string, byEnv map[string]string) error {
+	slices.Sort(unknown)
+	for i, key := range unknown {
+		if near := nearest(key, byEnv); near != "" {
+			unknown[i] += " (did you mean " + near + "?)"
+		}
+	}
+	return fmt.Errorf("config: unknown environment variable(s) %s: each is %s and a flag's name in capitals with - as _, as --help shows", strings.Join(unknown, ", "), EnvPrefix)
+}
+
+// setFrom sets fs's flags to src's values, but for those set on the
+// command line, which wins. from names where a key's value came from, for
+// the error when one does not parse.
+func setFrom(fs *pflag.FlagSet, src *koanf.Koanf, onCommandLine map[string]bool, from func(key string) string) error {
+	for key, v := range src.All() {
+		if onCommandLine[key] {
+			continue
+		}
+		if err := fs.Set(key, fmt.Sprint(v)); err != nil {
+			return fmt.Errorf("config: %s: %q is not %s (--%s)", from(key), fmt.Sprint(v), kind(fs.Lookup(key)), key)
 		}
 	}
 	return nil
@@ -629,168 +666,246 @@ var tableName = regexp.MustCompile(`^[a-zA-Z0-9_.-]{3,255}$`)
 // Validate checks every setting and reports all problems at once, each
 // naming the setting and what it allows.
 func (c *Config) Validate() error {
-	var errs []error
-	bad := func(name, format string, args ...any) {
-		errs = append(errs, fmt.Errorf("%s: "+format, append([]any{name}, args...)...))
+	var p problems
+	prefix := c.checkNATS(&p)
+	c.checkStore(&p)
+	c.checkFlush(&p)
+	c.checkCache(&p)
+	c.checkWindows(&p, prefix)
+	c.checkListeners(&p)
+	c.checkShutdown(&p)
+	c.checkMemory(&p)
+	c.checkLogging(&p)
+	if len(p) > 0 {
+		return fmt.Errorf("config: %w", errors.Join(p...))
 	}
-	durIn := func(name string, d, lo, hi time.Duration) {
-		if d < lo || d > hi {
-			bad(name, "%s is outside %s..%s", d, lo, hi)
-		}
-	}
-	intIn := func(name string, v, lo, hi int64) {
-		if v < lo || v > hi {
-			bad(name, "%d is outside %d..%d", v, lo, hi)
-		}
-	}
-	addr := func(name, v string) {
-		if _, _, err := net.SplitHostPort(v); err != nil {
-			bad(name, "%q is not host:port: %v", v, err)
-		}
-	}
+	return nil
+}
 
-	if c.NATSURL == "" {
-		bad("nats-url", "must not be empty")
+// problems collects Validate's complaints, so that one run reports them all
+// rather than making the user fix one setting at a time.
+type problems []error
+
+// bad records a complaint about setting name.
+func (p *problems) bad(name, format string, args ...any) {
+	*p = append(*p, fmt.Errorf("%s: "+format, append([]any{name}, args...)...))
+}
+
+// durIn complains when d is outside lo..hi.
+func (p *problems) durIn(name string, d, lo, hi time.Duration) {
+	if d < lo || d > hi {
+		p.bad(name, "%s is outside %s..%s", d, lo, hi)
 	}
+}
+
+// intIn complains when v is outside lo..hi.
+func (p *problems) intIn(name string, v, lo, hi int64) {
+	if v < lo || v > hi {
+		p.bad(name, "%d is outside %d..%d", v, lo, hi)
+	}
+}
+
+// addr complains when v is not a listen address.
+func (p *problems) addr(name, v string) {
+	if _, _, err := net.SplitHostPort(v); err != nil {
+		p.bad(name, "%q is not host:port: %v", v, err)
+	}
+}
+
+// checkNATS checks the connection to NATS and what the sidecar reads from
+// it. It returns the subscription's subject prefix ("" when the subject is
+// bad), which the subjects the sidecar publishes on must stay out of.
+func (c *Config) checkNATS(p *problems) (prefix string) {
+	if c.NATSURL == "" {
+		p.bad("nats-url", "must not be empty")
+	}
+	c.checkNATSMode(p)
+	if (c.NATSTLSCert == "") != (c.NATSTLSKey == "") {
+		p.bad("nats-tls-cert", "and nats-tls-key go together")
+	}
+	if c.NATSCreds != "" && c.NATSNKey != "" {
+		p.bad("nats-creds", "and nats-nkey are two ways to authenticate: choose one")
+	}
+	prefix = c.checkSubjects(p)
+	p.durIn("drain-timeout", c.DrainTimeout, 0, time.Minute)
+	return prefix
+}
+
+// checkNATSMode checks the mode and, in the durable modes, the JetStream
+// settings they use.
+func (c *Config) checkNATSMode(p *problems) {
 	switch c.NATSMode {
 	case ModeCore:
 	case ModeJetStream, ModePartitioned:
 		if !jsName.MatchString(c.Stream) {
-			bad("stream", "%q is not a JetStream name (letters, digits, - and _)", c.Stream)
+			p.bad("stream", "%q is not a JetStream name (letters, digits, - and _)", c.Stream)
 		}
 		if !jsName.MatchString(c.Consumer) {
-			bad("consumer", "%q is not a JetStream name (letters, digits, - and _)", c.Consumer)
+			p.bad("consumer", "%q is not a JetStream name (letters, digits, - and _)", c.Consumer)
 		}
 		// A held message is kept alive every AckWait/3, and a flush may
 		// hold it for up to flush-timeout + the write timeout before it
 		// comes back to be kept alive: AckWait must cover both.
 		if minWait := (c.FlushTimeout + c.WriteTimeout) * 3 / 2; c.AckWait < minWait {
-			bad("ack-wait", "%s is shorter than 1.5 × (flush-timeout + write-timeout) = %s: held messages would be redelivered and counted twice", c.AckWait, minWait)
+			p.bad("ack-wait", "%s is shorter than 1.5 × (flush-timeout + write-timeout) = %s: held messages would be redelivered and counted twice", c.AckWait, minWait)
 		}
-		intIn("max-ack-pending", int64(c.MaxAckPending), 1, 10_000_000)
+		p.intIn("max-ack-pending", int64(c.MaxAckPending), 1, 10_000_000)
 		if c.NATSMode == ModePartitioned {
-			intIn("partitions", int64(c.Partitions), 1, 1024)
+			p.intIn("partitions", int64(c.Partitions), 1, 1024)
 		}
 	default:
-		bad("nats-mode", "%q is not %s, %s or %s", c.NATSMode, ModeCore, ModeJetStream, ModePartitioned)
+		p.bad("nats-mode", "%q is not %s, %s or %s", c.NATSMode, ModeCore, ModeJetStream, ModePartitioned)
 	}
-	if (c.NATSTLSCert == "") != (c.NATSTLSKey == "") {
-		bad("nats-tls-cert", "and nats-tls-key go together")
-	}
-	if c.NATSCreds != "" && c.NATSNKey != "" {
-		bad("nats-creds", "and nats-nkey are two ways to authenticate: choose one")
-	}
+}
+
+// checkSubjects checks the subscription, the queue group and the subjects
+// the sidecar publishes rejects and shared totals on, and returns the
+// subscription's prefix.
+func (c *Config) checkSubjects(p *problems) string {
 	prefix, err := ingest.Prefix(c.Subject)
 	if err != nil {
-		bad("subject", "%v", err)
+		p.bad("subject", "%v", err)
 	}
 	if c.QueueGroup == "" {
-		bad("queue-group", "must not be empty (every sidecar would get every mention)")
+		p.bad("queue-group", "must not be empty (every sidecar would get every mention)")
 	}
 	if c.DeadLetterSubject != "" && prefix != "" && strings.HasPrefix(c.DeadLetterSubject, prefix) {
-		bad("dead-letter-subject", "%q is under the subscription %q: rejects would come back as mentions", c.DeadLetterSubject, c.Subject)
+		p.bad("dead-letter-subject", "%q is under the subscription %q: rejects would come back as mentions", c.DeadLetterSubject, c.Subject)
 	}
 	switch c.ShareTotals {
 	case "auto", "true", "false":
 	default:
-		bad("share-totals", "%q is not auto, true or false", c.ShareTotals)
+		p.bad("share-totals", "%q is not auto, true or false", c.ShareTotals)
 	}
 	if c.SharesTotals() {
 		if c.ShareSubject == "" || strings.ContainsAny(c.ShareSubject, "*> \t") {
-			bad("share-subject", "%q is not a plain NATS subject", c.ShareSubject)
+			p.bad("share-subject", "%q is not a plain NATS subject", c.ShareSubject)
 		} else if prefix != "" && strings.HasPrefix(c.ShareSubject, prefix) {
-			bad("share-subject", "%q is under the subscription %q: shared totals would come back as mentions", c.ShareSubject, c.Subject)
+			p.bad("share-subject", "%q is under the subscription %q: shared totals would come back as mentions", c.ShareSubject, c.Subject)
 		}
 	}
-	durIn("drain-timeout", c.DrainTimeout, 0, time.Minute)
+	return prefix
+}
+
+// checkStore checks the store kind and where its data lives.
+func (c *Config) checkStore(p *problems) {
 	switch c.Store {
 	case StoreDynamoDB:
 		if !tableName.MatchString(c.Table) {
-			bad("table", "%q is not a DynamoDB table name (3..255 of a-z A-Z 0-9 _ . -)", c.Table)
+			p.bad("table", "%q is not a DynamoDB table name (3..255 of a-z A-Z 0-9 _ . -)", c.Table)
 		}
 	case StoreBolt:
 		if c.DataDir == "" {
-			bad("data-dir", "must not be empty with --store bolt")
+			p.bad("data-dir", "must not be empty with --store bolt")
 		}
 	default:
-		bad("store", "%q is not %s or %s", c.Store, StoreDynamoDB, StoreBolt)
+		p.bad("store", "%q is not %s or %s", c.Store, StoreDynamoDB, StoreBolt)
 	}
-	intIn("shards", int64(c.Shards), 1, store.MaxShards)
-	intIn("max-shards", int64(c.MaxShards), 1, store.MaxShards)
-	durIn("shards-cache", c.ShardsCache, 10*time.Millisecond, time.Hour)
-	durIn("flush-interval", c.FlushInterval, 10*time.Millisecond, time.Hour)
-	durIn("flush-timeout", c.FlushTimeout, time.Millisecond, time.Hour)
-	durIn("write-timeout", c.WriteTimeout, 10*time.Millisecond, time.Minute)
-	intIn("flush-concurrency", int64(c.FlushConcurrency), 0, 1024)
-	intIn("max-topics", int64(c.MaxTopics), 1, 100_000_000)
-	intIn("max-count", c.MaxCount, 1, 1<<53)
-	intIn("max-topic-bytes", int64(c.MaxTopicBytes), 1, 1024)
-	durIn("max-lateness", c.MaxLateness, 0, 400*24*time.Hour)
+}
+
+// checkFlush checks the shards, the flush's timing and the bounds on what
+// one mention may carry.
+func (c *Config) checkFlush(p *problems) {
+	p.intIn("shards", int64(c.Shards), 1, store.MaxShards)
+	p.intIn("max-shards", int64(c.MaxShards), 1, store.MaxShards)
+	p.durIn("shards-cache", c.ShardsCache, 10*time.Millisecond, time.Hour)
+	p.durIn("flush-interval", c.FlushInterval, 10*time.Millisecond, time.Hour)
+	p.durIn("flush-timeout", c.FlushTimeout, time.Millisecond, time.Hour)
+	p.durIn("write-timeout", c.WriteTimeout, 10*time.Millisecond, time.Minute)
+	p.intIn("flush-concurrency", int64(c.FlushConcurrency), 0, 1024)
+	p.intIn("max-topics", int64(c.MaxTopics), 1, 100_000_000)
+	p.intIn("max-count", c.MaxCount, 1, 1<<53)
+	p.intIn("max-topic-bytes", int64(c.MaxTopicBytes), 1, 1024)
+	p.durIn("max-lateness", c.MaxLateness, 0, 400*24*time.Hour)
 	if minutes, hours := c.Buckets(); c.MaxLateness > 0 {
 		// A mention older than its buckets' retention would go to a bucket
 		// already expired: refused, rather than counted where no read finds it.
 		switch {
 		case minutes && c.MaxLateness > c.MinuteRetention:
-			bad("max-lateness", "%s is longer than minute-retention %s: a mention that late would land in an expired minute bucket", c.MaxLateness, c.MinuteRetention)
+			p.bad("max-lateness", "%s is longer than minute-retention %s: a mention that late would land in an expired minute bucket", c.MaxLateness, c.MinuteRetention)
 		case hours && c.MaxLateness > c.HourRetention:
-			bad("max-lateness", "%s is longer than hour-retention %s: a mention that late would land in an expired hour bucket", c.MaxLateness, c.HourRetention)
+			p.bad("max-lateness", "%s is longer than hour-retention %s: a mention that late would land in an expired hour bucket", c.MaxLateness, c.HourRetention)
 		}
 	}
-	durIn("cache-ttl", c.CacheTTL, time.Millisecond, time.Hour)
+}
+
+// checkCache checks the lookup API's cache of gathered totals.
+func (c *Config) checkCache(p *problems) {
+	p.durIn("cache-ttl", c.CacheTTL, time.Millisecond, time.Hour)
 	if c.CacheStale != 0 && c.CacheStale < c.CacheTTL {
-		bad("cache-stale", "%s is shorter than cache-ttl %s (0 means 10 × cache-ttl)", c.CacheStale, c.CacheTTL)
+		p.bad("cache-stale", "%s is shorter than cache-ttl %s (0 means 10 × cache-ttl)", c.CacheStale, c.CacheTTL)
 	}
-	durIn("cache-stale", c.CacheStale, 0, 24*time.Hour)
-	intIn("cache-size", int64(c.CacheSize), 1, 100_000_000)
+	p.durIn("cache-stale", c.CacheStale, 0, 24*time.Hour)
+	p.intIn("cache-size", int64(c.CacheSize), 1, 100_000_000)
+}
+
+// checkWindows checks the time buckets, their retention and the subject
+// their flush summaries go out on, which must stay out of the subscription
+// (prefix).
+func (c *Config) checkWindows(p *problems, prefix string) {
 	if c.Windows != "none" {
 		for _, w := range strings.Split(c.Windows, ",") {
 			if w := strings.TrimSpace(w); w != "1m" && w != "1h" {
-				bad("windows", "%q is not a list of 1m and 1h, or none", c.Windows)
+				p.bad("windows", "%q is not a list of 1m and 1h, or none", c.Windows)
 				break
 			}
 		}
 	}
-	durIn("minute-retention", c.MinuteRetention, time.Hour, 30*24*time.Hour)
-	durIn("hour-retention", c.HourRetention, 24*time.Hour, 400*24*time.Hour)
+	p.durIn("minute-retention", c.MinuteRetention, time.Hour, 30*24*time.Hour)
+	p.durIn("hour-retention", c.HourRetention, 24*time.Hour, 400*24*time.Hour)
 	if c.TrendSubject == "" || strings.ContainsAny(c.TrendSubject, "*> \t") {
-		bad("trend-subject", "%q is not a plain NATS subject", c.TrendSubject)
+		p.bad("trend-subject", "%q is not a plain NATS subject", c.TrendSubject)
 	} else if prefix != "" && strings.HasPrefix(c.TrendSubject, prefix) {
-		bad("trend-subject", "%q is under the subscription %q: summaries would come back as mentions", c.TrendSubject, c.Subject)
+		p.bad("trend-subject", "%q is under the subscription %q: summaries would come back as mentions", c.TrendSubject, c.Subject)
 	}
-	addr("http", c.HTTPAddr)
+}
+
+// checkListeners checks the lookup API's and the admin listener's
+// addresses, and that the lookup API is not left open by accident.
+func (c *Config) checkListeners(p *problems) {
+	p.addr("http", c.HTTPAddr)
 	if c.HTTPTokenFile == "" && !c.HTTPPublic && !loopback(c.HTTPAddr) {
-		bad("http", "%s listens beyond this machine and --http-token-file is not set: set a token file, or --http-public to serve every count to anyone who can reach it", c.HTTPAddr)
+		p.bad("http", "%s listens beyond this machine and --http-token-file is not set: set a token file, or --http-public to serve every count to anyone who can reach it", c.HTTPAddr)
 	}
-	addr("admin", c.AdminAddr)
+	p.addr("admin", c.AdminAddr)
 	if overlap(c.HTTPAddr, c.AdminAddr) {
-		bad("admin", "%s and --http %s would bind the same port: give them different ports", c.AdminAddr, c.HTTPAddr)
+		p.bad("admin", "%s and --http %s would bind the same port: give them different ports", c.AdminAddr, c.HTTPAddr)
 	}
-	durIn("health-flush-age", c.HealthFlushAge, 0, 24*time.Hour)
-	durIn("shutdown-timeout", c.ShutdownTimeout, time.Second, 10*time.Minute)
+	p.durIn("health-flush-age", c.HealthFlushAge, 0, 24*time.Hour)
+}
+
+// checkShutdown checks that the shutdown budget leaves room for the final
+// flush after the NATS drain.
+func (c *Config) checkShutdown(p *problems) {
+	p.durIn("shutdown-timeout", c.ShutdownTimeout, time.Second, 10*time.Minute)
 	if c.ShutdownTimeout-c.ShutdownReserve() <= c.DrainTimeout {
-		bad("shutdown-timeout", "%s must be longer than drain-timeout %s plus the reserve kept after the final flush (%s), to leave time for the final flush", c.ShutdownTimeout, c.DrainTimeout, c.ShutdownReserve())
+		p.bad("shutdown-timeout", "%s must be longer than drain-timeout %s plus the reserve kept after the final flush (%s), to leave time for the final flush", c.ShutdownTimeout, c.DrainTimeout, c.ShutdownReserve())
 	}
+}
+
+// checkMemory checks the memory budgets and the spill folder's bound.
+func (c *Config) checkMemory(p *problems) {
 	if _, err := ParseBytes(c.MemoryLimit); err != nil && c.MemoryLimit != "none" {
-		bad("memory-limit", "%v", err)
+		p.bad("memory-limit", "%v", err)
 	}
 	if n, err := ParseBytes(c.BufferMemory); err != nil && c.BufferMemory != "none" {
-		bad("buffer-memory", "%v", err)
+		p.bad("buffer-memory", "%v", err)
 	} else if c.BufferMemory != "" && c.BufferMemory != "none" && n < 1<<20 {
-		bad("buffer-memory", "%s is less than 1Mi", c.BufferMemory)
+		p.bad("buffer-memory", "%s is less than 1Mi", c.BufferMemory)
 	}
 	if _, err := ParseBytes(c.SpillMaxBytes); err != nil {
-		bad("spill-max-bytes", "%v", err)
+		p.bad("spill-max-bytes", "%v", err)
 	}
+}
+
+// checkLogging checks the log encoding and level.
+func (c *Config) checkLogging(p *problems) {
 	if c.LogFormat != "json" && c.LogFormat != "console" {
-		bad("log-format", "%q is not json or console", c.LogFormat)
+		p.bad("log-format", "%q is not json or console", c.LogFormat)
 	}
 	if _, err := zapcore.ParseLevel(c.LogLevel); err != nil {
-		bad("log-level", "%q is not debug, info, warn or error", c.LogLevel)
+		p.bad("log-level", "%q is not debug, info, warn or error", c.LogLevel)
 	}
-	if len(errs) > 0 {
-		return fmt.Errorf("config: %w", errors.Join(errs...))
-	}
-	return nil
 }
 
 // ReadGuess is the shard count a lookup reads in its first round trip; the

@@ -2,14 +2,17 @@ package ingest_test
 
 import (
 	"fmt"
+	"maps"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/hotcount/hotcount/aggregator"
 	"github.com/hotcount/hotcount/ingest"
 	"github.com/hotcount/hotcount/internal/testenv"
+	"github.com/hotcount/hotcount/store"
 )
 
 // timedSink records what the subscriber accepted, with the time of those
@@ -74,5 +77,42 @@ func TestAtReachesTheSink(t *testing.T) {
 				t.Errorf("times %v, want timed at %v twice and nothing else", k.at, at)
 			}
 		})
+	}
+}
+
+// TestAtIsJudgedByTheSinksClock: in core mode a mention's "at" is judged
+// against the clock the aggregator places mentions by, not the wall
+// clock. With a fake clock a month behind, an "at" five hours before the
+// fake now is taken and counted in its own minute, a mention without one
+// in the fake now's minute, and an "at" of the wall clock's now (a month
+// ahead of the fake one) is refused.
+func TestAtIsJudgedByTheSinksClock(t *testing.T) {
+	ns := testenv.NATS(t)
+	clk := testenv.NewClock(time.Now().AddDate(0, -1, 0).Truncate(time.Millisecond))
+	reg := prometheus.NewRegistry()
+	agg := aggregator.New(100, prometheus.NewRegistry(), aggregator.WithBuckets(clk.Now))
+	_, stop, done := newSubscriber(t, ns.ClientURL(), reg, agg)
+	defer func() { stop(); <-done }()
+	at := clk.Now().Add(-5 * time.Hour)
+	pub := testenv.Connect(t, ns.ClientURL())
+	must(t, pub.Publish("mentions.timed", fmt.Appendf(nil, `{"count":2,"at":%d}`, at.UnixMilli())))
+	must(t, pub.Publish("mentions.untimed", nil))
+	must(t, pub.Publish("mentions.wall", fmt.Appendf(nil, `{"count":1,"at":%d}`, time.Now().UnixMilli())))
+	must(t, pub.Flush())
+	testenv.Eventually(t, 5*time.Second, func() error {
+		if n := testenv.MetricWith(t, reg, "hotcount_ingest_invalid_total", "reason", ingest.ReasonAt); n != 1 {
+			return fmt.Errorf("%v rejected for their at, want 1 (the wall clock's now)", n)
+		}
+		if n := testenv.Metric(t, reg, "hotcount_ingest_events_total"); n != 2 {
+			return fmt.Errorf("%v accepted, want 2", n)
+		}
+		return nil
+	})
+	minute := func(topic string, t time.Time) string {
+		return store.Counter{Topic: topic, Kind: store.Fresh, Index: store.Minute.Index(t)}.Name()
+	}
+	want := map[string]int64{minute("timed", at): 2, minute("untimed", clk.Now()): 1}
+	if got := agg.Drain().Deltas.Map(); !maps.Equal(got, want) {
+		t.Errorf("window %v, want %v", got, want)
 	}
 }

@@ -60,6 +60,25 @@ type TimedSink interface {
 	AddAt(topic string, delta int64, at time.Time)
 }
 
+// Clock is a Sink that tells the time it places mentions by. The
+// aggregator is one: with time buckets on, its clock puts a mention
+// without "at" in its minute. A core-mode mention's "at" is judged
+// against this time (its arrival), so that what the ingest takes as
+// within --max-lateness and the minute the sink counts it in read the
+// same clock, a test's fake one included. A Sink that is not one is
+// judged by the wall clock.
+type Clock interface {
+	Now() time.Time
+}
+
+// clockOf is sink's clock, or the wall clock.
+func clockOf(sink any) func() time.Time {
+	if c, ok := sink.(Clock); ok {
+		return c.Now
+	}
+	return time.Now
+}
+
 // Config is the ingest's part of the configuration.
 type Config struct {
 	Subject           string
@@ -85,19 +104,20 @@ type checker struct {
 	nc      *nats.Conn
 	cfg     Config
 	prefix  string
-	log     *zap.Logger // for events of the subscription
-	sampled *zap.Logger // for rejected messages: at most one line a second per reason
+	now     func() time.Time // the sink's clock (clockOf): a core-mode message's arrival
+	log     *zap.Logger      // for events of the subscription
+	sampled *zap.Logger      // for rejected messages: at most one line a second per reason
 	metrics *Metrics
 }
 
-func newChecker(nc *nats.Conn, cfg Config, log *zap.Logger, m *Metrics) (*checker, error) {
+func newChecker(nc *nats.Conn, cfg Config, now func() time.Time, log *zap.Logger, m *Metrics) (*checker, error) {
 	prefix, err := Prefix(cfg.Subject)
 	if err != nil {
 		return nil, err
 	}
 	log = log.Named("ingest")
 	return &checker{
-		nc: nc, cfg: cfg, prefix: prefix, log: log, metrics: m,
+		nc: nc, cfg: cfg, prefix: prefix, now: now, log: log, metrics: m,
 		sampled: log.WithOptions(zap.WrapCore(func(c zapcore.Core) zapcore.Core {
 			return zapcore.NewSamplerWithOptions(c, time.Second, 1, 0)
 		})),
@@ -107,7 +127,7 @@ func newChecker(nc *nats.Conn, cfg Config, log *zap.Logger, m *Metrics) (*checke
 // check returns a message's topic, count and, if its payload has one, its
 // "at" (zero without), or the reason it is rejected after rejecting it. An
 // "at" is judged against published, the message's publication in the
-// durable modes; zero (core mode) is its arrival, now.
+// durable modes; zero (core mode) is its arrival, the sink's now.
 func (c *checker) check(subject string, data []byte, hdr nats.Header, published time.Time) (topic string, delta int64, at time.Time, reason string) {
 	topic, err := Topic(c.prefix, subject, c.cfg.Limits)
 	var p Payload
@@ -116,7 +136,7 @@ func (c *checker) check(subject string, data []byte, hdr nats.Header, published 
 	}
 	if err == nil && p.HasAt {
 		if published.IsZero() {
-			published = time.Now()
+			published = c.now()
 		}
 		at, err = CheckAt(p.At, published, c.cfg.Limits.MaxLateness)
 	}
@@ -171,7 +191,7 @@ type Subscriber struct {
 
 // NewSubscriber returns a subscriber on nc. Nothing is subscribed until Run.
 func NewSubscriber(nc *nats.Conn, cfg Config, sink Sink, log *zap.Logger, m *Metrics) (*Subscriber, error) {
-	c, err := newChecker(nc, cfg, log, m)
+	c, err := newChecker(nc, cfg, clockOf(sink), log, m)
 	if err != nil {
 		return nil, err
 	}

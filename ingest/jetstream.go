@@ -107,7 +107,7 @@ func (c *JetStreamConsumer) SetJournal(j Covering) { c.journal = j }
 // message: while it says true (the store is failing), nothing is fetched.
 // Nothing starts until Run.
 func NewJetStreamConsumer(nc *nats.Conn, cfg Config, jcfg JetStreamConfig, sink AckSink, paused func() bool, log *zap.Logger, m *Metrics) (*JetStreamConsumer, error) {
-	c, err := newChecker(nc, cfg, log, m)
+	c, err := newChecker(nc, cfg, clockOf(sink), log, m)
 	if err != nil {
 		return nil, err
 	}

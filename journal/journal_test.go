@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap/zaptest"
@@ -16,36 +17,83 @@ import (
 	"github.com/hotcount/hotcount/store"
 )
 
-// TestReplayAppliesOnce: writer A journals three writes, applies one of
-// them, and dies (its heartbeat gone). Writer B replays A's entry under A's
-// identity: the store ends with each delta once, the entry is done, and the
-// messages it carried read as covered while others do not.
-func TestReplayAppliesOnce(t *testing.T) {
+// mentions is what a journal test works with: a NATS server holding the
+// MENTIONS stream, an embedded store, and the journal's configuration on
+// both.
+type mentions struct {
+	nc  *nats.Conn
+	js  jetstream.JetStream
+	st  *store.Bolt
+	cfg journal.Config
+}
+
+// mentionStream starts a NATS server with the MENTIONS stream and opens an
+// embedded store, both closed when t ends. The stream has no consumer
+// until durable creates one.
+func mentionStream(t *testing.T) *mentions {
+	t.Helper()
 	ns := testenv.NATS(t)
 	nc := testenv.Connect(t, ns.ClientURL())
-	ctx := context.Background()
 	js, err := jetstream.New(nc)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "MENTIONS", Subjects: []string{"mentions.>"}}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := js.CreateOrUpdateConsumer(ctx, "MENTIONS", jetstream.ConsumerConfig{Durable: "hotcount", AckPolicy: jetstream.AckExplicitPolicy}); err != nil {
+	if _, err := js.CreateStream(context.Background(), jetstream.StreamConfig{Name: "MENTIONS", Subjects: []string{"mentions.>"}}); err != nil {
 		t.Fatal(err)
 	}
 	st, err := store.OpenBolt(t.TempDir(), store.NewMetrics(prometheus.NewRegistry()))
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer st.Close()
-	cfg := journal.Config{Bucket: journal.DefaultBucket, WritersBucket: journal.DefaultWritersBucket, Stream: "MENTIONS", Consumer: "hotcount"}
-	log := zaptest.NewLogger(t)
+	t.Cleanup(func() { st.Close() })
+	return &mentions{
+		nc: nc, js: js, st: st,
+		cfg: journal.Config{Bucket: journal.DefaultBucket, WritersBucket: journal.DefaultWritersBucket, Stream: "MENTIONS", Consumer: "hotcount"},
+	}
+}
 
-	a, err := journal.Open(ctx, nc, cfg, "writera", st, log, journal.NewMetrics(prometheus.NewRegistry()))
+// durable creates the consumer the journal's configuration names, with
+// explicit acknowledgements, as the ingest binds it.
+func (m *mentions) durable(t *testing.T) jetstream.Consumer {
+	t.Helper()
+	c, err := m.js.CreateOrUpdateConsumer(context.Background(), "MENTIONS", jetstream.ConsumerConfig{Durable: "hotcount", AckPolicy: jetstream.AckExplicitPolicy})
 	if err != nil {
 		t.Fatal(err)
 	}
+	return c
+}
+
+// open opens writer's journal on m's stream and store.
+func (m *mentions) open(t *testing.T, writer string) *journal.Journal {
+	t.Helper()
+	j, err := journal.Open(context.Background(), m.nc, m.cfg, writer, m.st, zaptest.NewLogger(t), journal.NewMetrics(prometheus.NewRegistry()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return j
+}
+
+// entries is the journal's bucket of entries.
+func (m *mentions) entries(t *testing.T) jetstream.KeyValue {
+	t.Helper()
+	kv, err := m.js.KeyValue(context.Background(), journal.DefaultBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return kv
+}
+
+// TestReplayAppliesOnce: writer A journals three writes, applies one of
+// them, and dies (its heartbeat gone). Writer B replays A's entry under A's
+// identity: the store ends with each delta once, the entry is done, and the
+// messages it carried read as covered while others do not.
+func TestReplayAppliesOnce(t *testing.T) {
+	ctx := context.Background()
+	env := mentionStream(t)
+	env.durable(t)
+	st := env.st
+
+	a := env.open(t, "writera")
 	seq := store.NewSequencer(time.Now)
 	writes := []store.Write{
 		{Counter: store.TotalOf("golang"), Shard: 0, Delta: 5, Writer: "writera", Seq: seq.Next()},
@@ -64,10 +112,7 @@ func TestReplayAppliesOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	b, err := journal.Open(ctx, nc, cfg, "writerb", st, log, journal.NewMetrics(prometheus.NewRegistry()))
-	if err != nil {
-		t.Fatal(err)
-	}
+	b := env.open(t, "writerb")
 	for _, tc := range []struct {
 		seq     int64
 		covered bool
@@ -89,11 +134,7 @@ func TestReplayAppliesOnce(t *testing.T) {
 			t.Errorf("%s: store holds %d, want %d once", w.Counter.Topic, sum, w.Delta)
 		}
 	}
-	kv, err := js.KeyValue(ctx, journal.DefaultBucket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	e, err := kv.Get(ctx, recs[0].Key)
+	e, err := env.entries(t).Get(ctx, recs[0].Key)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -116,36 +157,17 @@ func TestReplayAppliesOnce(t *testing.T) {
 // is replayed after an upgrade to the same items; and an entry recorded
 // now holds the same bytes.
 func TestReplaysAnEarlierEntry(t *testing.T) {
-	ns := testenv.NATS(t)
-	nc := testenv.Connect(t, ns.ClientURL())
 	ctx := context.Background()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "MENTIONS", Subjects: []string{"mentions.>"}}); err != nil {
-		t.Fatal(err)
-	}
-	st, err := store.OpenBolt(t.TempDir(), store.NewMetrics(prometheus.NewRegistry()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
-	cfg := journal.Config{Bucket: journal.DefaultBucket, WritersBucket: journal.DefaultWritersBucket, Stream: "MENTIONS", Consumer: "hotcount"}
-	j, err := journal.Open(ctx, nc, cfg, "writerb", st, zaptest.NewLogger(t), journal.NewMetrics(prometheus.NewRegistry()))
-	if err != nil {
-		t.Fatal(err)
-	}
+	env := mentionStream(t)
+	st := env.st
+	j := env.open(t, "writerb")
 	// 2026-12-03 12:00 UTC: minute 29938320 ("1oDAG"), hour 498972 ("01vqS").
 	const m, h = 29938320, 498972
 	old := `{"writer":"writerz","writes":[` +
 		`{"t":"golang","s":1,"d":4,"q":100},` +
 		`{"t":"\u0001m1oDAGgolang","s":0,"d":4,"q":101},` +
 		`{"t":"\u0001h01vqSgolang","s":1,"d":4,"q":102}],"seqs":[[7,7]]}`
-	kv, err := js.KeyValue(ctx, journal.DefaultBucket)
-	if err != nil {
-		t.Fatal(err)
-	}
+	kv := env.entries(t)
 	if _, err := kv.Create(ctx, "writerz.1", []byte(old)); err != nil {
 		t.Fatal(err)
 	}
@@ -188,22 +210,11 @@ func TestReplaysAnEarlierEntry(t *testing.T) {
 // the entry must still be there to recognise it); once the consumer has
 // them all, it is.
 func TestSettledWaitsForTheAckFloor(t *testing.T) {
-	ns := testenv.NATS(t)
-	nc := testenv.Connect(t, ns.ClientURL())
 	ctx := context.Background()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "MENTIONS", Subjects: []string{"mentions.>"}}); err != nil {
-		t.Fatal(err)
-	}
-	cons, err := js.CreateOrUpdateConsumer(ctx, "MENTIONS", jetstream.ConsumerConfig{Durable: "hotcount", AckPolicy: jetstream.AckExplicitPolicy})
-	if err != nil {
-		t.Fatal(err)
-	}
+	env := mentionStream(t)
+	cons := env.durable(t)
 	for range 3 {
-		if _, err := js.Publish(ctx, "mentions.golang", nil); err != nil {
+		if _, err := env.js.Publish(ctx, "mentions.golang", nil); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -218,16 +229,7 @@ func TestSettledWaitsForTheAckFloor(t *testing.T) {
 	if len(msgs) != 3 {
 		t.Fatalf("fetched %d messages", len(msgs))
 	}
-	st, err := store.OpenBolt(t.TempDir(), store.NewMetrics(prometheus.NewRegistry()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
-	cfg := journal.Config{Bucket: journal.DefaultBucket, WritersBucket: journal.DefaultWritersBucket, Stream: "MENTIONS", Consumer: "hotcount"}
-	j, err := journal.Open(ctx, nc, cfg, "writera", st, zaptest.NewLogger(t), journal.NewMetrics(prometheus.NewRegistry()))
-	if err != nil {
-		t.Fatal(err)
-	}
+	j := env.open(t, "writera")
 	w := store.Write{Counter: store.TotalOf("golang"), Delta: 3, Writer: "writera", Seq: store.NewSequencer(time.Now).Next()}
 	recs, err := j.Record(ctx, []store.Write{w}, map[string][]int64{"golang": {1, 2, 3}})
 	if err != nil {
@@ -252,11 +254,7 @@ func TestSettledWaitsForTheAckFloor(t *testing.T) {
 		t.Fatal(err)
 	}
 	testenv.Eventually(t, 5*time.Second, func() error { return j.Settled(ctx, key) })
-	kv, err := js.KeyValue(ctx, journal.DefaultBucket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := kv.Get(ctx, key); !errors.Is(err, jetstream.ErrKeyNotFound) {
+	if _, err := env.entries(t).Get(ctx, key); !errors.Is(err, jetstream.ErrKeyNotFound) {
 		t.Errorf("entry after every acknowledgement: %v, want retired", err)
 	}
 }

@@ -128,129 +128,207 @@ func Run(ctx context.Context, nc *nats.Conn, c Config) (Report, error) {
 	if err := c.Validate(); err != nil {
 		return Report{}, err
 	}
-	r := rand.New(rand.NewPCG(c.Seed, c.Seed^0x9e3779b97f4a7c15))
-	pick := func() int { return r.IntN(c.Topics) }
-	if c.Zipf > 1 {
-		z := rand.NewZipf(r, c.Zipf, 1, uint64(c.Topics-1))
-		pick = func() int { return int(z.Uint64()) }
+	t := newTally(c)
+	p, err := newPublisher(nc, c, t)
+	if err != nil {
+		return Report{}, fmt.Errorf("loadgen: %w", err)
 	}
-	topics := make([]string, c.Topics)
-	for i := range topics {
-		topics[i] = Topic(i)
+	g := newGenerator(c, p)
+	err = g.publish(ctx)
+	if errors.Is(err, context.Canceled) {
+		err = nil // stopped by the caller: report what was published
 	}
+	if cerr := closePublisher(ctx, p); cerr != nil && err == nil {
+		err = cerr
+	}
+	return t.report(c, g.start), err
+}
 
-	// The report counts what the Publisher says was published, message by
-	// message, and nothing else: a user comparing it with the store must
-	// find it exact.
-	var (
-		mu  sync.Mutex
-		rep = Report{Counted: "server", PerTopic: make(map[string]int64)}
-	)
+// tally is the report the Publisher fills in, message by message, as it
+// learns each message's fate: it counts what the Publisher says was
+// published and nothing else, so that a user comparing it with the store
+// finds it exact.
+type tally struct {
+	mu  sync.Mutex // the Publisher calls done from its own goroutines
+	rep Report
+}
+
+func newTally(c Config) *tally {
+	t := &tally{rep: Report{Counted: "server", PerTopic: make(map[string]int64)}}
 	if c.JetStream {
-		rep.Counted = "stream"
+		t.rep.Counted = "stream"
 	}
+	return t
+}
+
+// done counts a message of n mentions of topic as published, or, with err,
+// as given up.
+func (t *tally) done(topic string, n int64, err error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if err != nil {
+		t.rep.Unacknowledged++
+		return
+	}
+	t.rep.Messages++
+	t.rep.Mentions += n
+	t.rep.PerTopic[topic] += n
+}
+
+// report is the run's report, for a run that started at start.
+func (t *tally) report(c Config, start time.Time) Report {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	rep := t.rep
+	rep.Elapsed = time.Since(start)
+	if c.Backfill {
+		rep.From, rep.To = start.Add(-c.Duration), start
+	}
+	return rep
+}
+
+// newPublisher returns a Publisher that sends each mention event as its own
+// message, over JetStream or core NATS as c says, and tells t each
+// message's fate.
+func newPublisher(nc *nats.Conn, c Config, t *tally) (*client.Publisher, error) {
 	opts := []client.PublisherOption{
 		client.WithSubjectPrefix(c.Prefix),
 		client.WithLinger(0), // one message per event: the load is in messages
-		client.WithOnDone(func(topic string, n int64, err error) {
-			mu.Lock()
-			defer mu.Unlock()
-			if err != nil {
-				rep.Unacknowledged++
-				return
-			}
-			rep.Messages++
-			rep.Mentions += n
-			rep.PerTopic[topic] += n
-		}),
+		client.WithOnDone(t.done),
 	}
 	if c.JetStream {
 		opts = append(opts, client.WithMaxInFlight(maxInFlight))
 	} else {
 		opts = append(opts, client.WithCoreNATS())
 	}
-	p, err := client.NewPublisher(nc, opts...)
-	if err != nil {
-		return Report{}, fmt.Errorf("loadgen: %w", err)
-	}
+	return client.NewPublisher(nc, opts...)
+}
 
-	start := time.Now()
-	// The run's clock: the time since its start, or in a backfill a clock
-	// of its own that moves a slot at a time without waiting, from
-	// Duration before the start to the start.
-	var virtual time.Duration
-	elapsed := func() time.Duration { return time.Since(start) }
-	if c.Backfill {
-		elapsed = func() time.Duration { return virtual }
-		rep.From, rep.To = start.Add(-c.Duration), start
+// closePublisher waits for every acknowledgement (or, in core NATS, for the
+// server's answer to a PING sent after the last message), even when ctx
+// ended the run, and returns what went wrong besides messages given up.
+func closePublisher(ctx context.Context, p *client.Publisher) error {
+	closeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), closeTimeout)
+	defer cancel()
+	err := p.Close(closeCtx)
+	if err == nil {
+		return nil
 	}
-	// Pace in 10 ms slots: each slot may send Rate/100 messages.
-	const slot = 10 * time.Millisecond
-	var n, surged int64
-loop:
+	var given *client.PublishError
+	// Messages given up alone are in the report, as unacknowledged.
+	if errors.As(err, &given) && error(given) == err {
+		return nil
+	}
+	return fmt.Errorf("loadgen: %w", err)
+}
+
+// slot is the pace's unit: each 10 ms slot may send Rate/100 messages.
+const slot = 10 * time.Millisecond
+
+// generator is one run's publishing loop and the state it keeps between
+// slots.
+type generator struct {
+	c      Config
+	p      *client.Publisher
+	topics []string
+	pick   func() int // the index in topics of the next mention's topic
+	start  time.Time
+	// virtual is a backfill's clock: it moves a slot at a time without
+	// waiting, from Duration before the start to the start.
+	virtual time.Duration
+	// n counts the messages sent, surged those of them of the surge topic.
+	n, surged int64
+}
+
+func newGenerator(c Config, p *client.Publisher) *generator {
+	topics := make([]string, c.Topics)
+	for i := range topics {
+		topics[i] = Topic(i)
+	}
+	return &generator{c: c, p: p, topics: topics, pick: picker(c), start: time.Now()}
+}
+
+// picker returns the topic sequence: uniform, or with Zipf skew, the same
+// for the same seed.
+func picker(c Config) func() int {
+	r := rand.New(rand.NewPCG(c.Seed, c.Seed^0x9e3779b97f4a7c15))
+	if c.Zipf > 1 {
+		z := rand.NewZipf(r, c.Zipf, 1, uint64(c.Topics-1))
+		return func() int { return int(z.Uint64()) }
+	}
+	return func() int { return r.IntN(c.Topics) }
+}
+
+// elapsed is the run's clock: the time since its start, or in a backfill
+// the virtual clock.
+func (g *generator) elapsed() time.Duration {
+	if g.c.Backfill {
+		return g.virtual
+	}
+	return time.Since(g.start)
+}
+
+// publish sends slot after slot until the duration or the message count is
+// reached, a mention fails or ctx ends, and returns why it stopped (nil
+// for a bound reached).
+func (g *generator) publish(ctx context.Context) error {
 	for {
-		if err = ctx.Err(); err != nil {
-			break
+		if err := ctx.Err(); err != nil {
+			return err
 		}
-		e := elapsed()
-		if c.Duration > 0 && e > c.Duration {
-			break
+		e := g.elapsed()
+		if g.c.Duration > 0 && e > g.c.Duration {
+			return nil
 		}
-		mention := func(topic string) error { return p.Mention(ctx, topic, c.Count) }
-		if c.Backfill {
-			at := start.Add(e - c.Duration)
-			mention = func(topic string) error { return p.MentionAt(ctx, topic, c.Count, at) }
-			virtual += slot // the next round is a slot later
+		if g.c.Backfill {
+			g.virtual += slot // the next round is a slot later
 		}
-		if c.Surge != "" && e > c.SurgeAfter {
-			want := int64(float64(c.SurgeRate) * (e - c.SurgeAfter).Seconds())
-			for ; surged < want; surged++ {
-				if c.Messages > 0 && n >= c.Messages {
-					break loop
-				}
-				if err = mention(c.Surge); err != nil {
-					break loop
-				}
-				n++
+		if g.c.Surge != "" && e > g.c.SurgeAfter {
+			want := int64(float64(g.c.SurgeRate) * (e - g.c.SurgeAfter).Seconds())
+			before := g.n
+			stop, err := g.send(ctx, e, want-g.surged, func() string { return g.c.Surge })
+			g.surged += g.n - before
+			if stop {
+				return err
 			}
 		}
 		budget := int64(1000)
-		if c.Rate > 0 {
-			want := int64(float64(c.Rate)*e.Seconds()) + surged
-			if budget = want - n; budget <= 0 {
-				if !c.Backfill {
+		if g.c.Rate > 0 {
+			want := int64(float64(g.c.Rate)*e.Seconds()) + g.surged
+			if budget = want - g.n; budget <= 0 {
+				if !g.c.Backfill {
 					time.Sleep(slot)
 				}
 				continue
 			}
 		}
-		for ; budget > 0; budget-- {
-			if c.Messages > 0 && n >= c.Messages {
-				break loop
-			}
-			if err = mention(topics[pick()]); err != nil {
-				break loop
-			}
-			n++
+		if stop, err := g.send(ctx, e, budget, func() string { return g.topics[g.pick()] }); stop {
+			return err
 		}
 	}
-	if errors.Is(err, context.Canceled) {
-		err = nil // stopped by the caller: report what was published
-	}
-	// Close waits for every acknowledgement (or, in core NATS, for the
-	// server's answer to a PING sent after the last message), even when
-	// ctx ended the run.
-	closeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), closeTimeout)
-	defer cancel()
-	if cerr := p.Close(closeCtx); cerr != nil && err == nil {
-		var given *client.PublishError
-		// Messages given up alone are in the report, as unacknowledged.
-		if !errors.As(cerr, &given) || error(given) != cerr {
-			err = fmt.Errorf("loadgen: %w", cerr)
+}
+
+// send publishes up to k messages of topic() at the run's time e, and says
+// whether the run is over: the message count reached, or a mention failed
+// (err).
+func (g *generator) send(ctx context.Context, e time.Duration, k int64, topic func() string) (stop bool, err error) {
+	for ; k > 0; k-- {
+		if g.c.Messages > 0 && g.n >= g.c.Messages {
+			return true, nil
 		}
+		if err := g.mention(ctx, topic(), e); err != nil {
+			return true, err
+		}
+		g.n++
 	}
-	mu.Lock()
-	defer mu.Unlock()
-	rep.Elapsed = time.Since(start)
-	return rep, err
+	return false, nil
+}
+
+// mention publishes one message of topic; in a backfill, stamped with the
+// time the run's time e stands for.
+func (g *generator) mention(ctx context.Context, topic string, e time.Duration) error {
+	if g.c.Backfill {
+		return g.p.MentionAt(ctx, topic, g.c.Count, g.start.Add(e-g.c.Duration))
+	}
+	return g.p.Mention(ctx, topic, g.c.Count)
 }

@@ -125,15 +125,7 @@ func (b *Book) initial() int { return max(b.cfg.Default, 1) }
 // up again next time. The error only reports such failures; the counts it
 // returns are always usable.
 func (b *Book) WriteCounts(ctx context.Context, topics []string) (map[string]int, error) {
-	out := make(map[string]int, len(topics))
-	var missing []string
-	for _, t := range topics {
-		if m, ok := b.cache.GetIfPresent(t); ok {
-			out[t] = m.Write()
-		} else {
-			missing = append(missing, t)
-		}
-	}
+	out, missing := b.fromCache(topics)
 	if len(missing) == 0 {
 		return out, nil
 	}
@@ -145,6 +137,29 @@ func (b *Book) WriteCounts(ctx context.Context, topics []string) (map[string]int
 		}
 		return out, fmt.Errorf("shards: %d topics written to one shard this time: %w", len(missing), err)
 	}
+	err = b.settle(ctx, missing, metas, out)
+	return out, err
+}
+
+// fromCache returns the write counts of the cached topics, and the topics
+// missing from the cache.
+func (b *Book) fromCache(topics []string) (out map[string]int, missing []string) {
+	out = make(map[string]int, len(topics))
+	for _, t := range topics {
+		if m, ok := b.cache.GetIfPresent(t); ok {
+			out[t] = m.Write()
+		} else {
+			missing = append(missing, t)
+		}
+	}
+	return out, missing
+}
+
+// settle sets out's count for topics, whose metadata was just looked up
+// (metas), and caches it. A new topic whose initial count is above one is
+// recorded first; one that cannot be, in time, gets one shard, and the
+// error says how many did.
+func (b *Book) settle(ctx context.Context, topics []string, metas map[string]store.Meta, out map[string]int) error {
 	// Record new topics in parallel: a first flush can hold thousands.
 	var (
 		mu     sync.Mutex
@@ -153,7 +168,7 @@ func (b *Book) WriteCounts(ctx context.Context, topics []string) (map[string]int
 	)
 	var g errgroup.Group
 	g.SetLimit(recordConcurrency)
-	for _, t := range missing {
+	for _, t := range topics {
 		m := metas[t]
 		if m.Exists() || b.initial() == 1 {
 			b.cache.Set(t, m)
@@ -169,7 +184,7 @@ func (b *Book) WriteCounts(ctx context.Context, topics []string) (map[string]int
 			continue
 		}
 		g.Go(func() error {
-			m, recorded, err := b.change(ctx, t, m, m.With(b.initial()))
+			n, err := b.record(ctx, t, m)
 			mu.Lock()
 			defer mu.Unlock()
 			if err != nil {
@@ -179,11 +194,7 @@ func (b *Book) WriteCounts(ctx context.Context, topics []string) (map[string]int
 				}
 				return nil
 			}
-			if recorded { // else another sidecar recorded it first
-				b.created.Inc()
-			}
-			b.cache.Set(t, m)
-			out[t] = m.Write()
+			out[t] = n
 			return nil
 		})
 	}
@@ -193,9 +204,24 @@ func (b *Book) WriteCounts(ctx context.Context, topics []string) (map[string]int
 		if first == nil {
 			first = ctx.Err()
 		}
-		return out, fmt.Errorf("shards: %d new topics not recorded, written to one shard this time: %w", failed, first)
+		return fmt.Errorf("shards: %d new topics not recorded, written to one shard this time: %w", failed, first)
 	}
-	return out, nil
+	return nil
+}
+
+// record writes a new topic's initial count to its metadata (m: none
+// yet), caches the value the store then holds (another sidecar's record
+// wins) and returns its write count.
+func (b *Book) record(ctx context.Context, topic string, m store.Meta) (int, error) {
+	m, recorded, err := b.change(ctx, topic, m, m.With(b.initial()))
+	if err != nil {
+		return 0, err
+	}
+	if recorded { // else another sidecar recorded it first
+		b.created.Inc()
+	}
+	b.cache.Set(topic, m)
+	return m.Write(), nil
 }
 
 // change sets topic's metadata from old to m; if another writer changed it

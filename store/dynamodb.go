@@ -86,6 +86,37 @@ func (d *DynamoDB) Add(ctx context.Context, w Write, now time.Time) error {
 	}
 	d.metrics.writes.Inc()
 	var doubt bool // an attempt of this call may have been applied
+	out, err := d.client.UpdateItem(ctx, d.addInput(w, now), d.watchAttempts(&doubt), withoutThrottleRetries)
+	// Counted once per write: a retry of a write in doubt was counted
+	// when its doubt began; a replay is another process's write.
+	firstTry := !w.Retry && !w.Replay
+	if doubt && firstTry {
+		d.metrics.ambiguous.Inc()
+	}
+	var cond *types.ConditionalCheckFailedException
+	switch {
+	case err == nil:
+		d.answered()
+		if doubt || w.Retry {
+			d.metrics.resolved.WithLabelValues(ResolvedNotApplied).Inc()
+		}
+		d.trim(ctx, w.Key(), out.Attributes, now)
+		return nil
+	case errors.As(err, &cond):
+		d.answered()
+		err = d.refused(ctx, w, doubt || !firstTry)
+	default:
+		err = d.addFailed(w, err, doubt)
+	}
+	if firstTry && !doubt && errors.Is(err, ErrAmbiguous) {
+		d.metrics.ambiguous.Inc() // its doubt began after the call: not counted above
+	}
+	return err
+}
+
+// addInput is Add's UpdateItem call: the increment, applied only if the
+// writer's mark (or, absent, the floor) is below the write's seq.
+func (d *DynamoDB) addInput(w Write, now time.Time) *dynamodb.UpdateItemInput {
 	update := "ADD #count :delta SET #updatedAt = :now, #mark = :seq"
 	names := map[string]string{
 		"#count":     AttrCount,
@@ -104,7 +135,7 @@ func (d *DynamoDB) Add(ctx context.Context, w Write, now time.Time) error {
 		names["#exp"] = AttrExpiresAt
 		values[":exp"] = &types.AttributeValueMemberN{Value: strconv.FormatInt(exp, 10)}
 	}
-	out, err := d.client.UpdateItem(ctx, &dynamodb.UpdateItemInput{
+	return &dynamodb.UpdateItemInput{
 		TableName: &d.table,
 		Key: map[string]types.AttributeValue{
 			AttrPK: &types.AttributeValueMemberS{Value: w.Key()},
@@ -116,36 +147,14 @@ func (d *DynamoDB) Add(ctx context.Context, w Write, now time.Time) error {
 		// The item as written, to see its marks: the response is not billed
 		// in write units, and it saves a read to decide on trimming.
 		ReturnValues: types.ReturnValueAllNew,
-	}, d.watchAttempts(&doubt), withoutThrottleRetries)
-	// Counted once per write: a retry of a write in doubt was counted
-	// when its doubt began; a replay is another process's write.
-	counted := w.Retry || w.Replay
-	countDoubt := func() {
-		if !counted {
-			counted = true
-			d.metrics.ambiguous.Inc()
-		}
 	}
-	if doubt {
-		countDoubt()
-	}
-	var cond *types.ConditionalCheckFailedException
-	switch {
-	case err == nil:
-		d.answered()
-		if doubt || w.Retry {
-			d.metrics.resolved.WithLabelValues(ResolvedNotApplied).Inc()
-		}
-		d.trim(ctx, w.Key(), out.Attributes, now)
-		return nil
-	case errors.As(err, &cond):
-		d.answered()
-		err := d.refused(ctx, w, doubt || w.Retry || w.Replay)
-		if errors.Is(err, ErrAmbiguous) {
-			countDoubt()
-		}
-		return err
-	}
+}
+
+// addFailed settles a write that failed other than by its condition. It is
+// in doubt (ErrAmbiguous) when an attempt of this call may have been
+// applied, or an earlier one of the same write (a retry of a write in
+// doubt, a replay of the journal); else nothing was applied.
+func (d *DynamoDB) addFailed(w Write, err error, doubt bool) error {
 	err = classify(fmt.Errorf("store: update %s: %w", w.Key(), err))
 	d.metrics.failed("write", err)
 	d.lastErr.Store(time.Now().UnixNano())
@@ -153,7 +162,6 @@ func (d *DynamoDB) Add(ctx context.Context, w Write, now time.Time) error {
 		doubt = true // no attempt was watched (the call ended before one ran)
 	}
 	if doubt || w.Retry || w.Replay {
-		countDoubt()
 		// %v, not %w: a throttle after a lost answer must not read as
 		// "throttled, nothing applied" to a caller that would reroute it.
 		return fmt.Errorf("%w: %v", ErrAmbiguous, err)

@@ -315,44 +315,71 @@ func (s *Service) readManyWithin(ctx context.Context, topics []string, spans []S
 		return nil, nil, err
 	}
 	if budget > 0 {
-		per := 0
-		for _, sp := range spans {
-			per += max(0, sp.Buckets())
-		}
-		used, kept := 0, topics[:0:0]
-		for _, t := range topics {
-			if used+per*metas[t].Read() > budget && len(kept) > 0 {
-				break
-			}
-			used += per * metas[t].Read()
-			kept = append(kept, t)
-		}
-		topics = kept
+		topics = withinBudget(topics, metas, spans, budget)
 	}
 	shards := make(map[string]int, len(topics))
-	counts := make(map[string]int64)
-	var keys []string
-	fresh := make(map[string]bool) // keys read that are settled: cached after
-	now := s.now()                 // before the read: a late write after it makes the read stale
-	// Per bucket: settled, and the last late write to it (a cached count
-	// read before that is stale).
-	type state struct {
-		settled bool
-		late    time.Time
+	for _, t := range topics {
+		shards[t] = metas[t].Read()
 	}
-	states := make(map[bucketID]state)
+	counts, err := s.bucketCounts(ctx, topics, shards, spans)
+	if err != nil {
+		return nil, nil, err
+	}
+	return sumShards(topics, shards, spans, counts), shards, nil
+}
+
+// withinBudget keeps topics, in order, while their buckets over spans,
+// shards counted, fit budget keys; the first is kept whatever its cost.
+func withinBudget(topics []string, metas map[string]store.Meta, spans []Span, budget int) []string {
+	per := 0
 	for _, sp := range spans {
-		for i := sp.First; i <= sp.Last; i++ {
-			states[bucketID{sp.G, i}] = state{settled(sp.G, i, now), s.late.since(sp.G, i)}
+		per += max(0, sp.Buckets())
+	}
+	used, kept := 0, topics[:0:0]
+	for _, t := range topics {
+		if used+per*metas[t].Read() > budget && len(kept) > 0 {
+			break
+		}
+		used += per * metas[t].Read()
+		kept = append(kept, t)
+	}
+	return kept
+}
+
+// bucketCounts returns the count of each bucket key of topics over spans:
+// a settled bucket's from the cache while it is good, the others from the
+// store, in one Counts call. The settled ones read are cached.
+func (s *Service) bucketCounts(ctx context.Context, topics []string, shards map[string]int, spans []Span) (map[string]int64, error) {
+	now := s.now() // before the read: a late write after it makes the read stale
+	counts, keys, fresh := s.cachedCounts(topics, shards, spans, now)
+	if len(keys) == 0 {
+		return counts, nil
+	}
+	s.m.batchGets.Add(float64((len(keys) + 99) / 100))
+	read, err := s.st.Counts(ctx, keys, false)
+	if err != nil {
+		return nil, err
+	}
+	for k, c := range read {
+		counts[k] = c
+		if fresh[k] {
+			s.settled.Set(k, settledCount{c, now})
 		}
 	}
+	return counts, nil
+}
+
+// cachedCounts looks up the bucket keys of topics over spans in the cache
+// of settled buckets. It returns the counts found, the keys to read from
+// the store, and which of those are settled (to cache once read).
+func (s *Service) cachedCounts(topics []string, shards map[string]int, spans []Span, now time.Time) (counts map[string]int64, keys []string, fresh map[string]bool) {
+	counts, fresh = make(map[string]int64), make(map[string]bool)
+	states := s.bucketStates(spans, now)
 	for _, t := range topics {
-		n := metas[t].Read()
-		shards[t] = n
 		for _, sp := range spans {
 			for i := sp.First; i <= sp.Last; i++ {
 				st := states[bucketID{sp.G, i}]
-				for sh := range n {
+				for sh := range shards[t] {
 					k := store.BucketKey(t, sp.G, i, sh)
 					if c, ok := s.settled.GetIfPresent(k); ok && st.settled && c.read.After(st.late) {
 						counts[k] = c.n
@@ -366,19 +393,29 @@ func (s *Service) readManyWithin(ctx context.Context, topics []string, spans []S
 			}
 		}
 	}
-	if len(keys) > 0 {
-		s.m.batchGets.Add(float64((len(keys) + 99) / 100))
-		read, err := s.st.Counts(ctx, keys, false)
-		if err != nil {
-			return nil, nil, err
-		}
-		for k, c := range read {
-			counts[k] = c
-			if fresh[k] {
-				s.settled.Set(k, settledCount{c, now})
-			}
+	return counts, keys, fresh
+}
+
+// bucketState says whether a bucket's cached count may be used.
+type bucketState struct {
+	settled bool      // the bucket ended over settleAfter ago
+	late    time.Time // the last late write to it: a count read before is stale
+}
+
+// bucketStates is the state of each bucket of spans, now.
+func (s *Service) bucketStates(spans []Span, now time.Time) map[bucketID]bucketState {
+	states := make(map[bucketID]bucketState)
+	for _, sp := range spans {
+		for i := sp.First; i <= sp.Last; i++ {
+			states[bucketID{sp.G, i}] = bucketState{settled(sp.G, i, now), s.late.since(sp.G, i)}
 		}
 	}
+	return states
+}
+
+// sumShards adds up each topic's shards bucket by bucket: out[t][k][i] is
+// bucket First+i of spans[k].
+func sumShards(topics []string, shards map[string]int, spans []Span, counts map[string]int64) map[string][][]int64 {
 	out := make(map[string][][]int64, len(topics))
 	for _, t := range topics {
 		sums := make([][]int64, len(spans))
@@ -392,7 +429,7 @@ func (s *Service) readManyWithin(ctx context.Context, topics []string, spans []S
 		}
 		out[t] = sums
 	}
-	return out, shards, nil
+	return out
 }
 
 // satAdd is store.SatAdd, keeping an earlier saturation.

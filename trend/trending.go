@@ -85,79 +85,99 @@ func (s *Service) Trending(ctx context.Context, window string, limit int) (Trend
 		return Trending{}, badRequest("window %s is longer than trending's %s", FormatWindow(d), FormatWindow(MaxTrendWindow))
 	}
 	return cached(ctx, s, "trending", s.trends, FormatWindow(d)+"\x00"+strconv.Itoa(limit), func(t *Trending) *Served { return &t.Served }, func() (Trending, error) {
-		now := s.now()
-		window, err := s.cfg.span(store.Minute, d, now)
-		if err != nil {
-			return Trending{}, err
-		}
-		base := s.cfg.baseline(window)
-		if keep := s.cfg.Retention.Of(base.G); now.Sub(base.From) > keep {
-			return Trending{}, badRequest("window %s and its baseline reach back past the %s buckets' retention (%s)", FormatWindow(d), base.G, keep)
-		}
-		// Candidates whose buckets fit a budget of reads: the window's and
-		// the baseline's buckets of each, maxTrendKeys in all.
-		n := min(max(3*limit, 30), max(maxTrendKeys/(window.Buckets()+base.Buckets()), 1))
-		cands := s.sketch.candidates(window, base, n)
-		t := Trending{Window: FormatWindow(d), From: window.From, To: now, Topics: []Entry{}}
-		if len(cands) == 0 {
-			t.Note = "no mentions in the window"
-			t.at = s.now()
-			return t, nil
-		}
-		sums, shards, err := s.readManyWithin(ctx, cands, []Span{window, base}, maxTrendKeys)
-		if err != nil {
-			return Trending{}, fmt.Errorf("trending: %w", err)
-		}
-		cands = slices.DeleteFunc(cands, func(c string) bool { _, ok := shards[c]; return !ok })
-		// The fleet's history starts where the buckets do: no baseline
-		// reaches before it.
-		first, err := s.historyStart(ctx)
-		if err != nil {
-			return Trending{}, fmt.Errorf("trending: %w", err)
-		}
-		if first.IsZero() {
-			t.Note = "no history yet: no time bucket has been written"
-			t.at = s.now()
-			return t, nil
-		}
-		nominal := base
-		if first.After(base.From) {
-			// History began inside the baseline (or later): it starts at
-			// the next whole bucket, the first one counted in full.
-			cut := max(base.First, base.G.Index(first)+1)
-			base.First, base.From = cut, base.G.Start(cut)
-		}
-		if base.First > base.Last {
-			t.Note = fmt.Sprintf("not enough history yet: the fleet's buckets start at %s, and a baseline needs a whole %s bucket of them before the window", first.UTC().Format(time.RFC3339), base.G)
-			t.at = s.now()
-			return t, nil
-		}
-		t.BaselineFrom, t.BaselineTo = base.From, base.To
-		for _, c := range cands {
-			var count, old int64
-			for _, n := range sums[c][0] {
-				count, _ = satAdd(count, n, false)
-			}
-			for i, n := range sums[c][1] {
-				if nominal.First+int64(i) >= base.First {
-					old, _ = satAdd(old, n, false)
-				}
-			}
-			expected := expect(old, base, window)
-			if sc := Score(count, expected); sc > 0 {
-				t.Topics = append(t.Topics, Entry{Topic: c, Count: count, Baseline: round(expected), Score: round(sc)})
-			}
-		}
-		slices.SortFunc(t.Topics, func(a, b Entry) int {
-			if c := cmp.Compare(b.Score, a.Score); c != 0 {
-				return c
-			}
-			return cmp.Compare(a.Topic, b.Topic)
-		})
-		t.Topics = t.Topics[:min(limit, len(t.Topics))]
+		return s.trending(ctx, d, limit)
+	})
+}
+
+// trending reads the list that Trending caches: the candidates' buckets
+// over the window and the baseline, then their ranking.
+func (s *Service) trending(ctx context.Context, d time.Duration, limit int) (Trending, error) {
+	now := s.now()
+	window, err := s.cfg.span(store.Minute, d, now)
+	if err != nil {
+		return Trending{}, err
+	}
+	base := s.cfg.baseline(window)
+	if keep := s.cfg.Retention.Of(base.G); now.Sub(base.From) > keep {
+		return Trending{}, badRequest("window %s and its baseline reach back past the %s buckets' retention (%s)", FormatWindow(d), base.G, keep)
+	}
+	// Candidates whose buckets fit a budget of reads: the window's and
+	// the baseline's buckets of each, maxTrendKeys in all.
+	n := min(max(3*limit, 30), max(maxTrendKeys/(window.Buckets()+base.Buckets()), 1))
+	cands := s.sketch.candidates(window, base, n)
+	t := Trending{Window: FormatWindow(d), From: window.From, To: now, Topics: []Entry{}}
+	if len(cands) == 0 {
+		t.Note = "no mentions in the window"
 		t.at = s.now()
 		return t, nil
+	}
+	sums, shards, err := s.readManyWithin(ctx, cands, []Span{window, base}, maxTrendKeys)
+	if err != nil {
+		return Trending{}, fmt.Errorf("trending: %w", err)
+	}
+	cands = slices.DeleteFunc(cands, func(c string) bool { _, ok := shards[c]; return !ok })
+	// The fleet's history starts where the buckets do: no baseline
+	// reaches before it.
+	first, err := s.historyStart(ctx)
+	if err != nil {
+		return Trending{}, fmt.Errorf("trending: %w", err)
+	}
+	nominal := base // the baseline read, before the cut
+	base = sinceHistory(base, first)
+	switch {
+	case first.IsZero():
+		t.Note = "no history yet: no time bucket has been written"
+	case base.First > base.Last:
+		t.Note = fmt.Sprintf("not enough history yet: the fleet's buckets start at %s, and a baseline needs a whole %s bucket of them before the window", first.UTC().Format(time.RFC3339), base.G)
+	default:
+		t.BaselineFrom, t.BaselineTo = base.From, base.To
+		t.Topics = rank(cands, sums, window, nominal, base, limit)
+	}
+	t.at = s.now()
+	return t, nil
+}
+
+// sinceHistory cuts base to start no earlier than the fleet's history,
+// first. When history began inside the baseline (or later), the baseline
+// starts at the next whole bucket, the first one counted in full; it may
+// then be empty (First > Last).
+func sinceHistory(base Span, first time.Time) Span {
+	if first.After(base.From) {
+		cut := max(base.First, base.G.Index(first)+1)
+		base.First, base.From = cut, base.G.Start(cut)
+	}
+	return base
+}
+
+// rank scores each candidate's count over window against its baseline.
+// sums[c] holds c's buckets of window and of nominal, the baseline as
+// read; only base, its part since the fleet's history began, counts. It
+// returns the best limit with a positive score, highest first (then by
+// topic, so that every sidecar lists the same).
+func rank(cands []string, sums map[string][][]int64, window, nominal, base Span, limit int) []Entry {
+	topics := []Entry{}
+	for _, c := range cands {
+		var count, old int64
+		for _, n := range sums[c][0] {
+			count, _ = satAdd(count, n, false)
+		}
+		for i, n := range sums[c][1] {
+			if nominal.First+int64(i) >= base.First {
+				old, _ = satAdd(old, n, false)
+			}
+		}
+		expected := expect(old, base, window)
+		if sc := Score(count, expected); sc > 0 {
+			topics = append(topics, Entry{Topic: c, Count: count, Baseline: round(expected), Score: round(sc)})
+		}
+	}
+	slices.SortFunc(topics, func(a, b Entry) int {
+		if c := cmp.Compare(b.Score, a.Score); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.Topic, b.Topic)
 	})
+	return topics[:min(limit, len(topics))]
 }
 
 // baseline is the span a window is scored against: the Baselines windows

@@ -38,7 +38,6 @@ func cmdShards(ctx context.Context, args, environ []string, stdout, stderr io.Wr
 	if err := parse(&cfg, fs, args[1:], environ, stderr); err != nil {
 		return err
 	}
-	rest := fs.Args()
 	if !fs.Changed("store") && cfg.Store != config.StoreBolt && devStore(cfg.DataDir) {
 		// `hotcount dev` left its store here: a newcomer means that one,
 		// not a DynamoDB table they have no credentials for.
@@ -47,40 +46,56 @@ func cmdShards(ctx context.Context, args, environ []string, stdout, stderr io.Wr
 	}
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	st, err := sidecar.OpenStore(ctx, cfg, store.NewMetrics(prometheus.NewRegistry()))
-	if errors.Is(err, store.ErrLocked) {
-		// The usual case: hotcount dev is running on this folder and holds
-		// its store. Its API serves the same view.
-		return fmt.Errorf("the embedded store in %s is in use by a running hotcount (hotcount dev?): read the shards through its API, curl http://127.0.0.1:8080/v1/topics/TOPIC/shards, or stop it first", cfg.DataDir)
-	}
+	st, err := openShardsStore(ctx, cfg)
 	if err != nil {
 		return err
 	}
 	defer st.Close()
-
 	if verb == "set" {
-		if len(rest) != 2 {
-			return usageError{errors.New("shards set takes TOPIC N")}
-		}
-		n, err := strconv.Atoi(rest[1])
-		if err != nil {
-			return usageError{fmt.Errorf("shard count %q is not a number", rest[1])}
-		}
-		before, after, err := shardcount.Set(ctx, st, rest[0], n)
-		if err != nil {
-			return err
-		}
-		fmt.Fprintf(stdout, "%s: writes on %d shards (was %d), reads %d\n", rest[0], after.Write(), before.Write(), after.Read())
-		return nil
+		return shardsSet(ctx, st, fs.Args(), stdout)
 	}
-	if len(rest) == 0 {
-		return usageError{errors.New("shards show takes one or more topics")}
+	return shardsShow(ctx, st, fs.Args(), stdout)
+}
+
+// openShardsStore opens the store cfg names, with a way out when another
+// hotcount holds the embedded one.
+func openShardsStore(ctx context.Context, cfg config.Config) (sidecar.Store, error) {
+	st, err := sidecar.OpenStore(ctx, cfg, store.NewMetrics(prometheus.NewRegistry()))
+	if errors.Is(err, store.ErrLocked) {
+		// The usual case: hotcount dev is running on this folder and holds
+		// its store. Its API serves the same view.
+		return nil, fmt.Errorf("the embedded store in %s is in use by a running hotcount (hotcount dev?): read the shards through its API, curl http://127.0.0.1:8080/v1/topics/TOPIC/shards, or stop it first", cfg.DataDir)
 	}
-	metas, err := st.Metas(ctx, rest)
+	return st, err
+}
+
+// shardsSet sets a topic's shard count: args are TOPIC N.
+func shardsSet(ctx context.Context, st sidecar.Store, args []string, stdout io.Writer) error {
+	if len(args) != 2 {
+		return usageError{errors.New("shards set takes TOPIC N")}
+	}
+	n, err := strconv.Atoi(args[1])
+	if err != nil {
+		return usageError{fmt.Errorf("shard count %q is not a number", args[1])}
+	}
+	before, after, err := shardcount.Set(ctx, st, args[0], n)
 	if err != nil {
 		return err
 	}
-	for _, topic := range rest {
+	fmt.Fprintf(stdout, "%s: writes on %d shards (was %d), reads %d\n", args[0], after.Write(), before.Write(), after.Read())
+	return nil
+}
+
+// shardsShow prints each topic's total, shard counts and shards.
+func shardsShow(ctx context.Context, st sidecar.Store, topics []string, stdout io.Writer) error {
+	if len(topics) == 0 {
+		return usageError{errors.New("shards show takes one or more topics")}
+	}
+	metas, err := st.Metas(ctx, topics)
+	if err != nil {
+		return err
+	}
+	for _, topic := range topics {
 		m := metas[topic]
 		got, err := st.Gather(ctx, topic, m.Read(), true)
 		if err != nil {

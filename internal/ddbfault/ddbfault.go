@@ -269,70 +269,12 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, err.Error(), http.StatusBadRequest)
 		return
 	}
-	req := parse(r.Header.Get("X-Amz-Target"), body)
-
-	p.mu.Lock()
-	latency := p.latency
-	var verdict string
-	switch {
-	case time.Now().Before(p.outageEnd):
-		verdict = Outage
-	case p.failNext > 0:
-		p.failNext--
-		verdict = Failed
-	case p.refuseWrites && req.op == "UpdateItem":
-		verdict = Refused
-	case !p.allow(req):
-		verdict = Throttled
-	case req.op == "UpdateItem" && p.ambigNext > 0:
-		p.ambigNext--
-		verdict = Ambiguous
-	case req.op == "UpdateItem" && p.loseRate > 0 && rand.Float64() < p.loseRate:
-		verdict = p.loseKinds[rand.IntN(len(p.loseKinds))]
-	default:
-		verdict = Forwarded
-	}
-	p.stats.Did[verdict]++
-	if latency > 0 {
-		p.stats.Did[Latency]++
-	}
-	if verdict == Throttled {
-		for _, k := range req.keys {
-			p.stats.ThrottledKeys[k]++
-		}
-	}
-	lost := slices.Contains(lostKinds, verdict)
-	if req.write && (verdict == Forwarded || lost) {
-		for _, k := range req.keys {
-			p.stats.Writes[k]++
-		}
-	}
-	failCode, hang := p.failCode, p.hang
-	p.mu.Unlock()
-
-	if latency > 0 {
-		t := time.NewTimer(latency)
-		select {
-		case <-t.C:
-		case <-stopping(r.Context()):
-			t.Stop()
-			reset(w)
-			return
-		}
-	}
-	switch verdict {
-	case Outage:
+	d := p.decide(parse(r.Header.Get("X-Amz-Target"), body))
+	if d.latency > 0 && !delay(r.Context(), d.latency) {
 		reset(w)
 		return
-	case Failed:
-		awsError(w, failCode, "InternalServerError", "injected failure")
-		return
-	case Refused:
-		awsError(w, http.StatusBadRequest, "ValidationException", "injected: writes refused")
-		return
-	case Throttled:
-		awsError(w, http.StatusBadRequest, "ProvisionedThroughputExceededException",
-			"The level of configured provisioned throughput for one or more global secondary indexes of the table was exceeded.")
+	}
+	if refuse(w, d) {
 		return
 	}
 	resp, err := p.forward(r, body)
@@ -340,39 +282,147 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, err.Error(), http.StatusBadGateway)
 		return
 	}
-	switch verdict {
+	p.reply(w, r, d, resp)
+}
+
+// decision is what the proxy does with one request, and the settings it
+// does it with, as they were when it decided.
+type decision struct {
+	verdict  string // one of the kinds
+	latency  time.Duration
+	failCode int
+	hang     time.Duration
+}
+
+// decide picks req's verdict and counts it, under one lock so that the
+// settings and the counts agree.
+func (p *Proxy) decide(req request) decision {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	d := decision{verdict: p.verdict(req), latency: p.latency, failCode: p.failCode, hang: p.hang}
+	p.count(req, d)
+	return d
+}
+
+// verdict is the kind of what the proxy does with req, the faults taking
+// their turn in order; with mu held. It spends what it uses: one of
+// FailNext's or AmbiguousNext's calls, the ceilings' units.
+func (p *Proxy) verdict(req request) string {
+	switch {
+	case time.Now().Before(p.outageEnd):
+		return Outage
+	case p.failNext > 0:
+		p.failNext--
+		return Failed
+	case p.refuseWrites && req.op == "UpdateItem":
+		return Refused
+	case !p.allow(req):
+		return Throttled
+	case req.op == "UpdateItem" && p.ambigNext > 0:
+		p.ambigNext--
+		return Ambiguous
+	case req.op == "UpdateItem" && p.loseRate > 0 && rand.Float64() < p.loseRate:
+		return p.loseKinds[rand.IntN(len(p.loseKinds))]
+	default:
+		return Forwarded
+	}
+}
+
+// count adds the decision to the stats; with mu held. A write counts as
+// written when it reaches the store, whether or not its answer is lost.
+func (p *Proxy) count(req request, d decision) {
+	p.stats.Did[d.verdict]++
+	if d.latency > 0 {
+		p.stats.Did[Latency]++
+	}
+	if d.verdict == Throttled {
+		for _, k := range req.keys {
+			p.stats.ThrottledKeys[k]++
+		}
+	}
+	lost := slices.Contains(lostKinds, d.verdict)
+	if req.write && (d.verdict == Forwarded || lost) {
+		for _, k := range req.keys {
+			p.stats.Writes[k]++
+		}
+	}
+}
+
+// delay waits d before a request goes on. Only the proxy stopping cuts it
+// short (false); a client that goes away meanwhile does not: the request
+// is still forwarded (see forward).
+func delay(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	select {
+	case <-t.C:
+		return true
+	case <-stopping(ctx):
+		t.Stop()
+		return false
+	}
+}
+
+// refuse answers the verdicts that never reach the store, and says whether
+// it did.
+func refuse(w http.ResponseWriter, d decision) bool {
+	switch d.verdict {
+	case Outage:
+		reset(w)
+	case Failed:
+		awsError(w, d.failCode, "InternalServerError", "injected failure")
+	case Refused:
+		awsError(w, http.StatusBadRequest, "ValidationException", "injected: writes refused")
+	case Throttled:
+		awsError(w, http.StatusBadRequest, "ProvisionedThroughputExceededException",
+			"The level of configured provisioned throughput for one or more global secondary indexes of the table was exceeded.")
+	default:
+		return false
+	}
+	return true
+}
+
+// reply gives the client the store's answer, or loses it in the way the
+// verdict says.
+func (p *Proxy) reply(w http.ResponseWriter, r *http.Request, d decision, resp answer) {
+	switch d.verdict {
 	case Ambiguous:
 		reset(w)
-		return
 	case Ambiguous500:
 		awsError(w, http.StatusInternalServerError, "InternalServerError", "Internal server error (injected after the write was applied)")
-		return
 	case AmbiguousCut:
-		for k, vs := range resp.header {
-			w.Header()[k] = vs
-		}
-		w.WriteHeader(resp.status)
+		writeHeader(w, resp)
 		w.Write(resp.body[:len(resp.body)/2]) //nolint:errcheck // then cut off
 		http.NewResponseController(w).Flush() //nolint:errcheck // best effort
 		reset(w)
-		return
 	case AmbiguousHang:
-		p.hanging.Add(1)
-		defer p.hanging.Add(-1)
-		t := time.NewTimer(hang)
-		select {
-		case <-t.C:
-		case <-r.Context().Done(): // the client went away, or the proxy stops
-			t.Stop()
-		}
-		reset(w)
-		return
+		p.hangUp(r.Context(), w, d.hang)
+	default:
+		writeHeader(w, resp)
+		w.Write(resp.body) //nolint:errcheck // the client may have gone
 	}
+}
+
+// writeHeader sends the store's status and headers.
+func writeHeader(w http.ResponseWriter, resp answer) {
 	for k, vs := range resp.header {
 		w.Header()[k] = vs
 	}
 	w.WriteHeader(resp.status)
-	w.Write(resp.body) //nolint:errcheck // the client may have gone
+}
+
+// hangUp holds the connection unanswered for d, then resets it; sooner if
+// the client goes away or the proxy stops (both end ctx). Hanging counts it
+// until the reset is done.
+func (p *Proxy) hangUp(ctx context.Context, w http.ResponseWriter, d time.Duration) {
+	p.hanging.Add(1)
+	defer p.hanging.Add(-1)
+	t := time.NewTimer(d)
+	select {
+	case <-t.C:
+	case <-ctx.Done():
+		t.Stop()
+	}
+	reset(w)
 }
 
 // allow takes the request's units from each key's bucket; with mu held.
