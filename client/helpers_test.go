@@ -83,9 +83,9 @@ func (h *hotcount) written(n int64) {
 	}
 }
 
-// gauge reads an unlabelled metric of the sidecar's (the first series).
+// gauge reads an unlabelled metric of the sidecar's.
 func gauge(sc *sidecartest.Sidecar, name string) (float64, error) {
-	return sidecartest.Gauge(sc.Registry(), name, "", "")
+	return testenv.MetricValue(sc.Registry(), name, "", "")
 }
 
 // example starts what an example needs, a NATS server with JetStream and

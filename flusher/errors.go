@@ -21,14 +21,16 @@ var ErrFlushDeadline = errors.New("flush deadline passed")
 // IncompleteError is a flush that left counters for the next one: they
 // are back in the buffer, and the next flush (or Final) writes them.
 type IncompleteError struct {
-	// Unwritten of Sent counters were not written; their Kept mentions
-	// are back in the buffer.
-	Unwritten, Sent int
-	Kept            int64
+	// UnwrittenCounters counters were neither written nor journaled:
+	// they are back in the buffer with their Kept mentions. Counters is
+	// how many the flush had to write, journaled ones aside (with a
+	// journal every counter is journaled or back, and Counters is 0).
+	UnwrittenCounters, Counters int
+	Kept                        int64
 	// Pending writes are in doubt or journaled (the ledger's).
 	Pending int
-	// Held counters waited behind writes in doubt; Untried were not tried
-	// because the store is down.
+	// Held counters waited behind pending writes (in doubt or
+	// journaled); Untried were not tried because the store is down.
 	Held, Untried int
 	// Err is why: a write's error, HeldError, ErrStoreDown or
 	// ErrFlushDeadline.
@@ -36,18 +38,19 @@ type IncompleteError struct {
 }
 
 func (e *IncompleteError) Error() string {
-	return fmt.Sprintf("flusher: %d of %d topics not written (%d mentions kept), %d writes pending (in doubt or journaled), %d topics held back, %d not tried (the store is down): %v",
-		e.Unwritten, e.Sent, e.Kept, e.Pending, e.Held, e.Untried, e.Err)
+	return fmt.Sprintf("flusher: %d of %d counters not written (%d mentions kept), %d writes pending (in doubt or journaled), %d counters held back, %d not tried (the store is down): %v",
+		e.UnwrittenCounters, e.Counters, e.Kept, e.Pending, e.Held, e.Untried, e.Err)
 }
 
 func (e *IncompleteError) Unwrap() error { return e.Err }
 
 // HeldError is the cause of a flush that wrote everything it tried but
-// held Counters back behind writes in doubt.
+// held Counters back behind pending writes (in doubt, or journaled and not
+// yet in the store).
 type HeldError struct{ Counters int }
 
 func (e *HeldError) Error() string {
-	return fmt.Sprintf("%d counters waited behind writes in doubt", e.Counters)
+	return fmt.Sprintf("%d counters waited behind pending writes (in doubt or journaled)", e.Counters)
 }
 
 // ProbedError is a flush after an outage whose probe of Probed counters
@@ -64,10 +67,11 @@ func (e *ProbedError) Unwrap() error { return ErrStoreDown }
 // ShutdownError is Final giving up at the shutdown deadline: where every
 // mention it could not write is.
 type ShutdownError struct {
-	// Mentions over Topics counters were unwritten, and Buckets
-	// increments of time buckets (their mentions are in a total).
+	// Mentions over Counters counters (topics' totals and their minutes
+	// not yet split) were unwritten, and Buckets increments of time
+	// buckets (their mentions are in a total).
 	Mentions   int64
-	Topics     int
+	Counters   int
 	Buckets    int64
 	Doubt      int64 // mentions in writes in doubt (core mode: each may or may not be in)
 	Journaled  int64 // mentions left in the journal for replay (JetStream mode)
@@ -77,8 +81,8 @@ type ShutdownError struct {
 }
 
 func (e *ShutdownError) Error() string {
-	return fmt.Sprintf("flusher: shutdown deadline passed (or too close for another try) with %d mentions over %d topics unwritten (and %d increments of time buckets), %d in writes in doubt, %d left in the journal for replay (%d messages handed back for redelivery) and %d kept in the spill folder for the next start: %v",
-		e.Mentions, e.Topics, e.Buckets, e.Doubt, e.Journaled, e.HandedBack, e.Spilled, e.Err)
+	return fmt.Sprintf("flusher: shutdown deadline passed (or too close for another try) with %d mentions over %d counters unwritten (and %d increments of time buckets), %d in writes in doubt, %d left in the journal for replay (%d messages handed back for redelivery) and %d kept in the spill folder for the next start: %v",
+		e.Mentions, e.Counters, e.Buckets, e.Doubt, e.Journaled, e.HandedBack, e.Spilled, e.Err)
 }
 
 func (e *ShutdownError) Unwrap() error { return e.Err }

@@ -23,12 +23,28 @@ import (
 // it (retryRoom), and Final gives up before the deadline when there is none.
 // When ctx ends while Final waits to retry (SIGTERM's budget spent), it
 // gives up at once.
+//
+// In core mode what is left goes to the spill folder after the last
+// flush, and that write is not cut off (cutting it would lose the
+// window). So Final's flushes end early enough before ctx's deadline to
+// leave it the time its bytes take (persistRoom), and the phases after
+// the final flush keep their reserve.
 func (f *Flusher) Final(ctx context.Context) error {
-	pace := newFinalPace(ctx)
+	pace := newFinalPace(ctx, f.persistRoom)
 	var last error // the last flush's, for abandon
 	_, err := backoff.Retry(ctx, func() (struct{}, error) {
+		fctx, cancel := pace.flushContext(ctx)
+		defer cancel()
+		if fctx.Err() != nil {
+			// Not even one flush has room before the window must go to
+			// disk.
+			if last == nil {
+				last = fctx.Err()
+			}
+			return struct{}{}, backoff.Permanent(last)
+		}
 		start := time.Now()
-		err := f.Flush(ctx)
+		err := f.Flush(fctx)
 		pace.room, pace.spilling = retryRoom(time.Since(start), f.cfg.WriteTimeout), false
 		if err == nil {
 			if p, ok := f.buf.(persister); !ok || !p.Spilled() {
@@ -56,19 +72,39 @@ var errSpilledLeft = errors.New("flusher: spilled mentions left")
 // finalPace is the wait between Final's flushes, as a backoff.BackOff: a
 // doubling back-off (50 ms to 1 s) after a failed flush, none while the
 // spill comes back, and backoff.Stop when the next flush would not have
-// room to finish before ctx's deadline. Final's goroutine owns it.
+// room to finish before its deadline: ctx's, less the time Persist needs
+// for what is buffered then. Final's goroutine owns it.
 type finalPace struct {
 	failed   *backoff.ExponentialBackOff
 	deadline time.Time // zero: none
+	persist  func() time.Duration
 	room     time.Duration
 	spilling bool // the last flush wrote everything, and more is spilled
 }
 
-func newFinalPace(ctx context.Context) *finalPace {
+func newFinalPace(ctx context.Context, persist func() time.Duration) *finalPace {
 	b := backoff.NewExponentialBackOff()
 	b.InitialInterval, b.Multiplier, b.MaxInterval, b.RandomizationFactor = 50*time.Millisecond, 2, time.Second, 0
 	deadline, _ := ctx.Deadline()
-	return &finalPace{failed: b, deadline: deadline}
+	return &finalPace{failed: b, deadline: deadline, persist: persist}
+}
+
+// flushDeadline is when a flush starting now must end: ctx's deadline
+// less the time Persist needs for what is buffered now.
+func (p *finalPace) flushDeadline() time.Time {
+	if p.deadline.IsZero() {
+		return p.deadline
+	}
+	return p.deadline.Add(-p.persist())
+}
+
+// flushContext is ctx ending at flushDeadline.
+func (p *finalPace) flushContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	d := p.flushDeadline()
+	if d.IsZero() {
+		return context.WithCancel(ctx)
+	}
+	return context.WithDeadline(ctx, d)
 }
 
 func (p *finalPace) NextBackOff() time.Duration {
@@ -76,7 +112,7 @@ func (p *finalPace) NextBackOff() time.Duration {
 	if !p.spilling {
 		wait = p.failed.NextBackOff()
 	}
-	if !p.deadline.IsZero() && time.Until(p.deadline) < wait+p.room {
+	if d := p.flushDeadline(); !d.IsZero() && time.Until(d) < wait+p.room {
 		return backoff.Stop
 	}
 	return wait
@@ -89,6 +125,26 @@ func (p *finalPace) Reset() { p.failed.Reset() }
 // 50 ms, at most a write's timeout.
 func retryRoom(last, writeTimeout time.Duration) time.Duration {
 	return min(writeTimeout, max(4*last, 50*time.Millisecond))
+}
+
+// persistRate is the write speed persistRoom assumes for the spill folder:
+// a slow volume's, a quarter of what BenchmarkPersist measures on a
+// development machine's disk (docs/BENCHMARKS.md).
+const persistRate = 64 << 20 // bytes a second
+
+// persistRoom is the time Persist needs for what is buffered now (none
+// without a spill folder, or in JetStream mode): its bytes at persistRate,
+// plus 100 ms for the file's creation and sync.
+func (f *Flusher) persistRoom() time.Duration {
+	p, ok := f.buf.(persister)
+	if !ok {
+		return 0
+	}
+	n := p.PersistBytes()
+	if n == 0 {
+		return 0
+	}
+	return 100*time.Millisecond + time.Duration(float64(n)/persistRate*float64(time.Second))
 }
 
 // abandon ends Final at (or just before) the deadline: what is buffered
@@ -123,5 +179,5 @@ func (f *Flusher) abandon(err error) error {
 			bucketed += d
 		}
 	}
-	return &ShutdownError{Mentions: w.Mentions(), Topics: w.Len(), Buckets: bucketed, Doubt: doubt, Journaled: journaled, HandedBack: handedBack, Spilled: spilled, Err: err}
+	return &ShutdownError{Mentions: w.Mentions(), Counters: w.Len(), Buckets: bucketed, Doubt: doubt, Journaled: journaled, HandedBack: handedBack, Spilled: spilled, Err: err}
 }

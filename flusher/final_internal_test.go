@@ -13,7 +13,8 @@ import (
 // wait; and it stops when the wait and the room a retry needs no longer
 // fit before the deadline.
 func TestFinalPace(t *testing.T) {
-	p := newFinalPace(context.Background())
+	none := func() time.Duration { return 0 }
+	p := newFinalPace(context.Background(), none)
 	p.Reset()
 	var got []time.Duration
 	for range 7 {
@@ -38,7 +39,7 @@ func TestFinalPace(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
 	defer cancel()
-	p = newFinalPace(ctx)
+	p = newFinalPace(ctx, none)
 	p.room = 59 * time.Minute
 	if w := p.NextBackOff(); w != 50*time.Millisecond {
 		t.Errorf("room before the deadline: wait %v, want 50ms", w)
@@ -46,5 +47,24 @@ func TestFinalPace(t *testing.T) {
 	p.room = time.Hour
 	if w := p.NextBackOff(); w != backoff.Stop {
 		t.Errorf("no room before the deadline: wait %v, want Stop", w)
+	}
+
+	// The window's spill needs 30 minutes: a retry needing 59 no longer
+	// fits, one needing 29 does, and a flush ends 30 minutes early.
+	p = newFinalPace(ctx, func() time.Duration { return 30 * time.Minute })
+	p.room = 59 * time.Minute
+	if w := p.NextBackOff(); w != backoff.Stop {
+		t.Errorf("no room before the spill must start: wait %v, want Stop", w)
+	}
+	p.room = 29 * time.Minute
+	p.Reset()
+	if w := p.NextBackOff(); w != 50*time.Millisecond {
+		t.Errorf("room before the spill must start: wait %v, want 50ms", w)
+	}
+	fctx, cancelFlush := p.flushContext(ctx)
+	defer cancelFlush()
+	d, _ := ctx.Deadline()
+	if fd, _ := fctx.Deadline(); !fd.Equal(d.Add(-30 * time.Minute)) {
+		t.Errorf("a flush's deadline is %s before ctx's, want 30m", d.Sub(fd))
 	}
 }

@@ -34,24 +34,25 @@ func (f *Flusher) Flush(ctx context.Context) error {
 	// pending held back whole, so that a message goes with every count it
 	// makes.
 	p := f.drain()
-	defer f.ledger.keepAliveWhile(p.write.Acks)()
-	f.shardCounts(ctx, p)
+	w := p.write // the window this flush holds: record and gather hand it on
+	defer f.ledger.keepAliveWhile(w.Acks)()
+	shards := f.shardCounts(ctx, w.Deltas)
 	// 2-3. JetStream mode: journal them, then acknowledge their messages:
 	// from there on the journal carries the counts, whatever happens to
 	// this process.
-	unwritten := f.record(ctx, p)
+	unwritten := f.record(ctx, &w, shards)
 	if f.journal != nil {
 		f.ledger.confirm(ctx)
 		f.ledger.retire(ctx)
 	}
 	// 4. Writes pending go first, unchanged: a topic's newer deltas wait
 	// behind them, so no newer seq lands while an older one is in doubt.
-	r := f.send(ctx, p, start.Add(f.cfg.Timeout))
-	f.gather(p, r, &unwritten)
+	r := f.send(ctx, w, shards, start.Add(f.cfg.Timeout))
+	f.gather(&w, r, &unwritten)
 	// 5. Acknowledge the messages whose counts are all in the store, and
 	// retire the entries that are.
 	f.ledger.settle(ctx, r.settled)
-	unwritten.Acks = append(unwritten.Acks, f.ledger.ackWritten(p.write.Acks, r.missed, r.doubt)...)
+	unwritten.Acks = append(unwritten.Acks, f.ledger.ackWritten(w.Acks, r.missed, r.doubt)...)
 	f.observe(r)
 	f.ledger.hold()
 	f.progress(r, unwritten)
@@ -60,58 +61,59 @@ func (f *Flusher) Flush(ctx context.Context) error {
 }
 
 // drain takes the buffer's window and plans it; what the plan does not
-// write this flush goes back at once, in the same step for readers.
-func (f *Flusher) drain() *plan {
-	var p *plan
+// write this flush goes back at once, in the same step for readers. From
+// then on the buffer owns the plan's held and untried windows: the flush
+// reads only their sizes.
+func (f *Flusher) drain() plan {
+	var p plan
 	f.view.move(func() *aggregator.Deltas {
 		p = newPlan(f.buf.Drain(), f.down.Load(), f.ledger.waiting(), f.planning)
 		if p.untried != nil {
 			rest := aggregator.Window{Deltas: p.untried}
 			f.metrics.requeued.Add(float64(rest.Mentions()))
-			f.buf.Merge(rest) // the buffer's now
-			p.untried = nil
+			f.buf.Merge(rest)
 		}
 		if p.heldCounters > 0 {
 			f.ledger.keepAliveAll(p.held.Acks)
 			f.metrics.requeued.Add(float64(p.held.Mentions()))
 			f.buf.Merge(p.held)
-			p.held = aggregator.Window{}
 		}
 		return p.write.Deltas
 	})
 	return p
 }
 
-// record journals the plan's writes (JetStream mode with a journal),
-// acknowledges the messages of the topics recorded, in stream order, and
-// leaves the recorded writes pending in the ledger. It returns the
-// counters the journal did not take, with their messages.
-func (f *Flusher) record(ctx context.Context, p *plan) aggregator.Window {
+// record journals the writes of w, the window the flush holds (JetStream
+// mode with a journal), acknowledges the messages of the topics recorded,
+// in stream order, and leaves the recorded writes pending in the ledger.
+// It returns the counters the journal did not take, with their messages,
+// and leaves w empty.
+func (f *Flusher) record(ctx context.Context, w *aggregator.Window, shards shardTable) aggregator.Window {
 	left := aggregator.Window{Deltas: aggregator.NewDeltas(0)}
-	if f.journal == nil || p.write.Len() == 0 {
+	if f.journal == nil || w.Len() == 0 {
 		return left
 	}
-	writes := p.writes(f.cfg.Writer, f.seq.Next)
-	recorded, at := f.ledger.record(ctx, writes, p.write.Acks)
+	writes := shards.writes(w.Deltas, f.cfg.Writer, f.seq.Next)
+	recorded, at := f.ledger.record(ctx, writes, w.Acks)
 	var taken []store.Write
-	for _, w := range writes {
-		if _, ok := recorded[w.Counter]; ok {
-			taken = append(taken, w)
+	for _, x := range writes {
+		if _, ok := recorded[x.Counter]; ok {
+			taken = append(taken, x)
 		} else {
-			left.Deltas.Set(w.Counter.Name(), w.Delta) // back to the buffer, by name
+			left.Deltas.Set(x.Counter.Name(), x.Delta) // back to the buffer, by name
 		}
 	}
 	f.view.journaled(taken, func(c store.Counter) bool { return recorded[c].Unconfirmed }, at, left.Deltas)
-	p.write.Deltas = aggregator.NewDeltas(0) // no longer in the view: all pending or in left
-	left.Acks = f.ledger.ackRecorded(p.write.Acks, recorded)
-	p.write.Acks = nil
+	w.Deltas = aggregator.NewDeltas(0) // no longer in the view: all pending or in left
+	left.Acks = f.ledger.ackRecorded(w.Acks, recorded)
+	w.Acks = nil
 	return left
 }
 
 // round is one flush's tally of its writes' answers. The flush's goroutine
 // owns it: the batch hands it every answer (take).
 type round struct {
-	topics    int                           // counters the flush had to write, journaled ones aside
+	counters  int                           // counters the flush had to write, journaled ones aside
 	wrote     []counterDelta                // new writes applied
 	settled   map[store.Counter]int64       // pending writes now in the store
 	doubt     map[store.Counter]store.Write // new writes in doubt
@@ -168,17 +170,21 @@ func (r *round) miss(c store.Counter) {
 // call each (a million topics during an outage).
 func (r *round) down(limit int) bool { return r.refused >= limit && r.written == 0 }
 
-// send sends the ledger's pending writes again, then the plan's new ones,
-// while the deadline, the context and the store allow, and tallies their
-// answers. A write not started is no ambiguity: its delta waits for the
-// next flush.
-func (f *Flusher) send(ctx context.Context, p *plan, deadline time.Time) *round {
-	r := &round{topics: p.write.Len(), settled: make(map[store.Counter]int64), doubt: make(map[store.Counter]store.Write)}
-	if len(p.write.Acks) > 0 {
+// send sends the ledger's pending writes again, then new ones of the
+// counters of w, the window the flush holds, while the deadline, the
+// context and the store allow, and tallies their answers. A write not
+// started is no ambiguity: its delta waits for the next flush.
+func (f *Flusher) send(ctx context.Context, w aggregator.Window, shards shardTable, deadline time.Time) *round {
+	r := &round{counters: w.Len(), settled: make(map[store.Counter]int64), doubt: make(map[store.Counter]store.Write)}
+	if len(w.Acks) > 0 {
 		r.missed = make(map[string]bool)
 	}
 	b := f.writer.batch(r.take)
-	for c, pw := range f.ledger.resendable(func() bool { return !f.now().After(deadline) }) {
+	// A write starts only before the flush's deadline and with room to
+	// finish before ctx's (the shutdown's): one cut off in flight would be
+	// in doubt, where one never started keeps its delta whole.
+	inTime := func() bool { return !f.now().After(deadline) && !f.writer.tooLate(ctx) }
+	for c, pw := range f.ledger.resendable(inTime) {
 		f.view.resending(c)
 		b.start(func() answer {
 			a := f.writer.resend(ctx, pw.write)
@@ -188,16 +194,16 @@ func (f *Flusher) send(ctx context.Context, p *plan, deadline time.Time) *round 
 			return a
 		})
 	}
-	for c, delta := range p.counters() {
+	for c, delta := range counters(w.Deltas) {
 		b.collect()
-		if r.down(f.cfg.Concurrency) || f.now().After(deadline) || ctx.Err() != nil {
+		if r.down(f.cfg.Concurrency) || !inTime() {
 			r.miss(c)
 			continue
 		}
-		w, n, sentAt := p.newWrite(c, delta, f.cfg.Writer), p.shardsOf(c), f.now()
+		x, n, sentAt := shards.newWrite(c, delta, f.cfg.Writer), shards.of(c), f.now()
 		f.view.sending(c, sentAt)
 		b.start(func() answer {
-			a := f.writer.send(ctx, w, n)
+			a := f.writer.send(ctx, x, n)
 			a.sentAt = sentAt
 			f.view.answered(a)
 			f.landed(a)
@@ -217,15 +223,16 @@ func (f *Flusher) landed(a answer) {
 	}
 }
 
-// gather adds to u what the flush did not write (not applied, not in
-// doubt), in one step for readers. During an outage a million-topic window
-// is handed back without a copy: only the counters written leave it.
-func (f *Flusher) gather(p *plan, r *round, u *aggregator.Window) {
+// gather adds to u what the flush did not write of w, the window it holds
+// (not applied, not in doubt), in one step for readers, and leaves w
+// without counters. During an outage a million-topic window is handed
+// back without a copy: only the counters written leave it.
+func (f *Flusher) gather(w *aggregator.Window, r *round, u *aggregator.Window) {
 	f.view.move(func() *aggregator.Deltas {
-		left := p.write.Deltas
+		left := w.Deltas
 		var name []byte // the window keeps counters by name; Delete keeps nothing of its argument
-		for _, w := range r.wrote {
-			name = w.counter.AppendName(name[:0])
+		for _, x := range r.wrote {
+			name = x.counter.AppendName(name[:0])
 			left.Delete(string(name))
 		}
 		for c := range r.doubt {
@@ -238,8 +245,8 @@ func (f *Flusher) gather(p *plan, r *round, u *aggregator.Window) {
 		for counter, d := range left.All() {
 			u.Deltas.Set(counter, d)
 		}
-		p.write.Deltas = nil // u's now
-		return u.Deltas      // refused or not sent: pending again
+		w.Deltas = nil  // u's now
+		return u.Deltas // refused or not sent: pending again
 	})
 }
 
@@ -250,8 +257,8 @@ func (f *Flusher) observe(r *round) {
 		return
 	}
 	observed := make(map[store.Counter]int64, len(r.settled)+len(r.wrote))
-	for _, w := range r.wrote {
-		observed[w.counter] = w.delta
+	for _, x := range r.wrote {
+		observed[x.counter] = x.delta
 	}
 	for c, d := range r.settled {
 		observed[c] += d
@@ -264,7 +271,7 @@ func (f *Flusher) observe(r *round) {
 // keeps failing; only a flush that wrote nothing of its work means the
 // store is not taking writes.
 func (f *Flusher) progress(r *round, unwritten aggregator.Window) {
-	attempted := r.topics > 0 || f.ledger.writes() > 0 || unwritten.Len() > 0 || len(r.settled) > 0
+	attempted := r.counters > 0 || f.ledger.writes() > 0 || unwritten.Len() > 0 || len(r.settled) > 0
 	progress := r.written > 0 || !attempted
 	if progress {
 		f.lastProgress.Store(f.now().UnixNano())
@@ -276,7 +283,7 @@ func (f *Flusher) progress(r *round, unwritten aggregator.Window) {
 // end hands what is left back to the buffer and reports the flush.
 // Held-back and untried deltas count as unwritten too: Final must flush
 // again.
-func (f *Flusher) end(p *plan, r *round, u aggregator.Window) error {
+func (f *Flusher) end(p plan, r *round, u aggregator.Window) error {
 	if u.Len() > 0 || f.ledger.writes() > 0 || p.heldCounters > 0 || p.untriedCounters > 0 && r.written == 0 {
 		return f.requeue(p, r, u)
 	}
@@ -285,7 +292,7 @@ func (f *Flusher) end(p *plan, r *round, u aggregator.Window) error {
 		// The probe went through: the store is back, and the next flush
 		// takes the rest, which Final must not leave behind.
 		f.metrics.flushes.WithLabelValues("error").Inc()
-		return &ProbedError{Probed: r.topics, Left: p.untriedCounters}
+		return &ProbedError{Probed: r.counters, Left: p.untriedCounters}
 	}
 	f.metrics.flushes.WithLabelValues("ok").Inc()
 	f.metrics.lastSuccess.Set(float64(f.now().UnixNano()) / 1e9)
@@ -294,9 +301,9 @@ func (f *Flusher) end(p *plan, r *round, u aggregator.Window) error {
 
 // requeue merges u back into the buffer, its messages kept alive, and
 // says what the flush left and why.
-func (f *Flusher) requeue(p *plan, r *round, u aggregator.Window) error {
+func (f *Flusher) requeue(p plan, r *round, u aggregator.Window) error {
 	f.ledger.keepAliveAll(u.Acks)
-	kept, topics := u.Mentions(), u.Len()
+	kept, unwritten := u.Mentions(), u.Len()
 	f.view.move(func() *aggregator.Deltas { f.buf.Merge(u); return nil })
 	f.metrics.requeued.Add(float64(kept))
 	f.metrics.flushes.WithLabelValues("error").Inc()
@@ -310,5 +317,5 @@ func (f *Flusher) requeue(p *plan, r *round, u aggregator.Window) error {
 	default:
 		err = ErrFlushDeadline
 	}
-	return &IncompleteError{Unwritten: topics, Sent: r.topics, Kept: kept, Pending: f.ledger.writes(), Held: p.heldCounters, Untried: p.untriedCounters, Err: err}
+	return &IncompleteError{UnwrittenCounters: unwritten, Counters: r.counters, Kept: kept, Pending: f.ledger.writes(), Held: p.heldCounters, Untried: p.untriedCounters, Err: err}
 }

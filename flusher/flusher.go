@@ -83,6 +83,7 @@ func WithReader(r Reader) Option {
 // (aggregator.Aggregator with a spill folder).
 type persister interface {
 	Persist() (mentions int64, err error)
+	PersistBytes() int64 // what Persist would write now
 	Spilled() bool
 }
 
@@ -246,7 +247,7 @@ func New(cfg Config, buf Buffer, st Store, log *zap.Logger, m *Metrics, now func
 	for _, o := range opts {
 		o(f)
 	}
-	f.planning = planning{probe: cfg.Concurrency, shards: cfg.Shards, minutes: cfg.Minutes, hours: cfg.Hours}
+	f.planning = planning{probe: cfg.Concurrency, minutes: cfg.Minutes, hours: cfg.Hours}
 	f.writer = &writer{store: st, shards: f.shards, seq: f.seq, timeout: cfg.WriteTimeout, limit: max(cfg.Concurrency, 1),
 		log: f.log, rerouted: m.rerouted, now: now}
 	f.view = newView(buf, f.reader, now)

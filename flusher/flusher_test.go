@@ -187,7 +187,7 @@ func TestDeadlineKeepsUnstartedWrites(t *testing.T) {
 	fx.agg.Add("b", 2)
 	err := fx.fl.Flush(context.Background())
 	var inc *flusher.IncompleteError
-	if !errors.As(err, &inc) || !errors.Is(err, flusher.ErrFlushDeadline) || inc.Unwritten != 2 || inc.Kept != 3 {
+	if !errors.As(err, &inc) || !errors.Is(err, flusher.ErrFlushDeadline) || inc.UnwrittenCounters != 2 || inc.Kept != 3 {
 		t.Fatalf("Flush = %v, want the deadline with 3 mentions over 2 topics kept", err)
 	}
 	if len(fx.st.tried) != 0 {
@@ -266,8 +266,8 @@ func TestFinalGivesUpAtDeadline(t *testing.T) {
 	defer cancel()
 	err := fx.fl.Final(ctx)
 	var sd *flusher.ShutdownError
-	if !errors.As(err, &sd) || sd.Mentions != 10 || sd.Topics != 2 {
-		t.Fatalf("Final = %v, want it to name 10 mentions over 2 topics", err)
+	if !errors.As(err, &sd) || sd.Mentions != 10 || sd.Counters != 2 {
+		t.Fatalf("Final = %v, want it to name 10 mentions over 2 counters", err)
 	}
 	if n := testenv.Metric(t, fx.reg, "hotcount_flusher_unflushed_total"); n != 10 {
 		t.Errorf("unflushed = %v, want 10", n)
@@ -295,8 +295,8 @@ func TestFinalStartsNoRetryItCannotFinish(t *testing.T) {
 	deadline, _ := ctx.Deadline()
 	err := fx.fl.Final(ctx)
 	var sd *flusher.ShutdownError
-	if !errors.As(err, &sd) || sd.Mentions != 7 || sd.Topics != 1 {
-		t.Fatalf("Final = %v, want it to name 7 mentions over 1 topics", err)
+	if !errors.As(err, &sd) || sd.Mentions != 7 || sd.Counters != 1 {
+		t.Fatalf("Final = %v, want it to name 7 mentions over 1 counter", err)
 	}
 	fx.st.mu.Lock()
 	started := fx.st.started
@@ -324,7 +324,7 @@ func TestDeadlinePassesMidFlush(t *testing.T) {
 	}
 	err := fx.fl.Flush(context.Background())
 	var inc *flusher.IncompleteError
-	if !errors.As(err, &inc) || inc.Unwritten != 200 || inc.Sent != 200 || inc.Kept != 200 {
+	if !errors.As(err, &inc) || inc.UnwrittenCounters != 200 || inc.Counters != 200 || inc.Kept != 200 {
 		t.Fatalf("Flush = %v, want all 200 topics kept for the next flush", err)
 	}
 	if tried := len(fx.st.tried); tried == 0 || tried == 200 {

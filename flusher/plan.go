@@ -20,16 +20,18 @@ const maxLookups = 4096
 // read only.
 type planning struct {
 	probe          int  // counters a flush tries while the store is down (Config.Concurrency)
-	shards         int  // a topic's shard count when Shards does not give one (Config.Shards)
 	minutes, hours bool // the time buckets a minute counter is written to (--windows)
 }
 
 // plan is what one flush does with the window it drained, decided before
-// anything is written: a pure function of the window, of whether the last
-// flush found the store down and of the topics the ledger holds back
-// (newPlan), to which the flush adds the shard counts it looked up. It
-// owns the window's parts until it hands them on; only the flush's
-// goroutine uses it.
+// anything is written: which counters it writes, and which go back to the
+// buffer at once. newPlan builds it, and nothing changes it afterwards.
+//
+// Its windows are parts of the drained one, and each has one owner next:
+// the flush takes write and hands it on piece by piece (see Flush), and
+// held and untried go back to the buffer at once (Flusher.drain). Once
+// they are the buffer's, the ingest changes them, so past drain only their
+// sizes are read.
 //
 // The plan is where a counter's name becomes a store.Counter: the window
 // keeps its counters by name, in its compact table (which goes back to
@@ -48,32 +50,31 @@ type plan struct {
 	// untried is, while the store is down, the window past the probe:
 	// back to the buffer as it came, not split (nil otherwise).
 	untried *aggregator.Deltas
-	// heldCounters and untriedCounters are held's and untried's sizes,
-	// kept once the buffer owns them.
-	heldCounters, untriedCounters int
-	// counts is the shard count of the topics looked up (busyTopics);
-	// the others have shards.
-	counts map[string]int
-	shards int
+	// heldCounters is held's size: what the flush reports of held once
+	// the buffer owns it.
+	heldCounters int
+	// untriedCounters is untried's size (0 when nil), for the same
+	// reason.
+	untriedCounters int
 }
 
-// newPlan plans the drained window w. down says the last flush found the
-// store refusing everything; waiting is the topics with a pending write.
-func newPlan(w aggregator.Window, down bool, waiting map[string]bool, c planning) *plan {
-	p := &plan{write: w, shards: c.shards}
+// newPlan plans the drained window w, which it takes: the plan's windows
+// are made of its parts. down says the last flush found the store
+// refusing everything; waiting is the topics with a pending write. The
+// plan depends on nothing else, and newPlan has no other effect.
+func newPlan(w aggregator.Window, down bool, waiting map[string]bool, c planning) plan {
+	var untried *aggregator.Deltas
 	// While the store refuses everything, a flush only probes it with a
 	// few counters, and the rest goes back as it came: split, each topic's
 	// minute would take three counters (total, minute, hour) of memory
 	// through an outage of millions of topics. (Core mode: JetStream mode
 	// stops fetching instead, and its messages stay with their counts.)
 	if down && len(w.Acks) == 0 {
-		p.untried = probe(&p.write, c.probe)
-		p.untriedCounters = p.untried.Len()
+		untried = probe(&w, c.probe)
 	}
-	split(p.write.Deltas, c.minutes, c.hours)
-	p.held = hold(&p.write, waiting)
-	p.heldCounters = p.held.Len()
-	return p
+	split(w.Deltas, c.minutes, c.hours)
+	held := hold(&w, waiting)
+	return plan{write: w, held: held, untried: untried, heldCounters: held.Len(), untriedCounters: untried.Len()}
 }
 
 // probe keeps in w the first n counters of its window, the writes a flush
@@ -109,9 +110,6 @@ func counters(d *aggregator.Deltas) iter.Seq2[store.Counter, int64] {
 		}
 	}
 }
-
-// counters yields the counters to write and their deltas.
-func (p *plan) counters() iter.Seq2[store.Counter, int64] { return counters(p.write.Deltas) }
 
 // split turns each minute counter (store.Fresh) of a drained window into
 // the counters it is written to: its topic's total, and as --windows asks
@@ -202,27 +200,38 @@ func busyTopics(d *aggregator.Deltas, shards int) []string {
 	return topics
 }
 
-// shardsOf is the shard count of c's topic.
-func (p *plan) shardsOf(c store.Counter) int {
-	if n := p.counts[c.Topic]; n > 0 {
+// shardTable is the shard count of each topic one flush writes: looked up
+// once, before the flush's first write (Flusher.shardCounts), and read
+// only afterwards.
+type shardTable struct {
+	// looked is the shard count of the topics looked up (busyTopics),
+	// nil when none were.
+	looked map[string]int
+	// def is the others' (Config.Shards).
+	def int
+}
+
+// of is the shard count of c's topic.
+func (t shardTable) of(c store.Counter) int {
+	if n := t.looked[c.Topic]; n > 0 {
 		return n
 	}
-	return p.shards
+	return t.def
 }
 
 // newWrite is a new write of delta to a random shard of c's topic, its seq
 // not yet given.
-func (p *plan) newWrite(c store.Counter, delta int64, writer string) store.Write {
-	return store.Write{Counter: c, Shard: rand.IntN(p.shardsOf(c)), Delta: delta, Writer: writer}
+func (t shardTable) newWrite(c store.Counter, delta int64, writer string) store.Write {
+	return store.Write{Counter: c, Shard: rand.IntN(t.of(c)), Delta: delta, Writer: writer}
 }
 
-// writes is every counter to write as a new store.Write with a seq from
-// next, a topic's time buckets next to its total: the journal keeps them
-// in one entry, so a message's counts are journaled whole or not at all.
-func (p *plan) writes(writer string, next func() int64) []store.Write {
-	ws := make([]store.Write, 0, p.write.Len())
-	for c, delta := range p.counters() {
-		w := p.newWrite(c, delta, writer)
+// writes is every counter of d as a new store.Write with a seq from next,
+// a topic's time buckets next to its total: the journal keeps them in one
+// entry, so a message's counts are journaled whole or not at all.
+func (t shardTable) writes(d *aggregator.Deltas, writer string, next func() int64) []store.Write {
+	ws := make([]store.Write, 0, d.Len())
+	for c, delta := range counters(d) {
+		w := t.newWrite(c, delta, writer)
 		w.Seq = next()
 		ws = append(ws, w)
 	}
@@ -232,23 +241,25 @@ func (p *plan) writes(writer string, next func() int64) []store.Write {
 	return ws
 }
 
-// shardCounts looks up the shard counts of p's busy topics, in a quarter
-// of the flush's budget: the counts it cannot give by then fall back to
-// one shard, and the writes keep the rest of the budget (metadata never
-// stands in front of counts).
-func (f *Flusher) shardCounts(ctx context.Context, p *plan) {
+// shardCounts looks up the shard counts of the busy topics of d, the
+// counters a flush is to write, in a quarter of the flush's budget: the
+// counts it cannot give by then fall back to one shard, and the writes
+// keep the rest of the budget (metadata never stands in front of counts).
+func (f *Flusher) shardCounts(ctx context.Context, d *aggregator.Deltas) shardTable {
+	t := shardTable{def: f.cfg.Shards}
 	// While the store refuses writes, it answers no lookups either: the
 	// window goes to its default shards, which is always safe.
-	if f.shards == nil || p.write.Len() == 0 || f.down.Load() {
-		return
+	if f.shards == nil || d.Len() == 0 || f.down.Load() {
+		return t
 	}
 	ctx, cancel := context.WithTimeout(ctx, f.cfg.Timeout/4)
 	defer cancel()
-	counts, err := f.shards.WriteCounts(ctx, busyTopics(p.write.Deltas, f.cfg.Shards))
+	counts, err := f.shards.WriteCounts(ctx, busyTopics(d, f.cfg.Shards))
 	if err != nil {
 		// The counts are usable all the same (one shard for the topics it
 		// could not look up): metadata never holds counts back.
 		f.log.Warn("shard counts incomplete; those topics go to one shard this flush", zap.Error(err))
 	}
-	p.counts = counts
+	t.looked = counts
+	return t
 }

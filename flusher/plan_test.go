@@ -48,7 +48,7 @@ func TestPlanSplitsMinuteCounters(t *testing.T) {
 		{true, true, map[string]int64{"foo": 5, minuteOf("foo").Name(): 3, hourOf("foo").Name(): 3}},
 	} {
 		w := aggregator.Window{Deltas: aggregator.DeltasOf(map[string]int64{"foo": 2, fresh("foo").Name(): 3})}
-		p := newPlan(w, false, nil, planning{probe: 4, shards: 1, minutes: c.minutes, hours: c.hours})
+		p := newPlan(w, false, nil, planning{probe: 4, minutes: c.minutes, hours: c.hours})
 		if got := p.write.Deltas.Map(); !maps.Equal(got, c.want) {
 			t.Errorf("minutes %v hours %v: plan writes %v, want %v", c.minutes, c.hours, got, c.want)
 		}
@@ -63,7 +63,7 @@ func TestPlanHoldsTopicsBehindDoubt(t *testing.T) {
 		Deltas: aggregator.DeltasOf(map[string]int64{"foo": 1, fresh("foo").Name(): 2, "bar": 4}),
 		Acks:   []aggregator.Message{msg("foo", 1), msg("bar", 2), msg("foo", 3), msg("bar", 4)},
 	}
-	p := newPlan(w, false, map[string]bool{"foo": true}, planning{probe: 4, shards: 1, minutes: true, hours: true})
+	p := newPlan(w, false, map[string]bool{"foo": true}, planning{probe: 4, minutes: true, hours: true})
 	if got := p.write.Deltas.Map(); !maps.Equal(got, map[string]int64{"bar": 4}) {
 		t.Errorf("plan writes %v, want bar alone", got)
 	}
@@ -100,7 +100,7 @@ func TestPlanProbesWhileDown(t *testing.T) {
 		}
 		return aggregator.Window{Deltas: aggregator.DeltasOf(m)}
 	}
-	c := planning{probe: 3, shards: 1, minutes: true}
+	c := planning{probe: 3, minutes: true}
 	p := newPlan(window(), true, nil, c)
 	if p.untriedCounters != 7 || p.untried.Len() != 7 {
 		t.Fatalf("untried %d counters (%d counted), want 7", p.untried.Len(), p.untriedCounters)
@@ -152,13 +152,13 @@ func TestBusyTopics(t *testing.T) {
 // counters together and take distinct seqs.
 func TestPlanWrites(t *testing.T) {
 	w := aggregator.Window{Deltas: aggregator.DeltasOf(map[string]int64{fresh("a").Name(): 1, fresh("b").Name(): 1, "c": 1})}
-	p := newPlan(w, false, nil, planning{probe: 4, shards: 2, minutes: true, hours: true})
-	p.counts = map[string]int{"a": 8}
-	if p.shardsOf(hourOf("a")) != 8 || p.shardsOf(store.TotalOf("b")) != 2 {
-		t.Errorf("shards of a's hour %d (want 8), of b %d (want the default 2)", p.shardsOf(hourOf("a")), p.shardsOf(store.TotalOf("b")))
+	p := newPlan(w, false, nil, planning{probe: 4, minutes: true, hours: true})
+	shards := shardTable{looked: map[string]int{"a": 8}, def: 2}
+	if shards.of(hourOf("a")) != 8 || shards.of(store.TotalOf("b")) != 2 {
+		t.Errorf("shards of a's hour %d (want 8), of b %d (want the default 2)", shards.of(hourOf("a")), shards.of(store.TotalOf("b")))
 	}
 	var seq int64
-	ws := p.writes("w1", func() int64 { seq++; return seq })
+	ws := shards.writes(p.write.Deltas, "w1", func() int64 { seq++; return seq })
 	if len(ws) != 7 {
 		t.Fatalf("%d writes, want 7", len(ws))
 	}
@@ -167,7 +167,7 @@ func TestPlanWrites(t *testing.T) {
 		if i > 0 && ws[i-1].Counter.Topic > x.Counter.Topic {
 			t.Errorf("writes not grouped by topic: %+v after %+v", x.Counter, ws[i-1].Counter)
 		}
-		if x.Shard < 0 || x.Shard >= p.shardsOf(x.Counter) || x.Writer != "w1" || seen[x.Seq] {
+		if x.Shard < 0 || x.Shard >= shards.of(x.Counter) || x.Writer != "w1" || seen[x.Seq] {
 			t.Errorf("write %+v: shard out of range, wrong writer or repeated seq", x)
 		}
 		seen[x.Seq] = true

@@ -8,21 +8,6 @@ import (
 	"github.com/hotcount/hotcount/store"
 )
 
-// View is what the read path asks of the flusher (lookup's pending counts
-// and its watch on writes on their way): Flusher.Read and Flusher.Sending.
-// Its methods are safe for concurrent use with each other and with flushes.
-type View interface {
-	// Read calls read, holding the flusher still, with a function that
-	// gives topic's mentions accepted by this sidecar and not in a total
-	// whose gather ended at gatheredAt (see Flusher.Read).
-	Read(topic string, read func(pending func(gatheredAt time.Time) int64))
-	// Sending reports whether a write of topic is on its way to the
-	// store, so that a total read now may or may not include it.
-	Sending(topic string) bool
-}
-
-var _ View = (*Flusher)(nil)
-
 // view is where a mention accepted by this sidecar is, as readers see it:
 // in the buffer, in the window a flush holds, in a write on its way or in
 // doubt, or (once a write lands) in the Reader's totals. It is safe for
@@ -44,13 +29,17 @@ type view struct {
 	doubt    map[store.Counter]sending // writes in doubt or journaled
 }
 
-// sending is a write: when it was first sent, its delta, and whether it
-// is on its way to the store (!landed) or not (it landed and the reader
-// was told, or it is in doubt between two sends).
+// sending is a write as readers see it: when it was first sent, its
+// delta, and whether it is on its way to the store now. A write not on its
+// way may have landed (the reader was told), or be in doubt between two
+// sends, or be journaled in an entry not yet confirmed (not sent until it
+// is): the flag says only that no answer is coming for it now.
 type sending struct {
-	at     time.Time
-	delta  int64
-	landed bool
+	at    time.Time
+	delta int64
+	// onItsWay: sent, or journaled to be sent this flush, and not yet
+	// answered, so a total read now may or may not include it.
+	onItsWay bool
 }
 
 func newView(buf Buffer, reader Reader, now func() time.Time) *view {
@@ -65,7 +54,7 @@ func (v *view) Sending(topic string) bool {
 	total := store.TotalOf(topic)
 	s, ok := v.sent[total]
 	d, doubted := v.doubt[total]
-	return ok && !s.landed || doubted && !d.landed
+	return ok && s.onItsWay || doubted && d.onItsWay
 }
 
 // Read: see Flusher.Read.
@@ -76,7 +65,10 @@ func (v *view) Read(topic string, read func(pending func(gatheredAt time.Time) i
 	read(func(gatheredAt time.Time) int64 {
 		p := v.buf.Pending(topic)
 		q, _ := v.inflight.Get(total.Name()) // 0 when not there
-		if s, ok := v.sent[total]; ok && (s.landed || !gatheredAt.Before(s.at)) {
+		// A new write answered is the reader's (applied) or counted in
+		// doubt (below); one still on its way is left out of a total
+		// gathered after it was sent, which may include it already.
+		if s, ok := v.sent[total]; ok && (!s.onItsWay || !gatheredAt.Before(s.at)) {
 			q = 0
 		}
 		if d, ok := v.doubt[total]; ok && gatheredAt.Before(d.at) {
@@ -105,7 +97,7 @@ func (v *view) journaled(recorded []store.Write, unconfirmed func(store.Counter)
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	for _, w := range recorded {
-		v.doubt[w.Counter] = sending{at: at, delta: w.Delta, landed: unconfirmed(w.Counter)}
+		v.doubt[w.Counter] = sending{at: at, delta: w.Delta, onItsWay: !unconfirmed(w.Counter)}
 	}
 	v.inflight, v.sent = left, nil
 }
@@ -117,7 +109,7 @@ func (v *view) sending(c store.Counter, at time.Time) {
 	if v.sent == nil {
 		v.sent = make(map[store.Counter]sending)
 	}
-	v.sent[c] = sending{at: at}
+	v.sent[c] = sending{at: at, onItsWay: true}
 }
 
 // answered takes the answer to a new write: applied, the reader holds it; in
@@ -129,11 +121,11 @@ func (v *view) answered(a answer) {
 	c, delta := a.write.Counter, a.write.Delta
 	switch a.outcome {
 	case applied:
-		v.sent[c] = sending{at: a.sentAt, landed: true}
+		v.sent[c] = sending{at: a.sentAt}
 		v.wrote(c, delta, a.sentAt)
 	case inDoubt:
-		v.sent[c] = sending{at: a.sentAt, landed: true}
-		v.doubt[c] = sending{at: a.sentAt, delta: delta, landed: true} // not on its way until sent again
+		v.sent[c] = sending{at: a.sentAt}
+		v.doubt[c] = sending{at: a.sentAt, delta: delta} // not on its way until sent again
 	default:
 		delete(v.sent, c)
 	}
@@ -144,7 +136,7 @@ func (v *view) resending(c store.Counter) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	if d, ok := v.doubt[c]; ok {
-		d.landed = false
+		d.onItsWay = true
 		v.doubt[c] = d
 	}
 }
@@ -162,7 +154,7 @@ func (v *view) resent(c store.Counter, o outcome) {
 		delete(v.doubt, c)
 		v.wrote(c, d.delta, d.at)
 	default:
-		d.landed = true
+		d.onItsWay = false
 		v.doubt[c] = d
 	}
 }

@@ -2,7 +2,6 @@ package flusher_test
 
 import (
 	"context"
-	"errors"
 	"sync"
 	"testing"
 	"time"
@@ -11,7 +10,7 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/hotcount/hotcount/flusher"
-	"github.com/hotcount/hotcount/internal/testenv"
+	"github.com/hotcount/hotcount/store"
 )
 
 type told struct {
@@ -28,6 +27,28 @@ func (r *told) Wrote(topic string, delta int64, sent, landed time.Time) {
 	r.deltas[topic] += delta
 }
 
+// gated is a store whose writes, once they reach it, wait until the test
+// releases them: a write stays on its way for as long as the test looks
+// at it, however slow the machine.
+type gated struct {
+	flusher.Store
+	arrived chan store.Write // each write as it reaches the store, before it waits
+	release chan struct{}    // closed: the writes go on into the store
+}
+
+func newGated(st flusher.Store) *gated {
+	return &gated{Store: st, arrived: make(chan store.Write, 1), release: make(chan struct{})}
+}
+
+func (g *gated) Add(ctx context.Context, w store.Write, now time.Time) error {
+	select {
+	case g.arrived <- w:
+	case <-g.release: // released: nobody waits for arrivals any more
+	}
+	<-g.release
+	return g.Store.Add(ctx, w, now)
+}
+
 // TestReadSeesEveryMentionOnce: while a flush writes, a topic's mentions
 // are in exactly one place for a reader: the buffer, the window being
 // written (until its write is sent), the write on its way (for a total
@@ -37,10 +58,11 @@ func (r *told) Wrote(topic string, delta int64, sent, landed time.Time) {
 func TestReadSeesEveryMentionOnce(t *testing.T) {
 	c := cfg
 	c.Shards = 1
+	c.WriteTimeout = time.Hour // the write waits for the test, not for a timeout
 	fx := newFixture(t, c, nil)
 	r := &told{deltas: map[string]int64{}}
-	fx.fl = flusher.New(c, fx.agg, fx.st, zaptest.NewLogger(t), flusher.NewMetrics(prometheus.NewRegistry()), time.Now, flusher.WithReader(r))
-	fx.st.latency = 300 * time.Millisecond
+	st := newGated(fx.st)
+	fx.fl = flusher.New(c, fx.agg, st, zaptest.NewLogger(t), flusher.NewMetrics(prometheus.NewRegistry()), time.Now, flusher.WithReader(r))
 	pending := func(gatheredAt time.Time) (n int64) {
 		fx.fl.Read("golang", func(p func(time.Time) int64) { n = p(gatheredAt) })
 		return n
@@ -50,14 +72,25 @@ func TestReadSeesEveryMentionOnce(t *testing.T) {
 	if n := pending(before); n != 5 {
 		t.Fatalf("buffered: pending %d, want 5", n)
 	}
-	done := make(chan error, 1)
-	go func() { done <- fx.fl.Flush(context.Background()) }()
-	testenv.Eventually(t, 5*time.Second, func() error {
-		if !fx.fl.Sending("golang") {
-			return errors.New("the write is not on its way yet")
+	var flushErr error
+	flushed := make(chan struct{})
+	go func() { flushErr = fx.fl.Flush(context.Background()); close(flushed) }()
+	// finish releases the write and waits for the flush, once: at the
+	// end of the test, or at its cleanup if a check stops it before, so
+	// that no flush outlives the store.
+	finish := sync.OnceValue(func() error { close(st.release); <-flushed; return flushErr })
+	t.Cleanup(func() { finish() })
+	select {
+	case w := <-st.arrived:
+		if w.Counter != store.TotalOf("golang") {
+			t.Fatalf("the store got a write of %v, want golang's total", w.Counter)
 		}
-		return nil
-	})
+	case <-flushed:
+		t.Fatalf("the flush ended before its write reached the store: %v", flushErr)
+	}
+	if !fx.fl.Sending("golang") {
+		t.Error("the write is at the store, and Sending says it is not on its way")
+	}
 	fx.agg.Add("golang", 2) // arrives during the flush
 	if n := pending(before); n != 7 {
 		t.Errorf("write on its way, total gathered before it: pending %d, want 7", n)
@@ -65,7 +98,7 @@ func TestReadSeesEveryMentionOnce(t *testing.T) {
 	if n := pending(time.Now()); n != 2 {
 		t.Errorf("write on its way, total gathered after it was sent: pending %d, want 2 (the write may be in it)", n)
 	}
-	if err := <-done; err != nil {
+	if err := finish(); err != nil {
 		t.Fatal(err)
 	}
 	if n := pending(before); n != 2 {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"math/rand/v2"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -71,6 +72,38 @@ type writer struct {
 	log      *zap.Logger
 	rerouted prometheus.Counter
 	now      func() time.Time
+	// slow is a decaying maximum of how long a write took (wall time, in
+	// nanoseconds): a flush stops starting writes that much and more
+	// before its context's deadline (room).
+	slow atomic.Int64
+}
+
+// room is how long before its context's deadline a flush stops starting
+// writes, so that the writes in flight finish rather than being cut off
+// in doubt (with no journal to settle them, in core mode at shutdown):
+// twice the recent slowest write, at least 50 ms, at most a write's
+// timeout.
+func (wr *writer) room() time.Duration {
+	return min(wr.timeout, max(2*time.Duration(wr.slow.Load()), 50*time.Millisecond))
+}
+
+// took notes that a write took d: slow rises to it at once, and falls by
+// a sixteenth a write, so a store that speeds up is seen within a round
+// or two of writes.
+func (wr *writer) took(d time.Duration) {
+	for {
+		old := wr.slow.Load()
+		next := max(int64(d), old-old/16)
+		if wr.slow.CompareAndSwap(old, next) {
+			return
+		}
+	}
+}
+
+// tooLate says whether a write started now could outlast ctx's deadline.
+func (wr *writer) tooLate(ctx context.Context) bool {
+	d, ok := ctx.Deadline()
+	return ctx.Err() != nil || ok && time.Until(d) < wr.room()
 }
 
 // send writes w (a new delta, on a shard of n) with this writer's next
@@ -121,7 +154,9 @@ func (wr *writer) resend(ctx context.Context, w store.Write) answer {
 func (wr *writer) add(ctx context.Context, w store.Write) error {
 	ctx, cancel := context.WithTimeout(ctx, wr.timeout)
 	defer cancel()
+	start := time.Now()
 	err := wr.store.Add(ctx, w, wr.now())
+	wr.took(time.Since(start))
 	var behind *store.FloorError
 	if errors.As(err, &behind) {
 		wr.seq.Raise(behind.Floor)

@@ -168,8 +168,9 @@ type Service struct {
 	// write of one of its topics raced may have missed it (see load).
 	writes [64]atomic.Uint64
 	seed   maphash.Seed
-	// sending reports a write of this sidecar on its way to the store.
-	sending func(topic string) bool
+	// writer is this sidecar's writer, watched for writes on their way to
+	// the store; nil: none.
+	writer Writer
 	// share publishes gathered totals to the fleet; nil: not shared.
 	share  Sharer
 	pool   *pool
@@ -246,11 +247,18 @@ func (s *Service) Offer(topic string, count int64, shards int) {
 	})
 }
 
-// WatchWrites gives the service the writer's view of writes on their way
-// (flusher.Flusher.Sending): a gather that ran while one was can neither
-// count it nor leave it out, so it waits for the write to land and reads
-// again. Call it before serving.
-func (s *Service) WatchWrites(sending func(topic string) bool) { s.sending = sending }
+// Writer is what the service asks of this sidecar's writer
+// (flusher.Flusher). Sending reports whether a write of topic is on its
+// way to the store, so that a total read now may or may not include it;
+// it must be safe for concurrent use.
+type Writer interface {
+	Sending(topic string) bool
+}
+
+// WatchWrites has the service watch w's writes on their way: a gather that
+// ran while one was can neither count it nor leave it out, so it waits for
+// the write to land and reads again. Call it before serving.
+func (s *Service) WatchWrites(w Writer) { s.writer = w }
 
 // lifetime is the refresh (TTL) or expiry (CacheStale) time of an entry,
 // counted from the gather that made it: a raise by this sidecar's own
@@ -664,7 +672,7 @@ func (s *Service) again(ctx context.Context, topics []string, olds []entry, out 
 func (s *Service) settle(ctx context.Context, topics []string) (map[string][]store.Shard, time.Time, bool) {
 	var racing []string
 	for _, t := range topics {
-		if s.sending(t) {
+		if s.writer.Sending(t) {
 			racing = append(racing, t)
 		}
 	}
@@ -672,7 +680,7 @@ func (s *Service) settle(ctx context.Context, topics []string) (map[string][]sto
 		return nil, time.Time{}, false
 	}
 	for _, t := range racing {
-		for s.sending(t) {
+		for s.writer.Sending(t) {
 			select {
 			case <-ctx.Done():
 				return nil, time.Time{}, false
@@ -695,7 +703,7 @@ func (s *Service) loadOnce(ctx context.Context, topics []string, olds []entry, c
 	if err != nil {
 		return nil, nil, err
 	}
-	if s.sending != nil && !consistent {
+	if s.writer != nil && !consistent {
 		if again, at, ok := s.settle(ctx, topics); ok {
 			for topic, shards := range again {
 				m[topic] = shards

@@ -2,19 +2,16 @@ package sidecar_test
 
 import (
 	"context"
-	"fmt"
-	"net"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
-	"go.uber.org/zap"
 
 	"github.com/hotcount/hotcount/config"
 	"github.com/hotcount/hotcount/ingest"
 	"github.com/hotcount/hotcount/internal/testenv"
+	"github.com/hotcount/hotcount/internal/testenv/sidecartest"
 	"github.com/hotcount/hotcount/loadgen"
-	"github.com/hotcount/hotcount/sidecar"
 )
 
 // BenchmarkJetStream measures how fast a stream of b.N stored mentions (1,000
@@ -82,25 +79,12 @@ func BenchmarkJetStream(b *testing.B) {
 		cfg := config.Default()
 		cfg.NATSURL, cfg.NATSMode = url, config.ModeJetStream
 		cfg.Store, cfg.DataDir = config.StoreBolt, b.TempDir()
-		cfg.HTTPAddr, cfg.AdminAddr = freeLocal(b), freeLocal(b)
+		cfg.HTTPAddr, cfg.AdminAddr = "127.0.0.1:0", "127.0.0.1:0"
 		cfg.FlushInterval = 100 * time.Millisecond
-		sc := sidecar.New(cfg, zap.NewNop())
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan error, 1)
-		go func() { done <- sc.Run(ctx) }()
+		sc := sidecartest.Run(b, cfg, nil)
 		idle(b, js)
-		cancel()
-		if err := <-done; err != nil {
+		if err := sc.Stop(); err != nil {
 			b.Fatal(err)
 		}
 	})
-}
-
-func freeLocal(b *testing.B) string {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer ln.Close()
-	return fmt.Sprint(ln.Addr())
 }

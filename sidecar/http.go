@@ -21,9 +21,9 @@ import (
 	"github.com/hotcount/hotcount/shardcount"
 )
 
-// handlers builds the lookup API and the admin listener's handler (health,
-// readiness, metrics, the console), and adds the console's loop to the
-// pipeline.
+// handlers builds the lookup API's listener's handler (with its token
+// check) and the admin listener's (health, readiness, metrics, the
+// console).
 func (s *Sidecar) handlers(p *parts, stopping *atomic.Bool) (map[string]http.Handler, error) {
 	cfg, reg := s.cfg, s.reg
 	// What liveness follows, for alerts: the last flush that wrote
@@ -54,15 +54,11 @@ func (s *Sidecar) handlers(p *parts, stopping *atomic.Bool) (map[string]http.Han
 		"store": p.st.Ping,
 	})
 
-	api := p.lk.Handler(s.log, lookup.Extras{Pending: p.fl.Read, Hot: p.hottest.Top, ShardsOf: p.book.Cached, Trend: p.tr})
-	// The console reads the lookup API in-process, past its token: it
-	// guards its own data (loopback only, unless --http-public).
-	con := console.New(console.Config{API: api, WriteShards: p.book.Cached, Metrics: reg, Race: cfg.ConsoleRace, CacheTTL: cfg.CacheTTL, Known: knownTopics(p.lk), Raises: raisesOf(p.book), Open: cfg.HTTPPublic && cfg.HTTPTokenFile == ""}, s.log)
-	p.runs = append(p.runs, con.Run)
 	adminMux := http.NewServeMux()
 	adminMux.Handle("/", admin.Handler(reg, health, ready, deps))
-	adminMux.Handle(console.Path, con)
-	adminMux.Handle(console.Path+"/", con)
+	adminMux.Handle(console.Path, p.con)
+	adminMux.Handle(console.Path+"/", p.con)
+	api := p.api
 	if cfg.HTTPTokenFile != "" {
 		token, err := config.ReadToken(cfg.HTTPTokenFile)
 		if err != nil {

@@ -3,6 +3,7 @@ package sidecar
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"path/filepath"
 	"runtime/debug"
 	"time"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/hotcount/hotcount/aggregator"
 	"github.com/hotcount/hotcount/config"
+	"github.com/hotcount/hotcount/console"
 	"github.com/hotcount/hotcount/fleet"
 	"github.com/hotcount/hotcount/flusher"
 	"github.com/hotcount/hotcount/heavyhitters"
@@ -41,6 +43,10 @@ type parts struct {
 	jr      *journal.Journal // durable modes only
 	members *fleet.Members   // partitioned mode only; run by Run, not in runs or services
 	sub     source
+	// api is the lookup API's handler, without its token check; con is
+	// the console, which reads it in-process.
+	api http.Handler
+	con *console.Console
 	// writer is this process's writer id, journaled or not.
 	writer string
 	// cutFlushes stops the flush loop's flush in progress: the shutdown
@@ -68,7 +74,7 @@ func (p *parts) close() {
 // error it closes what it had opened.
 func (s *Sidecar) assemble(ctx context.Context) (*parts, error) {
 	p := &parts{writer: store.NewWriterID()}
-	steps := []func(context.Context, *parts) error{s.openStore, s.buffer, s.connect, s.readers, s.writers, s.ingest}
+	steps := []func(context.Context, *parts) error{s.openStore, s.buffer, s.connect, s.readers, s.writers, s.ingest, s.views}
 	for _, step := range steps {
 		if err := step(ctx, p); err != nil {
 			p.close()
@@ -208,7 +214,7 @@ func (s *Sidecar) writers(ctx context.Context, p *parts) error {
 		Minutes:      minutes,
 		Hours:        hours,
 	}, p.agg, p.st, s.log, flusher.NewMetrics(s.reg), time.Now, opts...)
-	p.lk.WatchWrites(p.fl.Sending)
+	p.lk.WatchWrites(p.fl)
 	limit, cut := context.WithCancel(context.Background())
 	p.cutFlushes = cut
 	p.onClose(cut)
@@ -236,6 +242,19 @@ func (s *Sidecar) ingest(_ context.Context, p *parts) error {
 	}
 	p.sub = sub
 	p.runs = append([]func(context.Context) error{sub.Run}, p.runs...)
+	return nil
+}
+
+// views builds what the listeners serve from the stages: the lookup API's
+// handler, and the console over it, whose loop (its sampler, its races)
+// runs with the pipeline.
+func (s *Sidecar) views(_ context.Context, p *parts) error {
+	cfg := s.cfg
+	p.api = p.lk.Handler(s.log, lookup.Extras{Pending: p.fl.Read, Hot: p.hottest.Top, ShardsOf: p.book.Cached, Trend: p.tr})
+	// The console reads the lookup API in-process, past its token: it
+	// guards its own data (loopback only, unless --http-public).
+	p.con = console.New(console.Config{API: p.api, WriteShards: p.book.Cached, Metrics: s.reg, Race: cfg.ConsoleRace, CacheTTL: cfg.CacheTTL, Known: knownTopics(p.lk), Raises: raisesOf(p.book), Open: cfg.HTTPPublic && cfg.HTTPTokenFile == ""}, s.log)
+	p.runs = append(p.runs, p.con.Run)
 	return nil
 }
 

@@ -36,8 +36,11 @@ type shutdown struct {
 	// final writes what is buffered, retrying until its deadline: the
 	// budget's end less the reserve.
 	final func(ctx context.Context) error
-	// after run in order once final returns, sharing what is left of
-	// the budget: at least the reserve, whatever stop and final took.
+	// after run in order once final returns, on what is left of the
+	// budget: at least the reserve, whatever stop and final took. Each
+	// has its own slice of the reserve, an equal share, which a phase
+	// that runs to its deadline cannot take from the ones after it;
+	// what a phase leaves unused goes to the next.
 	after []phase
 }
 
@@ -55,10 +58,19 @@ func (s shutdown) run(log *zap.Logger) error {
 	if finalErr == nil {
 		log.Info("final flush done")
 	}
-	for _, p := range s.after {
-		if err := p.run(budget); err != nil {
+	for i, p := range s.after {
+		ctx, cancel := context.WithDeadline(budget, phaseEnd(end, s.reserve, i, len(s.after)))
+		if err := p.run(ctx); err != nil {
 			log.Warn("shutdown: "+p.name, zap.Error(err))
 		}
+		cancel()
 	}
 	return errors.Join(stopErr, finalErr)
+}
+
+// phaseEnd is the deadline of the i-th of n phases after the final flush:
+// the final flush's deadline (end less the reserve) plus i+1 equal slices
+// of the reserve. The last ends with the budget.
+func phaseEnd(end time.Time, reserve time.Duration, i, n int) time.Time {
+	return end.Add(-reserve + reserve*time.Duration(i+1)/time.Duration(n))
 }

@@ -74,10 +74,13 @@ func TestShutdownReserveSurvivesASlowDrain(t *testing.T) {
 			t.Errorf("%s ran on an ended context: %v", p.name, p.err)
 		}
 	}
-	// The first phase after the final flush starts with about the reserve
-	// left: the scheduler may take a little of it.
-	if first := after[0]; first.left < reserve/2 {
-		t.Errorf("%s started with %s of the budget left, want about the reserve (%s)", first.name, first.left, reserve)
+	// Each phase after the final flush starts with about its slice of
+	// the reserve (a third) ahead of it: the scheduler may take a little
+	// of it, and what the phases before it left unused adds to it.
+	for _, p := range after {
+		if slice := reserve / 3; p.left < slice/2 {
+			t.Errorf("%s started with %s of its deadline left, want about its slice of the reserve (%s)", p.name, p.left, slice)
+		}
 	}
 	if took > budget+100*time.Millisecond {
 		t.Errorf("shutdown took %s, more than its budget %s", took, budget)
@@ -109,5 +112,62 @@ func TestOverrunningDrainKeepsTheReserve(t *testing.T) {
 	}
 	if left < reserve/2 {
 		t.Errorf("the phase after the final flush started with %s left, want about the reserve (%s)", left, reserve)
+	}
+}
+
+// TestOverrunningPhaseKeepsTheOthersSlices: a phase after the final flush
+// that runs until its context ends (leaving the journal against a store
+// that does not answer) is cut off at the end of its slice of the
+// reserve: the phases after it (the acknowledgements, the HTTP shutdown)
+// still run, each on a live context with its own slice ahead.
+func TestOverrunningPhaseKeepsTheOthersSlices(t *testing.T) {
+	const budget, reserve = time.Second, 600 * time.Millisecond
+	start := time.Now()
+	type seen struct {
+		left time.Duration
+		err  error
+	}
+	var later []seen
+	record := phase{"later", func(ctx context.Context) error {
+		d, _ := ctx.Deadline()
+		later = append(later, seen{time.Until(d), ctx.Err()})
+		return nil
+	}}
+	var hungFor time.Duration
+	err := shutdown{
+		budget:  budget,
+		reserve: reserve,
+		stop:    func(context.Context) error { return nil },
+		final:   func(context.Context) error { return nil },
+		after: []phase{{"leave the journal", func(ctx context.Context) error {
+			began := time.Now()
+			<-ctx.Done()
+			hungFor = time.Since(began)
+			return ctx.Err()
+		}}, record, record},
+	}.run(zap.NewNop())
+	if err != nil {
+		t.Fatalf("shutdown returned %v, want nil: stop and final succeeded", err)
+	}
+	if len(later) != 2 {
+		t.Fatalf("%d phases ran after the one that hung, want 2", len(later))
+	}
+	for i, p := range later {
+		if p.err != nil {
+			t.Errorf("phase %d after the hung one ran on an ended context: %v", i+1, p.err)
+		}
+	}
+	// The hung phase had the time before the reserve (stop and final
+	// took none) and its own slice, no more: the next phase starts with
+	// about its own slice, and the last with its own and what the one
+	// before left unused (the scheduler may take a little of each).
+	if slice := reserve / 3; later[0].left < slice*3/4 || later[1].left < slice*3/2 {
+		t.Errorf("the phases after the hung one started with %s and %s left, want about one slice (%s) and two", later[0].left, later[1].left, slice)
+	}
+	if want := budget - reserve + reserve/3; hungFor > want+100*time.Millisecond {
+		t.Errorf("the hung phase ran %s, want it cut off after %s (the budget less two slices)", hungFor, want)
+	}
+	if took := time.Since(start); took > budget+100*time.Millisecond {
+		t.Errorf("shutdown took %s, more than its budget %s", took, budget)
 	}
 }

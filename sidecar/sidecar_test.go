@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -17,23 +16,22 @@ import (
 	"github.com/hotcount/hotcount/ingest"
 	"github.com/hotcount/hotcount/internal/ddbfault"
 	"github.com/hotcount/hotcount/internal/testenv"
+	"github.com/hotcount/hotcount/internal/testenv/sidecartest"
 	"github.com/hotcount/hotcount/loadgen"
 	"github.com/hotcount/hotcount/sidecar"
 	"github.com/hotcount/hotcount/store"
 )
 
-// env is one sidecar against a real NATS server and a real dynalite.
+// env is one sidecar against a real NATS server and a real dynalite,
+// started by sidecartest.Run.
 type env struct {
-	t      testing.TB
-	ns     *server.Server
-	cfg    config.Config
-	dyn    *testenv.Dynalite
-	fault  *ddbfault.Proxy // nil without the emulator
-	sc     *sidecar.Sidecar
-	cancel context.CancelFunc
-	done   chan error
-	nats   string
-	opts   []sidecar.Option // New's, for every sidecar of the env
+	ns    *server.Server
+	cfg   config.Config
+	dyn   *testenv.Dynalite
+	fault *ddbfault.Proxy // nil without the emulator
+	sc    *sidecartest.Sidecar
+	nats  string
+	opts  []sidecar.Option // New's, for every sidecar of the env
 }
 
 func newEnv(t testing.TB, tune func(*config.Config)) *env {
@@ -82,8 +80,8 @@ func newFaultEnv(t testing.TB, fc *ddbfault.Config, tune func(*config.Config), o
 	if _, err := ingest.EnsureStream(context.Background(), testenv.Connect(t, ns.ClientURL()), cfg.Stream, cfg.Subject, time.Minute, so); err != nil {
 		t.Fatal(err)
 	}
-	e := &env{t: t, ns: ns, cfg: cfg, dyn: d, fault: fault, nats: ns.ClientURL(), opts: opts}
-	e.run()
+	e := &env{ns: ns, cfg: cfg, dyn: d, fault: fault, nats: ns.ClientURL(), opts: opts}
+	e.sc = sidecartest.Run(t, cfg, zaptest.NewLogger(t), opts...)
 	return e
 }
 
@@ -99,56 +97,16 @@ func newEnvOn(t testing.TB, base *env, tune func(*config.Config)) *env {
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	e := &env{t: t, ns: base.ns, cfg: cfg, dyn: base.dyn, fault: base.fault, nats: base.nats, opts: base.opts}
-	e.run()
+	e := &env{ns: base.ns, cfg: cfg, dyn: base.dyn, fault: base.fault, nats: base.nats, opts: base.opts}
+	e.sc = sidecartest.Run(t, cfg, zaptest.NewLogger(t), e.opts...)
 	return e
 }
 
-// run starts the sidecar and waits until it is ready.
-func (e *env) run() {
-	t := e.t
-	e.done = make(chan error, 1)
-	e.sc = sidecar.New(e.cfg, zaptest.NewLogger(t), e.opts...)
-	ctx, cancel := context.WithCancel(context.Background())
-	e.cancel = cancel
-	go func() { e.done <- e.sc.Run(ctx) }()
-	t.Cleanup(func() { e.stop() })
-	select {
-	case <-e.sc.Started():
-	case err := <-e.done:
-		t.Fatalf("sidecar did not start: %v", err)
-	}
-	testenv.Eventually(t, 10*time.Second, func() error { return e.probe("/readyz") })
-	testenv.Subscribed(t, e.sc.AdminAddr(), 10*time.Second)
-}
+// stop is SIGTERM: it returns Run's error (sidecartest's Stop).
+func (e *env) stop() error { return e.sc.Stop() }
 
-// stop is SIGTERM: it returns Run's error.
-func (e *env) stop() error {
-	if e.cancel == nil {
-		return nil
-	}
-	e.cancel()
-	e.cancel = nil
-	select {
-	case err := <-e.done:
-		return err
-	case <-time.After(e.cfg.ShutdownTimeout + 10*time.Second):
-		e.t.Fatal("sidecar did not stop within its shutdown budget")
-		return nil
-	}
-}
-
-func (e *env) probe(path string) error {
-	resp, err := http.Get("http://" + e.sc.AdminAddr() + path)
-	if err != nil {
-		return err
-	}
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("%s: %s", path, resp.Status)
-	}
-	return nil
-}
+// probe is nil when the admin listener answers path with 200.
+func (e *env) probe(path string) error { return e.sc.Probe(path) }
 
 func tableCounts(t testing.TB, d *testenv.Dynalite, table string) (map[string]int64, int) {
 	return d.Counts(t, table)

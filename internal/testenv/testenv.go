@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -247,28 +248,31 @@ func Poll(timeout time.Duration, cond func() error) error {
 // the test when g has no such metric.
 func Metric(t testing.TB, g prometheus.Gatherer, name string) float64 {
 	t.Helper()
-	return metric(t, g, name, func(*dto.Metric) bool { return true })
+	v, err := MetricValue(g, name, "", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
 }
 
 // MetricWith is the value of the series of name whose label has value.
 func MetricWith(t testing.TB, g prometheus.Gatherer, name, label, value string) float64 {
 	t.Helper()
-	return metric(t, g, name, func(m *dto.Metric) bool {
-		for _, l := range m.GetLabel() {
-			if l.GetName() == label && l.GetValue() == value {
-				return true
-			}
-		}
-		return false
-	})
-}
-
-// metric sums the series of name that keep accepts; none is a failure.
-func metric(t testing.TB, g prometheus.Gatherer, name string, keep func(*dto.Metric) bool) float64 {
-	t.Helper()
-	mfs, err := g.Gather()
+	v, err := MetricValue(g, name, label, value)
 	if err != nil {
 		t.Fatal(err)
+	}
+	return v
+}
+
+// MetricValue is Metric, or MetricWith when label is set, for code without
+// a testing.TB (a helper's poll, an example): the sum of the series of the
+// named counter or gauge in g (those whose label has value, when label is
+// set), or an error when there is none.
+func MetricValue(g prometheus.Gatherer, name, label, value string) (float64, error) {
+	mfs, err := g.Gather()
+	if err != nil {
+		return 0, err
 	}
 	var sum float64
 	found := false
@@ -277,16 +281,21 @@ func metric(t testing.TB, g prometheus.Gatherer, name string, keep func(*dto.Met
 			continue
 		}
 		for _, m := range mf.GetMetric() {
-			if keep(m) {
+			if label == "" || slices.ContainsFunc(m.GetLabel(), func(l *dto.LabelPair) bool {
+				return l.GetName() == label && l.GetValue() == value
+			}) {
 				found = true
 				sum += m.GetCounter().GetValue() + m.GetGauge().GetValue()
 			}
 		}
 	}
 	if !found {
-		t.Fatalf("no metric %s with those labels", name)
+		if label != "" {
+			return 0, fmt.Errorf("no metric %s with %s=%q", name, label, value)
+		}
+		return 0, fmt.Errorf("no metric %s", name)
 	}
-	return sum
+	return sum, nil
 }
 
 // RestartNATS stops s and starts a new server on the same port with the
