@@ -1,14 +1,21 @@
 package aggregator
 
-// PersistBytes is what Persist would write now: the window's bytes, as
-// the memory budget counts them, when Persist would keep it (core mode
-// with a spill folder), else 0. The final flush stops early enough to
-// leave Persist the time these bytes take.
+// PersistBytes is the most Persist may have to write once the next flush
+// is done: the window's bytes, as the memory budget counts them, and,
+// while the spill folder holds segments, what Drain may take back of them
+// (up to the budget), since a flush that cannot write those puts them
+// back on disk. 0 when Persist would keep nothing (no spill folder, or
+// JetStream mode). The final flush stops early enough to leave Persist
+// the time these bytes take.
 func (a *Aggregator) PersistBytes() int64 {
 	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.spill == nil || len(a.cur.Acks) > 0 {
+	n, kept := a.bytes, a.spill != nil && len(a.cur.Acks) == 0
+	a.mu.Unlock()
+	if !kept {
 		return 0
 	}
-	return a.bytes
+	if spilled, _ := a.spill.Stats(); spilled > 0 {
+		n += min(spilled, a.maxBytes)
+	}
+	return n
 }

@@ -12,8 +12,8 @@ import (
 )
 
 // TestPersistBytes: what the final flush leaves Persist time for is the
-// window's bytes with a spill folder, and nothing without one or once
-// persisted.
+// window's bytes with a spill folder, nothing without one, and, while
+// segments are on disk, what the next Drain may take back of them.
 func TestPersistBytes(t *testing.T) {
 	bare := aggregator.New(100, prometheus.NewRegistry())
 	bare.Add("golang", 1)
@@ -29,13 +29,27 @@ func TestPersistBytes(t *testing.T) {
 	if _, err := a.Persist(); err != nil {
 		t.Fatal(err)
 	}
-	if n := a.PersistBytes(); n != 0 {
-		t.Errorf("after Persist PersistBytes = %d, want 0", n)
+	if n := a.PersistBytes(); n == 0 {
+		t.Errorf("after Persist PersistBytes = 0, want what the next Drain may take back of the segment")
+	}
+
+	// A failed flush's window over the budget goes to disk: the next
+	// flush takes it back, and if it cannot write it, Persist must.
+	b, _, _ := spilling(t, t.TempDir())
+	for i := range 300 {
+		b.Add("topic-"+strconv.Itoa(i), 1)
+	}
+	b.Merge(b.Drain())
+	if !b.Spilled() {
+		t.Fatal("the window did not go to disk: the test needs a spilled segment")
+	}
+	if n, most := b.PersistBytes(), int64(100*(aggregator.TopicOverhead+10)); n == 0 || n > most {
+		t.Errorf("with a segment on disk PersistBytes = %d, want some, at most the budget %d", n, most)
 	}
 }
 
 // BenchmarkPersist is the spill write at shutdown: a window of a million
-// topics of 26-byte names (about 55 MiB as the budget counts it) to the
+// topics of 27-byte names (about 56 MiB as the budget counts it) to the
 // spill folder, synced. The flusher assumes a quarter of a development
 // machine's rate (flusher.persistRate) when it leaves Persist its time.
 func BenchmarkPersist(b *testing.B) {

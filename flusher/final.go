@@ -3,6 +3,7 @@ package flusher
 import (
 	"context"
 	"errors"
+	"math"
 	"time"
 
 	"github.com/cenkalti/backoff/v5"
@@ -27,10 +28,17 @@ import (
 // In core mode what is left goes to the spill folder after the last
 // flush, and that write is not cut off (cutting it would lose the
 // window). So Final's flushes end early enough before ctx's deadline to
-// leave it the time its bytes take (persistRoom), and the phases after
-// the final flush keep their reserve.
+// leave it the time its bytes take (persistRoom, at most half of Final's
+// time), and the phases after the final flush keep their reserve.
 func (f *Flusher) Final(ctx context.Context) error {
-	pace := newFinalPace(ctx, f.persistRoom)
+	// Persist's time is taken from at most half of Final's: past that the
+	// store, if it answers, is the better home for the window (a spill
+	// folder on an emptyDir goes with its pod).
+	most := time.Duration(math.MaxInt64)
+	if d, ok := ctx.Deadline(); ok {
+		most = time.Until(d) / 2
+	}
+	pace := newFinalPace(ctx, func() time.Duration { return min(f.persistRoom(), most) })
 	var last error // the last flush's, for abandon
 	_, err := backoff.Retry(ctx, func() (struct{}, error) {
 		fctx, cancel := pace.flushContext(ctx)

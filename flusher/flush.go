@@ -183,10 +183,13 @@ func (f *Flusher) send(ctx context.Context, w aggregator.Window, shards shardTab
 	// A write starts only before the flush's deadline and with room to
 	// finish before ctx's (the shutdown's): one cut off in flight would be
 	// in doubt, where one never started keeps its delta whole.
-	inTime := func() bool { return !f.now().After(deadline) && !f.writer.tooLate(ctx) }
+	inTime := func() bool { return !f.now().After(deadline) && !f.tooLate(ctx) }
 	for c, pw := range f.ledger.resendable(inTime) {
+		if !b.acquire(inTime) {
+			break
+		}
 		f.view.resending(c)
-		b.start(func() answer {
+		b.run(func() answer {
 			a := f.writer.resend(ctx, pw.write)
 			f.view.resent(c, a.outcome)
 			f.ledger.answered(ctx, pw, a)
@@ -196,13 +199,13 @@ func (f *Flusher) send(ctx context.Context, w aggregator.Window, shards shardTab
 	}
 	for c, delta := range counters(w.Deltas) {
 		b.collect()
-		if r.down(f.cfg.Concurrency) || !inTime() {
+		if r.down(f.cfg.Concurrency) || !b.acquire(func() bool { return !r.down(f.cfg.Concurrency) && inTime() }) {
 			r.miss(c)
 			continue
 		}
 		x, n, sentAt := shards.newWrite(c, delta, f.cfg.Writer), shards.of(c), f.now()
 		f.view.sending(c, sentAt)
-		b.start(func() answer {
+		b.run(func() answer {
 			a := f.writer.send(ctx, x, n)
 			a.sentAt = sentAt
 			f.view.answered(a)

@@ -215,6 +215,7 @@ type Flusher struct {
 	lastProgress atomic.Int64 // UnixNano of the last flush that wrote something, or had nothing to write
 	failing      atomic.Bool  // the last flush had work and wrote none of it
 	down         atomic.Bool  // ... and the store refused it all, throttles aside
+	endBy        atomic.Int64 // UnixNano of EndBy's time; 0: none
 }
 
 // Sending reports whether a write of topic is on its way to the store: sent
@@ -285,6 +286,35 @@ func (f *Flusher) RunWithin(ctx, limit context.Context) error {
 			f.log.Warn("flush incomplete, deltas kept for the next flush", zap.Error(err))
 		}
 	}
+}
+
+// EndBy makes every flush, the one in progress included, start no write
+// that could outlast t less the time Persist needs for what is buffered
+// now (at most half the time left, as in Final): the shutdown calls it
+// with the final flush's deadline, where it cuts off the flush loop's
+// flush (RunWithin's limit), so that the writes in flight then finish
+// rather than end in doubt, and the spill write at the end of Final has
+// its time. The zero time sets none.
+func (f *Flusher) EndBy(t time.Time) {
+	var end int64
+	if !t.IsZero() {
+		end = t.Add(-min(f.persistRoom(), time.Until(t)/2)).UnixNano()
+	}
+	f.endBy.Store(end)
+}
+
+// tooLate says whether a write started now could outlast ctx's deadline,
+// or EndBy's.
+func (f *Flusher) tooLate(ctx context.Context) bool {
+	if ctx.Err() != nil {
+		return true
+	}
+	room := f.writer.room()
+	if d, ok := ctx.Deadline(); ok && time.Until(d) < room {
+		return true
+	}
+	end := f.endBy.Load()
+	return end != 0 && time.Until(time.Unix(0, end)) < room
 }
 
 // Failing reports whether the last flush had work and wrote none of it

@@ -518,3 +518,41 @@ func TestFinalWritesWhatWaitedBehindDoubt(t *testing.T) {
 		t.Errorf("%d mentions left in the buffer after Final", n)
 	}
 }
+
+// TestEndByLeavesNoWriteInFlight: a flush in progress at shutdown (no
+// deadline of its own) given EndBy stops starting writes that could not
+// finish by then: none is in flight at that time (against a real store,
+// each would be a write in doubt), what it did not start is kept, and the
+// next flush writes it, so every mention is in the store once.
+func TestEndByLeavesNoWriteInFlight(t *testing.T) {
+	fx := newFixture(t, cfg, nil)
+	const latency = 100 * time.Millisecond
+	fx.st.latency = latency
+	for i := range 40 { // 10 rounds of 4: a second of writes
+		fx.agg.Add(fmt.Sprintf("t%d", i), 1)
+	}
+	end := time.Now().Add(450 * time.Millisecond)
+	fx.fl.EndBy(end)
+	err := fx.fl.Flush(context.Background())
+	var inc *flusher.IncompleteError
+	if !errors.As(err, &inc) || inc.UnwrittenCounters == 0 {
+		t.Fatalf("Flush = %v, want some counters left for the next flush", err)
+	}
+	fx.st.mu.Lock()
+	started := fx.st.started
+	fx.st.mu.Unlock()
+	for _, s := range started {
+		if s.Add(latency).After(end) {
+			t.Errorf("a write started %s before EndBy, within its %s", end.Sub(s), latency)
+		}
+	}
+	fx.fl.EndBy(time.Time{}) // none: the next flush writes the rest
+	if err := fx.fl.Flush(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 40 {
+		if got := fx.total(t, fmt.Sprintf("t%d", i), cfg.Shards); got != 1 {
+			t.Errorf("t%d: %d in the store, want 1", i, got)
+		}
+	}
+}

@@ -3,8 +3,9 @@ package flusher
 import (
 	"context"
 	"errors"
+	"math"
 	"math/rand/v2"
-	"sync/atomic"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -72,38 +73,49 @@ type writer struct {
 	log      *zap.Logger
 	rerouted prometheus.Counter
 	now      func() time.Time
-	// slow is a decaying maximum of how long a write took (wall time, in
-	// nanoseconds): a flush stops starting writes that much and more
-	// before its context's deadline (room).
-	slow atomic.Int64
+	slow     slowest // how long writes take, for room
 }
 
-// room is how long before its context's deadline a flush stops starting
-// writes, so that the writes in flight finish rather than being cut off
-// in doubt (with no journal to settle them, in core mode at shutdown):
-// twice the recent slowest write, at least 50 ms, at most a write's
-// timeout.
+// room is how long before a deadline a flush stops starting writes, so
+// that the writes in flight finish rather than being cut off in doubt
+// (with no journal to settle them, in core mode at shutdown): twice the
+// recent slowest write, at least 50 ms, at most a write's timeout.
 func (wr *writer) room() time.Duration {
-	return min(wr.timeout, max(2*time.Duration(wr.slow.Load()), 50*time.Millisecond))
+	return min(wr.timeout, max(2*wr.slow.get(), 50*time.Millisecond))
 }
 
-// took notes that a write took d: slow rises to it at once, and falls by
-// a sixteenth a write, so a store that speeds up is seen within a round
-// or two of writes.
-func (wr *writer) took(d time.Duration) {
-	for {
-		old := wr.slow.Load()
-		next := max(int64(d), old-old/16)
-		if wr.slow.CompareAndSwap(old, next) {
-			return
-		}
+// slowest is a decaying maximum of how long writes took (wall time): it
+// rises to a slower write at once and halves every second after, so that
+// one write that ran to its timeout keeps writes from starting near a
+// deadline for a few seconds, not until another write is fast (none would
+// start to show it). Safe for concurrent use; the zero value is none.
+type slowest struct {
+	mu sync.Mutex
+	d  time.Duration
+	at time.Time
+}
+
+// halfLife is how fast slowest forgets a slow write.
+const halfLife = time.Second
+
+func (s *slowest) decayed(now time.Time) time.Duration {
+	if s.at.IsZero() {
+		return 0
 	}
+	return time.Duration(float64(s.d) * math.Exp2(-now.Sub(s.at).Seconds()/halfLife.Seconds()))
 }
 
-// tooLate says whether a write started now could outlast ctx's deadline.
-func (wr *writer) tooLate(ctx context.Context) bool {
-	d, ok := ctx.Deadline()
-	return ctx.Err() != nil || ok && time.Until(d) < wr.room()
+func (s *slowest) note(d time.Duration) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := time.Now()
+	s.d, s.at = max(d, s.decayed(now)), now
+}
+
+func (s *slowest) get() time.Duration {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.decayed(time.Now())
 }
 
 // send writes w (a new delta, on a shard of n) with this writer's next
@@ -156,7 +168,7 @@ func (wr *writer) add(ctx context.Context, w store.Write) error {
 	defer cancel()
 	start := time.Now()
 	err := wr.store.Add(ctx, w, wr.now())
-	wr.took(time.Since(start))
+	wr.slow.note(time.Since(start))
 	var behind *store.FloorError
 	if errors.As(err, &behind) {
 		wr.seq.Raise(behind.Floor)
@@ -180,23 +192,33 @@ func (wr *writer) batch(take func(answer)) *batch {
 	return &batch{slots: make(chan struct{}, wr.limit), answers: make(chan answer, wr.limit), take: take}
 }
 
-// start runs write in a goroutine of its own as soon as there is room,
-// taking the answers that come in meanwhile.
-func (b *batch) start(write func() answer) {
+// acquire waits for room for one more write, taking the answers that come
+// in meanwhile, and keeps it if ok still holds then (the deadline is
+// checked when the write would start, not before the wait): a true
+// return must be followed by run.
+func (b *batch) acquire(ok func() bool) bool {
 	for {
 		select {
 		case b.slots <- struct{}{}:
-			b.running++
-			go func() {
-				b.answers <- write()
-				<-b.slots // after the answer is in: answers never outnumber slots
-			}()
-			return
+			if !ok() {
+				<-b.slots
+				return false
+			}
+			return true
 		case a := <-b.answers:
 			b.running--
 			b.take(a)
 		}
 	}
+}
+
+// run runs write, in the room acquire kept, in a goroutine of its own.
+func (b *batch) run(write func() answer) {
+	b.running++
+	go func() {
+		b.answers <- write()
+		<-b.slots // after the answer is in: answers never outnumber slots
+	}()
 }
 
 // collect takes the answers already in, without waiting for others.

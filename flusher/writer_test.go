@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -149,8 +150,12 @@ func TestBatchBoundsWritesInFlight(t *testing.T) {
 	taken := map[string]int{}
 	b := wr.batch(func(a answer) { taken[a.write.Counter.Topic]++ })
 	release := make(chan struct{})
+	always := func() bool { return true }
 	for i := range 20 {
-		b.start(func() answer {
+		if !b.acquire(always) {
+			t.Fatal("acquire refused room though ok holds")
+		}
+		b.run(func() answer {
 			mu.Lock()
 			inFlight++
 			most = max(most, inFlight)
@@ -177,5 +182,49 @@ func TestBatchBoundsWritesInFlight(t *testing.T) {
 		if n != 1 {
 			t.Errorf("%s answered %d times", topic, n)
 		}
+	}
+}
+
+// TestAcquireChecksWhenTheWriteWouldStart: a write that waits for room
+// is checked against its deadline when the room comes, not before the
+// wait: one whose deadline passed meanwhile does not start, and gives
+// its room back.
+func TestAcquireChecksWhenTheWriteWouldStart(t *testing.T) {
+	wr, _ := testWriter(t, &scripted{}, nil)
+	wr.limit = 1
+	b := wr.batch(func(answer) {})
+	release := make(chan struct{})
+	if !b.acquire(func() bool { return true }) {
+		t.Fatal("acquire refused an empty batch")
+	}
+	b.run(func() answer { <-release; return answer{} })
+	var late atomic.Bool                             // the deadline passes while the write waits
+	go func() { late.Store(true); close(release) }() // the room frees only after
+	if b.acquire(func() bool { return !late.Load() }) {
+		t.Fatal("a write whose deadline passed while it waited for room was let start")
+	}
+	if !b.acquire(func() bool { return true }) {
+		t.Fatal("the refused write kept its room")
+	}
+	b.run(func() answer { return answer{} })
+	b.wait()
+}
+
+// TestSlowestDecays: one slow write raises the room at once, and is
+// forgotten by halves each second, so writes start again near a deadline
+// once the store is fast (none need start to show it).
+func TestSlowestDecays(t *testing.T) {
+	var s slowest
+	if d := s.get(); d != 0 {
+		t.Fatalf("no write yet: %s, want 0", d)
+	}
+	s.note(4 * time.Second)
+	at := s.at
+	if d := s.decayed(at.Add(2 * halfLife)); d != time.Second {
+		t.Errorf("two half-lives after a 4s write: %s, want 1s", d)
+	}
+	s.note(time.Millisecond) // a fast write does not hide the slow one
+	if d := s.get(); d < 3*time.Second {
+		t.Errorf("right after a 4s write and a fast one: %s, want about 4s", d)
 	}
 }

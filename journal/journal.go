@@ -510,12 +510,17 @@ func (j *Journal) keys(ctx context.Context, kv jetstream.KeyValue) ([]string, er
 
 // Run refreshes this writer's heartbeat and replays dead writers' entries
 // until ctx ends; then it removes the heartbeat, so that what this writer
-// leaves unsettled is replayed at once.
+// leaves unsettled is replayed at once. It replays first as it starts: a
+// sidecar that replaces one which left the journal (a rolling update)
+// writes what that one left without waiting ReplayEvery.
 func (j *Journal) Run(ctx context.Context) error {
 	beat := time.NewTicker(Heartbeat)
 	defer beat.Stop()
 	replay := time.NewTicker(ReplayEvery)
 	defer replay.Stop()
+	if err := j.Replay(ctx); err != nil && ctx.Err() == nil {
+		j.log.Warn("replay", zap.Error(err))
+	}
 	for {
 		select {
 		case <-ctx.Done():

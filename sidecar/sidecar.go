@@ -154,7 +154,11 @@ func (s *Sidecar) Run(ctx context.Context) error {
 		stop: func(ctx context.Context) error {
 			stopPipe()
 			// The flush in progress finishes, but not past the final
-			// flush's deadline.
+			// flush's deadline: it starts no write it could not finish
+			// by then, and is cut off there.
+			if d, ok := ctx.Deadline(); ok {
+				p.fl.EndBy(d)
+			}
 			defer context.AfterFunc(ctx, p.cutFlushes)()
 			err := pipe.Wait()
 			// The drain has unpinned this sidecar's partitions: the
