@@ -440,8 +440,9 @@ func (a *Aggregator) Drain() Window {
 	// The drained window is the caller's: segments are read into it
 	// without the lock, so the ingest never waits for the disk.
 	if unspill && a.unspill(&w, a.maxBytes-windowBytes(w.Deltas)) {
+		n := mentionCounters(w.Deltas) // the caller's window: counted outside the lock
 		a.mu.Lock()
-		a.drained, a.carrying = mentionCounters(w.Deltas), true
+		a.drained, a.carrying = n, true
 		a.mu.Unlock()
 	}
 	if w.Deltas.Len() == 0 {

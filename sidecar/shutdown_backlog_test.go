@@ -15,14 +15,14 @@ import (
 )
 
 // The backlog tests stop a sidecar holding far more than a slow store
-// takes within --shutdown-timeout: 4,000 topics at 100 ms a write, 16 at
+// takes within --shutdown-timeout: 2,000 topics at 200 ms a write, 16 at
 // a time, are 25 s of writes against a 4 s budget (its reserve, 400 ms,
 // gives each of the four phases after the final flush 100 ms). The sidecar must exit
 // within its budget, and the next one must write everything the first
 // accepted, exactly once.
 const (
-	backlogTopics  = 4_000
-	backlogLatency = 100 * time.Millisecond
+	backlogTopics  = 2_000
+	backlogLatency = 200 * time.Millisecond
 	backlogBudget  = 4 * time.Second
 	// exitSlack is what the process may take past the budget: the
 	// services' stop after the HTTP shutdown and the test's scheduling.
