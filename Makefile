@@ -67,7 +67,7 @@ soak: deps
 # (docs/demo.svg is the committed copy README shows: cp build/demo.svg docs/).
 demo: deps
 	AWS_ACCESS_KEY_ID=demo AWS_SECRET_ACCESS_KEY=demo AWS_REGION=us-east-1 \
-	$(GO) run ./cmd/hotcount demo --dynalite $(DYNALITE) --svg build/demo.svg
+	$(GO) run ./cmd/hotcount demo --dynalite test/dynalite/serve.js --svg build/demo.svg
 
 # The container image; needs a Docker engine (not on the development
 # machines: deploy/deploy_test.go checks the Dockerfile instead).

@@ -20,7 +20,7 @@ func cmdDemo(ctx context.Context, args, environ []string, stdout, stderr io.Writ
 	cfg := config.Default()
 	fs := cfg.FlagSet("hotcount demo", func(s string) bool { return s == "dynamodb-endpoint" || s == "config" })
 	dc := demo.Config{Table: "hotcount-demo", Shards: []int{1, 2, 4, 8}}
-	dynalite := fs.String("dynalite", "", "start this dynalite (test/dynalite/node_modules/.bin/dynalite, which make deps installs) on a free port and race against it, instead of --dynamodb-endpoint")
+	dynalite := fs.String("dynalite", "", "start this dynalite (test/dynalite/serve.js, which make deps readies) on a free port and race against it, instead of --dynamodb-endpoint")
 	fs.Float64Var(&dc.Ceiling, "ceiling", 100, "emulated write units per second per key (DynamoDB's is 1000; scaled down so the local API is not the limit)")
 	fs.IntVar(&dc.Writers, "writers", 16, "concurrent writers")
 	fs.DurationVar(&dc.Duration, "duration", 3*time.Second, "length of each race")
