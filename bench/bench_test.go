@@ -32,16 +32,29 @@ import (
 	"github.com/hotcount/hotcount/shardcount"
 	"github.com/hotcount/hotcount/sidecar"
 	"github.com/hotcount/hotcount/store"
+	"github.com/hotcount/hotcount/streams"
 )
 
 // serverEnv makes the test binary run a NATS server instead of tests, so
 // that the ingest benchmark's server is a separate process.
-const serverEnv, storeEnv = "HC_BENCH_NATS_PORT", "HC_BENCH_NATS_STORE"
+// partitionsEnv, when set, gives it partitioned mode's mapping into that
+// many partition streams (benchLayout).
+const serverEnv, storeEnv, partitionsEnv = "HC_BENCH_NATS_PORT", "HC_BENCH_NATS_STORE", "HC_BENCH_NATS_PARTITIONS"
+
+// benchLayout is partitioned mode's layout with n partitions, as the
+// benchmarks' sidecars are configured.
+func benchLayout(n int) streams.Layout {
+	return streams.Layout{Stream: ingest.DefaultStream, Subject: "mentions.>", Partitions: n}
+}
 
 func TestMain(m *testing.M) {
 	if port := os.Getenv(serverEnv); port != "" {
 		p, _ := strconv.Atoi(port)
-		s, err := embeddednats.Start(p, os.Getenv(storeEnv))
+		var mappings map[string]string
+		if n, _ := strconv.Atoi(os.Getenv(partitionsEnv)); n > 0 {
+			mappings = testenv.Partitioned(benchLayout(n))
+		}
+		s, err := embeddednats.Start(p, os.Getenv(storeEnv), mappings)
 		if err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			os.Exit(1)
@@ -62,10 +75,14 @@ func freePort(tb testing.TB) int {
 }
 
 // natsProcess starts a NATS server in a child process and returns its URL.
-func natsProcess(b *testing.B) string {
+func natsProcess(b *testing.B) string { return natsProcessMapped(b, 0) }
+
+// natsProcessMapped is natsProcess with partitioned mode's mapping into
+// partitions partition streams (none for 0).
+func natsProcessMapped(b *testing.B, partitions int) string {
 	port := freePort(b)
 	cmd := exec.Command(os.Args[0])
-	cmd.Env = append(os.Environ(), serverEnv+"="+strconv.Itoa(port), storeEnv+"="+b.TempDir())
+	cmd.Env = append(os.Environ(), serverEnv+"="+strconv.Itoa(port), storeEnv+"="+b.TempDir(), partitionsEnv+"="+strconv.Itoa(partitions))
 	if err := cmd.Start(); err != nil {
 		b.Fatal(err)
 	}
@@ -462,12 +479,16 @@ func BenchmarkCounters(b *testing.B) {
 		reportCounted(b, sc, true)
 	})
 	// The same in partitioned mode with its default partitions, all owned
-	// by the one sidecar: the stream partitions by topic and each
-	// partition's consumer is filtered to its partition.
+	// by the one sidecar: the server's mapping routes each mention into
+	// its partition's stream, and each stream's consumer takes it whole.
 	b.Run("hotcount-partitioned", func(b *testing.B) {
-		url := natsProcess(b)
+		url := natsProcessMapped(b, config.DefaultPartitions)
 		nc := testenv.Connect(b, url)
-		if _, err := ingest.EnsureStream(context.Background(), nc, ingest.DefaultStream, "mentions.>", time.Minute, ingest.StreamOptions{Partitions: config.DefaultPartitions}); err != nil {
+		js, err := jetstream.New(nc)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if _, err := streams.Ensure(context.Background(), js, benchLayout(config.DefaultPartitions), streams.Options{MaxAge: time.Hour, MaxBytes: 1 << 30, Duplicates: time.Minute}); err != nil {
 			b.Fatal(err)
 		}
 		sc := counterSidecar(b, url, config.ModePartitioned)

@@ -96,7 +96,7 @@ func example(mode string, tune ...func(*config.Config)) (*hotcount, func()) {
 	if err != nil {
 		panic(err)
 	}
-	ns, err := embeddednats.Start(-1, filepath.Join(dir, "jetstream"))
+	ns, err := embeddednats.Start(-1, filepath.Join(dir, "jetstream"), nil)
 	if err != nil {
 		panic(err)
 	}

@@ -596,7 +596,7 @@ func down(t *testing.T, ns *server.Server) (up func() *server.Server) {
 	ns.WaitForShutdown()
 	return func() *server.Server {
 		t.Helper()
-		ns, err := embeddednats.Start(port, dir)
+		ns, err := embeddednats.Start(port, dir, nil)
 		if err != nil {
 			t.Fatal(err)
 		}

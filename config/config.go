@@ -64,10 +64,13 @@ const (
 	ModePartitioned = "partitioned"
 )
 
-// DefaultPartitions is the partitions of the stream in partitioned mode:
-// enough for a fleet of 64 sidecars to each own one; a larger fleet needs
-// more (a sidecar beyond the partition count owns none and idles).
-const DefaultPartitions = 64
+// DefaultPartitions is partitioned mode's partition streams: enough for a
+// fleet of 16 sidecars to each own one, and to spread the streams'
+// leaders over a 3- or 5-node cluster; a larger fleet needs more (a
+// sidecar beyond the partition count owns none and idles). Each partition
+// is a stream, at R3 a Raft group on three servers with its consumer's: 16
+// where the previous release's single stream had 64 filtered consumers.
+const DefaultPartitions = 16
 
 // Store kinds.
 const (
@@ -316,7 +319,7 @@ var settings = []setting{
 	{name: "consumer", usage: "durable pull consumer shared by the sidecars (jetstream mode)", bind: str(func(c *Config) *string { return &c.Consumer })},
 	{name: "ack-wait", usage: "how long JetStream waits for an ack before redelivering; held messages are kept alive every third of it", bind: dur(func(c *Config) *time.Duration { return &c.AckWait })},
 	{name: "max-ack-pending", usage: "messages delivered and not yet acknowledged, per consumer: for all sidecars together in jetstream mode, per partition in partitioned mode (so a hot topic's partition takes up to this many per flush interval): the buffer bound of the durable modes", bind: integer(func(c *Config) *int { return &c.MaxAckPending })},
-	{name: "partitions", usage: "partitioned mode: partitions of the stream (hotcount stream create --partitions sets them up); at least the fleet's size", bind: integer(func(c *Config) *int { return &c.Partitions })},
+	{name: "partitions", usage: "partitioned mode: partition streams, one per partition (hotcount stream create sets them up, the NATS server's mapping routes into them); at least the fleet's size", bind: integer(func(c *Config) *int { return &c.Partitions })},
 	{name: "subject", usage: "subject of mentions, <prefix>.>: the sidecar subscribes to it, load publishes to <prefix>.<topic>; the topic is what follows the prefix", bind: str(func(c *Config) *string { return &c.Subject })},
 	{name: "queue-group", usage: "NATS queue group shared by the sidecars", bind: str(func(c *Config) *string { return &c.QueueGroup })},
 	{name: "share-totals", usage: "share gathered totals with the other sidecars over NATS, so that the fleet gathers a hot topic about once per TTL instead of once per sidecar: auto (on in jetstream mode), true or false", bind: str(func(c *Config) *string { return &c.ShareTotals })},

@@ -218,7 +218,7 @@ type devSidecar struct {
 
 func startDev(t *testing.T) *devSidecar {
 	t.Helper()
-	ns, err := embeddednats.Start(-1, t.TempDir())
+	ns, err := embeddednats.Start(-1, t.TempDir(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}

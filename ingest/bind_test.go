@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
@@ -25,31 +26,36 @@ func (noOwner) Changed() <-chan struct{} { return nil }
 func (noOwner) Settled() bool            { return false }
 
 // TestBindStopsWhenContextEnds: a consumer that cannot bind (no stream, or
-// a stream partitioned other than it expects) retries with backoff until
+// the previous release's partitioned stream) retries with backoff until
 // its context ends, and then Run returns at once, in the middle of a wait:
 // SIGTERM during start-up is not held for the rest of it.
 func TestBindStopsWhenContextEnds(t *testing.T) {
 	cases := []struct {
 		name       string
-		partitions int // the consumer's
-		stream     int // the stream's partitions; -1: no stream
+		partitions int  // the consumer's
+		legacy     bool // a stream of the previous release's partitioned layout; false: no stream
 		retry      string
 		// after is the retry whose log line is waited for: by then the
 		// wait that follows is over a second long (100 ms doubling: 1.6 s
 		// after the fifth; a partitioned stream: 5 s after each).
 		after int32
 	}{
-		{"no stream", 0, -1, "cannot bind consumer; retrying", 5},
-		{"no stream, partitioned", 4, -1, "cannot consume the partitioned stream; retrying", 5},
-		{"partitioned stream", 0, 8, "the stream is partitioned: run the sidecars with --nats-mode partitioned and its --partitions; retrying", 1},
+		{"no stream", 0, false, "cannot bind consumer; retrying", 5},
+		{"no stream, partitioned", 4, false, "cannot consume the partition streams; retrying", 5},
+		{"legacy partitioned stream", 0, true, "the stream is the previous release's partitioned stream: see deploy/README.md, \"Moving to partition streams\"; retrying", 1},
+		{"legacy partitioned stream, partitioned", 4, true, "cannot consume the partition streams; retrying", 5},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			ns := testenv.NATS(t)
-			if tc.stream >= 0 {
-				pub := testenv.Connect(t, ns.ClientURL())
-				if _, err := ingest.EnsureStream(context.Background(), pub, "MENTIONS", "mentions.>", time.Minute, ingest.StreamOptions{Partitions: tc.stream}); err != nil {
+			if tc.legacy {
+				js, err := jetstream.New(testenv.Connect(t, ns.ClientURL()))
+				if err != nil {
+					t.Fatal(err)
+				}
+				if _, err := js.CreateStream(context.Background(), jetstream.StreamConfig{Name: "MENTIONS", Subjects: []string{"mentions.>"},
+					SubjectTransform: &jetstream.SubjectTransformConfig{Source: "mentions.>", Destination: "{{partition(8)}}.mentions.>"}}); err != nil {
 					t.Fatal(err)
 				}
 			}

@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -16,6 +14,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/hotcount/hotcount/aggregator"
+	"github.com/hotcount/hotcount/streams"
 )
 
 // JetStream defaults, used by the config package.
@@ -49,10 +48,9 @@ type JetStreamConfig struct {
 	Consumer      string
 	AckWait       time.Duration
 	MaxAckPending int
-	// Partitions, when set, is partitioned mode: the stream stores each
-	// mention under <partition>.<subject>, each partition has a durable
-	// consumer pinned to one sidecar, and this sidecar consumes those
-	// Owner says it owns.
+	// Partitions, when set, is partitioned mode: each partition is a
+	// stream of its own (package streams), its durable consumer pinned to
+	// one sidecar, and this sidecar consumes those Owner says it owns.
 	Partitions int
 	Owner      Owner
 }
@@ -89,8 +87,8 @@ type JetStreamConsumer struct {
 	bound   atomic.Bool
 	journal Covering // nil: none
 
-	lanes  map[int]*lane    // Run's: by partition (0 alone when not partitioned)
-	stream jetstream.Stream // partitioned mode: for unpinning
+	lanes  map[int]*lane  // Run's: by partition (0 alone when not partitioned)
+	layout streams.Layout // partitioned mode's streams
 }
 
 // Covering says whether a message's count is already carried by a journal
@@ -119,7 +117,8 @@ func NewJetStreamConsumer(nc *nats.Conn, cfg Config, jcfg JetStreamConfig, sink 
 		return nil, errors.New("ingest: partitioned mode needs an Owner")
 	}
 	m.configured.Set(float64(jcfg.Partitions))
-	return &JetStreamConsumer{checker: c, js: js, jcfg: jcfg, sink: sink, paused: paused, lanes: make(map[int]*lane)}, nil
+	return &JetStreamConsumer{checker: c, js: js, jcfg: jcfg, sink: sink, paused: paused, lanes: make(map[int]*lane),
+		layout: streams.Layout{Stream: jcfg.Stream, Subject: cfg.Subject, Partitions: jcfg.Partitions}}, nil
 }
 
 // Run binds the durable consumer (retrying until the stream exists and NATS
@@ -181,11 +180,13 @@ func (c *JetStreamConsumer) Run(ctx context.Context) error {
 }
 
 // lane is one consumer this sidecar pulls from: the shared durable
-// consumer, or one partition's.
+// consumer, or one partition stream's.
 type lane struct {
-	cons jetstream.Consumer
-	cc   jetstream.ConsumeContext // nil while not consuming
-	pin  atomic.Value             // string: the pin id of the last message received (partitioned mode)
+	p      int // the partition (0 when not partitioned)
+	stream jetstream.Stream
+	cons   jetstream.Consumer
+	cc     jetstream.ConsumeContext // nil while not consuming
+	pin    atomic.Value             // string: the pin id of the last message received (partitioned mode)
 }
 
 // wanted returns the lanes this sidecar should be consuming now.
@@ -233,12 +234,11 @@ func (c *JetStreamConsumer) follow(ctx context.Context, paused bool) {
 	for p := range want {
 		l := c.lanes[p]
 		if l == nil {
-			cons, err := c.bindPartition(ctx, p)
-			if err != nil {
+			var err error
+			if l, err = c.bindPartition(ctx, p); err != nil {
 				c.sampled.Warn("cannot bind partition consumer; retrying", zap.Int("partition", p), zap.Error(err))
 				continue
 			}
-			l = &lane{cons: cons}
 			c.lanes[p] = l
 		}
 		if l.cc != nil {
@@ -297,14 +297,14 @@ func (c *JetStreamConsumer) consume(ctx context.Context, l *lane) (jetstream.Con
 		}),
 	}
 	if c.jcfg.Partitions == 0 {
-		return l.cons.Consume(func(msg jetstream.Msg) { c.handle(ctx, msg) }, opts...)
+		return l.cons.Consume(func(msg jetstream.Msg) { c.handle(ctx, l, msg) }, opts...)
 	}
 	opts = append(opts, jetstream.PullPriorityGroup(pinGroup), jetstream.PullExpiry(pinExpiry))
 	return l.cons.Consume(func(msg jetstream.Msg) {
 		if id := msg.Headers().Get("Nats-Pin-Id"); id != "" {
 			l.pin.Store(id)
 		}
-		c.handle(ctx, msg)
+		c.handle(ctx, l, msg)
 	}, opts...)
 }
 
@@ -375,7 +375,7 @@ func (c *JetStreamConsumer) unpin(p int, l *lane) {
 			return
 		}
 	}
-	if err := c.stream.UnpinConsumer(ctx, c.partitionConsumer(p), pinGroup); err != nil {
+	if err := l.stream.UnpinConsumer(ctx, c.jcfg.Consumer, pinGroup); err != nil {
 		c.sampled.Warn("unpin partition", zap.Int("partition", p), zap.Error(err))
 	}
 }
@@ -395,63 +395,34 @@ const (
 	pinExpiry = 5 * time.Second
 )
 
-// partitionConsumer names partition p's durable consumer.
-func (c *JetStreamConsumer) partitionConsumer(p int) string {
-	return PartitionConsumer(c.jcfg.Consumer, p)
-}
-
-// PartitionConsumer names partition p's durable consumer in partitioned
-// mode: the --consumer name and the partition.
-func PartitionConsumer(consumer string, p int) string { return fmt.Sprintf("%s-p%d", consumer, p) }
-
-// PartitionSubject is the subject partition p's messages are stored under:
-// the stream's transform puts the partition number first.
-func PartitionSubject(p int) string { return strconv.Itoa(p) + ".>" }
-
-// PartitionTransform is the stream's subject transform of partitioned mode:
-// subject → <partition>.subject, the partition a hash of the whole subject
-// (so of the topic), the same for every publisher and server.
-func PartitionTransform(subject string, partitions int) *jetstream.SubjectTransformConfig {
-	return &jetstream.SubjectTransformConfig{Source: subject, Destination: fmt.Sprintf("{{partition(%d)}}.%s", partitions, subject)}
-}
-
-// checkPartitioned waits until the stream exists and partitions as this
-// sidecar expects (retrying with backoff until ctx ends: false then). A
-// stream partitioned otherwise is logged and waited on, not consumed.
+// checkPartitioned waits until the partition streams are there as this
+// sidecar expects them (streams.Check), retrying with backoff until ctx
+// ends (false then). What is missing is logged, with what to run.
 func (c *JetStreamConsumer) checkPartitioned(ctx context.Context) bool {
-	want := PartitionTransform(c.cfg.Subject, c.jcfg.Partitions)
-	s, err := backoff.Retry(ctx, func() (jetstream.Stream, error) {
-		s, err := c.js.Stream(ctx, c.jcfg.Stream)
-		if err == nil {
-			tr := s.CachedInfo().Config.SubjectTransform
-			if tr != nil && tr.Source == want.Source && tr.Destination == want.Destination {
-				return s, nil
-			}
-			err = fmt.Errorf("stream %s does not partition %s into %d partitions (its transform: %+v): create it with `hotcount stream create --partitions %d`", c.jcfg.Stream, c.cfg.Subject, c.jcfg.Partitions, tr, c.jcfg.Partitions)
+	_, err := backoff.Retry(ctx, func() (struct{}, error) {
+		err := streams.Check(ctx, c.js, c.layout)
+		if err != nil && ctx.Err() == nil {
+			c.log.Warn("cannot consume the partition streams; retrying", zap.Error(err))
 		}
-		if ctx.Err() == nil {
-			c.log.Warn("cannot consume the partitioned stream; retrying", zap.Error(err))
-		}
-		return nil, err
+		return struct{}{}, err
 	}, untilDone()...)
-	if err != nil {
-		return false // ctx ended
-	}
-	c.stream = s
-	return true
+	return err == nil
 }
 
-// bindPartition creates or updates partition p's durable consumer: its
-// partition only, pinned to one puller at a time.
-func (c *JetStreamConsumer) bindPartition(ctx context.Context, p int) (jetstream.Consumer, error) {
+// bindPartition creates or updates the durable consumer of partition p's
+// stream: the whole stream, no filter, pinned to one puller at a time.
+func (c *JetStreamConsumer) bindPartition(ctx context.Context, p int) (*lane, error) {
 	bctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	return c.js.CreateOrUpdateConsumer(bctx, c.jcfg.Stream, jetstream.ConsumerConfig{
-		Durable:       c.partitionConsumer(p),
-		Description:   fmt.Sprintf("hotcount sidecars: partition %d of %d", p, c.jcfg.Partitions),
-		FilterSubject: PartitionSubject(p),
-		AckPolicy:     jetstream.AckExplicitPolicy,
-		AckWait:       c.jcfg.AckWait,
+	s, err := c.js.Stream(bctx, c.layout.Name(p))
+	if err != nil {
+		return nil, err
+	}
+	cons, err := s.CreateOrUpdateConsumer(bctx, jetstream.ConsumerConfig{
+		Durable:     c.jcfg.Consumer,
+		Description: fmt.Sprintf("hotcount sidecars: partition %d of %d", p, c.jcfg.Partitions),
+		AckPolicy:   jetstream.AckExplicitPolicy,
+		AckWait:     c.jcfg.AckWait,
 		// Per partition, not shared out: messages are acknowledged after
 		// the flush, so a partition's bound is its topics' rate per flush
 		// interval, and a partition holds the hottest topics whole.
@@ -462,16 +433,25 @@ func (c *JetStreamConsumer) bindPartition(ctx context.Context, p int) (jetstream
 		PriorityPolicy: jetstream.PriorityPolicyPinned,
 		PinnedTTL:      pinnedTTL,
 	})
+	if err != nil {
+		return nil, err
+	}
+	return &lane{p: p, stream: s, cons: cons}, nil
 }
 
-func (c *JetStreamConsumer) handle(ctx context.Context, msg jetstream.Msg) {
+func (c *JetStreamConsumer) handle(ctx context.Context, l *lane, msg jetstream.Msg) {
 	md, err := msg.Metadata()
 	if err != nil {
 		c.sampled.Warn("message without JetStream metadata; handed back", zap.Error(err))
 		msg.Nak() //nolint:errcheck // redelivered either way
 		return
 	}
-	seq := int64(md.Sequence.Stream)
+	if msg.Headers().Get(streams.ProbeHeader) != "" {
+		// `hotcount stream create`'s check of the routing: no mention.
+		msg.Ack() //nolint:errcheck // redelivered and acknowledged again at worst
+		return
+	}
+	seq := streams.At(l.p, md.Sequence.Stream)
 	if md.NumDelivered > 1 {
 		c.log.Debug("redelivered", zap.String("subject", msg.Subject()), zap.Uint64("delivered", md.NumDelivered), zap.Uint64("seq", md.Sequence.Stream), zap.Time("ts", md.Timestamp), zap.String("consumer", md.Consumer))
 		c.metrics.redelivered.Inc()
@@ -499,7 +479,7 @@ func (c *JetStreamConsumer) handle(ctx context.Context, msg jetstream.Msg) {
 	}
 	subject := msg.Subject()
 	if c.jcfg.Partitions > 0 {
-		_, subject, _ = strings.Cut(subject, ".") // the partition number the stream put first
+		subject = streams.Unstored(subject)
 	}
 	// An "at" is judged against the publication time, which a redelivery
 	// keeps: a message is refused or taken the same way every time.
@@ -522,10 +502,11 @@ func (c *JetStreamConsumer) handle(ctx context.Context, msg jetstream.Msg) {
 // it succeeds or ctx ends (nil then). All replicas bind the same consumer.
 func (c *JetStreamConsumer) bind(ctx context.Context) jetstream.Consumer {
 	cons, err := backoff.Retry(ctx, func() (jetstream.Consumer, error) {
-		// A partitioned stream stores mentions under <partition>.<subject>:
-		// a consumer of <subject> would bind and receive nothing, silently.
+		// The previous release's partitioned stream stores mentions under
+		// <partition>.<subject>: a consumer of <subject> would bind and
+		// receive nothing, silently.
 		if s, err := c.js.Stream(ctx, c.jcfg.Stream); err == nil && s.CachedInfo().Config.SubjectTransform != nil {
-			c.log.Error("the stream is partitioned: run the sidecars with --nats-mode partitioned and its --partitions; retrying",
+			c.log.Error("the stream is the previous release's partitioned stream: see deploy/README.md, \"Moving to partition streams\"; retrying",
 				zap.String("stream", c.jcfg.Stream), zap.String("transform", s.CachedInfo().Config.SubjectTransform.Destination))
 			return nil, backoff.RetryAfter(5) // seconds; the backoff starts over after it
 		}
@@ -613,9 +594,6 @@ const (
 type StreamOptions struct {
 	MaxAge   time.Duration
 	MaxBytes int64
-	// Partitions, when set, partitions the stream for partitioned mode:
-	// each mention is stored under <partition>.<subject>.
-	Partitions int
 	// Replicas is the stream's replication factor in a NATS cluster
 	// (default 1; 3 keeps it through the loss of a node).
 	Replicas int
@@ -642,12 +620,8 @@ func EnsureStream(ctx context.Context, nc *nats.Conn, name, subject string, dupl
 		return false, fmt.Errorf("ingest: jetstream: %w", err)
 	}
 	if s, err := js.Stream(ctx, name); err == nil {
-		tr := s.CachedInfo().Config.SubjectTransform
-		switch want := PartitionTransform(subject, lim.Partitions); {
-		case lim.Partitions == 0 && tr != nil:
-			return false, fmt.Errorf("ingest: stream %s exists and is partitioned (%s): use it with --nats-mode partitioned, or delete it first", name, tr.Destination)
-		case lim.Partitions > 0 && (tr == nil || tr.Destination != want.Destination):
-			return false, fmt.Errorf("ingest: stream %s exists and is not partitioned into %d partitions (its transform: %v): a stream's partitions cannot change; delete it first or pick another --stream", name, lim.Partitions, tr)
+		if tr := s.CachedInfo().Config.SubjectTransform; tr != nil {
+			return false, fmt.Errorf("ingest: stream %s exists and is the previous release's partitioned stream (%s): see deploy/README.md, \"Moving to partition streams\"", name, tr.Destination)
 		}
 		return false, nil
 	} else if !errors.Is(err, jetstream.ErrStreamNotFound) {
@@ -664,10 +638,6 @@ func EnsureStream(ctx context.Context, nc *nats.Conn, name, subject string, dupl
 		MaxBytes:    lim.MaxBytes,
 		Discard:     jetstream.DiscardNew,
 		Replicas:    max(lim.Replicas, 1),
-	}
-	if lim.Partitions > 0 {
-		sc.SubjectTransform = PartitionTransform(subject, lim.Partitions)
-		sc.Description = fmt.Sprintf("mentions for hotcount, in %d partitions by topic", lim.Partitions)
 	}
 	_, err = js.CreateStream(ctx, sc)
 	if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {

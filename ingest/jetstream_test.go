@@ -295,23 +295,23 @@ func TestLongPauseCountsOnce(t *testing.T) {
 	}
 }
 
-// TestEnsureStreamRefusesOtherPartitioning: a stream's partitions cannot
-// change, so asking for another partitioning of an existing stream (or
-// none of a partitioned one) is an error that says so, not a silent "left
-// as it is" that leaves sidecars consuming nothing.
-func TestEnsureStreamRefusesOtherPartitioning(t *testing.T) {
+// TestEnsureStreamRefusesTheLegacyStream: the previous release's
+// partitioned stream (one stream, a partitioning transform) is not taken
+// for jetstream mode's stream, where sidecars would consume nothing from
+// it: EnsureStream says what it is and where the way out is written.
+func TestEnsureStreamRefusesTheLegacyStream(t *testing.T) {
 	nc := testenv.Connect(t, testenv.NATS(t).ClientURL())
 	ctx := context.Background()
-	if _, err := ingest.EnsureStream(ctx, nc, "MENTIONS", "mentions.>", time.Minute, ingest.StreamOptions{Partitions: 8}); err != nil {
+	js, err := jetstream.New(nc)
+	if err != nil {
 		t.Fatal(err)
 	}
-	if created, err := ingest.EnsureStream(ctx, nc, "MENTIONS", "mentions.>", time.Minute, ingest.StreamOptions{Partitions: 8}); err != nil || created {
-		t.Errorf("the same partitioning again = %v, %v; want left as it is", created, err)
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "MENTIONS", Subjects: []string{"mentions.>"},
+		SubjectTransform: &jetstream.SubjectTransformConfig{Source: "mentions.>", Destination: "{{partition(8)}}.mentions.>"}}); err != nil {
+		t.Fatal(err)
 	}
-	for _, p := range []int{0, 16} {
-		if _, err := ingest.EnsureStream(ctx, nc, "MENTIONS", "mentions.>", time.Minute, ingest.StreamOptions{Partitions: p}); err == nil || !strings.Contains(err.Error(), "partition") {
-			t.Errorf("EnsureStream with %d partitions on an 8-partition stream = %v, want an error naming the partitioning", p, err)
-		}
+	if _, err := ingest.EnsureStream(ctx, nc, "MENTIONS", "mentions.>", time.Minute); err == nil || !strings.Contains(err.Error(), "Moving to partition streams") {
+		t.Errorf("EnsureStream on the legacy stream = %v, want the way out named", err)
 	}
 }
 

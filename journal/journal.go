@@ -4,7 +4,8 @@
 // sidecar, which counts them again.
 //
 // With it, a flush records its writes (each a store.Write with its writer
-// id and seq) and the stream sequences of the messages behind them in a
+// id and seq) and the positions (streams.Position: stream sequences, by
+// partition in partitioned mode) of the messages behind them in a
 // JetStream key-value bucket before it acknowledges those messages. From
 // then on the journal, not the messages, carries the counts:
 //
@@ -26,7 +27,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -40,8 +40,8 @@ import (
 	"go.uber.org/zap"
 	"golang.org/x/sync/errgroup"
 
-	"github.com/hotcount/hotcount/ingest"
 	"github.com/hotcount/hotcount/store"
+	"github.com/hotcount/hotcount/streams"
 )
 
 // Defaults and fixed parts of the scheme.
@@ -79,7 +79,7 @@ type Store interface {
 type Entry struct {
 	Writer string     `json:"writer"`
 	Writes []Write    `json:"writes"`
-	Seqs   [][2]int64 `json:"seqs"` // inclusive ranges of stream sequences
+	Seqs   [][2]int64 `json:"seqs"` // inclusive ranges of streams.Positions
 	Done   bool       `json:"done,omitempty"`
 }
 
@@ -99,7 +99,7 @@ type Journal struct {
 	nc      *nats.Conn
 	kv      jetstream.KeyValue
 	writers jetstream.KeyValue
-	floor   func(ctx context.Context) (int64, error) // ackFloor's
+	floor   func(ctx context.Context) (floors, error) // ackFloor's
 	writer  string
 	st      Store
 	log     *zap.Logger
@@ -109,11 +109,11 @@ type Journal struct {
 	lapsed   atomic.Int64 // Unix ns of the last heartbeat after a gap of over Lease/2
 
 	mu          sync.Mutex
-	n           int64             // entries recorded by this writer
-	unconfirmed map[string][]byte // entries whose put's answer was lost
-	last        map[string]int64  // this writer's entries not retired: their last stream sequence
-	floorV      int64             // the ack floor last read (cachedFloor)
-	floorErr    error             // the last reading's failure, if it failed
+	n           int64                 // entries recorded by this writer
+	unconfirmed map[string][]byte     // entries whose put's answer was lost
+	last        map[string][][2]int64 // this writer's entries not retired: the messages they cover
+	floorV      floors                // the ack floors last read (cachedFloor)
+	floorErr    error                 // the last reading's failure, if it failed
 	floorAt     time.Time
 
 	coverMu sync.Mutex // held while reading entries: only redeliveries wait
@@ -126,8 +126,8 @@ type Journal struct {
 type Config struct {
 	Bucket, WritersBucket string
 	Stream, Consumer      string
-	// Partitions, in partitioned mode, is the count of partition
-	// consumers (ingest.PartitionConsumer) standing in for Consumer.
+	// Partitions, in partitioned mode, is the count of partition streams
+	// (streams.Layout), each with its Consumer.
 	Partitions int
 	// Replicas of the buckets; 0: as the stream's.
 	Replicas int
@@ -146,7 +146,7 @@ func Open(ctx context.Context, nc *nats.Conn, cfg Config, writer string, st Stor
 		// A stream not there yet: one replica for now; the next start
 		// after it is created brings the buckets to its count.
 		cfg.Replicas = 1
-		if s, err := js.Stream(ctx, cfg.Stream); err == nil {
+		if s, err := js.Stream(ctx, cfg.streamOf(0)); err == nil {
 			cfg.Replicas = s.CachedInfo().Config.Replicas
 		}
 	}
@@ -172,53 +172,60 @@ func Open(ctx context.Context, nc *nats.Conn, cfg Config, writer string, st Stor
 		return nil, fmt.Errorf("journal: bucket %s: %w", cfg.WritersBucket, err)
 	}
 	j := &Journal{nc: nc, kv: kv, writers: writers, floor: ackFloor(js, cfg), writer: writer, st: st, log: log.Named("journal"), m: m,
-		unconfirmed: make(map[string][]byte), last: make(map[string]int64)}
+		unconfirmed: make(map[string][]byte), last: make(map[string][][2]int64)}
 	if err := j.beat(ctx); err != nil {
 		return nil, err
 	}
 	return j, nil
 }
 
-// ackFloor returns a function giving the stream sequence at or below which
-// every message delivered to the sidecars is acknowledged: the consumer's
-// ack floor, or in partitioned mode the lowest of the partition consumers'
-// that have messages outstanding (one with none outstanding holds no
-// message back, and one never created has delivered nothing).
-func ackFloor(js jetstream.JetStream, cfg Config) func(ctx context.Context) (int64, error) {
-	names := []string{cfg.Consumer}
-	if cfg.Partitions > 0 {
-		names = make([]string, cfg.Partitions)
-		for p := range names {
-			names[p] = ingest.PartitionConsumer(cfg.Consumer, p)
+// streamOf is the stream partition p's messages are in: the stream, or in
+// partitioned mode the partition's stream.
+func (cfg Config) streamOf(p int) string {
+	if cfg.Partitions == 0 {
+		return cfg.Stream
+	}
+	return streams.Layout{Stream: cfg.Stream, Partitions: cfg.Partitions}.Name(p)
+}
+
+// floors are the consumers' ack floors by partition (0 alone outside
+// partitioned mode): the stream sequence at or below which every message
+// delivered to the sidecars is acknowledged.
+type floors map[int]uint64
+
+// past says whether every message of rs (ranges of streams.Positions) is at
+// or below its partition's floor.
+func (f floors) past(rs [][2]int64) bool {
+	for _, r := range rs {
+		if p, seq := streams.Split(r[1]); seq > f[p] {
+			return false
 		}
 	}
-	return func(ctx context.Context) (int64, error) {
-		floor := int64(math.MaxInt64)
-		for _, name := range names {
+	return true
+}
+
+// ackFloor returns a function reading the floors: each consumer's ack
+// floor, or all it delivered when nothing is outstanding. A partition
+// whose consumer does not exist yet has delivered nothing (floor 0).
+func ackFloor(js jetstream.JetStream, cfg Config) func(ctx context.Context) (floors, error) {
+	return func(ctx context.Context) (floors, error) {
+		f := make(floors, max(cfg.Partitions, 1))
+		for p := range max(cfg.Partitions, 1) {
 			// One request per consumer: looking it up returns its info.
-			c, err := js.Consumer(ctx, cfg.Stream, name)
+			c, err := js.Consumer(ctx, cfg.streamOf(p), cfg.Consumer)
 			if errors.Is(err, jetstream.ErrConsumerNotFound) && cfg.Partitions > 0 {
 				continue
 			}
 			if err != nil {
-				return 0, fmt.Errorf("journal: consumer %s: %w", name, err)
+				return nil, fmt.Errorf("journal: consumer %s of %s: %w", cfg.Consumer, cfg.streamOf(p), err)
 			}
 			info := c.CachedInfo()
-			if cfg.Partitions > 0 && info.NumPending == 0 && info.NumAckPending == 0 {
-				continue
+			f[p] = info.AckFloor.Stream
+			if info.NumAckPending == 0 {
+				f[p] = info.Delivered.Stream
 			}
-			floor = min(floor, int64(info.AckFloor.Stream))
 		}
-		if floor == math.MaxInt64 {
-			// Nothing outstanding anywhere: every delivered message is
-			// acknowledged.
-			info, err := js.Stream(ctx, cfg.Stream)
-			if err != nil {
-				return 0, fmt.Errorf("journal: stream: %w", err)
-			}
-			floor = int64(info.CachedInfo().State.LastSeq)
-		}
-		return floor, nil
+		return f, nil
 	}
 }
 
@@ -268,7 +275,7 @@ func (j *Journal) Record(ctx context.Context, writes []store.Write, seqs map[str
 		j.mu.Lock()
 		j.n++
 		rec.Key = j.writer + "." + strconv.FormatInt(j.n, 10)
-		j.last[rec.Key] = lastSeq(e.Seqs)
+		j.last[rec.Key] = e.Seqs
 		j.mu.Unlock()
 		if err := j.create(ctx, rec.Key, b); err != nil {
 			j.mu.Lock()
@@ -378,14 +385,14 @@ var ErrNotAcknowledged = errors.New("journal: messages not all acknowledged yet"
 // as high as it can be.
 func (j *Journal) Settled(ctx context.Context, key string) error {
 	j.mu.Lock()
-	last, known := j.last[key]
+	covers, known := j.last[key]
 	j.mu.Unlock()
 	if known {
 		floor, err := j.cachedFloor(ctx)
 		if err != nil {
 			return err
 		}
-		if last > floor {
+		if !floor.past(covers) {
 			return ErrNotAcknowledged
 		}
 	}
@@ -407,7 +414,7 @@ const floorFresh = 2 * time.Second
 
 // cachedFloor is the ack floor (ackFloor's), read at most every floorFresh,
 // after the acknowledgements sent so far have reached the server.
-func (j *Journal) cachedFloor(ctx context.Context) (int64, error) {
+func (j *Journal) cachedFloor(ctx context.Context) (floors, error) {
 	j.mu.Lock()
 	floor, ferr, at := j.floorV, j.floorErr, j.floorAt
 	j.mu.Unlock()
@@ -431,7 +438,7 @@ func (j *Journal) cachedFloor(ctx context.Context) (int64, error) {
 	return floor, ferr
 }
 
-// Covered says whether the message at stream sequence seq is carried by a
+// Covered says whether the message at position seq is carried by a
 // journal entry: a redelivery of a message whose count is already
 // journaled, to acknowledge without counting. It reads the entries at most
 // every two seconds; only redelivered messages ask.
@@ -568,17 +575,17 @@ func (j *Journal) Replay(ctx context.Context) error {
 	for _, w := range live {
 		alive[w] = true
 	}
-	var floor int64 = -1
+	var floor floors
 	return j.each(ctx, func(w string) bool { return !alive[w] }, func(key string, e Entry, rev uint64) error {
 		if !e.Done {
 			return j.replay(ctx, key, e, rev)
 		}
-		if floor < 0 {
+		if floor == nil {
 			if floor, err = j.floor(ctx); err != nil {
 				return err
 			}
 		}
-		if last := lastSeq(e.Seqs); last <= floor {
+		if floor.past(e.Seqs) {
 			if err := j.kv.Delete(ctx, key, jetstream.LastRevision(rev)); err == nil {
 				j.m.retired.Inc()
 			}
@@ -621,7 +628,7 @@ func (j *Journal) replay(ctx context.Context, key string, e Entry, rev uint64) e
 	return nil
 }
 
-// toRanges turns stream sequences into sorted inclusive ranges.
+// toRanges turns positions into sorted inclusive ranges.
 func toRanges(seqs []int64) [][2]int64 {
 	if len(seqs) == 0 {
 		return nil
@@ -638,13 +645,6 @@ func toRanges(seqs []int64) [][2]int64 {
 		}
 	}
 	return out
-}
-
-func lastSeq(rs [][2]int64) int64 {
-	if len(rs) == 0 {
-		return 0
-	}
-	return rs[len(rs)-1][1]
 }
 
 // WriterOf is the writer of an entry key.

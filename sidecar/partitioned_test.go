@@ -10,9 +10,9 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/hotcount/hotcount/config"
-	"github.com/hotcount/hotcount/ingest"
 	"github.com/hotcount/hotcount/internal/testenv"
 	"github.com/hotcount/hotcount/loadgen"
+	"github.com/hotcount/hotcount/streams"
 )
 
 // partitioned tunes a sidecar for partitioned mode with n partitions.
@@ -37,7 +37,7 @@ func partitionsIdle(t *testing.T, url string, cfg config.Config, timeout time.Du
 	}
 	testenv.Eventually(t, timeout, func() error {
 		for p := range cfg.Partitions {
-			c, err := js.Consumer(context.Background(), cfg.Stream, ingest.PartitionConsumer(cfg.Consumer, p))
+			c, err := js.Consumer(context.Background(), streams.Layout{Stream: cfg.Stream, Partitions: cfg.Partitions}.Name(p), cfg.Consumer)
 			if err != nil {
 				return fmt.Errorf("partition %d: %w", p, err)
 			}

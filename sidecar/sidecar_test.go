@@ -20,6 +20,7 @@ import (
 	"github.com/hotcount/hotcount/loadgen"
 	"github.com/hotcount/hotcount/sidecar"
 	"github.com/hotcount/hotcount/store"
+	"github.com/hotcount/hotcount/streams"
 )
 
 // env is one sidecar against a real NATS server and a real dynalite,
@@ -41,11 +42,9 @@ func newEnv(t testing.TB, tune func(*config.Config)) *env {
 // newFaultEnv is newEnv with the fault emulator between the sidecar and
 // dynalite, when fc is set.
 func newFaultEnv(t testing.TB, fc *ddbfault.Config, tune func(*config.Config), opts ...sidecar.Option) *env {
-	ns := testenv.NATS(t)
 	d := testenv.StartDynalite(t)
 	testenv.AWSEnv(t)
 	cfg := config.Default()
-	cfg.NATSURL = ns.ClientURL()
 	cfg.DynamoDBEndpoint = d.Endpoint
 	cfg.Table = d.Table(t, "hotcount")
 	var fault *ddbfault.Proxy
@@ -69,15 +68,27 @@ func newFaultEnv(t testing.TB, fc *ddbfault.Config, tune func(*config.Config), o
 	if tune != nil {
 		tune(&cfg)
 	}
-	if err := cfg.Validate(); err != nil {
-		t.Fatal(err)
-	}
-	// The stream, partitioned when the sidecar is.
-	so := ingest.StreamOptions{}
+	// NATS and the stream, or in partitioned mode the server's mapping
+	// and the partition streams.
+	var ns *server.Server
 	if cfg.NATSMode == config.ModePartitioned {
-		so.Partitions = cfg.Partitions
+		l := streams.Layout{Stream: cfg.Stream, Subject: cfg.Subject, Partitions: cfg.Partitions}
+		ns = testenv.NATSMapped(t, testenv.Partitioned(l))
+		js, err := jetstream.New(testenv.Connect(t, ns.ClientURL()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := streams.Ensure(context.Background(), js, l, streams.Options{MaxAge: time.Hour, MaxBytes: 1 << 30, Duplicates: time.Minute}); err != nil {
+			t.Fatal(err)
+		}
+	} else {
+		ns = testenv.NATS(t)
+		if _, err := ingest.EnsureStream(context.Background(), testenv.Connect(t, ns.ClientURL()), cfg.Stream, cfg.Subject, time.Minute); err != nil {
+			t.Fatal(err)
+		}
 	}
-	if _, err := ingest.EnsureStream(context.Background(), testenv.Connect(t, ns.ClientURL()), cfg.Stream, cfg.Subject, time.Minute, so); err != nil {
+	cfg.NATSURL = ns.ClientURL()
+	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
 	e := &env{ns: ns, cfg: cfg, dyn: d, fault: fault, nats: ns.ClientURL(), opts: opts}

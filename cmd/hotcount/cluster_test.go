@@ -16,18 +16,20 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/hotcount/hotcount/client"
-	"github.com/hotcount/hotcount/ingest"
 	"github.com/hotcount/hotcount/internal/testenv"
 	"github.com/hotcount/hotcount/journal"
+	"github.com/hotcount/hotcount/streams"
 )
 
 // TestPartitionedClusterLosesNothing runs the fleet as it runs in
-// production: a 3-node NATS cluster, an R3 partitioned stream, three
+// production: a 3-node NATS cluster with partitioned mode's mapping, R3
+// partition streams made and spread by `hotcount stream create`, three
 // `hotcount run --nats-mode partitioned` processes and a producer on
-// package client. Mid-stream one NATS node goes (the stream's leader in one
-// run, a follower in the other) and one sidecar is SIGKILLed; both come
-// back. The table ends with exactly what the stream acknowledged to the
-// producer, topic by topic.
+// package client publishing plain mentions.<topic>. Mid-stream one NATS
+// node goes (partition 0's stream leader in one run, a follower of it in
+// the other; with the leaders spread, either leads other partitions) and
+// one sidecar is SIGKILLed; both come back. The table ends with exactly
+// what the streams acknowledged to the producer, topic by topic.
 func TestPartitionedClusterLosesNothing(t *testing.T) {
 	for _, lose := range []string{"leader", "follower"} {
 		t.Run(lose, func(t *testing.T) { clusterRun(t, lose) })
@@ -36,17 +38,33 @@ func TestPartitionedClusterLosesNothing(t *testing.T) {
 
 func clusterRun(t *testing.T, lose string) {
 	const partitions = 8
-	cl := testenv.NATSCluster(t, 3)
+	layout := streams.Layout{Stream: "MENTIONS", Subject: "mentions.>", Partitions: partitions}
+	cl := testenv.NATSCluster(t, 3, testenv.Partitioned(layout))
 	nc, err := nats.Connect(cl.URLs(), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer nc.Close()
 	ctx := context.Background()
-	testenv.Eventually(t, 30*time.Second, func() error {
-		_, err := ingest.EnsureStream(ctx, nc, "MENTIONS", "mentions.>", ingest.DefaultDuplicateWindow, ingest.StreamOptions{Partitions: partitions, Replicas: 3})
-		return err
+	var out strings.Builder
+	testenv.Eventually(t, time.Minute, func() error {
+		out.Reset()
+		return dispatch(ctx, []string{"stream", "create", "--nats-url", cl.URLs(), "--partitions", strconv.Itoa(partitions), "--replicas", "3"}, nil, &out, &out)
 	})
+	t.Logf("hotcount stream create:\n%s", out.String())
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ps, err := streams.Status(ctx, js, layout, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 { // 8 streams over 3 servers: 2 or 3 each
+		if n := streams.Leaders(ps)[cl.Name(i)]; n < 2 || n > 3 {
+			t.Errorf("%s leads %d of %d partition streams after stream create: %v", cl.Name(i), n, partitions, streams.Leaders(ps))
+		}
+	}
 	d := testenv.StartDynalite(t)
 	table := d.Table(t, "cluster")
 	testenv.AWSEnv(t)
@@ -125,11 +143,7 @@ func clusterRun(t *testing.T, lose string) {
 		})
 	}
 	flowing(0, 6_000, "before the faults") // about 3 s of mentions
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := js.Stream(ctx, "MENTIONS")
+	s, err := js.Stream(ctx, layout.Name(0))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -141,7 +155,7 @@ func clusterRun(t *testing.T, lose string) {
 	if lose == "follower" {
 		node = cl.Node(info.Cluster.Replicas[0].Name)
 	}
-	t.Logf("SIGKILLing a sidecar that holds messages and stopping NATS node %d (%s, the stream's %s)", node, cl.Name(node), lose)
+	t.Logf("SIGKILLing a sidecar that holds messages and stopping NATS node %d (%s, %s's %s)", node, cl.Name(node), layout.Name(0), lose)
 	// The sidecar killed is one whose window holds unacknowledged
 	// messages, so that the kill takes held messages with it (checked
 	// below by the redeliveries): one that owns no partition yet, or is
@@ -203,7 +217,7 @@ func clusterRun(t *testing.T, lose string) {
 	}
 	testenv.Eventually(t, 2*journal.Lease+time.Minute, func() error {
 		for p := range partitions {
-			c, err := js.Consumer(ctx, "MENTIONS", ingest.PartitionConsumer("hotcount", p))
+			c, err := js.Consumer(ctx, layout.Name(p), "hotcount")
 			if err != nil {
 				return err
 			}

@@ -6,26 +6,49 @@ import (
 	"io"
 	"path/filepath"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/hotcount/hotcount/config"
 	"github.com/hotcount/hotcount/console"
 	"github.com/hotcount/hotcount/ingest"
 	"github.com/hotcount/hotcount/internal/datadir"
 	"github.com/hotcount/hotcount/internal/embeddednats"
 	"github.com/hotcount/hotcount/sidecar"
+	"github.com/hotcount/hotcount/streams"
 )
 
 // defaultNATSPort is the embedded NATS server's port in dev mode: NATS's own.
 const defaultNATSPort = 4222
 
-// ensureStream creates the stream on the embedded server.
+// ensureStream creates the stream, or in partitioned mode the partition
+// streams, on the embedded server, with `stream create`'s defaults.
 func ensureStream(ctx context.Context, cfg config.Config) error {
 	nc, err := connect(cfg, "hotcount-dev")
 	if err != nil {
 		return err
 	}
 	defer nc.Close()
-	_, err = ingest.EnsureStream(ctx, nc, cfg.Stream, cfg.Subject, ingest.DefaultDuplicateWindow)
+	if cfg.NATSMode != config.ModePartitioned {
+		_, err = ingest.EnsureStream(ctx, nc, cfg.Stream, cfg.Subject, ingest.DefaultDuplicateWindow)
+		return err
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
+	_, err = streams.Ensure(ctx, js, layoutOf(cfg), streams.Options{MaxAge: ingest.DefaultStreamMaxAge, MaxBytes: ingest.DefaultStreamMaxBytes, Duplicates: ingest.DefaultDuplicateWindow})
 	return err
+}
+
+// devMappings are the embedded server's subject mappings: partitioned
+// mode's routing into the partition streams, as deploy/nats configures a
+// real server.
+func devMappings(cfg config.Config) map[string]string {
+	if cfg.NATSMode != config.ModePartitioned {
+		return nil
+	}
+	from, to := layoutOf(cfg).Mapping()
+	return map[string]string{from: to}
 }
 
 // cmdDev runs an in-process NATS server (JetStream on, stored under
@@ -48,7 +71,7 @@ func cmdDev(ctx context.Context, args, environ []string, stdout, stderr io.Write
 		return err
 	}
 	defer unlock()
-	ns, err := embeddednats.Start(*port, filepath.Join(cfg.DataDir, "jetstream"))
+	ns, err := embeddednats.Start(*port, filepath.Join(cfg.DataDir, "jetstream"), devMappings(cfg))
 	if err != nil {
 		return err
 	}
@@ -57,7 +80,7 @@ func cmdDev(ctx context.Context, args, environ []string, stdout, stderr io.Write
 		ns.WaitForShutdown()
 	}()
 	cfg.NATSURL = ns.ClientURL()
-	if cfg.NATSMode == config.ModeJetStream {
+	if cfg.Durable() {
 		if err := ensureStream(ctx, cfg); err != nil {
 			return err
 		}

@@ -4,7 +4,8 @@
 //	hotcount run            the sidecar
 //	hotcount dev            everything embedded: NATS, the store, the APIs
 //	hotcount table create   create the DynamoDB table (idempotent)
-//	hotcount stream create  create the JetStream stream (idempotent)
+//	hotcount stream create  create the JetStream stream(s) (idempotent)
+//	hotcount stream status  where the partition streams are, and their backlog
 //	hotcount load           publish synthetic mentions
 //	hotcount shards         show or set a topic's shard count
 //	hotcount demo           the hot-partition problem and its fix, live
@@ -45,7 +46,8 @@ Usage:
   hotcount run [flags]            run the sidecar
   hotcount dev [flags]            run with everything embedded (no outside service)
   hotcount table create [flags]   create the DynamoDB table if absent
-  hotcount stream create [flags]  create the JetStream stream of mentions if absent
+  hotcount stream create [flags]  create the JetStream stream(s) of mentions if absent
+  hotcount stream status [flags]  partitioned mode: each partition stream's leader and backlog
   hotcount load [flags]           publish synthetic mentions
   hotcount top [flags]            the fleet's trending topics, live with --watch
   hotcount shards show TOPIC...   a topic's shard counts and shards
@@ -99,7 +101,8 @@ func dispatch(ctx context.Context, args, environ []string, stdout, stderr io.Wri
 	case "table":
 		return group(ctx, "table", rest, environ, stdout, stderr, subcommand{"create", "create the DynamoDB table if absent", cmdTableCreate})
 	case "stream":
-		return group(ctx, "stream", rest, environ, stdout, stderr, subcommand{"create", "create the JetStream stream of mentions if absent", cmdStreamCreate})
+		return group(ctx, "stream", rest, environ, stdout, stderr, subcommand{"create", "create the JetStream stream(s) of mentions if absent", cmdStreamCreate},
+			subcommand{"status", "partitioned mode: each partition stream's leader and backlog", cmdStreamStatus})
 	case "load":
 		return cmdLoad(ctx, rest, environ, stdout, stderr)
 	case "top":

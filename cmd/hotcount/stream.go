@@ -2,14 +2,21 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
+	"slices"
+	"strings"
+	"text/tabwriter"
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/hotcount/hotcount/config"
 	"github.com/hotcount/hotcount/ingest"
+	"github.com/hotcount/hotcount/streams"
 )
 
 // natsSettings are the settings a command needs to reach NATS.
@@ -35,42 +42,166 @@ func connect(cfg config.Config, name string, extra ...nats.Option) (*nats.Conn, 
 	return nc, nil
 }
 
-// cmdStreamCreate creates the stream of mentions if absent.
+// streamFlags are the stream limits `stream create` takes besides the
+// settings.
+type streamFlags struct {
+	replicas int
+	dup      time.Duration
+	maxAge   time.Duration
+	maxBytes int64
+}
+
+// cmdStreamCreate creates the stream of mentions if absent, laid out for
+// the mode the settings give (the same settings as run's): one stream for
+// core and jetstream modes, the partition streams for partitioned mode,
+// whose routing it then probes and whose leaders it spreads.
 func cmdStreamCreate(ctx context.Context, args, environ []string, stdout, stderr io.Writer) error {
 	cfg := config.Default()
-	fs := cfg.FlagSet("hotcount stream create", func(s string) bool { return natsSettings(s) || s == "stream" })
-	partitions := fs.Int("partitions", 0, "partition the stream by topic into this many partitions, for --nats-mode partitioned (the sidecars' --partitions); 0: not partitioned, for core and jetstream modes")
-	replicas := fs.Int("replicas", 1, "the stream's replicas in a NATS cluster: 3 keeps every stored mention through the loss of a node")
-	dup := fs.Duration("duplicate-window", ingest.DefaultDuplicateWindow, "window in which a repeated Nats-Msg-Id is dropped by the stream")
-	maxAge := fs.Duration("max-age", ingest.DefaultStreamMaxAge, "how long the stream keeps a mention (counted or not)")
-	maxBytes := fs.Int64("max-bytes", ingest.DefaultStreamMaxBytes, "the stream's storage bound in bytes; full, it refuses new publishes rather than drop stored mentions")
+	fs := cfg.FlagSet("hotcount stream create", func(s string) bool {
+		return natsSettings(s) || s == "stream" || s == "nats-mode" || s == "partitions"
+	})
+	var f streamFlags
+	fs.IntVar(&f.replicas, "replicas", 1, "each stream's replicas in a NATS cluster: 3 keeps every stored mention through the loss of a node")
+	fs.DurationVar(&f.dup, "duplicate-window", ingest.DefaultDuplicateWindow, "window in which a repeated Nats-Msg-Id is dropped by the stream")
+	fs.DurationVar(&f.maxAge, "max-age", ingest.DefaultStreamMaxAge, "how long the stream keeps a mention (counted or not)")
+	fs.Int64Var(&f.maxBytes, "max-bytes", ingest.DefaultStreamMaxBytes, "the storage bound in bytes (partitioned mode: of all the partition streams, each an equal share); full, a stream refuses new publishes rather than drop stored mentions")
 	if err := parse(&cfg, fs, args, environ, stderr); err != nil {
 		return err
+	}
+	// --partitions given means partitioned mode, as it did before the
+	// mode was a setting here; with another mode given, it is a mistake.
+	if fs.Changed("partitions") && cfg.NATSMode != config.ModePartitioned {
+		if fs.Changed("nats-mode") {
+			return usageError{fmt.Errorf("--partitions is for --nats-mode partitioned, not %s", cfg.NATSMode)}
+		}
+		cfg.NATSMode = config.ModePartitioned
+	}
+	if cfg.NATSMode == config.ModePartitioned && (cfg.Partitions < 1 || cfg.Partitions > 1024) {
+		return usageError{fmt.Errorf("--partitions is 1..1024 (got %d)", cfg.Partitions)}
+	}
+	if f.maxAge <= 0 || f.maxBytes <= 0 {
+		return usageError{fmt.Errorf("--max-age and --max-bytes must be positive (got %s, %d)", f.maxAge, f.maxBytes)}
+	}
+	if f.replicas < 1 || f.replicas > 5 {
+		return usageError{fmt.Errorf("--replicas is 1..5 (got %d)", f.replicas)}
 	}
 	nc, err := connect(cfg, "hotcount-stream-create")
 	if err != nil {
 		return err
 	}
 	defer nc.Close()
-	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
-	if *maxAge <= 0 || *maxBytes <= 0 {
-		return usageError{fmt.Errorf("--max-age and --max-bytes must be positive (got %s, %d)", *maxAge, *maxBytes)}
+	if cfg.NATSMode == config.ModePartitioned {
+		return createPartitioned(ctx, nc, cfg, f, stdout)
 	}
-	if *partitions < 0 || *partitions > 1024 || *replicas < 1 || *replicas > 5 {
-		return usageError{fmt.Errorf("--partitions is 0..1024 and --replicas 1..5 (got %d, %d)", *partitions, *replicas)}
-	}
-	created, err := ingest.EnsureStream(ctx, nc, cfg.Stream, cfg.Subject, *dup, ingest.StreamOptions{MaxAge: *maxAge, MaxBytes: *maxBytes, Partitions: *partitions, Replicas: *replicas})
+	created, err := ingest.EnsureStream(ctx, nc, cfg.Stream, cfg.Subject, f.dup, ingest.StreamOptions{MaxAge: f.maxAge, MaxBytes: f.maxBytes, Replicas: f.replicas})
 	if err != nil {
 		return err
 	}
 	if created {
-		fmt.Fprintf(stdout, "stream %s created (subjects %s, file storage, %d replica(s), duplicate window %s, max age %s, max bytes %d, new publishes refused when full)\n", cfg.Stream, cfg.Subject, *replicas, *dup, *maxAge, *maxBytes)
-		if *partitions > 0 {
-			fmt.Fprintf(stdout, "partitioned by topic into %d partitions: run the sidecars with --nats-mode partitioned --partitions %d\n", *partitions, *partitions)
-		}
+		fmt.Fprintf(stdout, "stream %s created (subjects %s, file storage, %d replica(s), duplicate window %s, max age %s, max bytes %d, new publishes refused when full)\n", cfg.Stream, cfg.Subject, f.replicas, f.dup, f.maxAge, f.maxBytes)
 	} else {
 		fmt.Fprintf(stdout, "stream %s exists; left as it is\n", cfg.Stream)
+	}
+	return nil
+}
+
+// createPartitioned creates the partition streams, checks that the server
+// routes producers' subjects into them, and spreads their leaders.
+func createPartitioned(ctx context.Context, nc *nats.Conn, cfg config.Config, f streamFlags, stdout io.Writer) error {
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
+	l := layoutOf(cfg)
+	created, err := streams.Ensure(ctx, js, l, streams.Options{MaxAge: f.maxAge, MaxBytes: f.maxBytes, Duplicates: f.dup, Replicas: f.replicas})
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "partition streams %s..%s: %d created, %d there already (subjects <partition>.%s, file storage, %d replica(s), duplicate window %s, max age %s, max bytes %d each)\n",
+		l.Name(0), l.Name(l.Partitions-1), created, l.Partitions-created, cfg.Subject, f.replicas, f.dup, f.maxAge, (f.maxBytes+int64(l.Partitions)-1)/int64(l.Partitions))
+	if legacy, err := streams.Legacy(ctx, js, l); err == nil && legacy != "" {
+		fmt.Fprintf(stdout, "note: stream %s is the previous release's partitioned layout (%s); see deploy/README.md, \"Moving to partition streams\"\n", l.Stream, legacy)
+	}
+	if err := streams.Probe(ctx, js, l); err != nil {
+		return err
+	}
+	from, to := l.Mapping()
+	fmt.Fprintf(stdout, "routing checked: the server maps %s to %s, and each probe landed in its partition's stream\n", from, to)
+	leaders, err := streams.Spread(ctx, nc, js, l, 10*time.Second)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "leaders: %s\nrun the sidecars with --nats-mode partitioned --partitions %d\n", formatLeaders(leaders), l.Partitions)
+	return nil
+}
+
+// layoutOf is the partition streams' layout the settings give.
+func layoutOf(cfg config.Config) streams.Layout {
+	return streams.Layout{Stream: cfg.Stream, Subject: cfg.Subject, Partitions: cfg.Partitions}
+}
+
+// formatLeaders prints leaders per server, sorted by server: "n0 3, n1 3".
+func formatLeaders(leaders map[string]int) string {
+	if len(leaders) == 0 {
+		return "none"
+	}
+	var parts []string
+	for _, s := range slices.Sorted(maps.Keys(leaders)) {
+		parts = append(parts, fmt.Sprintf("%s %d", s, leaders[s]))
+	}
+	return strings.Join(parts, ", ")
+}
+
+// cmdStreamStatus shows where the partition streams live and how far the
+// sidecars' consumers are: one line per partition, then the leaders per
+// server.
+func cmdStreamStatus(ctx context.Context, args, environ []string, stdout, stderr io.Writer) error {
+	cfg := config.Default()
+	cfg.NATSMode = config.ModePartitioned
+	fs := cfg.FlagSet("hotcount stream status", func(s string) bool {
+		return natsSettings(s) || s == "stream" || s == "partitions" || s == "consumer"
+	})
+	asJSON := fs.Bool("json", false, "print the partitions as JSON")
+	if err := parse(&cfg, fs, args, environ, stderr); err != nil {
+		return err
+	}
+	nc, err := connect(cfg, "hotcount-stream-status")
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	ps, err := streams.Status(ctx, js, layoutOf(cfg), cfg.Consumer)
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(ps)
+	}
+	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "PARTITION\tSTREAM\tLEADER\tREPLICAS\tMESSAGES\tBYTES\tPENDING\tUNACKED")
+	missing := 0
+	for _, p := range ps {
+		if p.Missing {
+			missing++
+			fmt.Fprintf(tw, "%d\t%s\t(missing)\t\t\t\t\t\n", p.P, p.Stream)
+			continue
+		}
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%d\t%d\t%d\t%d\n", p.P, p.Stream, p.Leader, strings.Join(p.Replicas, ","), p.Msgs, p.Bytes, p.Pending, p.AckPending)
+	}
+	tw.Flush()
+	fmt.Fprintf(stdout, "leaders: %s\n", formatLeaders(streams.Leaders(ps)))
+	if missing > 0 {
+		return fmt.Errorf("%d of %d partition streams missing: run `hotcount stream create --nats-mode partitioned --partitions %d`", missing, len(ps), cfg.Partitions)
 	}
 	return nil
 }

@@ -16,7 +16,10 @@ import (
 // server on shutdown only if the caller removes it). Shutdown is the
 // caller's: call Shutdown and WaitForShutdown. A port in use fails at once:
 // the server itself, with its logs off, would only never become ready.
-func Start(port int, storeDir string) (*server.Server, error) {
+// mappings are the default account's subject mappings (from: to), as a
+// server configuration's top-level mappings block sets them: partitioned
+// mode's (streams.Layout.Mapping), or none.
+func Start(port int, storeDir string, mappings map[string]string) (*server.Server, error) {
 	if port > 0 {
 		addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
 		ln, err := net.Listen("tcp", addr)
@@ -33,6 +36,15 @@ func Start(port int, storeDir string) (*server.Server, error) {
 		StoreDir:   storeDir,
 		NoSigs:     true, // the process's signals are hotcount's to handle
 		NoLog:      true,
+	}
+	if len(mappings) > 0 {
+		acc := server.NewAccount(server.DEFAULT_GLOBAL_ACCOUNT)
+		for from, to := range mappings {
+			if err := acc.AddMapping(from, to); err != nil {
+				return nil, fmt.Errorf("embeddednats: mapping %s -> %s: %w", from, to, err)
+			}
+		}
+		opts.Accounts = []*server.Account{acc}
 	}
 	s, err := server.NewServer(opts)
 	if err != nil {

@@ -22,13 +22,17 @@ type Cluster struct {
 	t     testing.TB
 	opts  []*server.Options
 	nodes []*server.Server // nil while stopped
+	// mappings of every node's default account, set again at each start
+	// (an account belongs to the server that registered it).
+	mappings map[string]string
 }
 
-// NATSCluster starts an n-node cluster and waits until JetStream has a
-// leader. The nodes stop when the test ends.
-func NATSCluster(t testing.TB, n int) *Cluster {
+// NATSCluster starts an n-node cluster, each node with mappings (nil:
+// none; Partitioned's), and waits until JetStream has a leader. The nodes
+// stop when the test ends.
+func NATSCluster(t testing.TB, n int, mappings map[string]string) *Cluster {
 	t.Helper()
-	c := &Cluster{t: t, nodes: make([]*server.Server, n)}
+	c := &Cluster{t: t, nodes: make([]*server.Server, n), mappings: mappings}
 	routes := make([]string, n)
 	clusterPorts := make([]int, n)
 	for i := range n {
@@ -48,6 +52,7 @@ func NATSCluster(t testing.TB, n int) *Cluster {
 			Cluster:    server.ClusterOpts{Name: "hotcount-test", Host: "127.0.0.1", Port: clusterPorts[i]},
 			Routes:     server.RoutesFromStr(strings.Join(routes, ",")),
 		})
+
 	}
 	for i := range n {
 		c.Start(i)
@@ -85,6 +90,15 @@ func (c *Cluster) Start(i int) {
 	c.t.Helper()
 	if c.nodes[i] != nil {
 		return
+	}
+	if len(c.mappings) > 0 {
+		acc := server.NewAccount(server.DEFAULT_GLOBAL_ACCOUNT)
+		for from, to := range c.mappings {
+			if err := acc.AddMapping(from, to); err != nil {
+				c.t.Fatal(err)
+			}
+		}
+		c.opts[i].Accounts = []*server.Account{acc}
 	}
 	s, err := server.NewServer(c.opts[i])
 	if err != nil {

@@ -32,6 +32,7 @@ import (
 
 	"github.com/hotcount/hotcount/internal/embeddednats"
 	"github.com/hotcount/hotcount/store"
+	"github.com/hotcount/hotcount/streams"
 )
 
 // unavailable fails the test under CI=true, where every service must be
@@ -47,9 +48,19 @@ func unavailable(t testing.TB, format string, args ...any) {
 
 // NATS starts an in-process NATS server with JetStream on a free port and
 // stops it when the test ends.
-func NATS(t testing.TB) *server.Server {
+func NATS(t testing.TB) *server.Server { t.Helper(); return NATSMapped(t, nil) }
+
+// Partitioned is the server mapping of partitioned mode's layout l, for
+// NATSMapped and NATSCluster: what deploy/nats/hotcount.conf sets.
+func Partitioned(l streams.Layout) map[string]string {
+	from, to := l.Mapping()
+	return map[string]string{from: to}
+}
+
+// NATSMapped is NATS with subject mappings (Partitioned's).
+func NATSMapped(t testing.TB, mappings map[string]string) *server.Server {
 	t.Helper()
-	s, err := embeddednats.Start(-1, t.TempDir())
+	s, err := embeddednats.Start(-1, t.TempDir(), mappings)
 	if err != nil {
 		t.Fatalf("start NATS: %v", err)
 	}
@@ -301,14 +312,15 @@ func MetricValue(g prometheus.Gatherer, name, label, value string) (float64, err
 
 // RestartNATS stops s and starts a new server on the same port with the
 // same JetStream store, as a NATS server restart does; the new server is
-// stopped when the test ends.
+// stopped when the test ends. It has no mappings: a NATSMapped server
+// comes back unmapped.
 func RestartNATS(t testing.TB, s *server.Server) *server.Server {
 	t.Helper()
 	port := s.Addr().(*net.TCPAddr).Port
 	dir := s.JetStreamConfig().StoreDir
 	s.Shutdown()
 	s.WaitForShutdown()
-	ns, err := embeddednats.Start(port, dir)
+	ns, err := embeddednats.Start(port, dir, nil)
 	if err != nil {
 		t.Fatalf("restart NATS: %v", err)
 	}

@@ -1,0 +1,195 @@
+package streams
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Options are the partition streams' limits, `hotcount stream create`'s.
+type Options struct {
+	// MaxAge is how long a stream keeps a message.
+	MaxAge time.Duration
+	// MaxBytes bounds all the partition streams together: each takes an
+	// equal share, and a partition whose share is full refuses new
+	// publishes (a hot partition fills first). A share, not the whole, per
+	// stream, because JetStream reserves a stream's MaxBytes on its
+	// servers' disks when it creates it.
+	MaxBytes int64
+	// Duplicates is the window for Nats-Msg-Id de-duplication.
+	Duplicates time.Duration
+	// Replicas is each stream's replication factor (3 keeps every stored
+	// mention through the loss of a node).
+	Replicas int
+}
+
+// share is one partition stream's part of MaxBytes.
+func (l Layout) share(o Options) int64 {
+	return (o.MaxBytes + int64(l.Partitions) - 1) / int64(l.Partitions)
+}
+
+// Ensure creates the partition streams that do not exist and checks those
+// that do: each must take its partition's subject (Stored) alone. It
+// returns how many it created.
+func Ensure(ctx context.Context, js jetstream.JetStream, l Layout, o Options) (created int, err error) {
+	for p := range l.Partitions {
+		s, err := js.Stream(ctx, l.Name(p))
+		if err == nil {
+			if err := l.check(p, s.CachedInfo().Config); err != nil {
+				return created, err
+			}
+			continue
+		}
+		if !errors.Is(err, jetstream.ErrStreamNotFound) {
+			return created, fmt.Errorf("streams: look up %s: %w", l.Name(p), err)
+		}
+		_, err = js.CreateStream(ctx, l.config(p, o))
+		switch {
+		case errors.Is(err, jetstream.ErrStreamNameAlreadyInUse):
+			// Another `stream create` made it first.
+		case err != nil:
+			return created, fmt.Errorf("streams: create %s: %w", l.Name(p), err)
+		default:
+			created++
+		}
+	}
+	return created, nil
+}
+
+func (l Layout) config(p int, o Options) jetstream.StreamConfig {
+	return jetstream.StreamConfig{
+		Name:        l.Name(p),
+		Description: fmt.Sprintf("mentions for hotcount: partition %d of %d", p, l.Partitions),
+		Subjects:    []string{l.Stored(p)},
+		Storage:     jetstream.FileStorage,
+		Retention:   jetstream.LimitsPolicy,
+		Duplicates:  o.Duplicates,
+		MaxAge:      o.MaxAge,
+		MaxBytes:    l.share(o),
+		Discard:     jetstream.DiscardNew,
+		Replicas:    max(o.Replicas, 1),
+	}
+}
+
+// check says whether an existing stream is partition p's as l lays it out.
+func (l Layout) check(p int, c jetstream.StreamConfig) error {
+	if len(c.Subjects) != 1 || c.Subjects[0] != l.Stored(p) {
+		return fmt.Errorf("streams: stream %s exists and takes %v, not %s: it is not partition %d of this layout; delete it or pick another --stream", c.Name, c.Subjects, l.Stored(p), p)
+	}
+	return nil
+}
+
+// Check says whether the partition streams are there, as the sidecars need
+// them: all Partitions of them and no more. The error names what is
+// missing and what to run; a stream of the previous release's layout is
+// recognised and explained (see Legacy).
+func Check(ctx context.Context, js jetstream.JetStream, l Layout) error {
+	var missing []string
+	for p := range l.Partitions {
+		s, err := js.Stream(ctx, l.Name(p))
+		switch {
+		case errors.Is(err, jetstream.ErrStreamNotFound):
+			missing = append(missing, l.Name(p))
+			continue
+		case err != nil:
+			return fmt.Errorf("streams: look up %s: %w", l.Name(p), err)
+		}
+		if err := l.check(p, s.CachedInfo().Config); err != nil {
+			return err
+		}
+	}
+	if len(missing) > 0 {
+		if legacy, err := Legacy(ctx, js, l); err == nil && legacy != "" {
+			return fmt.Errorf("streams: stream %s is the previous release's partitioned layout (%s); this release reads %d partition streams (%s..%s) fed by an account mapping: see deploy/README.md, \"Moving to partition streams\"", l.Stream, legacy, l.Partitions, l.Name(0), l.Name(l.Partitions-1))
+		}
+		return fmt.Errorf("streams: %d of %d partition streams missing (%s): run `hotcount stream create --nats-mode partitioned --partitions %d`", len(missing), l.Partitions, abbreviate(missing), l.Partitions)
+	}
+	// One more than expected: the streams were made for more partitions,
+	// and the mapping may send topics to streams nobody reads.
+	if _, err := js.Stream(ctx, l.Name(l.Partitions)); err == nil {
+		return fmt.Errorf("streams: stream %s exists: the partition streams were made for more than --partitions %d; use their count (`hotcount stream status`)", l.Name(l.Partitions), l.Partitions)
+	}
+	return nil
+}
+
+// Legacy describes the stream of the previous release's partitioned layout
+// (one stream named Stream, its transform putting the partition first) if
+// there is one, "" if not.
+func Legacy(ctx context.Context, js jetstream.JetStream, l Layout) (string, error) {
+	s, err := js.Stream(ctx, l.Stream)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		return "", nil
+	}
+	if err != nil {
+		return "", err
+	}
+	tr := s.CachedInfo().Config.SubjectTransform
+	if tr == nil || !strings.Contains(tr.Destination, "{{partition(") {
+		return "", nil
+	}
+	return fmt.Sprintf("one stream, transform %s -> %s, %d messages", tr.Source, tr.Destination, s.CachedInfo().State.Msgs), nil
+}
+
+func abbreviate(names []string) string {
+	if len(names) <= 3 {
+		return strings.Join(names, ", ")
+	}
+	return fmt.Sprintf("%s and %d more", strings.Join(names[:3], ", "), len(names)-3)
+}
+
+// ProbeHeader marks Probe's messages: the sidecars acknowledge them
+// without counting them.
+const ProbeHeader = "Hotcount-Probe"
+
+// probes is how many subjects Probe publishes: enough that a mapping into
+// another number of partitions sends one of them elsewhere.
+const probes = 16
+
+// Probe checks that the server routes producers' subjects into the
+// partition streams as l lays them out: it publishes messages marked with
+// ProbeHeader to subjects of Subject and checks which stream stored each.
+// The error names the missing piece: the mapping (nothing stored the probe,
+// or a stream of Subject itself did) or its partition count (the probe
+// landed in another partition). The probes are deleted afterwards.
+func Probe(ctx context.Context, js jetstream.JetStream, l Layout) error {
+	prefix := strings.TrimSuffix(l.Subject, ">")
+	from, to := l.Mapping()
+	fix := fmt.Sprintf("the NATS server must map %q to %q in the producers' account (deploy/nats/hotcount.conf)", from, to)
+	var landed []*jetstream.PubAck
+	defer func() { unprobe(context.WithoutCancel(ctx), js, landed) }()
+	for i := range probes {
+		subject := fmt.Sprintf("%shotcount-probe.%d", prefix, i)
+		want := l.Of(subject)
+		msg := nats.NewMsg(subject)
+		msg.Header.Set(ProbeHeader, "stream create")
+		ack, err := js.PublishMsg(ctx, msg)
+		switch {
+		case errors.Is(err, jetstream.ErrNoStreamResponse), errors.Is(err, nats.ErrNoResponders):
+			return fmt.Errorf("streams: a probe published to %s was stored by no stream: %s", subject, fix)
+		case err != nil:
+			return fmt.Errorf("streams: probe %s: %w", subject, err)
+		}
+		landed = append(landed, ack)
+		if ack.Stream != l.Name(want) {
+			return fmt.Errorf("streams: a probe published to %s was stored by stream %s, not %s (partition %d of %d): %s", subject, ack.Stream, l.Name(want), want, l.Partitions, fix)
+		}
+	}
+	return nil
+}
+
+// unprobe deletes the probes, so that neither the sidecars nor an audit
+// meet them. Best effort: a probe left behind is acknowledged uncounted.
+func unprobe(ctx context.Context, js jetstream.JetStream, acks []*jetstream.PubAck) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	for _, a := range acks {
+		if s, err := js.Stream(ctx, a.Stream); err == nil {
+			s.DeleteMsg(ctx, a.Sequence) //nolint:errcheck // best effort, see above
+		}
+	}
+}
