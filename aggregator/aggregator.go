@@ -87,6 +87,15 @@ func WithBudget(maxBytes int64, spill Spiller, log *zap.Logger) Option {
 	}
 }
 
+// WithMaxHeld signals Full once the window holds n durable messages, so
+// that the flusher drains early: their acknowledgement need not wait out
+// the flush interval when the window is already large, and the consumer's
+// bound on unacknowledged messages (--max-ack-pending, at which the server
+// stops delivering) is not reached while a window waits. 0: no bound.
+func WithMaxHeld(n int) Option {
+	return func(a *Aggregator) { a.maxHeld = n }
+}
+
 // Acker is a durable message waiting for its delta to be stored. A
 // jetstream.Msg is one.
 type Acker interface {
@@ -158,6 +167,7 @@ func countsMentions(name string) bool {
 type Aggregator struct {
 	maxTopics int
 	maxBytes  int64 // 0: no budget
+	maxHeld   int   // 0: no bound on the durable messages a window holds
 	spill     Spiller
 	log       *zap.Logger
 	full      chan struct{} // capacity 1: "the window reached maxTopics"
@@ -287,8 +297,9 @@ func (a *Aggregator) AddAt(topic string, delta int64, at time.Time) {
 // included, is in the store.
 func (a *Aggregator) AddAcked(topic string, delta int64, m Acker, seq int64, at time.Time) {
 	a.mu.Lock()
-	full := a.add(topic, delta, at) && a.atBound()
+	grew := a.add(topic, delta, at)
 	a.cur.Acks = append(a.cur.Acks, Message{Topic: topic, Msg: m, Seq: seq})
+	full := (grew || a.maxHeld > 0 && len(a.cur.Acks) >= a.maxHeld) && a.atBound()
 	a.mu.Unlock()
 	a.signal(full)
 }
@@ -377,7 +388,8 @@ func (a *Aggregator) OverBudget() bool {
 // atBound reports whether the window reached its topic bound or its memory
 // budget; mu must be held.
 func (a *Aggregator) atBound() bool {
-	return a.cur.Deltas.Len()-a.buckets >= a.maxTopics || a.maxBytes > 0 && a.bytes > a.maxBytes
+	return a.cur.Deltas.Len()-a.buckets >= a.maxTopics || a.maxBytes > 0 && a.bytes > a.maxBytes ||
+		a.maxHeld > 0 && len(a.cur.Acks) >= a.maxHeld
 }
 
 // signal tells the flusher, if full, without blocking.

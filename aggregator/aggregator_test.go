@@ -63,6 +63,30 @@ func TestFullSignalsOnceAtBound(t *testing.T) {
 	}
 }
 
+// TestFullAtHeldMessages: a window holding WithMaxHeld's count of durable
+// messages signals Full, whatever its topics, so that their
+// acknowledgement need not wait out the interval.
+func TestFullAtHeldMessages(t *testing.T) {
+	a := aggregator.New(1000, prometheus.NewRegistry(), aggregator.WithMaxHeld(3))
+	a.AddAcked("golang", 1, &msg{}, 1, time.Time{})
+	a.AddAcked("golang", 1, &msg{}, 2, time.Time{})
+	a.Add("rust", 5) // core mentions hold no message
+	select {
+	case <-a.Full():
+		t.Fatal("Full signalled at 2 held messages, bound 3")
+	default:
+	}
+	a.AddAcked("golang", 1, &msg{}, 3, time.Time{})
+	select {
+	case <-a.Full():
+	default:
+		t.Fatal("Full not signalled at 3 held messages")
+	}
+	if w := a.Drain(); len(w.Acks) != 3 {
+		t.Errorf("drained %d messages, want 3", len(w.Acks))
+	}
+}
+
 func TestSaturatesInsteadOfWrapping(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	a := aggregator.New(10, reg)

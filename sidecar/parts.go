@@ -123,6 +123,11 @@ func (s *Sidecar) buffer(_ context.Context, p *parts) error {
 	if minutes, hours := cfg.Buckets(); minutes || hours {
 		opts = append(opts, aggregator.WithBuckets(s.clock))
 	}
+	if cfg.Durable() {
+		// Half the consumer's bound: a flush starts, and its messages are
+		// acknowledged, well before the server would stop delivering.
+		opts = append(opts, aggregator.WithMaxHeld(cfg.MaxAckPending/2))
+	}
 	p.agg = aggregator.New(cfg.MaxTopics, s.reg, opts...)
 	return nil
 }
