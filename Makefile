@@ -49,6 +49,7 @@ bench: deps
 	$(GO) test -run '^$$' -bench 'BenchmarkWindowMemory|BenchmarkPersist' -benchtime 1x -count $(COUNT) ./aggregator/ | tee -a bench.out
 	$(GO) test -run '^$$' -bench BenchmarkJetStream -benchtime 200000x -count $(COUNT) ./sidecar/ | tee -a bench.out
 	$(GO) test -run '^$$' -bench 'BenchmarkIngest|BenchmarkCounters|BenchmarkWindowWrites' -benchtime 1000000x -count $(COUNT) ./bench/ | tee -a bench.out
+	$(GO) test -run '^$$' -bench BenchmarkClusterPartitions -benchtime 200000x -count $(COUNT) ./bench/ | tee -a bench.out
 	$(GO) test -run '^$$' -bench BenchmarkFlush -benchtime 3000x -count $(COUNT) ./bench/ | tee -a bench.out
 	$(GO) test -run '^$$' -bench BenchmarkSidecarRSS -benchtime 1000000x -count $(COUNT) ./cmd/hotcount/ | tee -a bench.out
 	$(GO) test -run '^$$' -bench BenchmarkFleetReads -benchtime 2000x -count $(COUNT) ./fleet/ | tee -a bench.out

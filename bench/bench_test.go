@@ -38,7 +38,8 @@ import (
 // serverEnv makes the test binary run a NATS server instead of tests, so
 // that the ingest benchmark's server is a separate process.
 // partitionsEnv, when set, gives it partitioned mode's mapping into that
-// many partition streams (benchLayout).
+// many partition streams (benchLayout). clusterPortEnv, when set, makes it
+// a node of a cluster (clusterNode: nameEnv, routesEnv).
 const serverEnv, storeEnv, partitionsEnv = "HC_BENCH_NATS_PORT", "HC_BENCH_NATS_STORE", "HC_BENCH_NATS_PARTITIONS"
 
 // benchLayout is partitioned mode's layout with n partitions, as the
@@ -54,7 +55,11 @@ func TestMain(m *testing.M) {
 		if n, _ := strconv.Atoi(os.Getenv(partitionsEnv)); n > 0 {
 			mappings = testenv.Partitioned(benchLayout(n))
 		}
-		s, err := embeddednats.Start(p, os.Getenv(storeEnv), mappings)
+		start := embeddednats.Start
+		if os.Getenv(clusterPortEnv) != "" {
+			start = clusterNode
+		}
+		s, err := start(p, os.Getenv(storeEnv), mappings)
 		if err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			os.Exit(1)
@@ -74,15 +79,31 @@ func freePort(tb testing.TB) int {
 	return ln.Addr().(*net.TCPAddr).Port
 }
 
-// natsProcess starts a NATS server in a child process and returns its URL.
-func natsProcess(b *testing.B) string { return natsProcessMapped(b, 0) }
+// natsServer is a NATS server running in a child process (natsProcess).
+type natsServer struct {
+	URL string
+	pid int
+}
+
+// natsProcess starts a NATS server in a child process.
+func natsProcess(b *testing.B) natsServer { return natsProcessMapped(b, 0) }
 
 // natsProcessMapped is natsProcess with partitioned mode's mapping into
 // partitions partition streams (none for 0).
-func natsProcessMapped(b *testing.B, partitions int) string {
+func natsProcessMapped(b *testing.B, partitions int) natsServer {
+	return startNATS(b, partitionsEnv+"="+strconv.Itoa(partitions))
+}
+
+// startNATS runs this test binary as a NATS server (TestMain's server
+// mode) on a free port, storing in a folder of its own, with env added to
+// its environment, and waits until it takes connections. It is killed when
+// b ends.
+func startNATS(b *testing.B, env ...string) natsServer {
 	port := freePort(b)
 	cmd := exec.Command(os.Args[0])
-	cmd.Env = append(os.Environ(), serverEnv+"="+strconv.Itoa(port), storeEnv+"="+b.TempDir(), partitionsEnv+"="+strconv.Itoa(partitions))
+	cmd.Env = append(os.Environ(), serverEnv+"="+strconv.Itoa(port), storeEnv+"="+b.TempDir())
+	cmd.Env = append(cmd.Env, env...)
+	cmd.Stderr = os.Stderr // why it failed to start, if it does
 	if err := cmd.Start(); err != nil {
 		b.Fatal(err)
 	}
@@ -95,7 +116,37 @@ func natsProcessMapped(b *testing.B, partitions int) string {
 		}
 		return err
 	})
-	return url
+	return natsServer{URL: url, pid: cmd.Process.Pid}
+}
+
+// clockTick is the unit of the CPU times in /proc/<pid>/stat: USER_HZ,
+// sysconf(_SC_CLK_TCK), 100 on every architecture Linux and Go share.
+const clockTick = 10 * time.Millisecond
+
+// cpu is the server process's CPU time so far, user and system, of all
+// its threads: utime and stime in /proc/<pid>/stat.
+func (s natsServer) cpu() (time.Duration, error) {
+	stat, err := os.ReadFile("/proc/" + strconv.Itoa(s.pid) + "/stat")
+	if err != nil {
+		return 0, err
+	}
+	// The fields after the command name, which is in parentheses and may
+	// hold spaces and parentheses: the state is the first of them, utime
+	// the 12th and stime the 13th (proc(5) numbers them 3, 14 and 15).
+	i := strings.LastIndexByte(string(stat), ')')
+	f := strings.Fields(string(stat[i+1:]))
+	if i < 0 || len(f) < 13 {
+		return 0, fmt.Errorf("/proc/%d/stat: unexpected %q", s.pid, stat)
+	}
+	utime, err := strconv.ParseUint(f[11], 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("/proc/%d/stat: utime: %w", s.pid, err)
+	}
+	stime, err := strconv.ParseUint(f[12], 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("/proc/%d/stat: stime: %w", s.pid, err)
+	}
+	return time.Duration(utime+stime) * clockTick, nil
 }
 
 // subjects is a sequence of n subjects over 1,000 topics, uniform or Zipf.
@@ -121,6 +172,56 @@ func cpuTime() time.Duration {
 	var ru syscall.Rusage
 	syscall.Getrusage(syscall.RUSAGE_SELF, &ru) //nolint:errcheck // always succeeds for SELF
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// cpuMeter measures the CPU a benchmark's timed part takes: its NATS
+// servers' (child processes, summed) and this process's (the publisher,
+// and the sidecar or the consumer where there is one). The servers' is
+// counted in clock ticks of 10 ms: over 1,000,000 mentions that is 0.01
+// CPU seconds per million, over 100,000 0.1.
+type cpuMeter struct {
+	servers           []natsServer
+	server0, process0 time.Duration
+	// server and process are the CPU taken from start to stop.
+	server, process time.Duration
+	noServer        error // the servers' CPU cannot be read (not Linux)
+}
+
+func newCPUMeter(servers ...natsServer) *cpuMeter { return &cpuMeter{servers: servers} }
+
+// serverCPU is the servers' CPU time so far, summed.
+func (m *cpuMeter) serverCPU() time.Duration {
+	var sum time.Duration
+	for _, s := range m.servers {
+		d, err := s.cpu()
+		if err != nil {
+			m.noServer = err
+		}
+		sum += d
+	}
+	return sum
+}
+
+// start resets b's timer, where the timed part starts, and reads the
+// clocks.
+func (m *cpuMeter) start(b *testing.B) {
+	b.ResetTimer()
+	m.server0, m.process0 = m.serverCPU(), cpuTime()
+}
+
+// stop stops b's timer, where the timed part ends, and reports the CPU
+// seconds taken since start per million mentions (b.N): the servers'
+// ("server-cpu-s/M") and this process's ("process-cpu-s/M").
+func (m *cpuMeter) stop(b *testing.B) {
+	b.StopTimer()
+	m.server, m.process = m.serverCPU()-m.server0, cpuTime()-m.process0
+	perM := func(d time.Duration) float64 { return d.Seconds() * 1e6 / float64(b.N) }
+	if m.noServer == nil {
+		b.ReportMetric(perM(m.server), "server-cpu-s/M")
+	} else {
+		b.Logf("no server-cpu-s/M: %v", m.noServer)
+	}
+	b.ReportMetric(perM(m.process), "process-cpu-s/M")
 }
 
 // BenchmarkIngest is the ingest comparison: a full-speed publisher into a
@@ -149,7 +250,7 @@ func BenchmarkIngest(b *testing.B) {
 // server process and taken by who: a bare counting subscriber or hotcount's.
 func ingestRun(b *testing.B, dist, payload string, body []byte, who string) {
 	b.Run(dist+"/"+payload+"/"+who, func(b *testing.B) {
-		url := natsProcess(b)
+		url := natsProcess(b).URL
 		subs := subjects(b.N, dist == "zipf")
 		var got atomic.Int64
 		reg := prometheus.NewRegistry()
@@ -419,10 +520,24 @@ func reportUnits(b *testing.B, d *testenv.Dynalite, table, prefix string, reg *p
 // message acknowledged). The bare consumers bound what any consumer of the
 // stream can reach. Each counts b.N mentions over 1,000 Zipf topics on a
 // NATS server of its own, a separate process; the figure is mentions/s.
+//
+// Each also reports CPU seconds per million mentions over the timed part:
+// the NATS server process's (server-cpu-s/M) and this process's
+// (process-cpu-s/M). In jetstream-counters this process is only the
+// publisher, so a hotcount run's process-cpu-s/M less the counters' is
+// hotcount's own cost: the publisher is the same in hotcount-jetstream
+// and hotcount-partitioned (acknowledged asynchronous publishes, the
+// counters' carrying a header more), where hotcount's core-mode run
+// publishes core messages, cheaper to send, so its difference is hotcount's
+// cost less what the acknowledged publisher costs beyond core publishes.
+// Against the bare consumers (publisher and a consumer that keeps nothing)
+// the difference is what hotcount costs beyond consuming the stream.
+// server-cpu-s/M is the server's own work per mention in each mode: storing
+// only (the counters), or also delivering and taking acks.
 func BenchmarkCounters(b *testing.B) {
 	b.Run("jetstream-counters", func(b *testing.B) {
-		url := natsProcess(b)
-		nc := testenv.Connect(b, url)
+		srv := natsProcess(b)
+		nc := testenv.Connect(b, srv.URL)
 		js, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(4096))
 		if err != nil {
 			b.Fatal(err)
@@ -433,7 +548,8 @@ func BenchmarkCounters(b *testing.B) {
 			b.Fatal(err)
 		}
 		subs := subjects(b.N, true)
-		b.ResetTimer()
+		cpu := newCPUMeter(srv)
+		cpu.start(b)
 		for _, s := range subs {
 			m := nats.NewMsg("counters." + s[len("mentions."):])
 			m.Header.Set("Nats-Incr", "+1")
@@ -446,12 +562,12 @@ func BenchmarkCounters(b *testing.B) {
 			}
 		}
 		<-js.PublishAsyncComplete()
-		b.StopTimer()
+		cpu.stop(b)
 		b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "mentions/s")
 	})
 	b.Run("hotcount", func(b *testing.B) {
-		url := natsProcess(b)
-		publishCore(b, url, counterSidecar(b, url, config.ModeCore))
+		srv := natsProcess(b)
+		publishCore(b, srv, counterSidecar(b, srv.URL, config.ModeCore))
 	})
 	// What any consumer of a stream costs: a bare durable consumer, fed
 	// by the same publisher as it publishes, acknowledging each message on
@@ -469,21 +585,22 @@ func BenchmarkCounters(b *testing.B) {
 	// JetStream publishes, into hotcount's stream, counted when every
 	// mention is journaled and written exactly once (JetStream mode).
 	b.Run("hotcount-jetstream", func(b *testing.B) {
-		url := natsProcess(b)
-		nc := testenv.Connect(b, url)
+		srv := natsProcess(b)
+		nc := testenv.Connect(b, srv.URL)
 		if _, err := ingest.EnsureStream(context.Background(), nc, ingest.DefaultStream, "mentions.>", time.Minute); err != nil {
 			b.Fatal(err)
 		}
-		sc := counterSidecar(b, url, config.ModeJetStream)
-		publishAcked(b, nc)
-		reportCounted(b, sc, true)
+		sc := counterSidecar(b, srv.URL, config.ModeJetStream)
+		cpu := newCPUMeter(srv)
+		publishAcked(b, nc, cpu)
+		reportCounted(b, sc, true, cpu)
 	})
 	// The same in partitioned mode with its default partitions, all owned
 	// by the one sidecar: the server's mapping routes each mention into
 	// its partition's stream, and each stream's consumer takes it whole.
 	b.Run("hotcount-partitioned", func(b *testing.B) {
-		url := natsProcessMapped(b, config.DefaultPartitions)
-		nc := testenv.Connect(b, url)
+		srv := natsProcessMapped(b, config.DefaultPartitions)
+		nc := testenv.Connect(b, srv.URL)
 		js, err := jetstream.New(nc)
 		if err != nil {
 			b.Fatal(err)
@@ -491,17 +608,24 @@ func BenchmarkCounters(b *testing.B) {
 		if _, err := streams.Ensure(context.Background(), js, benchLayout(config.DefaultPartitions), streams.Options{MaxAge: time.Hour, MaxBytes: 1 << 30, Duplicates: time.Minute}); err != nil {
 			b.Fatal(err)
 		}
-		sc := counterSidecar(b, url, config.ModePartitioned)
+		sc := counterSidecar(b, srv.URL, config.ModePartitioned)
 		// Publishing starts once the sidecar consumes every partition, as
 		// the other consumers do before theirs.
-		testenv.Eventually(b, time.Minute, func() error {
-			if n := testenv.Metric(b, sc.Registry(), "hotcount_ingest_partitions_owned"); n != config.DefaultPartitions {
-				return fmt.Errorf("%v of %d partitions owned", n, config.DefaultPartitions)
-			}
-			return nil
-		})
-		publishAcked(b, nc)
-		reportCounted(b, sc, true)
+		ownsAll(b, sc, config.DefaultPartitions)
+		cpu := newCPUMeter(srv)
+		publishAcked(b, nc, cpu)
+		reportCounted(b, sc, true, cpu)
+	})
+}
+
+// ownsAll waits until the sidecar sc (partitioned mode) consumes all
+// partitions.
+func ownsAll(b *testing.B, sc *sidecar.Sidecar, partitions int) {
+	testenv.Eventually(b, time.Minute, func() error {
+		if n := testenv.Metric(b, sc.Registry(), "hotcount_ingest_partitions_owned"); n != float64(partitions) {
+			return fmt.Errorf("%v of %d partitions owned", n, partitions)
+		}
+		return nil
 	})
 }
 
@@ -510,13 +634,13 @@ func BenchmarkCounters(b *testing.B) {
 // (and the last) on arrival, while publishAcked publishes b.N mentions, and
 // reports mentions/s until the last arrives.
 func bareConsumer(b *testing.B, policy jetstream.AckPolicy, ackEvery int64, filter ...string) {
-	url := natsProcess(b)
-	nc := testenv.Connect(b, url)
+	srv := natsProcess(b)
+	nc := testenv.Connect(b, srv.URL)
 	ctx := context.Background()
 	if _, err := ingest.EnsureStream(ctx, nc, ingest.DefaultStream, "mentions.>", time.Minute); err != nil {
 		b.Fatal(err)
 	}
-	cjs, err := jetstream.New(testenv.Connect(b, url))
+	cjs, err := jetstream.New(testenv.Connect(b, srv.URL))
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -546,13 +670,14 @@ func bareConsumer(b *testing.B, policy jetstream.AckPolicy, ackEvery int64, filt
 		b.Fatal(err)
 	}
 	defer cc.Stop()
-	publishAcked(b, nc)
+	cpu := newCPUMeter(srv)
+	publishAcked(b, nc, cpu)
 	select {
 	case <-all:
 	case <-time.After(2 * time.Minute):
 		b.Fatalf("consumed %d of %d", got.Load(), b.N)
 	}
-	b.StopTimer()
+	cpu.stop(b)
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "mentions/s")
 }
 
@@ -565,36 +690,37 @@ func BenchmarkWindowWrites(b *testing.B) {
 	for _, windows := range []string{"none", "1m,1h"} {
 		name := "windows-" + strings.ReplaceAll(windows, ",", "+")
 		b.Run(name, func(b *testing.B) {
-			url := natsProcess(b)
-			publishCore(b, url, counterSidecar(b, url, config.ModeCore, func(c *config.Config) { c.Windows = windows }))
+			srv := natsProcess(b)
+			publishCore(b, srv, counterSidecar(b, srv.URL, config.ModeCore, func(c *config.Config) { c.Windows = windows }))
 		})
 	}
 }
 
-// publishCore resets the timer, publishes b.N mentions over 1,000 Zipf
-// topics as core publishes at full speed, and reports once sc has flushed
-// them all.
-func publishCore(b *testing.B, url string, sc *sidecar.Sidecar) {
-	pub := testenv.Connect(b, url)
+// publishCore starts the timed part, publishes b.N mentions over 1,000
+// Zipf topics to srv as core publishes at full speed, and reports once sc
+// has flushed them all.
+func publishCore(b *testing.B, srv natsServer, sc *sidecar.Sidecar) {
+	pub := testenv.Connect(b, srv.URL)
 	subs := subjects(b.N, true)
-	b.ResetTimer()
+	cpu := newCPUMeter(srv)
+	cpu.start(b)
 	for _, s := range subs {
 		pub.Publish(s, nil) //nolint:errcheck // flushed below
 	}
 	pub.Flush() //nolint:errcheck // checked by the count
-	reportCounted(b, sc, false)
+	reportCounted(b, sc, false, cpu)
 }
 
-// publishAcked resets the timer and publishes b.N mentions over 1,000 Zipf
-// topics as asynchronous JetStream publishes, returning when the stream
-// has acknowledged all of them.
-func publishAcked(b *testing.B, nc *nats.Conn) {
+// publishAcked starts the timed part (cpu.start) and publishes b.N
+// mentions over 1,000 Zipf topics as asynchronous JetStream publishes,
+// returning when the stream has acknowledged all of them.
+func publishAcked(b *testing.B, nc *nats.Conn, cpu *cpuMeter) {
 	js, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(4096))
 	if err != nil {
 		b.Fatal(err)
 	}
 	subs := subjects(b.N, true)
-	b.ResetTimer()
+	cpu.start(b)
 	for _, s := range subs {
 		for {
 			if _, err := js.PublishAsync(s, nil); err == nil {
@@ -637,9 +763,10 @@ func counterSidecar(b *testing.B, url, mode string, tune ...func(*config.Config)
 
 // reportCounted waits until the sidecar has counted b.N mentions: written
 // to the store and, in the durable modes, their messages acknowledged after
-// the write. It then reports mentions/s (timer stopped) and store writes
-// per mention, and fails if a mention was counted twice.
-func reportCounted(b *testing.B, sc *sidecar.Sidecar, durable bool) {
+// the write. It then ends the timed part (cpu.stop: CPU per million
+// mentions) and reports mentions/s and store writes per mention, and fails
+// if a mention was counted twice.
+func reportCounted(b *testing.B, sc *sidecar.Sidecar, durable bool, cpu *cpuMeter) {
 	flushed := func() float64 { return testenv.Metric(b, sc.Registry(), "hotcount_flusher_flushed_mentions_total") }
 	testenv.Eventually(b, 2*time.Minute, func() error {
 		if f := flushed(); f < float64(b.N) {
@@ -650,7 +777,7 @@ func reportCounted(b *testing.B, sc *sidecar.Sidecar, durable bool) {
 		}
 		return nil
 	})
-	b.StopTimer()
+	cpu.stop(b)
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "mentions/s")
 	writes := testenv.Metric(b, sc.Registry(), "hotcount_store_writes_total")
 	b.ReportMetric(writes/float64(b.N), "writes/mention")

@@ -91,10 +91,9 @@ func Leaders(ps []Partition) map[string]int {
 	return n
 }
 
-// Spread moves partition streams' leaders until no server leads more than
-// its share (the partitions over the servers holding them, rounded up),
-// each move a leader step-down naming the least loaded of the stream's
-// replicas as the preferred new leader. A stream held by one server (R1)
+// Spread moves partition streams' leaders until the servers lead about as
+// many each (at most one apart), each move a leader step-down naming the
+// least loaded of the stream's replicas as the preferred new leader. A stream held by one server (R1)
 // cannot move and is left. An election can go another way than preferred,
 // so Spread looks again after each round, up to spreadRounds rounds. It
 // returns the leaders per server as it leaves them, and waits up to
@@ -122,27 +121,31 @@ func Spread(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, l Layout
 // spreadRounds bounds Spread's rounds of moves.
 const spreadRounds = 4
 
-// spreadMoves plans one round: stream -> the server to lead it.
+// spreadMoves plans one round: stream -> the server to lead it. A stream
+// moves when one of its replicas leads at least two fewer streams than its
+// leader, to the least loaded of them; rounds of such moves end with the
+// servers' loads at most one apart (as far as the replicas allow).
 func spreadMoves(ps []Partition, load map[string]int) map[string]string {
-	servers := map[string]bool{}
+	servers := 0
+	seen := map[string]bool{}
 	for _, p := range ps {
 		for _, r := range append([]string{p.Leader}, p.Replicas...) {
-			if r != "" {
-				servers[r] = true
+			if r != "" && !seen[r] {
+				seen[r] = true
+				servers++
 			}
 		}
 	}
-	if len(servers) < 2 {
+	if servers < 2 {
 		return nil
 	}
-	fair := (len(ps) + len(servers) - 1) / len(servers)
 	moves := map[string]string{}
 	for _, p := range ps {
-		if p.Leader == "" || load[p.Leader] <= fair || len(p.Replicas) == 0 {
+		if p.Leader == "" || len(p.Replicas) == 0 {
 			continue
 		}
 		to := slices.MinFunc(p.Replicas, func(a, b string) int { return cmp.Compare(load[a], load[b]) })
-		if load[to]+1 > fair {
+		if load[to]+2 > load[p.Leader] {
 			continue
 		}
 		moves[p.Stream] = to

@@ -16,20 +16,24 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/hotcount/hotcount/client"
+	"github.com/hotcount/hotcount/internal/ddbfault"
 	"github.com/hotcount/hotcount/internal/testenv"
 	"github.com/hotcount/hotcount/journal"
 	"github.com/hotcount/hotcount/streams"
 )
 
-// TestPartitionedClusterLosesNothing runs the fleet as it runs in
-// production: a 3-node NATS cluster with partitioned mode's mapping, R3
-// partition streams made and spread by `hotcount stream create`, three
+// TestPartitionedClusterLosesNothing runs the fleet as deploy/README.md
+// sets it up: a 3-node NATS cluster with partitioned mode's mapping (the
+// one deploy/nats/hotcount.conf ships, deploy/nats_test.go holds it to
+// it), `hotcount stream create --partitions 16 --replicas 3`, four
 // `hotcount run --nats-mode partitioned` processes and a producer on
-// package client publishing plain mentions.<topic>. Mid-stream one NATS
-// node goes (partition 0's stream leader in one run, a follower of it in
-// the other; with the leaders spread, either leads other partitions) and
-// one sidecar is SIGKILLed; both come back. The table ends with exactly
-// what the streams acknowledged to the producer, topic by topic.
+// package client publishing plain mentions.<topic>. The leaders are
+// spread; the hottest topic is written about once per flush interval for
+// the whole fleet. Mid-stream one NATS node goes (partition 0's stream
+// leader in one run, a follower of it in the other; with the leaders
+// spread, either leads other partitions) and one sidecar is SIGKILLed;
+// both come back. The table ends with exactly what the streams
+// acknowledged to the producer, topic by topic.
 func TestPartitionedClusterLosesNothing(t *testing.T) {
 	for _, lose := range []string{"leader", "follower"} {
 		t.Run(lose, func(t *testing.T) { clusterRun(t, lose) })
@@ -37,7 +41,7 @@ func TestPartitionedClusterLosesNothing(t *testing.T) {
 }
 
 func clusterRun(t *testing.T, lose string) {
-	const partitions = 8
+	const partitions, sidecars = 16, 4
 	layout := streams.Layout{Stream: "MENTIONS", Subject: "mentions.>", Partitions: partitions}
 	cl := testenv.NATSCluster(t, 3, testenv.Partitioned(layout))
 	nc, err := nats.Connect(cl.URLs(), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
@@ -60,18 +64,29 @@ func clusterRun(t *testing.T, lose string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for i := range 3 { // 8 streams over 3 servers: 2 or 3 each
-		if n := streams.Leaders(ps)[cl.Name(i)]; n < 2 || n > 3 {
+	for i := range 3 { // 16 streams over 3 servers: 5 or 6 each (at most one apart)
+		if n := streams.Leaders(ps)[cl.Name(i)]; n < 5 || n > 6 {
 			t.Errorf("%s leads %d of %d partition streams after stream create: %v", cl.Name(i), n, partitions, streams.Leaders(ps))
 		}
 	}
 	d := testenv.StartDynalite(t)
 	table := d.Table(t, "cluster")
 	testenv.AWSEnv(t)
+	// The store behind a proxy that counts the writes to each key, and
+	// does nothing else to them.
+	counting := ddbfault.New(ddbfault.Config{Upstream: d.Endpoint})
+	endpoint, stop, err := counting.Serve("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop() //nolint:errcheck // test teardown
 	args := []string{"--nats-mode", "partitioned", "--partitions", strconv.Itoa(partitions), "--nats-url", cl.URLs(),
-		"--dynamodb-endpoint", d.Endpoint, "--table", table, "--flush-interval", "300ms", "--flush-timeout", "1s",
+		"--dynamodb-endpoint", endpoint, "--table", table, "--flush-interval", "300ms", "--flush-timeout", "1s",
 		"--ack-wait", "10s", "--log-level", "warn"}
-	fleet := []*child{startChild(t, args...), startChild(t, args...), startChild(t, args...)}
+	var fleet []*child
+	for range sidecars {
+		fleet = append(fleet, startChild(t, args...))
+	}
 	owned := func(cs []*child) error {
 		var n float64
 		for _, c := range cs {
@@ -142,7 +157,38 @@ func clusterRun(t *testing.T, lose string) {
 			return nil
 		})
 	}
-	flowing(0, 6_000, "before the faults") // about 3 s of mentions
+	flowing(0, 2_000, "before the faults")
+	// The hottest topic (Zipf's first) over about 3 s of steady flow:
+	// written about once per round of flushes by the whole fleet, where
+	// four sidecars sharing one consumer would each write it in each of
+	// their flushes, about four times a round.
+	hotWrites := func() (n int) {
+		for key, w := range counting.Stats().Writes {
+			if strings.HasPrefix(key, "TREND#topic-0#") {
+				n += w
+			}
+		}
+		return n
+	}
+	flushes := func() []float64 {
+		var n []float64
+		for _, c := range fleet {
+			n = append(n, c.metric(t, `hotcount_flusher_flushes_total{result="ok"}`))
+		}
+		return n
+	}
+	w0, f0, a0 := hotWrites(), flushes(), ackedTotal()
+	flowing(a0, 6_000, "in steady flow")
+	w1, f1 := hotWrites(), flushes()
+	rounds := 0.0 // the flushes of the sidecar that flushed most
+	for i := range f1 {
+		rounds = max(rounds, f1[i]-f0[i])
+	}
+	perRound := float64(w1-w0) / rounds
+	t.Logf("the hottest topic: %d writes in %v rounds of flushes, %.2f a round, for the fleet of %d", w1-w0, rounds, perRound, sidecars)
+	if perRound > 1.5 {
+		t.Errorf("the hottest topic is written %.2f times per round of flushes, want about once for the whole fleet", perRound)
+	}
 	s, err := js.Stream(ctx, layout.Name(0))
 	if err != nil {
 		t.Fatal(err)
