@@ -584,17 +584,25 @@ func BenchmarkCounters(b *testing.B) {
 	// Like for like with the counters: the same acknowledged asynchronous
 	// JetStream publishes, into hotcount's stream, counted when every
 	// mention is journaled and written exactly once (JetStream mode).
-	b.Run("hotcount-jetstream", func(b *testing.B) {
-		srv := natsProcess(b)
-		nc := testenv.Connect(b, srv.URL)
-		if _, err := ingest.EnsureStream(context.Background(), nc, ingest.DefaultStream, "mentions.>", time.Minute); err != nil {
-			b.Fatal(err)
+	// hotcount's durable paths run at the defaults users get (a 1 s
+	// flush interval, a window of half --max-ack-pending messages flushed
+	// at once); -100ms is jetstream mode with --flush-interval 100ms, what
+	// the knob buys.
+	jetstreamMode := func(tune ...func(*config.Config)) func(b *testing.B) {
+		return func(b *testing.B) {
+			srv := natsProcess(b)
+			nc := testenv.Connect(b, srv.URL)
+			if _, err := ingest.EnsureStream(context.Background(), nc, ingest.DefaultStream, "mentions.>", time.Minute); err != nil {
+				b.Fatal(err)
+			}
+			sc := counterSidecar(b, srv.URL, config.ModeJetStream, append([]func(*config.Config){atDefaults}, tune...)...)
+			cpu := newCPUMeter(srv)
+			publishAcked(b, nc, cpu)
+			reportCounted(b, sc, true, cpu)
 		}
-		sc := counterSidecar(b, srv.URL, config.ModeJetStream)
-		cpu := newCPUMeter(srv)
-		publishAcked(b, nc, cpu)
-		reportCounted(b, sc, true, cpu)
-	})
+	}
+	b.Run("hotcount-jetstream", jetstreamMode())
+	b.Run("hotcount-jetstream-100ms", jetstreamMode(func(c *config.Config) { c.FlushInterval = 100 * time.Millisecond }))
 	// The same in partitioned mode with its default partitions, all owned
 	// by the one sidecar: the server's mapping routes each mention into
 	// its partition's stream, and each stream's consumer takes it whole.
@@ -608,7 +616,7 @@ func BenchmarkCounters(b *testing.B) {
 		if _, err := streams.Ensure(context.Background(), js, benchLayout(config.DefaultPartitions), streams.Options{MaxAge: time.Hour, MaxBytes: 1 << 30, Duplicates: time.Minute}); err != nil {
 			b.Fatal(err)
 		}
-		sc := counterSidecar(b, srv.URL, config.ModePartitioned)
+		sc := counterSidecar(b, srv.URL, config.ModePartitioned, atDefaults)
 		// Publishing starts once the sidecar consumes every partition, as
 		// the other consumers do before theirs.
 		ownsAll(b, sc, config.DefaultPartitions)
@@ -617,6 +625,10 @@ func BenchmarkCounters(b *testing.B) {
 		reportCounted(b, sc, true, cpu)
 	})
 }
+
+// atDefaults puts back the flush interval counterSidecar shortens: the
+// durable paths of BenchmarkCounters run as a user's sidecar does.
+func atDefaults(c *config.Config) { c.FlushInterval = config.Default().FlushInterval }
 
 // ownsAll waits until the sidecar sc (partitioned mode) consumes all
 // partitions.

@@ -253,8 +253,33 @@ func TestSettledWaitsForTheAckFloor(t *testing.T) {
 	if err := msgs[2].DoubleAck(ctx); err != nil {
 		t.Fatal(err)
 	}
-	testenv.Eventually(t, 5*time.Second, func() error { return j.Settled(ctx, key) })
+	testenv.Eventually(t, 30*time.Second, func() error { return j.Settled(ctx, key) })
 	if _, err := env.entries(t).Get(ctx, key); !errors.Is(err, jetstream.ErrKeyNotFound) {
 		t.Errorf("entry after every acknowledgement: %v, want retired", err)
+	}
+}
+
+// TestRetiringWaitsForASecondReading: an entry is retired only when two
+// readings of the ack floors, floorConfirm apart, both pass it; a reading
+// in between that does not (a consumer leader lost with acknowledgements
+// it had not replicated: its successor's floor is lower) starts over.
+func TestRetiringWaitsForASecondReading(t *testing.T) {
+	confirmed := journal.NewConfirmer()
+	t0 := time.Unix(1000, 0)
+	steps := []struct {
+		past bool
+		at   time.Duration
+		want bool
+	}{
+		{true, 0, false},                             // first sighting
+		{true, journal.FloorConfirm / 2, false},      // too soon
+		{false, journal.FloorConfirm * 3 / 4, false}, // the floor went back
+		{true, journal.FloorConfirm, false},          // first sighting again
+		{true, journal.FloorConfirm * 2, true},       // confirmed
+	}
+	for i, s := range steps {
+		if got := confirmed("w.1", s.past, t0.Add(s.at)); got != s.want {
+			t.Errorf("step %d (past %v at %v): confirmed %v, want %v", i, s.past, s.at, got, s.want)
+		}
 	}
 }
