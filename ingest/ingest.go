@@ -18,6 +18,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
+
+	"github.com/hotcount/hotcount/streams"
 )
 
 // Defaults, used by the config package.
@@ -251,6 +253,9 @@ func (s *Subscriber) Ready() error {
 // handle runs on the subscription's goroutine, one message at a time. A
 // mention without "at" is placed in time by the sink (its arrival).
 func (s *Subscriber) handle(msg *nats.Msg) {
+	if msg.Header.Get(streams.ProbeHeader) != "" {
+		return // a check of the routing (stream create, load): no mention
+	}
 	topic, delta, at, reason := s.check(msg.Subject, msg.Data, msg.Header, time.Time{})
 	switch {
 	case reason != "":

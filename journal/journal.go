@@ -48,6 +48,12 @@ import (
 const (
 	// DefaultBucket holds the entries, key <writer>.<n>.
 	DefaultBucket = "hotcount_journal"
+	// PartitionsBucket holds partitioned mode's entries: their messages
+	// are named by streams.Position, whose partition 0 reads like a bare
+	// stream sequence, so they never share a bucket with another layout's
+	// (jetstream mode's, or the previous release's single partitioned
+	// stream's), whose sequences would be taken for theirs.
+	PartitionsBucket = "hotcount_journal_partitions"
 	// DefaultWritersBucket holds one key per live writer, refreshed every
 	// Heartbeat; the bucket's MaxAge (Lease) removes a dead writer's key.
 	DefaultWritersBucket = "hotcount_writers"

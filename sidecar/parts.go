@@ -269,7 +269,7 @@ func openJournal(ctx context.Context, nc *nats.Conn, cfg config.Config, writer s
 	m := journal.NewMetrics(reg)
 	jcfg := journal.Config{Bucket: journal.DefaultBucket, WritersBucket: journal.DefaultWritersBucket, Stream: cfg.Stream, Consumer: cfg.Consumer}
 	if cfg.NATSMode == config.ModePartitioned {
-		jcfg.Partitions = cfg.Partitions
+		jcfg.Partitions, jcfg.Bucket = cfg.Partitions, journal.PartitionsBucket
 	}
 	b := backoff.NewExponentialBackOff()
 	b.InitialInterval, b.MaxInterval = 100*time.Millisecond, 5*time.Second

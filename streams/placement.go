@@ -19,7 +19,8 @@ type Partition struct {
 	P        int      `json:"partition"`
 	Stream   string   `json:"stream"`
 	Leader   string   `json:"leader"`             // "" while it has none
-	Replicas []string `json:"replicas,omitempty"` // the other servers holding it
+	Replicas []string `json:"replicas,omitempty"` // the other servers holding it, current
+	Behind   []string `json:"behind,omitempty"`   // replicas offline or catching up: no leader for now
 	Msgs     uint64   `json:"messages"`
 	Bytes    uint64   `json:"bytes"`
 	// Of the sidecars' consumer; both 0 when it does not exist yet.
@@ -63,6 +64,10 @@ func status(ctx context.Context, js jetstream.JetStream, consumer string, out *P
 	if ci := info.Cluster; ci != nil {
 		out.Leader = ci.Leader
 		for _, r := range ci.Replicas {
+			if r.Offline || !r.Current {
+				out.Behind = append(out.Behind, r.Name)
+				continue
+			}
 			out.Replicas = append(out.Replicas, r.Name)
 		}
 	}

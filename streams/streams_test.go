@@ -96,9 +96,23 @@ func TestProbe(t *testing.T) {
 		if _, err := streams.Ensure(ctx, js, layout, opts); err != nil {
 			t.Fatal(err)
 		}
-		err := streams.Probe(ctx, js, layout)
+		// The previous release's stream still takes mentions.> (a
+		// migration's first step): the probe must not land there, where
+		// that release's sidecars would count it.
+		old, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "MENTIONS", Subjects: []string{"mentions.>"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = streams.Probe(ctx, js, layout)
 		if err == nil || !strings.Contains(err.Error(), `"mentions.>" to "{{partition(8)}}.mentions.>"`) {
 			t.Fatalf("probe without the mapping: %v, want the mapping named", err)
+		}
+		info, err := old.Info(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if info.State.Msgs != 0 {
+			t.Errorf("the probe left %d messages in the stream that takes mentions.> itself", info.State.Msgs)
 		}
 	})
 	t.Run("other partition count", func(t *testing.T) {
@@ -107,8 +121,8 @@ func TestProbe(t *testing.T) {
 		if _, err := streams.Ensure(ctx, js, layout, opts); err != nil {
 			t.Fatal(err)
 		}
-		if err := streams.Probe(ctx, js, layout); err == nil || !strings.Contains(err.Error(), "not MENTIONS-") {
-			t.Fatalf("probe against a mapping into 4 partitions: %v, want the stream it landed in named", err)
+		if err := streams.Probe(ctx, js, layout); err == nil || !strings.Contains(err.Error(), "reached a stream other than MENTIONS-") {
+			t.Fatalf("probe against a mapping into 4 partitions: %v, want the stream it should have reached named", err)
 		}
 	})
 }

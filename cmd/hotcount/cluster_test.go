@@ -275,7 +275,7 @@ func clusterRun(t *testing.T, lose string) {
 				return fmt.Errorf("partition %d: %d pending, %d unacknowledged", p, ci.NumPending, ci.NumAckPending)
 			}
 		}
-		if open, err := openJournalEntries(nc); err != nil || open > 0 {
+		if open, err := openJournalEntries(nc, journal.PartitionsBucket); err != nil || open > 0 {
 			return fmt.Errorf("%d journal entries not yet replayed (%v)", open, err)
 		}
 		return nil

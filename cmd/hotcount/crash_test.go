@@ -234,7 +234,7 @@ func TestSIGKILLLosesNothing(t *testing.T) {
 	// survivor then replays their entries.
 	testenv.ConsumerIdle(t, ns.ClientURL(), "MENTIONS", "hotcount", 2*journal.Lease)
 	testenv.Eventually(t, 3*journal.Lease, func() error {
-		open, err := openJournalEntries(nc)
+		open, err := openJournalEntries(nc, journal.DefaultBucket)
 		if err != nil {
 			return err
 		}
@@ -290,15 +290,15 @@ func TestSIGKILLLosesNothing(t *testing.T) {
 	}
 }
 
-// openJournalEntries counts the journal entries not yet done.
-func openJournalEntries(nc *nats.Conn) (int, error) {
+// openJournalEntries counts the journal entries not yet done, in bucket.
+func openJournalEntries(nc *nats.Conn, bucket string) (int, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	js, err := jetstream.New(nc)
 	if err != nil {
 		return 0, err
 	}
-	kv, err := js.KeyValue(ctx, journal.DefaultBucket)
+	kv, err := js.KeyValue(ctx, bucket)
 	if err != nil {
 		return 0, err
 	}

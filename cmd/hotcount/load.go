@@ -17,9 +17,13 @@ import (
 	"github.com/hotcount/hotcount/config"
 	"github.com/hotcount/hotcount/ingest"
 	"github.com/hotcount/hotcount/loadgen"
+	"github.com/hotcount/hotcount/streams"
 )
 
-// streamTakes says whether a JetStream stream stores subject.
+// streamTakes says whether a JetStream stream stores subject: one that
+// takes it as configured, or (partitioned mode) one the server's mapping
+// routes it to, which only a publish can tell. That publish is a probe
+// (streams.ProbeHeader: sidecars acknowledge it uncounted), deleted again.
 func streamTakes(ctx context.Context, nc *nats.Conn, subject string) bool {
 	js, err := jetstream.New(nc)
 	if err != nil {
@@ -27,8 +31,19 @@ func streamTakes(ctx context.Context, nc *nats.Conn, subject string) bool {
 	}
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	_, err = js.StreamNameBySubject(ctx, subject)
-	return err == nil
+	if _, err := js.StreamNameBySubject(ctx, subject); err == nil {
+		return true
+	}
+	msg := nats.NewMsg(subject)
+	msg.Header.Set(streams.ProbeHeader, "load")
+	ack, err := js.PublishMsg(ctx, msg)
+	if err != nil {
+		return false
+	}
+	if s, err := js.Stream(ctx, ack.Stream); err == nil {
+		s.DeleteMsg(ctx, ack.Sequence) //nolint:errcheck // best effort: a probe left is acknowledged uncounted
+	}
+	return true
 }
 
 // cmdLoad publishes synthetic mentions with a client.Publisher (one

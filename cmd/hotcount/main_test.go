@@ -32,6 +32,7 @@ func TestExitCodes(t *testing.T) {
 		{"table without create", []string{"table"}, nil, exitUsage, "create"},
 		{"stream with an unknown subcommand", []string{"stream", "show"}, nil, exitUsage, `"stream" takes a subcommand: create, status (hotcount stream --help)`},
 		{"run --help", []string{"run", "--help"}, nil, exitOK, ""},
+		{"stream create, partitions for another mode", []string{"stream", "create", "--nats-mode", "jetstream", "--partitions", "4"}, nil, exitUsage, "--partitions 4 is for --nats-mode partitioned, not jetstream"},
 		{"load bad zipf", []string{"load", "--zipf", "0.5"}, nil, exitUsage, "zipf"},
 	}
 	checkExits(t, tests)

@@ -13,6 +13,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/spf13/pflag"
 
 	"github.com/hotcount/hotcount/config"
 	"github.com/hotcount/hotcount/ingest"
@@ -68,13 +69,15 @@ func cmdStreamCreate(ctx context.Context, args, environ []string, stdout, stderr
 	if err := parse(&cfg, fs, args, environ, stderr); err != nil {
 		return err
 	}
-	// --partitions given means partitioned mode, as it did before the
-	// mode was a setting here; with another mode given, it is a mistake.
-	if fs.Changed("partitions") && cfg.NATSMode != config.ModePartitioned {
-		if fs.Changed("nats-mode") {
-			return usageError{fmt.Errorf("--partitions is for --nats-mode partitioned, not %s", cfg.NATSMode)}
+	// --partitions N on the command line means partitioned mode, as it
+	// did before the mode was a setting here (--partitions 0: not
+	// partitioned, as then); the mode the settings give otherwise rules,
+	// as it does for run.
+	if n, mode := typed(args); n > 0 && cfg.NATSMode != config.ModePartitioned {
+		if mode != "" {
+			return usageError{fmt.Errorf("--partitions %d is for --nats-mode partitioned, not %s", n, mode)}
 		}
-		cfg.NATSMode = config.ModePartitioned
+		cfg.NATSMode, cfg.Partitions = config.ModePartitioned, n
 	}
 	if cfg.NATSMode == config.ModePartitioned && (cfg.Partitions < 1 || cfg.Partitions > 1024) {
 		return usageError{fmt.Errorf("--partitions is 1..1024 (got %d)", cfg.Partitions)}
@@ -107,6 +110,20 @@ func cmdStreamCreate(ctx context.Context, args, environ []string, stdout, stderr
 	return nil
 }
 
+// typed is what the command line itself says (not the environment or the
+// --config file) of --partitions (0: not typed) and --nats-mode ("").
+func typed(args []string) (partitions int, mode string) {
+	fs := pflag.NewFlagSet("", pflag.ContinueOnError)
+	fs.ParseErrorsAllowlist.UnknownFlags = true
+	fs.SetOutput(io.Discard)
+	p := fs.Int("partitions", 0, "")
+	m := fs.String("nats-mode", "", "")
+	if fs.Parse(args) != nil {
+		return 0, ""
+	}
+	return *p, *m
+}
+
 // createPartitioned creates the partition streams, checks that the server
 // routes producers' subjects into them, and spreads their leaders.
 func createPartitioned(ctx context.Context, nc *nats.Conn, cfg config.Config, f streamFlags, stdout io.Writer) error {
@@ -119,8 +136,8 @@ func createPartitioned(ctx context.Context, nc *nats.Conn, cfg config.Config, f 
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(stdout, "partition streams %s..%s: %d created, %d there already (subjects <partition>.%s, file storage, %d replica(s), duplicate window %s, max age %s, max bytes %d each)\n",
-		l.Name(0), l.Name(l.Partitions-1), created, l.Partitions-created, cfg.Subject, f.replicas, f.dup, f.maxAge, (f.maxBytes+int64(l.Partitions)-1)/int64(l.Partitions))
+	fmt.Fprintf(stdout, "partition streams %s..%s: %d created (subjects <partition>.%s, file storage, %d replica(s), duplicate window %s, max age %s, max bytes %d each), %d there already and left as they are\n",
+		l.Name(0), l.Name(l.Partitions-1), created, cfg.Subject, f.replicas, f.dup, f.maxAge, (f.maxBytes+int64(l.Partitions)-1)/int64(l.Partitions), l.Partitions-created)
 	if legacy, err := streams.Legacy(ctx, js, l); err == nil && legacy != "" {
 		fmt.Fprintf(stdout, "note: stream %s is the previous release's partitioned layout (%s); see deploy/README.md, \"Moving to partition streams\"\n", l.Stream, legacy)
 	}
@@ -129,9 +146,12 @@ func createPartitioned(ctx context.Context, nc *nats.Conn, cfg config.Config, f 
 	}
 	from, to := l.Mapping()
 	fmt.Fprintf(stdout, "routing checked: the server maps %s to %s, and each probe landed in its partition's stream\n", from, to)
+	// The streams are there and routed: a spread that fails (a stream
+	// between leaders) is a warning, and running stream create again
+	// spreads them again.
 	leaders, err := streams.Spread(ctx, nc, js, l, 10*time.Second)
 	if err != nil {
-		return err
+		fmt.Fprintf(stdout, "warning: leaders not spread (%v); run stream create again to spread them\n", err)
 	}
 	fmt.Fprintf(stdout, "leaders: %s\nrun the sidecars with --nats-mode partitioned --partitions %d\n", formatLeaders(leaders), l.Partitions)
 	return nil
@@ -196,7 +216,11 @@ func cmdStreamStatus(ctx context.Context, args, environ []string, stdout, stderr
 			fmt.Fprintf(tw, "%d\t%s\t(missing)\t\t\t\t\t\n", p.P, p.Stream)
 			continue
 		}
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%d\t%d\t%d\t%d\n", p.P, p.Stream, p.Leader, strings.Join(p.Replicas, ","), p.Msgs, p.Bytes, p.Pending, p.AckPending)
+		replicas := strings.Join(p.Replicas, ",")
+		if len(p.Behind) > 0 {
+			replicas += " (behind: " + strings.Join(p.Behind, ",") + ")"
+		}
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%d\t%d\t%d\t%d\n", p.P, p.Stream, p.Leader, replicas, p.Msgs, p.Bytes, p.Pending, p.AckPending)
 	}
 	tw.Flush()
 	fmt.Fprintf(stdout, "leaders: %s\n", formatLeaders(streams.Leaders(ps)))
