@@ -73,7 +73,9 @@ func TestSIGTERMWithBacklogJetStream(t *testing.T) {
 	e := newFaultEnv(t, &ddbfault.Config{}, func(c *config.Config) {
 		backlogConfig(c)
 		c.NATSMode = config.ModeJetStream
-		c.MaxAckPending = 2 * backlogTopics
+		// Room for the whole backlog, and a window of it below half
+		// (aggregator.WithMaxHeld): it is held until SIGTERM, not flushed.
+		c.MaxAckPending = 4 * backlogTopics
 	})
 	rep := publish(t, e.nats, loadgen.Config{Prefix: "mentions.", Topics: backlogTopics, Messages: backlogTopics, Count: 1, Seed: 61, JetStream: true})
 	testenv.Eventually(t, 10*time.Second, func() error {
