@@ -361,7 +361,16 @@ func (d *Dynalite) scan(t testing.TB, table string, each func(pk string, it map[
 	t.Helper()
 	p := dynamodb.NewScanPaginator(d.Client(), &dynamodb.ScanInput{TableName: &table})
 	for p.HasMorePages() {
-		page, err := p.NextPage(context.Background())
+		// A read is safe to repeat, and its first try may meet a
+		// keep-alive connection dynalite (Node.js: 5 s idle) has just
+		// closed: a few tries before the test fails on it.
+		var page *dynamodb.ScanOutput
+		var err error
+		for try := 0; try < 3; try++ {
+			if page, err = p.NextPage(context.Background()); err == nil {
+				break
+			}
+		}
 		if err != nil {
 			t.Fatal(err)
 		}
