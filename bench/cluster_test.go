@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/hotcount/hotcount/config"
+	"github.com/hotcount/hotcount/internal/embeddednats"
 	"github.com/hotcount/hotcount/internal/testenv"
 	"github.com/hotcount/hotcount/streams"
 )
@@ -40,14 +41,8 @@ func clusterNode(port int, storeDir string, mappings map[string]string) (*server
 		Cluster:    server.ClusterOpts{Name: "hotcount-bench", Host: "127.0.0.1", Port: cport},
 		Routes:     server.RoutesFromStr(os.Getenv(routesEnv)),
 	}
-	if len(mappings) > 0 {
-		acc := server.NewAccount(server.DEFAULT_GLOBAL_ACCOUNT)
-		for from, to := range mappings {
-			if err := acc.AddMapping(from, to); err != nil {
-				return nil, fmt.Errorf("mapping %s -> %s: %w", from, to, err)
-			}
-		}
-		opts.Accounts = []*server.Account{acc}
+	if opts.Accounts, err = embeddednats.Accounts(mappings); err != nil {
+		return nil, err
 	}
 	s, err := server.NewServer(opts)
 	if err != nil {

@@ -37,15 +37,11 @@ func Start(port int, storeDir string, mappings map[string]string) (*server.Serve
 		NoSigs:     true, // the process's signals are hotcount's to handle
 		NoLog:      true,
 	}
-	if len(mappings) > 0 {
-		acc := server.NewAccount(server.DEFAULT_GLOBAL_ACCOUNT)
-		for from, to := range mappings {
-			if err := acc.AddMapping(from, to); err != nil {
-				return nil, fmt.Errorf("embeddednats: mapping %s -> %s: %w", from, to, err)
-			}
-		}
-		opts.Accounts = []*server.Account{acc}
+	accounts, err := Accounts(mappings)
+	if err != nil {
+		return nil, err
 	}
+	opts.Accounts = accounts
 	s, err := server.NewServer(opts)
 	if err != nil {
 		return nil, fmt.Errorf("embeddednats: %w", err)
@@ -56,4 +52,21 @@ func Start(port int, storeDir string, mappings map[string]string) (*server.Serve
 		return nil, fmt.Errorf("embeddednats: server on port %d not ready within 10s", port)
 	}
 	return s, nil
+}
+
+// Accounts are the server options' accounts that carry mappings (from: to)
+// in the default account, as a configuration's top-level mappings block
+// does; none for no mappings. An account belongs to the server that
+// registers it: a restarted server needs new ones.
+func Accounts(mappings map[string]string) ([]*server.Account, error) {
+	if len(mappings) == 0 {
+		return nil, nil
+	}
+	acc := server.NewAccount(server.DEFAULT_GLOBAL_ACCOUNT)
+	for from, to := range mappings {
+		if err := acc.AddMapping(from, to); err != nil {
+			return nil, fmt.Errorf("embeddednats: mapping %s -> %s: %w", from, to, err)
+		}
+	}
+	return []*server.Account{acc}, nil
 }

@@ -13,6 +13,8 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/hotcount/hotcount/internal/embeddednats"
 )
 
 // Cluster is a NATS cluster of in-process servers with JetStream, on
@@ -91,15 +93,11 @@ func (c *Cluster) Start(i int) {
 	if c.nodes[i] != nil {
 		return
 	}
-	if len(c.mappings) > 0 {
-		acc := server.NewAccount(server.DEFAULT_GLOBAL_ACCOUNT)
-		for from, to := range c.mappings {
-			if err := acc.AddMapping(from, to); err != nil {
-				c.t.Fatal(err)
-			}
-		}
-		c.opts[i].Accounts = []*server.Account{acc}
+	accounts, err := embeddednats.Accounts(c.mappings)
+	if err != nil {
+		c.t.Fatal(err)
 	}
+	c.opts[i].Accounts = accounts
 	s, err := server.NewServer(c.opts[i])
 	if err != nil {
 		c.t.Fatalf("node %d: %v", i, err)
