@@ -336,10 +336,12 @@ func clusterRun(t *testing.T, lose string) {
 // the sidecars read their payloads.
 func storedMentions(t *testing.T, js jetstream.JetStream, l streams.Layout) map[string]int64 {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
 	out := map[string]int64{}
 	for p := range l.Partitions {
+		// A minute for each stream's thousands of requests: the machine
+		// may be busy (one minute for all 16 ran out once).
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
 		s, err := js.Stream(ctx, l.Name(p))
 		if err != nil {
 			t.Fatal(err)
