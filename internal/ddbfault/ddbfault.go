@@ -11,6 +11,10 @@
 //     production;
 //   - add latency, answer HTTP 500 or 503, refuse writes, or fail
 //     everything for a period (an outage: connections reset);
+//   - deny chosen keys (Deny; TopicKeys: every item of one topic) until
+//     Allow: their writes, and if asked their reads, answered with a
+//     definite error of the caller's choosing, AccessDeniedException by
+//     default, as a fine-grained IAM policy refuses them, applying nothing;
 //   - lose the answer to a counting write (UpdateItem) after the store
 //     applied it, as DynamoDB can, so that the client, not knowing, may
 //     retry a write that already happened. Three ways, each its own kind:
@@ -38,6 +42,7 @@ import (
 	"fmt"
 	"hash/crc32"
 	"io"
+	"maps"
 	"math/rand/v2"
 	"net"
 	"net/http"
@@ -49,6 +54,8 @@ import (
 	"time"
 
 	"golang.org/x/time/rate"
+
+	"github.com/hotcount/hotcount/store"
 )
 
 // DefaultHang is how long AmbiguousHang holds a connection unless SetHang
@@ -76,7 +83,8 @@ const (
 	Throttled = "throttled" // refused for the ceiling, not applied
 	Failed    = "failed"    // answered 500/503, not applied
 	Outage    = "outage"    // refused during an outage, not applied
-	Refused   = "refused"   // UpdateItem answered 400 ValidationException (SetWriteFailure), not applied
+	Refused   = "refused"   // UpdateItem answered 400 ResourceNotFoundException (SetWriteFailure), not applied
+	Denied    = "denied"    // a request on keys Deny refuses, answered with its error, not applied
 	Latency   = "latency"   // delayed
 
 	// The lost answers: applied upstream, then the answer lost.
@@ -97,6 +105,9 @@ type Stats struct {
 	ThrottledKeys map[string]int
 	// Writes counts forwarded writes by partition key.
 	Writes map[string]int
+	// DeniedKeys counts denied requests by partition key: every key of
+	// the request (a denied BatchGetItem reads none of its keys).
+	DeniedKeys map[string]int
 }
 
 // Lost is the number of requests whose answer was lost after the store
@@ -118,6 +129,7 @@ type Proxy struct {
 	outageEnd    time.Time
 	failNext     int
 	refuseWrites bool
+	denial       *Denial // nil: none
 	failCode     int
 	ambigNext    int
 	loseRate     float64  // share of UpdateItem calls whose answer is lost
@@ -136,8 +148,12 @@ func New(cfg Config) *Proxy {
 		writeLim: map[string]*rate.Limiter{},
 		readLim:  map[string]*rate.Limiter{},
 		hang:     DefaultHang,
-		stats:    Stats{Did: map[string]int{}, ThrottledKeys: map[string]int{}, Writes: map[string]int{}},
+		stats:    newStats(),
 	}
+}
+
+func newStats() Stats {
+	return Stats{Did: map[string]int{}, ThrottledKeys: map[string]int{}, Writes: map[string]int{}, DeniedKeys: map[string]int{}}
 }
 
 // SetLatency delays every request by d from now on (0: none).
@@ -186,8 +202,78 @@ func (p *Proxy) LoseAnswers(rate float64, kinds ...string) {
 }
 
 // SetWriteFailure makes every UpdateItem (the counting writes) answer 400
-// ValidationException, applying nothing, while on; reads still work.
+// ResourceNotFoundException (the whole table refusing, not some keys for
+// good: see Deny), applying nothing, while on; reads still work.
 func (p *Proxy) SetWriteFailure(on bool) { p.mu.Lock(); p.refuseWrites = on; p.mu.Unlock() }
+
+// Denial refuses the requests on chosen partition keys with a definite
+// error, as DynamoDB does when a fine-grained IAM policy (a
+// dynamodb:LeadingKeys condition) denies them: a 4xx answer, nothing
+// applied, which the SDK does not retry. Writes (UpdateItem, PutItem,
+// DeleteItem) on a matching key are refused; reads only if Reads says so.
+// Requests whose keys the proxy does not read (Query, Scan, the table
+// calls) always pass.
+type Denial struct {
+	// Keys says which partition keys are denied (TopicKeys: every item of
+	// one topic). It is called with the proxy's lock held: it must not
+	// call the proxy. Required.
+	Keys func(pk string) bool
+	// Status is the HTTP status of the answer, 400 to 499; 0 is 400,
+	// DynamoDB's for AccessDeniedException as for ValidationException.
+	Status int
+	// Type is the error type, the SDK APIError's ErrorCode():
+	// "AccessDeniedException" (the default, when empty),
+	// "ValidationException", ...
+	Type string
+	// Reads denies reads of the keys too: a GetItem of one, and a
+	// BatchGetItem with any of them among its keys, whole, as IAM refuses
+	// it. Off, every read passes.
+	Reads bool
+}
+
+// Deny refuses, from now on until Allow, the requests d says, each
+// answered with d's error (see Denial). It replaces any denial before.
+// A Denial without Keys, or with a Status that is not 4xx, panics: any
+// other answer would not be definite.
+func (p *Proxy) Deny(d Denial) {
+	if d.Keys == nil {
+		panic("ddbfault: Deny: a Denial needs Keys")
+	}
+	if d.Status == 0 {
+		d.Status = http.StatusBadRequest
+	}
+	if d.Status < 400 || d.Status > 499 {
+		panic(fmt.Sprintf("ddbfault: Deny: status %d is not 4xx", d.Status))
+	}
+	if d.Type == "" {
+		d.Type = "AccessDeniedException"
+	}
+	p.mu.Lock()
+	p.denial = &d
+	p.mu.Unlock()
+}
+
+// Allow ends Deny's denial: every key is served again.
+func (p *Proxy) Allow() { p.mu.Lock(); p.denial = nil; p.mu.Unlock() }
+
+// TopicKeys matches the partition key of every item of topic, for
+// Denial.Keys: its shards (TREND#<topic>#<shard>), its minute and hour
+// buckets (MINUTE#<topic>#<minute>#<shard>, HOUR#<topic>#<hour>#<shard>)
+// and its metadata item (TREND#<topic>#meta); no other topic's, though
+// topics may hold '#'.
+func TopicKeys(topic string) func(pk string) bool {
+	meta := store.MetaKey(topic)
+	return func(pk string) bool {
+		if pk == meta {
+			return true
+		}
+		if t, _, err := store.ParseShardKey(pk); err == nil {
+			return t == topic
+		}
+		t, _, _, _, err := store.ParseBucketKey(pk)
+		return err == nil && t == topic
+	}
+}
 
 // SetHang sets how long AmbiguousHang holds a connection unanswered before
 // resetting it, unless the client goes away or the proxy stops first
@@ -208,16 +294,11 @@ func (p *Proxy) Hanging() int { return int(p.hanging.Load()) }
 func (p *Proxy) Stats() Stats {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	s := Stats{Did: map[string]int{}, ThrottledKeys: map[string]int{}, Writes: map[string]int{}}
-	for k, v := range p.stats.Did {
-		s.Did[k] = v
-	}
-	for k, v := range p.stats.ThrottledKeys {
-		s.ThrottledKeys[k] = v
-	}
-	for k, v := range p.stats.Writes {
-		s.Writes[k] = v
-	}
+	s := newStats()
+	maps.Copy(s.Did, p.stats.Did)
+	maps.Copy(s.ThrottledKeys, p.stats.ThrottledKeys)
+	maps.Copy(s.Writes, p.stats.Writes)
+	maps.Copy(s.DeniedKeys, p.stats.DeniedKeys)
 	return s
 }
 
@@ -226,6 +307,7 @@ type request struct {
 	op    string   // UpdateItem, BatchGetItem, ...
 	keys  []string // partition key values (the pk attribute)
 	write bool
+	read  bool // GetItem or BatchGetItem
 }
 
 type attr struct {
@@ -248,7 +330,9 @@ func parse(target string, body []byte) request {
 			}
 		}
 		r.write = op != "GetItem"
+		r.read = !r.write
 	case "BatchGetItem":
+		r.read = true
 		var b struct {
 			RequestItems map[string]struct{ Keys []map[string]attr }
 		}
@@ -292,6 +376,9 @@ type decision struct {
 	latency  time.Duration
 	failCode int
 	hang     time.Duration
+	denial   *Denial // the denial, when the verdict is Denied
+	deniedOp string  // and what it refused: the operation and
+	deniedPK string  // the first key it matched
 }
 
 // decide picks req's verdict and counts it, under one lock so that the
@@ -299,21 +386,26 @@ type decision struct {
 func (p *Proxy) decide(req request) decision {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	d := decision{verdict: p.verdict(req), latency: p.latency, failCode: p.failCode, hang: p.hang}
+	d := decision{latency: p.latency, failCode: p.failCode, hang: p.hang}
+	d.verdict = p.verdict(req, &d)
 	p.count(req, d)
 	return d
 }
 
 // verdict is the kind of what the proxy does with req, the faults taking
 // their turn in order; with mu held. It spends what it uses: one of
-// FailNext's or AmbiguousNext's calls, the ceilings' units.
-func (p *Proxy) verdict(req request) string {
+// FailNext's or AmbiguousNext's calls, the ceilings' units. A denial is
+// decided before the ceilings, as IAM refuses a request before DynamoDB
+// spends capacity on it; it notes itself in d.
+func (p *Proxy) verdict(req request, d *decision) string {
 	switch {
 	case time.Now().Before(p.outageEnd):
 		return Outage
 	case p.failNext > 0:
 		p.failNext--
 		return Failed
+	case p.denies(req, d):
+		return Denied
 	case p.refuseWrites && req.op == "UpdateItem":
 		return Refused
 	case !p.allow(req):
@@ -328,6 +420,22 @@ func (p *Proxy) verdict(req request) string {
 	}
 }
 
+// denies says whether the denial refuses req and, if so, notes in d what
+// it refused; with mu held.
+func (p *Proxy) denies(req request, d *decision) bool {
+	den := p.denial
+	if den == nil || !(req.write || den.Reads && req.read) {
+		return false
+	}
+	for _, k := range req.keys {
+		if den.Keys(k) {
+			d.denial, d.deniedOp, d.deniedPK = den, req.op, k
+			return true
+		}
+	}
+	return false
+}
+
 // count adds the decision to the stats; with mu held. A write counts as
 // written when it reaches the store, whether or not its answer is lost.
 func (p *Proxy) count(req request, d decision) {
@@ -335,9 +443,14 @@ func (p *Proxy) count(req request, d decision) {
 	if d.latency > 0 {
 		p.stats.Did[Latency]++
 	}
-	if d.verdict == Throttled {
+	switch d.verdict {
+	case Throttled:
 		for _, k := range req.keys {
 			p.stats.ThrottledKeys[k]++
+		}
+	case Denied:
+		for _, k := range req.keys {
+			p.stats.DeniedKeys[k]++
 		}
 	}
 	lost := slices.Contains(lostKinds, d.verdict)
@@ -371,7 +484,12 @@ func refuse(w http.ResponseWriter, d decision) bool {
 	case Failed:
 		awsError(w, d.failCode, "InternalServerError", "injected failure")
 	case Refused:
-		awsError(w, http.StatusBadRequest, "ValidationException", "injected: writes refused")
+		// A refusal of the whole table (as while it is being restored),
+		// not one for good of some keys (Deny): the store is down.
+		awsError(w, http.StatusBadRequest, "ResourceNotFoundException", "injected: writes refused")
+	case Denied:
+		awsError(w, d.denial.Status, d.denial.Type,
+			fmt.Sprintf("injected (ddbfault): dynamodb:%s denied on key %s", d.deniedOp, d.deniedPK))
 	case Throttled:
 		awsError(w, http.StatusBadRequest, "ProvisionedThroughputExceededException",
 			"The level of configured provisioned throughput for one or more global secondary indexes of the table was exceeded.")
@@ -501,10 +619,28 @@ func reset(w http.ResponseWriter) {
 	conn.Close()
 }
 
-// awsError answers as DynamoDB does: the error type in __type, and the
-// CRC32 of the body, which the SDK checks.
+// errorNamespaces are the namespaces DynamoDB gives in __type to the error
+// types that are not its own but its service framework's, raised before
+// DynamoDB proper sees the request; its own are
+// com.amazonaws.dynamodb.v20120810's. The SDK reads only what follows '#'.
+var errorNamespaces = map[string]string{
+	"AccessDeniedException": "com.amazon.coral.service",
+	"ValidationException":   "com.amazon.coral.validate",
+}
+
+// awsError answers as DynamoDB does: the error type in __type, in its
+// namespace, and the CRC32 of the body, which the SDK checks.
 func awsError(w http.ResponseWriter, status int, typ, msg string) {
-	body := fmt.Sprintf(`{"__type":"com.amazonaws.dynamodb.v20120810#%s","message":%q}`, typ, msg)
+	ns, msgKey := errorNamespaces[typ], "message"
+	if ns == "" {
+		ns = "com.amazonaws.dynamodb.v20120810"
+	}
+	if ns == "com.amazon.coral.service" {
+		msgKey = "Message" // the framework's spelling
+	}
+	t, _ := json.Marshal(ns + "#" + typ) // strings: no error
+	m, _ := json.Marshal(msg)
+	body := fmt.Sprintf(`{"__type":%s,%q:%s}`, t, msgKey, m)
 	w.Header().Set("Content-Type", "application/x-amz-json-1.0")
 	w.Header().Set("X-Amzn-Requestid", "ddbfault")
 	w.Header().Set("X-Amz-Crc32", strconv.FormatUint(uint64(crc32.ChecksumIEEE([]byte(body))), 10))
