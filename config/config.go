@@ -106,13 +106,16 @@ type Config struct {
 	DynamoDBEndpoint string
 	DataDir          string
 
-	Shards           int
-	Adaptive         bool
-	MaxShards        int
-	ShardsCache      time.Duration
-	FlushInterval    time.Duration
-	FlushTimeout     time.Duration
-	WriteTimeout     time.Duration
+	Shards        int
+	Adaptive      bool
+	MaxShards     int
+	ShardsCache   time.Duration
+	FlushInterval time.Duration
+	FlushTimeout  time.Duration
+	WriteTimeout  time.Duration
+	// QuarantineAfter is how long a counter's writes may be refused for
+	// good before the write is quarantined; 0: never (tried forever).
+	QuarantineAfter  time.Duration
 	FlushConcurrency int
 	MaxTopics        int
 	MaxCount         int64
@@ -191,6 +194,7 @@ func Default() Config {
 		FlushInterval:     flusher.DefaultInterval,
 		FlushTimeout:      flusher.DefaultTimeout,
 		WriteTimeout:      flusher.DefaultWriteTimeout,
+		QuarantineAfter:   flusher.DefaultQuarantineAfter,
 		FlushConcurrency:  0, // by store: see FlushWrites
 		MaxTopics:         aggregator.DefaultMaxTopics,
 		MaxCount:          ingest.DefaultMaxCount,
@@ -339,6 +343,7 @@ var settings = []setting{
 	{name: "flush-interval", usage: "how often buffered deltas are written (±10% jitter)", bind: dur(func(c *Config) *time.Duration { return &c.FlushInterval })},
 	{name: "flush-timeout", usage: "how long one flush may go on starting writes; the rest wait for the next flush", bind: dur(func(c *Config) *time.Duration { return &c.FlushTimeout })},
 	{name: "write-timeout", usage: "how long one store write may take, the SDK's retries included; a write that runs out is in doubt and is sent again unchanged", bind: dur(func(c *Config) *time.Duration { return &c.WriteTimeout })},
+	{name: "quarantine-after", usage: "how long a counter's writes may be refused for good (AccessDenied, Validation, overflow) while the store takes others, before the write moves to the quarantine (the data directory in core mode, a JetStream bucket otherwise) and stops holding its topic; 0: never, tried forever", bind: dur(func(c *Config) *time.Duration { return &c.QuarantineAfter })},
 	{name: "flush-concurrency", usage: "the most writes in flight at once during a flush (a flush runs as many as it has topics, up to this); 0: 256 against DynamoDB, 1024 against the embedded store, whose writes in flight commit together", bind: integer(func(c *Config) *int { return &c.FlushConcurrency })},
 	{name: "max-topics", usage: "distinct topics in one window before an early flush", bind: integer(func(c *Config) *int { return &c.MaxTopics })},
 	{name: "max-count", usage: "largest count one message may add", bind: func(fs *pflag.FlagSet, c *Config, name, usage string) {
@@ -815,6 +820,9 @@ func (c *Config) checkFlush(p *problems) {
 	p.durIn("flush-interval", c.FlushInterval, 10*time.Millisecond, time.Hour)
 	p.durIn("flush-timeout", c.FlushTimeout, time.Millisecond, time.Hour)
 	p.durIn("write-timeout", c.WriteTimeout, 10*time.Millisecond, time.Minute)
+	if c.QuarantineAfter != 0 {
+		p.durIn("quarantine-after", c.QuarantineAfter, time.Second, 7*24*time.Hour)
+	}
 	p.intIn("flush-concurrency", int64(c.FlushConcurrency), 0, 1024)
 	p.intIn("max-topics", int64(c.MaxTopics), 1, 100_000_000)
 	p.intIn("max-count", c.MaxCount, 1, 1<<53)
@@ -1044,9 +1052,10 @@ func (c Config) BufferBudget(gomemlimit int64) int64 {
 func (c Config) ShutdownReserve() time.Duration { return min(c.ShutdownTimeout/10, time.Second) }
 
 // UsesDataDir says whether a sidecar with these settings keeps files in
-// DataDir: the embedded store's, or core mode's spill folder.
+// DataDir: the embedded store's, or core mode's spill folder and
+// quarantine.
 func (c Config) UsesDataDir() bool {
-	return c.Store == StoreBolt || (c.NATSMode == ModeCore && c.SpillBudget() > 0)
+	return c.Store == StoreBolt || (c.NATSMode == ModeCore && (c.SpillBudget() > 0 || c.QuarantineAfter > 0))
 }
 
 // SpillBudget is the spill folder's byte budget; 0: no spill.

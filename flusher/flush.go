@@ -54,8 +54,11 @@ func (f *Flusher) Flush(ctx context.Context) error {
 	f.ledger.settle(ctx, r.settled)
 	unwritten.Acks = append(unwritten.Acks, f.ledger.ackWritten(w.Acks, r.missed, r.doubt)...)
 	f.observe(r)
-	f.ledger.hold()
 	f.progress(r, unwritten)
+	// 6. A write the store has refused for good for long enough goes to
+	// the quarantine, out of its topic's way.
+	f.quarantineRipe(ctx, r, &unwritten)
+	f.ledger.hold()
 	// What is left goes back to the buffer for the next flush.
 	return f.end(p, r, unwritten)
 }
@@ -118,6 +121,9 @@ type round struct {
 	settled   map[store.Counter]int64       // pending writes now in the store
 	doubt     map[store.Counter]store.Write // new writes in doubt
 	missed    map[string]bool               // topics with a new write refused or not sent, while messages wait on them (nil: none do)
+	denied    map[store.Counter]error       // new writes refused for good (store.Denied)
+	denials   int                           // answers, new or resent, refusing for good
+	failures  int                           // answers, new or resent, neither applied nor refusing for good
 	written   int64                         // deltas applied, of both kinds
 	refused   int                           // new writes refused with an answer, throttles aside
 	throttled int                           // new writes throttled on every shard tried
@@ -133,6 +139,13 @@ type counterDelta struct {
 // take tallies one answer.
 func (r *round) take(a answer) {
 	c := a.write.Counter
+	switch {
+	case a.outcome == applied:
+	case store.Denied(a.err):
+		r.denials++
+	default:
+		r.failures++
+	}
 	switch {
 	case a.outcome == applied && a.resend:
 		r.settled[c] = a.write.Delta
@@ -151,6 +164,9 @@ func (r *round) take(a answer) {
 	default:
 		r.refused++
 		r.miss(c)
+		if store.Denied(a.err) {
+			r.denied[c] = a.err
+		}
 	}
 	if r.err == nil {
 		r.err = a.err
@@ -175,7 +191,7 @@ func (r *round) down(limit int) bool { return r.refused >= limit && r.written ==
 // context and the store allow, and tallies their answers. A write not
 // started is no ambiguity: its delta waits for the next flush.
 func (f *Flusher) send(ctx context.Context, w aggregator.Window, shards shardTable, deadline time.Time) *round {
-	r := &round{counters: w.Len(), settled: make(map[store.Counter]int64), doubt: make(map[store.Counter]store.Write)}
+	r := &round{counters: w.Len(), settled: make(map[store.Counter]int64), doubt: make(map[store.Counter]store.Write), denied: make(map[store.Counter]error)}
 	if len(w.Acks) > 0 {
 		r.missed = make(map[string]bool)
 	}
@@ -270,12 +286,16 @@ func (f *Flusher) observe(r *round) {
 }
 
 // progress is what health and backpressure follow: a flush that wrote
-// something (or had nothing to write) moved on, even if one poison topic
-// keeps failing; only a flush that wrote nothing of its work means the
-// store is not taking writes.
+// something (or had nothing to write, or was refused only for good) moved
+// on, even if one poison topic keeps failing; only a flush that wrote
+// nothing of its work means the store is not taking writes.
 func (f *Flusher) progress(r *round, unwritten aggregator.Window) {
 	attempted := r.counters > 0 || f.ledger.writes() > 0 || unwritten.Len() > 0 || len(r.settled) > 0
-	progress := r.written > 0 || !attempted
+	// A flush whose every failure refused for good is no outage: the
+	// store answers, about some keys. Pausing the ingest for it would
+	// starve the other topics and, with them, the store's proof that
+	// it takes writes; the quarantine deals with those keys.
+	progress := r.written > 0 || !attempted || r.denials > 0 && r.failures == 0
 	if progress {
 		f.lastProgress.Store(f.now().UnixNano())
 	}

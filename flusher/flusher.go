@@ -182,6 +182,10 @@ type Config struct {
 	// (store.Fresh, added by the aggregator) is written to besides its
 	// total (--windows).
 	Minutes, Hours bool
+	// QuarantineAfter is how long a counter's writes may be refused for
+	// good before the write goes to the quarantine (WithQuarantine; 0:
+	// DefaultQuarantineAfter).
+	QuarantineAfter time.Duration
 }
 
 // Flusher owns the periodic flush, made of parts with one job each: a
@@ -201,10 +205,15 @@ type Flusher struct {
 	reader   Reader   // nil: none
 	shards   Shards   // nil: Config.Shards for every topic
 	journal  Journal  // nil: none (core mode)
-	seq      *store.Sequencer
-	planning planning
-	writer   *writer
-	view     *view
+	// quarantine takes writes refused for good (nil: none, they are
+	// tried forever); denied follows core mode's runs of such refusals,
+	// by counter (the flush's goroutine's, under flushMu).
+	quarantine Quarantine
+	denied     map[store.Counter]denial
+	seq        *store.Sequencer
+	planning   planning
+	writer     *writer
+	view       *view
 
 	// flushMu is held by each flush, start to end, so that flushes never
 	// overlap (one write per topic per flush, never two to one item in
@@ -244,7 +253,10 @@ func New(cfg Config, buf Buffer, st Store, log *zap.Logger, m *Metrics, now func
 	if cfg.WriteTimeout <= 0 {
 		cfg.WriteTimeout = DefaultWriteTimeout
 	}
-	f := &Flusher{cfg: cfg, buf: buf, log: log.Named("flusher"), metrics: m, now: now, seq: store.NewSequencer(now)}
+	if cfg.QuarantineAfter <= 0 {
+		cfg.QuarantineAfter = DefaultQuarantineAfter
+	}
+	f := &Flusher{cfg: cfg, buf: buf, log: log.Named("flusher"), metrics: m, now: now, seq: store.NewSequencer(now), denied: make(map[store.Counter]denial)}
 	for _, o := range opts {
 		o(f)
 	}

@@ -26,8 +26,9 @@ type faulty struct {
 	mu            sync.Mutex
 	down          bool
 	throttleFirst bool
-	poison        store.Counter // a counter every write of which is refused (zero: none)
-	loseFirst     bool          // each topic's first write is applied and its answer lost
+	poison        store.Counter            // a counter every write of which is refused (zero: none)
+	denied        func(store.Counter) bool // counters refused for good (store.ErrDenied); nil: none
+	loseFirst     bool                     // each topic's first write is applied and its answer lost
 	latency       time.Duration
 	tried         map[store.Counter][]int
 	started       []time.Time // when each write began
@@ -42,7 +43,11 @@ func (f *faulty) Add(ctx context.Context, w store.Write, now time.Time) error {
 	first := len(f.tried[w.Counter]) == 1
 	down, throttle, latency := f.down || (f.poison != store.Counter{} && w.Counter == f.poison), f.throttleFirst && first, f.latency
 	lose := f.loseFirst && first
+	denied := f.denied != nil && f.denied(w.Counter)
 	f.mu.Unlock()
+	if denied {
+		return fmt.Errorf("injected: %w: AccessDeniedException", store.ErrDenied)
+	}
 	if lose {
 		if err := f.Bolt.Add(ctx, w, now); err != nil {
 			return err
@@ -72,7 +77,7 @@ type fixture struct {
 	reg *prometheus.Registry
 }
 
-func newFixture(t *testing.T, cfg flusher.Config, now func() time.Time) *fixture {
+func newFixture(t *testing.T, cfg flusher.Config, now func() time.Time, opts ...flusher.Option) *fixture {
 	reg := prometheus.NewRegistry()
 	b, err := store.OpenBolt(t.TempDir(), store.NewMetrics(reg))
 	if err != nil {
@@ -83,7 +88,7 @@ func newFixture(t *testing.T, cfg flusher.Config, now func() time.Time) *fixture
 		now = time.Now
 	}
 	fx := &fixture{agg: aggregator.New(1000, reg), st: &faulty{Bolt: b, tried: map[store.Counter][]int{}}, reg: reg}
-	fx.fl = flusher.New(cfg, fx.agg, fx.st, zaptest.NewLogger(t), flusher.NewMetrics(reg), now)
+	fx.fl = flusher.New(cfg, fx.agg, fx.st, zaptest.NewLogger(t), flusher.NewMetrics(reg), now, opts...)
 	return fx
 }
 

@@ -52,6 +52,7 @@ type pending struct {
 	entry       string    // journal entry key; "" without a journal
 	recordedAt  time.Time // when the entry was recorded
 	unconfirmed bool      // the entry's put lost its answer: not sent yet
+	denied      denial    // its run of refusals for good
 }
 
 func newLedger(j Journal, seq *store.Sequencer, keepAlive time.Duration, log *zap.Logger, m *Metrics, now func() time.Time) *ledger {
@@ -193,6 +194,28 @@ func (l *ledger) resendable(more func() bool) iter.Seq2[store.Counter, *pending]
 	}
 }
 
+// quarantine hands hold each pending write whose run of refusals for good
+// is ripe, and returns, by counter, those it took, still pending: settle
+// them. Only a write never in doubt goes (its every answer said "not
+// applied"): one that may be in the store already (Retry, or Replay: its
+// journal entry may have been replayed by another sidecar) stays pending,
+// since a replay under another identity could count it twice.
+func (l *ledger) quarantine(ctx context.Context, hold func(context.Context, store.Write, denial) bool, ripe func(denial) bool) map[store.Counter]int64 {
+	var moved map[store.Counter]int64
+	for c, p := range l.pending {
+		if p.unconfirmed || p.write.Retry || p.write.Replay || !ripe(p.denied) {
+			continue
+		}
+		if hold(ctx, p.write, p.denied) {
+			if moved == nil {
+				moved = make(map[store.Counter]int64)
+			}
+			moved[c] = p.write.Delta
+		}
+	}
+	return moved
+}
+
 // writes is how many writes are pending.
 func (l *ledger) writes() int { return len(l.pending) }
 
@@ -204,6 +227,7 @@ func (l *ledger) answered(ctx context.Context, p *pending, a answer) {
 	if a.outcome == inDoubt {
 		p.write.Retry = true
 	}
+	p.denied.answered(a.err, l.now())
 	var behind *store.FloorError
 	if errors.As(a.err, &behind) && p.entry != "" {
 		if seq := l.seq.Next(); l.journal.Rewrite(ctx, p.entry, p.write.Counter, seq) == nil {

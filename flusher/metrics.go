@@ -16,6 +16,9 @@ type Metrics struct {
 	acked       prometheus.Counter
 	ackErrors   prometheus.Counter
 	pending     prometheus.Gauge
+
+	quarantined         prometheus.Counter
+	quarantinedMentions prometheus.Counter
 }
 
 // NewMetrics registers the flusher's metrics with reg.
@@ -66,12 +69,20 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "hotcount_flusher_pending_writes",
 			Help: "Writes in doubt (outcome unknown) waiting to be sent again unchanged; their topics' newer deltas wait behind them.",
 		}),
+		quarantined: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "hotcount_flusher_quarantined_writes_total",
+			Help: "Writes the store refused for good (AccessDenied, Validation, overflow) for --quarantine-after, moved to the quarantine: `hotcount quarantine list` shows them, `hotcount quarantine replay` writes them.",
+		}),
+		quarantinedMentions: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "hotcount_flusher_quarantined_mentions_total",
+			Help: "Mentions in the topic totals moved to the quarantine (time buckets' writes repeat them and are not counted here).",
+		}),
 		lastSuccess: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "hotcount_flusher_last_success_timestamp_seconds",
 			Help: "Unix time of the last flush that wrote everything it drained.",
 		}),
 	}
-	reg.MustRegister(m.flushes, m.duration, m.flushed, m.requeued, m.rerouted, m.early, m.unflushed, m.lastSuccess, m.acked, m.ackErrors, m.pending, m.doubtAtExit)
+	reg.MustRegister(m.flushes, m.duration, m.flushed, m.requeued, m.rerouted, m.early, m.unflushed, m.lastSuccess, m.acked, m.ackErrors, m.pending, m.doubtAtExit, m.quarantined, m.quarantinedMentions)
 	m.flushes.WithLabelValues("ok")
 	m.flushes.WithLabelValues("error")
 	return m

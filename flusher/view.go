@@ -159,6 +159,16 @@ func (v *view) resent(c store.Counter, o outcome) {
 	}
 }
 
+// quarantined takes the pending writes moved to the quarantine out of
+// the view: they are neither in the store nor on their way.
+func (v *view) quarantined(moved map[store.Counter]int64) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	for c := range moved {
+		delete(v.doubt, c)
+	}
+}
+
 // wrote tells the reader of a landed write of a topic's total (a time
 // bucket's is no total). Under mu.
 func (v *view) wrote(c store.Counter, delta int64, sent time.Time) {

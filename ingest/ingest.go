@@ -131,21 +131,49 @@ func newChecker(nc *nats.Conn, cfg Config, now func() time.Time, log *zap.Logger
 // "at" is judged against published, the message's publication in the
 // durable modes; zero (core mode) is its arrival, the sink's now.
 func (c *checker) check(subject string, data []byte, hdr nats.Header, published time.Time) (topic string, delta int64, at time.Time, reason string) {
-	topic, err := Topic(c.prefix, subject, c.cfg.Limits)
-	var p Payload
-	if err == nil {
-		p, err = ParsePayload(data, c.cfg.Limits.MaxCount)
-	}
-	if err == nil && p.HasAt {
-		if published.IsZero() {
-			published = c.now()
-		}
-		at, err = CheckAt(p.At, published, c.cfg.Limits.MaxLateness)
-	}
+	topic, delta, at, err := judge(c.prefix, subject, data, published, c.now, c.cfg.Limits)
 	if err != nil {
 		return "", 0, time.Time{}, c.reject(subject, data, hdr, err)
 	}
-	return topic, p.Count, at, ""
+	return topic, delta, at, ""
+}
+
+// Judge says what the durable modes' consumer makes of a message stored
+// on subject (partitioned mode: streams.Unstored's) with payload data and
+// published at its stream timestamp: its topic, its count and the time it
+// is counted at (the payload's "at", else published), or the reason it is
+// rejected (an *InvalidError). It is the consumer's own judgement (check
+// calls the same code), for a reader of the stream that must agree with
+// it: hotcount audit. It keeps no state.
+func Judge(prefix, subject string, data []byte, published time.Time, l Limits) (topic string, delta int64, at time.Time, err error) {
+	topic, delta, at, err = judge(prefix, subject, data, published, nil, l)
+	if err == nil && at.IsZero() {
+		at = published
+	}
+	return topic, delta, at, err
+}
+
+// judge is check's and Judge's judgement: a message's topic, count and
+// "at" (zero without one). An "at" is judged against published, or when
+// that is zero against now() (core mode: the arrival).
+func judge(prefix, subject string, data []byte, published time.Time, now func() time.Time, l Limits) (topic string, delta int64, at time.Time, err error) {
+	topic, err = Topic(prefix, subject, l)
+	if err != nil {
+		return "", 0, time.Time{}, err
+	}
+	p, err := ParsePayload(data, l.MaxCount)
+	if err != nil {
+		return "", 0, time.Time{}, err
+	}
+	if p.HasAt {
+		if published.IsZero() && now != nil {
+			published = now()
+		}
+		if at, err = CheckAt(p.At, published, l.MaxLateness); err != nil {
+			return "", 0, time.Time{}, err
+		}
+	}
+	return topic, p.Count, at, nil
 }
 
 // accepted counts a message once its count is in the buffer: a reader

@@ -208,6 +208,13 @@ func (s *Sidecar) writers(ctx context.Context, p *parts) error {
 		opts = append(opts, flusher.WithJournal(jr))
 		keepAlive = cfg.AckWait / 3 // as the ingest keeps the buffer alive
 	}
+	if cfg.QuarantineAfter > 0 {
+		q, err := OpenQuarantine(ctx, cfg, p.nc)
+		if err != nil {
+			return err
+		}
+		opts = append(opts, flusher.WithQuarantine(q))
+	}
 	p.fl = flusher.New(flusher.Config{
 		Shards:       cfg.Shards,
 		Interval:     cfg.FlushInterval,
@@ -218,6 +225,8 @@ func (s *Sidecar) writers(ctx context.Context, p *parts) error {
 		KeepAlive:    keepAlive,
 		Minutes:      minutes,
 		Hours:        hours,
+
+		QuarantineAfter: cfg.QuarantineAfter,
 	}, p.agg, p.st, s.log, flusher.NewMetrics(s.reg), time.Now, opts...)
 	p.lk.WatchWrites(p.fl)
 	limit, cut := context.WithCancel(context.Background())

@@ -811,14 +811,17 @@ func EnableTTL(ctx context.Context, client TTLAPI, table string) (string, error)
 	return "", fmt.Errorf("store: enable TTL on table %s: not enabled", table)
 }
 
-// classify marks throughput refusals with ErrThrottled so callers can branch
-// on them without knowing the SDK's error types.
+// classify marks throughput refusals with ErrThrottled, and refusals no
+// retry changes with ErrDenied, so callers can branch on them without
+// knowing the SDK's error types.
 func classify(err error) error {
 	var api smithy.APIError
 	if errors.As(err, &api) {
 		switch api.ErrorCode() {
 		case "ProvisionedThroughputExceededException", "ThrottlingException", "RequestLimitExceeded":
 			return fmt.Errorf("%w: %w", ErrThrottled, err)
+		case "AccessDeniedException", "ValidationException":
+			return fmt.Errorf("%w: %w", ErrDenied, err)
 		}
 	}
 	return err

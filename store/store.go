@@ -47,6 +47,17 @@ var ErrThrottled = errors.New("store: throttled")
 // range. Nothing is applied.
 var ErrOverflow = errors.New("store: count would overflow int64")
 
+// ErrDenied marks a write refused with an answer that no retry of the same
+// request changes: DynamoDB's AccessDeniedException (an IAM condition on
+// some keys) or ValidationException (a malformed key, a number out of
+// range). Nothing was applied; it takes a change outside hotcount (a
+// policy, a key) before it can be.
+var ErrDenied = errors.New("store: refused for good")
+
+// Denied says whether err refuses a write for good: ErrDenied or
+// ErrOverflow.
+func Denied(err error) bool { return errors.Is(err, ErrDenied) || errors.Is(err, ErrOverflow) }
+
 // ShardKey returns the partition key of one shard of a topic.
 func ShardKey(topic string, shard int) string {
 	return KeyPrefix + topic + "#" + strconv.Itoa(shard)

@@ -8,6 +8,7 @@
 //	hotcount stream status  where the partition streams are, and their backlog
 //	hotcount load           publish synthetic mentions
 //	hotcount shards         show or set a topic's shard count
+//	hotcount audit          recount the stream and compare it with the table
 //	hotcount demo           the hot-partition problem and its fix, live
 //	hotcount check-config   validate settings and print them
 package main
@@ -48,10 +49,13 @@ Usage:
   hotcount table create [flags]   create the DynamoDB table if absent
   hotcount stream create [flags]  create the JetStream stream(s) of mentions if absent
   hotcount stream status [flags]  partitioned mode: each partition stream's leader and backlog
+  hotcount quarantine list        the writes the store refused for good, held aside
+  hotcount quarantine replay      write them, each exactly once, once the store takes them
   hotcount load [flags]           publish synthetic mentions
   hotcount top [flags]            the fleet's trending topics, live with --watch
   hotcount shards show TOPIC...   a topic's shard counts and shards
   hotcount shards set TOPIC N     set a topic's shard count (reads never shrink)
+  hotcount audit [flags]          recount the stream and compare it with the table
   hotcount demo [flags]           race writers against an emulated partition ceiling
   hotcount check-config [flags]   validate the settings and print them
   hotcount version                print the version
@@ -103,12 +107,17 @@ func dispatch(ctx context.Context, args, environ []string, stdout, stderr io.Wri
 	case "stream":
 		return group(ctx, "stream", rest, environ, stdout, stderr, subcommand{"create", "create the JetStream stream(s) of mentions if absent", cmdStreamCreate},
 			subcommand{"status", "partitioned mode: each partition stream's leader and backlog", cmdStreamStatus})
+	case "quarantine":
+		return group(ctx, "quarantine", rest, environ, stdout, stderr, subcommand{"list", "the writes the store refused for good, held aside, and why", cmdQuarantineList},
+			subcommand{"replay", "write the quarantined writes, each exactly once, once the store takes them", cmdQuarantineReplay})
 	case "load":
 		return cmdLoad(ctx, rest, environ, stdout, stderr)
 	case "top":
 		return cmdTop(ctx, rest, environ, stdout, stderr)
 	case "shards":
 		return cmdShards(ctx, rest, environ, stdout, stderr)
+	case "audit":
+		return cmdAudit(ctx, rest, environ, stdout, stderr)
 	case "demo":
 		return cmdDemo(ctx, rest, environ, stdout, stderr)
 	case "check-config":

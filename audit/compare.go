@@ -1,0 +1,332 @@
+package audit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"golang.org/x/time/rate"
+
+	"github.com/hotcount/hotcount/ingest"
+	"github.com/hotcount/hotcount/store"
+	"github.com/hotcount/hotcount/streams"
+)
+
+// maxBatch is DynamoDB's most keys in one BatchGetItem call.
+const maxBatch = 100
+
+// limiter paces table reads: batch is the most keys one call reads, and
+// no more than the limit's burst.
+type limiter struct {
+	l     *rate.Limiter
+	batch int
+}
+
+// newLimiter paces reads at perSecond items (negative: no limit).
+func newLimiter(perSecond float64) *limiter {
+	if perSecond < 0 {
+		return &limiter{l: rate.NewLimiter(rate.Inf, maxBatch), batch: maxBatch}
+	}
+	b := int(min(max(perSecond, 1), maxBatch))
+	return &limiter{l: rate.NewLimiter(rate.Limit(perSecond), b), batch: b}
+}
+
+// wait waits until n more reads are allowed.
+func (l *limiter) wait(ctx context.Context, n int) error {
+	for n > 0 {
+		k := min(n, l.batch)
+		if err := l.l.WaitN(ctx, k); err != nil {
+			return fmt.Errorf("audit: %w", err)
+		}
+		n -= k
+	}
+	return nil
+}
+
+// compare reads from the table the counters of p that can be proved and
+// adds what it finds to the report.
+func (a *auditor) compare(ctx context.Context, p *pass) error {
+	r := &a.report
+	if !a.stats {
+		// Every pass reads the same messages: the first complete one
+		// says what they were.
+		a.stats = true
+		r.Messages, r.Mentions, r.Probes, r.Outside = p.messages, p.mentions, p.probes, p.outside
+		for k, v := range p.rejected {
+			r.Rejected[k] = v
+		}
+		for _, w := range p.why {
+			a.note("%s", w)
+		}
+		r.Totals.Checked = p.totals && len(p.unread) == 0
+		r.Buckets.Checked = a.cfg.Minutes || a.cfg.Hours
+	}
+	r.Topics += int64(len(p.topics))
+	totals := p.totals && len(p.unread) == 0
+
+	// What the sidecars had acknowledged before the table is read: a
+	// mention after that may not be in the table yet.
+	floors, err := a.floors(ctx)
+	if err != nil {
+		return err
+	}
+	now := a.cfg.Now()
+	var want []store.Counter
+	for c, cl := range p.counts {
+		if c.Kind == store.Total && !totals {
+			continue
+		}
+		if g, ok := c.Granularity(); ok {
+			if p.partial(a, g, c.Index) {
+				r.Buckets.Partial++
+				continue
+			}
+			if !g.Start(c.Index + 1).Add(a.cfg.Retention.Of(g)).After(now.Add(expiryMargin)) {
+				r.Buckets.Expired++
+				continue
+			}
+		}
+		if part, seq := streams.Split(cl.last); seq > floors[part] {
+			r.InFlight++
+			continue
+		}
+		want = append(want, c)
+	}
+	if len(want) == 0 {
+		return nil
+	}
+	got, shards, err := a.readTable(ctx, want, nil)
+	if err != nil {
+		return err
+	}
+	var differ []store.Counter
+	flown := make(map[store.Counter]bool) // found in flight after all: not compared
+	for _, c := range want {
+		if got[c] != p.counts[c].n {
+			differ = append(differ, c)
+		}
+	}
+	if len(differ) > 0 {
+		// Mentions published during the audit may have reached the
+		// table; and a write journaled and acknowledged may land a moment
+		// after: a counter either touches is in flight, not wrong.
+		moved, err := a.growth(ctx, p.share, differ)
+		if err != nil {
+			return err
+		}
+		again, _, err := a.readTable(ctx, differ, shards)
+		if err != nil {
+			return err
+		}
+		kept := differ[:0]
+		for _, c := range differ {
+			if moved[c] || again[c] != got[c] {
+				r.InFlight++
+				flown[c] = true
+				continue
+			}
+			kept = append(kept, c)
+		}
+		differ = kept
+	}
+	for _, c := range want {
+		if flown[c] {
+			continue
+		}
+		if c.Kind == store.Total {
+			r.Totals.Compared++
+		} else {
+			r.Buckets.Compared++
+		}
+	}
+	for _, c := range differ {
+		d := Difference{Topic: c.Topic, Counter: "total", Stream: p.counts[c].n, Table: got[c], Difference: got[c] - p.counts[c].n}
+		if c.Kind == store.Total {
+			r.Totals.Differ++
+		} else {
+			r.Buckets.Differ++
+			g, _ := c.Granularity()
+			start := g.Start(c.Index)
+			d.Counter, d.Bucket = "minute", &start
+			if g == store.Hour {
+				d.Counter = "hour"
+			}
+		}
+		if len(r.Differences) < a.cfg.MaxListed {
+			r.Differences = append(r.Differences, d)
+		} else {
+			r.Unlisted++
+		}
+	}
+	return nil
+}
+
+// partial says whether bucket i of g may hold mentions the pass did not
+// read: a mention stored at t is counted at its "at", from t −
+// max-lateness to t + MaxAhead.
+func (p *pass) partial(a *auditor, g store.Granularity, i int64) bool {
+	start, end := g.Start(i), g.Start(i+1)
+	for _, s := range p.unread {
+		if s.from.Add(-a.cfg.Limits.MaxLateness).Before(end) && !s.to.Add(ingest.MaxAhead).Before(start) {
+			return true
+		}
+	}
+	return false
+}
+
+// floors are, per stream, the last sequence up to which the sidecars'
+// consumer has acknowledged every message (all of them where it is not
+// known: core mode, or no consumer).
+func (a *auditor) floors(ctx context.Context) ([]uint64, error) {
+	out := make([]uint64, len(a.streams))
+	for i, s := range a.streams {
+		out[i] = math.MaxUint64
+		if s.Consumer == "" {
+			a.note("core mode: the sidecars do not consume the stream, so mentions still in their buffers cannot be told apart: a count of the last flush interval may differ")
+			continue
+		}
+		c, err := a.js.Consumer(ctx, s.Name, s.Consumer)
+		if errors.Is(err, jetstream.ErrConsumerNotFound) {
+			a.note("stream %s has no consumer %s: no sidecar consumed it, and its mentions are compared as if they had been", s.Name, s.Consumer)
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("audit: consumer %s of stream %s: %w", s.Consumer, s.Name, err)
+		}
+		info, err := c.Info(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("audit: consumer %s of stream %s: %w", s.Consumer, s.Name, err)
+		}
+		out[i] = info.AckFloor.Stream
+		if info.NumAckPending == 0 {
+			out[i] = max(out[i], info.Delivered.Stream)
+		}
+	}
+	return out, nil
+}
+
+// readTable reads counters from the table, strongly consistent, paced:
+// totals by GatherMany, buckets by Counts over their topic's shards.
+// shards, when given, are each topic's shards as read before (else the
+// totals' gather reads them, for the topics of the buckets too). It
+// returns each counter's count and the shards of each topic.
+func (a *auditor) readTable(ctx context.Context, cs []store.Counter, shards map[string]int) (map[store.Counter]int64, map[string]int, error) {
+	out := make(map[store.Counter]int64, len(cs))
+	if shards == nil {
+		shards = make(map[string]int)
+	}
+	var gather []string
+	seen := make(map[string]bool)
+	for _, c := range cs {
+		_, known := shards[c.Topic]
+		if !seen[c.Topic] && (c.Kind == store.Total || !known) {
+			seen[c.Topic] = true
+			gather = append(gather, c.Topic)
+		}
+	}
+	slices.Sort(gather)
+	per := a.cfg.Shards + 1 // shards and the metadata item
+	step := max(1, a.limiter.batch/per)
+	for i := 0; i < len(gather); i += step {
+		chunk := gather[i:min(i+step, len(gather))]
+		if err := a.limiter.wait(ctx, len(chunk)*per); err != nil {
+			return nil, nil, err
+		}
+		m, err := a.table.GatherMany(ctx, chunk, a.cfg.Shards, true)
+		if err != nil {
+			return nil, nil, fmt.Errorf("audit: read totals: %w", err)
+		}
+		extra := 0
+		for t, sh := range m {
+			shards[t] = len(sh)
+			extra += max(0, len(sh)-a.cfg.Shards)
+			out[store.TotalOf(t)], _ = store.Sum(sh)
+		}
+		if err := a.limiter.wait(ctx, extra); err != nil {
+			return nil, nil, err
+		}
+	}
+	var keys []string
+	for _, c := range cs {
+		if c.Kind == store.Total {
+			continue
+		}
+		for s := range max(shards[c.Topic], 1) {
+			keys = append(keys, c.Key(s))
+		}
+	}
+	counts := make(map[string]int64, len(keys))
+	for i := 0; i < len(keys); i += a.limiter.batch {
+		chunk := keys[i:min(i+a.limiter.batch, len(keys))]
+		if err := a.limiter.wait(ctx, len(chunk)); err != nil {
+			return nil, nil, err
+		}
+		m, err := a.table.Counts(ctx, chunk, true)
+		if err != nil {
+			return nil, nil, fmt.Errorf("audit: read buckets: %w", err)
+		}
+		for k, v := range m {
+			counts[k] = v
+		}
+	}
+	for _, c := range cs {
+		if c.Kind == store.Total {
+			continue
+		}
+		var sum int64
+		for s := range max(shards[c.Topic], 1) {
+			sum, _ = store.SatAdd(sum, counts[c.Key(s)])
+		}
+		out[c] = sum
+	}
+	return out, shards, nil
+}
+
+// growth reads what the streams took since the audit began and says which
+// of the counters of cs (of share sh) those mentions touch.
+func (a *auditor) growth(ctx context.Context, sh share, cs []store.Counter) (map[store.Counter]bool, error) {
+	want := make(map[store.Counter]bool, len(cs))
+	for _, c := range cs {
+		want[c] = false
+	}
+	touched := make(map[store.Counter]bool)
+	for _, s := range a.streams {
+		st, err := a.js.Stream(ctx, s.Name)
+		if err != nil {
+			return nil, fmt.Errorf("audit: stream %s: %w", s.Name, err)
+		}
+		last := st.CachedInfo().State.LastSeq
+		if last <= s.last {
+			continue
+		}
+		_, err = a.scan(ctx, s.Name, s.last+1, time.Time{}, last, time.Time{}, func(m message) bool {
+			subject := m.subject
+			if s.Partitioned {
+				subject = streams.Unstored(subject)
+			}
+			if m.probe {
+				return true
+			}
+			topic, _, at, err := ingest.Judge(a.cfg.Prefix, subject, m.data, m.ts, a.cfg.Limits)
+			if err != nil || !sh.has(topic) {
+				return true
+			}
+			// Every counter the sidecars write for it, whatever the
+			// audit compares.
+			for _, c := range []store.Counter{store.TotalOf(topic), store.BucketOf(topic, store.Minute, store.Minute.Index(at)), store.BucketOf(topic, store.Hour, store.Hour.Index(at))} {
+				if _, ok := want[c]; ok {
+					touched[c] = true
+				}
+			}
+			return true
+		})
+		if err != nil {
+			return nil, err
+		}
+	}
+	return touched, nil
+}

@@ -1,0 +1,137 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/hotcount/hotcount/ingest"
+	"github.com/hotcount/hotcount/internal/testenv"
+	"github.com/hotcount/hotcount/store"
+)
+
+// TestAuditCommand runs `hotcount audit` against a stream and a table
+// that agree (exit 0, "no difference"), then against a table one of whose
+// shards was changed by hand (exit 1, the topic listed with both
+// numbers), and with --json.
+func TestAuditCommand(t *testing.T) {
+	testenv.AWSEnv(t)
+	s := testenv.NATS(t)
+	d := testenv.StartDynalite(t)
+	table := d.Table(t, "hotcount")
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	nc := testenv.Connect(t, s.ClientURL())
+	if _, err := ingest.EnsureStream(ctx, nc, "MENTIONS", "mentions.>", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// golang 1+1+5, rust 2, and one the sidecars reject.
+	for _, m := range []struct{ subject, payload string }{
+		{"mentions.golang", ""}, {"mentions.golang", ""}, {"mentions.golang", `{"count":5}`},
+		{"mentions.rust", `{"count":2}`}, {"mentions.rust", `{"count":"many"}`},
+	} {
+		if _, err := js.Publish(ctx, m.subject, []byte(m.payload)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	st := store.NewDynamoDB(d.Client(), table, store.NewMetrics(prometheus.NewRegistry()))
+	if err := st.SetMeta(ctx, "golang", store.Meta{}, store.Meta{Shards: 2, ReadShards: 2}); err != nil {
+		t.Fatal(err)
+	}
+	for _, w := range []struct {
+		topic        string
+		shard, delta int64
+	}{{"golang", 0, 4}, {"golang", 1, 3}, {"rust", 0, 2}} {
+		if err := st.Add(ctx, testenv.W(w.topic, int(w.shard), w.delta), time.Now()); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	audit := func(extra ...string) (string, string, int) {
+		t.Helper()
+		args := append([]string{"audit", "--nats-url", s.ClientURL(), "--nats-mode", "jetstream",
+			"--table", table, "--dynamodb-endpoint", d.Endpoint}, extra...)
+		var stdout, stderr bytes.Buffer
+		err := dispatch(ctx, args, nil, &stdout, &stderr)
+		code := exitCode(err, &stderr) // prints the error, as main does
+		return stdout.String(), stderr.String(), code
+	}
+
+	out, errOut, code := audit()
+	if code != exitOK || !strings.Contains(out, "no difference") || !strings.Contains(out, "totals: 2 compared, 0 differ (the stream holds every mention it took)") ||
+		!strings.Contains(out, "read: 5 messages, 9 mentions of 2 topics; 1 rejected (count 1)") {
+		t.Fatalf("matching table: exit %d, want 0 and no difference, 2 totals compared, the messages read:\n%s%s", code, out, errOut)
+	}
+
+	// Shard 1 of golang's total loses its 3.
+	_, err = d.Client().UpdateItem(ctx, &dynamodb.UpdateItemInput{
+		TableName:                 &table,
+		Key:                       map[string]types.AttributeValue{store.AttrPK: &types.AttributeValueMemberS{Value: store.ShardKey("golang", 1)}},
+		UpdateExpression:          aws.String("SET #c = :c"),
+		ExpressionAttributeNames:  map[string]string{"#c": store.AttrCount},
+		ExpressionAttributeValues: map[string]types.AttributeValue{":c": &types.AttributeValueMemberN{Value: "0"}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, errOut, code = audit()
+	t.Logf("hotcount audit, a shard changed:\n%s%s", out, errOut)
+	if code != exitError || !strings.Contains(errOut, "counters that differ: 1") {
+		t.Errorf("changed table: exit %d, want %d, and stderr to say how many differ:\n%s", code, exitError, errOut)
+	}
+	if !strings.Contains(out, "counters that differ: 1") || !strings.Contains(strings.Join(strings.Fields(out), " "), "golang total - 7 4 -3") {
+		t.Errorf("changed table: the difference is not listed with both numbers:\n%s", out)
+	}
+
+	out, _, code = audit("--json")
+	var doc struct {
+		OK          bool  `json:"ok"`
+		Differ      int64 `json:"differ"`
+		Messages    int64 `json:"messages"`
+		Differences []struct {
+			Topic, Counter            string
+			Stream, Table, Difference int64
+		} `json:"differences"`
+		Totals struct {
+			Checked  bool  `json:"checked"`
+			Compared int64 `json:"compared"`
+		} `json:"totals"`
+		Notes []string `json:"notes"`
+	}
+	if err := json.Unmarshal([]byte(out), &doc); err != nil {
+		t.Fatalf("--json printed no JSON document: %v\n%s", err, out)
+	}
+	if code != exitError || doc.OK || doc.Differ != 1 || doc.Messages != 5 || !doc.Totals.Checked || doc.Totals.Compared != 2 || len(doc.Differences) != 1 ||
+		doc.Differences[0].Topic != "golang" || doc.Differences[0].Counter != "total" || doc.Differences[0].Stream != 7 || doc.Differences[0].Table != 4 || doc.Differences[0].Difference != -3 {
+		t.Errorf("--json: exit %d, document %+v; want exit 1 and golang's total, 7 in the stream, 4 in the table", code, doc)
+	}
+}
+
+// TestAuditFlags: --help says how memory is bounded; bad flags are usage
+// errors that name the flag.
+func TestAuditFlags(t *testing.T) {
+	var stdout, stderr bytes.Buffer
+	err := dispatch(context.Background(), []string{"audit", "--help"}, nil, &stdout, &stderr)
+	if exitCode(err, &stderr) != exitOK || !strings.Contains(stderr.String()+stdout.String(), "--max-counters counters at once") {
+		t.Errorf("audit --help: %v\n%s%s", err, stdout.String(), stderr.String())
+	}
+	checkExits(t, []exitCase{
+		{"bad since", []string{"audit", "--since", "yesterday"}, nil, exitUsage, `--since "yesterday" is neither an RFC 3339 time`},
+		{"until before since", []string{"audit", "--since", "1h", "--until", "2h"}, nil, exitUsage, "is not after --since"},
+		{"nothing to compare", []string{"audit", "--until", "1h"}, nil, exitUsage, "nothing to compare"},
+		{"max counters", []string{"audit", "--max-counters", "0"}, nil, exitUsage, "--max-counters 0 must be at least 1"},
+	})
+}

@@ -1,0 +1,128 @@
+package flusher
+
+import (
+	"context"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/hotcount/hotcount/aggregator"
+	"github.com/hotcount/hotcount/quarantine"
+	"github.com/hotcount/hotcount/store"
+)
+
+// DefaultQuarantineAfter is how long a counter's writes may be refused for
+// good before the write is quarantined (--quarantine-after): long enough
+// for a policy being rolled out or a key being re-enabled, short enough
+// that a topic's messages do not fill the consumer's --max-ack-pending.
+const DefaultQuarantineAfter = 5 * time.Minute
+
+// Quarantine holds the writes the store refuses for good (quarantine.KV,
+// quarantine.Dir). Once Put returns nil the write survives restarts, and
+// `hotcount quarantine replay` writes it, exactly once.
+type Quarantine interface {
+	Put(ctx context.Context, e quarantine.Entry) error
+}
+
+// WithQuarantine moves a write that the store has refused for good
+// (store.Denied) for Config.QuarantineAfter into q, so that it stops
+// holding its topic, its messages and its journal entry.
+func WithQuarantine(q Quarantine) Option { return func(f *Flusher) { f.quarantine = q } }
+
+// denial is a counter's run of refusals for good: since the first one,
+// with the last one's error. The zero denial is none.
+type denial struct {
+	since time.Time
+	err   error
+}
+
+// answered follows one answer: a refusal for good starts or continues the
+// run, any other answer ends it.
+func (d *denial) answered(err error, now time.Time) {
+	if !store.Denied(err) {
+		*d = denial{}
+		return
+	}
+	if d.since.IsZero() {
+		d.since = now
+	}
+	d.err = err
+}
+
+// ripe says whether the run has lasted after. Whether the store takes
+// other keys meanwhile does not matter: a refusal for good of every key (a
+// role without its grant) is quarantined too, and replayed as exactly,
+// rather than hold every topic's messages until someone fixes it.
+func (d denial) ripe(now time.Time, after time.Duration) bool {
+	return !d.since.IsZero() && now.Sub(d.since) >= after
+}
+
+// quarantineRipe moves the writes whose denial is ripe out of the way,
+// after the flush's sends: the ledger's pending writes (durable modes:
+// their messages are acknowledged and their journal entries retired as if
+// written), and in core mode the deltas of u, the window going back to the
+// buffer. A write the quarantine does not take stays where it was, and is
+// tried again next flush.
+func (f *Flusher) quarantineRipe(ctx context.Context, r *round, u *aggregator.Window) {
+	if f.quarantine == nil {
+		return
+	}
+	now := f.now()
+	ripe := func(d denial) bool { return d.ripe(now, f.cfg.QuarantineAfter) }
+	if moved := f.ledger.quarantine(ctx, f.hold, ripe); len(moved) > 0 {
+		f.view.quarantined(moved)
+		f.ledger.settle(ctx, moved)
+	}
+	if f.journal != nil {
+		return // every write of the durable modes is the ledger's
+	}
+	// Core mode: a new write refused goes back to the buffer with its
+	// delta, and the run is followed by counter across flushes.
+	for _, x := range r.wrote {
+		delete(f.denied, x.counter)
+	}
+	for c, err := range r.denied {
+		d := f.denied[c]
+		d.answered(err, now)
+		f.denied[c] = d
+	}
+	var out []store.Counter
+	for c, d := range f.denied {
+		name := c.Name()
+		// Not in u: held back or untried this flush, still in the buffer;
+		// its run goes on until a write of it is applied.
+		if delta, ok := u.Deltas.Get(name); ok && ripe(d) {
+			w := store.Write{Counter: c, Delta: delta, Writer: f.cfg.Writer, Seq: f.seq.Next()} // never sent: no mark to fear
+			if f.hold(ctx, w, d) {
+				out = append(out, c)
+				delete(f.denied, c)
+			}
+		}
+	}
+	if len(out) > 0 {
+		f.view.move(func() *aggregator.Deltas {
+			for _, c := range out {
+				u.Deltas.Delete(c.Name())
+			}
+			return u.Deltas
+		})
+	}
+}
+
+// hold puts w, denied since d.since, in the quarantine, and says whether
+// it is there.
+func (f *Flusher) hold(ctx context.Context, w store.Write, d denial) bool {
+	e := quarantine.Of(w, d.err.Error(), d.since, f.now())
+	if err := f.quarantine.Put(ctx, e); err != nil {
+		f.log.Warn("cannot quarantine a write refused for good; it is tried again", zap.String("counter", e.Counter), zap.Error(err))
+		return false
+	}
+	f.metrics.quarantined.Inc()
+	if w.Counter.CountsMentions() {
+		f.metrics.quarantinedMentions.Add(float64(w.Delta))
+	}
+	f.log.Error("write refused for good since "+d.since.UTC().Format(time.RFC3339)+"; quarantined: `hotcount quarantine replay` writes it once the cause is fixed",
+		zap.String("topic", w.Counter.Topic), zap.String("counter", e.Counter), zap.Int64("delta", w.Delta),
+		zap.String("writer", w.Writer), zap.Int64("seq", w.Seq), zap.String("reason", e.Reason))
+	return true
+}

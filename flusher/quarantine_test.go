@@ -1,0 +1,155 @@
+package flusher_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/hotcount/hotcount/flusher"
+	"github.com/hotcount/hotcount/internal/testenv"
+	"github.com/hotcount/hotcount/quarantine"
+	"github.com/hotcount/hotcount/store"
+)
+
+// deny makes the store refuse for good every write of the topics named
+// (all of them when none is).
+func (f *faulty) deny(topics ...string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.denied = func(c store.Counter) bool {
+		for _, t := range topics {
+			if c.Topic == t {
+				return true
+			}
+		}
+		return len(topics) == 0
+	}
+}
+
+func (f *faulty) allow() { f.mu.Lock(); f.denied = nil; f.mu.Unlock() }
+
+// TestQuarantineMovesAPoisonTopicAside (core mode): a topic whose writes
+// are refused for good keeps its delta in the buffer until the bound has
+// passed, then its delta, and only it, goes to the quarantine, exactly,
+// while the other topics are written throughout; a replay once the store
+// takes it again writes it once, and a second replay finds nothing.
+func TestQuarantineMovesAPoisonTopicAside(t *testing.T) {
+	ctx := context.Background()
+	clock := testenv.NewClock(time.Date(2026, 12, 4, 12, 0, 0, 0, time.UTC))
+	q, err := quarantine.OpenDir(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := cfg
+	c.QuarantineAfter = time.Minute
+	fx := newFixture(t, c, clock.Now, flusher.WithQuarantine(q))
+	fx.st.deny("poison")
+
+	held := func() []quarantine.Entry {
+		es, err := q.List(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return es
+	}
+	fx.agg.Add("poison", 5)
+	fx.agg.Add("ok", 3)
+	fx.fl.Flush(ctx) //nolint:errcheck // poison's write fails: the error says so
+	clock.Add(40 * time.Second)
+	fx.agg.Add("poison", 2)
+	fx.agg.Add("ok", 1)
+	fx.fl.Flush(ctx) //nolint:errcheck
+	if es := held(); len(es) != 0 {
+		t.Fatalf("quarantined before --quarantine-after: %+v", es)
+	}
+	if got := fx.agg.Pending("poison"); got != 7 {
+		t.Fatalf("poison's buffered delta = %d, want 7", got)
+	}
+	clock.Add(30 * time.Second)
+	fx.agg.Add("ok", 1)
+	if err := fx.fl.Flush(ctx); err != nil {
+		t.Fatalf("the flush that quarantines poison = %v, want nil: nothing is left to write", err)
+	}
+	es := held()
+	if len(es) != 1 || es[0].Topic != "poison" || es[0].Delta != 7 || es[0].Counter != store.TotalOf("poison").Name() {
+		t.Fatalf("quarantine holds %+v, want poison's total with 7", es)
+	}
+	if es[0].Reason == "" || !es[0].Since.Equal(time.Date(2026, 12, 4, 12, 0, 0, 0, time.UTC)) {
+		t.Fatalf("entry's reason %q since %v: want the refusal, since the first one", es[0].Reason, es[0].Since)
+	}
+	if got := fx.agg.Pending("poison"); got != 0 {
+		t.Fatalf("poison's buffered delta after the quarantine = %d, want 0", got)
+	}
+	if got := fx.total(t, "ok", 4); got != 5 {
+		t.Fatalf("ok = %d, want 5: the other topics are written throughout", got)
+	}
+	if got := testenv.Metric(t, fx.reg, "hotcount_flusher_quarantined_mentions_total"); got != 7 {
+		t.Fatalf("hotcount_flusher_quarantined_mentions_total = %v, want 7", got)
+	}
+	// The topic's later mentions are written normally once the store
+	// takes them; the quarantined ones wait for the replay.
+	fx.st.allow()
+	fx.agg.Add("poison", 4)
+	if err := fx.fl.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := fx.total(t, "poison", 4); got != 4 {
+		t.Fatalf("poison = %d before the replay, want 4", got)
+	}
+	r, err := quarantine.Replay(ctx, q, fx.st, store.NewSequencer(clock.Now), store.NewWriterID, clock.Now)
+	if err != nil || len(r.Written) != 1 || len(r.Left) != 0 || r.Mentions() != 7 {
+		t.Fatalf("Replay = %+v, %v; want poison's entry written", r, err)
+	}
+	if got := fx.total(t, "poison", 4); got != 11 {
+		t.Fatalf("poison = %d after the replay, want 11", got)
+	}
+	if r, err := quarantine.Replay(ctx, q, fx.st, store.NewSequencer(clock.Now), store.NewWriterID, clock.Now); err != nil || len(r.Written)+len(r.Left) != 0 {
+		t.Fatalf("second Replay = %+v, %v; want nothing to do", r, err)
+	}
+}
+
+// TestQuarantineTakesAStoreThatRefusesEverything: when every write is
+// refused for good (a role that lost its grant), the flusher is not
+// failing (the store answers: the ingest goes on, and with it the other
+// topics' proof), and after the bound every counter is quarantined,
+// exactly, rather than hold every message until someone fixes it; the
+// replay then writes it all.
+func TestQuarantineTakesAStoreThatRefusesEverything(t *testing.T) {
+	ctx := context.Background()
+	clock := testenv.NewClock(time.Date(2026, 12, 4, 12, 0, 0, 0, time.UTC))
+	q, err := quarantine.OpenDir(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := cfg
+	c.QuarantineAfter = time.Minute
+	fx := newFixture(t, c, clock.Now, flusher.WithQuarantine(q))
+	fx.st.deny()
+	for range 3 {
+		fx.agg.Add("a", 1)
+		fx.agg.Add("b", 2)
+		fx.fl.Flush(ctx) //nolint:errcheck // every write is refused
+		if fx.fl.Failing() {
+			t.Fatal("Failing() after a flush refused only for good: the ingest would pause")
+		}
+		clock.Add(30 * time.Second)
+	}
+	es, err := q.List(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	held := map[string]int64{}
+	for _, e := range es {
+		held[e.Topic] += e.Delta
+	}
+	if held["a"] != 3 || held["b"] != 6 || fx.agg.Pending("a")+fx.agg.Pending("b") != 0 {
+		t.Fatalf("quarantine holds %v (buffer a=%d b=%d); want a=3 b=6 held, none buffered", held, fx.agg.Pending("a"), fx.agg.Pending("b"))
+	}
+	fx.st.allow()
+	if _, err := quarantine.Replay(ctx, q, fx.st, store.NewSequencer(clock.Now), store.NewWriterID, clock.Now); err != nil {
+		t.Fatal(err)
+	}
+	if a, b := fx.total(t, "a", 4), fx.total(t, "b", 4); a != 3 || b != 6 {
+		t.Fatalf("after the replay a=%d b=%d, want 3 and 6", a, b)
+	}
+}

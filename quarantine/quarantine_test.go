@@ -1,0 +1,180 @@
+package quarantine_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/hotcount/hotcount/internal/testenv"
+	"github.com/hotcount/hotcount/quarantine"
+	"github.com/hotcount/hotcount/store"
+)
+
+// losing is the embedded store whose next write of topic lose is applied
+// and its answer lost, and whose next write of topic refuse is refused
+// without being applied.
+type losing struct {
+	*store.Bolt
+	lose, refuse string
+}
+
+func (l *losing) Add(ctx context.Context, w store.Write, now time.Time) error {
+	switch w.Counter.Topic {
+	case l.refuse:
+		l.refuse = ""
+		return fmt.Errorf("injected: %w", store.ErrDenied)
+	case l.lose:
+		l.lose = ""
+		if err := l.Bolt.Add(ctx, w, now); err != nil {
+			return err
+		}
+		return fmt.Errorf("%w: injected: answer lost", store.ErrAmbiguous)
+	}
+	return l.Bolt.Add(ctx, w, now)
+}
+
+func newStore(t *testing.T) *losing {
+	b, err := store.OpenBolt(t.TempDir(), store.NewMetrics(prometheus.NewRegistry()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	return &losing{Bolt: b}
+}
+
+func total(t *testing.T, st *losing, topic string) int64 {
+	t.Helper()
+	got, err := st.Gather(context.Background(), topic, 1, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, _ := store.Sum(got)
+	return n
+}
+
+func held(topic string, delta int64) quarantine.Entry {
+	w := store.Write{Counter: store.TotalOf(topic), Delta: delta, Writer: store.NewWriterID(), Seq: time.Now().UnixMicro()}
+	return quarantine.Of(w, "AccessDeniedException", time.Now().Add(-time.Hour), time.Now())
+}
+
+func replay(t *testing.T, q quarantine.Store, st quarantine.Writer) quarantine.Result {
+	t.Helper()
+	r, err := quarantine.Replay(context.Background(), q, st, store.NewSequencer(time.Now), store.NewWriterID, time.Now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// TestReplayIsExactlyOnce: a replay whose write lands and loses its
+// answer leaves the entry, with the identity it sent; the next replay
+// sends the same write, which the store's mark reads as applied, and
+// removes it: the count is in once. A write refused stays held.
+func TestReplayIsExactlyOnce(t *testing.T) {
+	ctx := context.Background()
+	q, err := quarantine.OpenDir(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := newStore(t)
+	for _, e := range []quarantine.Entry{held("lost", 7), held("refused", 3)} {
+		if err := q.Put(ctx, e); err != nil {
+			t.Fatal(err)
+		}
+	}
+	st.lose, st.refuse = "lost", "refused"
+	r := replay(t, q, st)
+	if len(r.Written) != 0 || len(r.Left) != 2 {
+		t.Fatalf("first replay = %+v; want both left (one in doubt, one refused)", r)
+	}
+	if got := total(t, st, "lost"); got != 7 {
+		t.Fatalf("lost = %d after its answer was lost, want 7 (applied)", got)
+	}
+	es, err := q.List(ctx)
+	if err != nil || len(es) != 2 || es[0].Replay == nil || es[1].Replay == nil {
+		t.Fatalf("held after the first replay: %+v, %v; want both, with the identities they were sent under", es, err)
+	}
+	r = replay(t, q, st)
+	if len(r.Written) != 2 || len(r.Left) != 0 || r.Mentions() != 10 {
+		t.Fatalf("second replay = %+v; want both written", r)
+	}
+	if a, b := total(t, st, "lost"), total(t, st, "refused"); a != 7 || b != 3 {
+		t.Fatalf("after the second replay lost=%d refused=%d, want 7 and 3: each once", a, b)
+	}
+	if es, _ := q.List(ctx); len(es) != 0 {
+		t.Fatalf("still held: %+v", es)
+	}
+}
+
+// TestKVKeepsEntries: the durable modes' quarantine, a JetStream bucket
+// on a real server, keeps, lists (oldest first) and deletes entries, and
+// an empty bucket lists nothing.
+func TestKVKeepsEntries(t *testing.T) {
+	ctx := context.Background()
+	js, err := jetstream.New(testenv.Connect(t, testenv.NATS(t).ClientURL()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	q, err := quarantine.OpenKV(ctx, js, quarantine.DefaultBucket, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if es, err := q.List(ctx); err != nil || len(es) != 0 {
+		t.Fatalf("empty bucket lists %+v, %v", es, err)
+	}
+	a, b := held("a", 1), held("b", 2)
+	b.At = a.At.Add(time.Second)
+	for _, e := range []quarantine.Entry{b, a} {
+		if err := q.Put(ctx, e); err != nil {
+			t.Fatal(err)
+		}
+	}
+	es, err := q.List(ctx)
+	if err != nil || len(es) != 2 || es[0].Topic != "a" || es[1].Topic != "b" || es[1].Delta != 2 || es[1].Reason != "AccessDeniedException" {
+		t.Fatalf("List = %+v, %v; want a then b, whole", es, err)
+	}
+	st := newStore(t)
+	if r := replay(t, q, st); len(r.Written) != 2 {
+		t.Fatalf("replay = %+v", r)
+	}
+	if es, err := q.List(ctx); err != nil || len(es) != 0 {
+		t.Fatalf("after the replay the bucket lists %+v, %v", es, err)
+	}
+	if err := q.Delete(ctx, a); err != nil {
+		t.Fatalf("deleting an entry already gone = %v, want nil", err)
+	}
+}
+
+// TestReplayStopsWhenItCannotRecord: a quarantine that cannot record a
+// replay's identity sends nothing (a write sent under an identity not
+// recorded could be sent again under another, and count twice).
+func TestReplayStopsWhenItCannotRecord(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	q, err := quarantine.OpenDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := q.Put(ctx, held("x", 4)); err != nil {
+		t.Fatal(err)
+	}
+	st := newStore(t)
+	_, err = quarantine.Replay(ctx, failingPut{q}, st, store.NewSequencer(time.Now), store.NewWriterID, time.Now)
+	if !errors.Is(err, errPut) {
+		t.Fatalf("Replay = %v, want the put's error", err)
+	}
+	if got := total(t, st, "x"); got != 0 {
+		t.Fatalf("x = %d: written without a recorded identity", got)
+	}
+}
+
+var errPut = errors.New("injected: put refused")
+
+type failingPut struct{ *quarantine.Dir }
+
+func (failingPut) Put(context.Context, quarantine.Entry) error { return errPut }

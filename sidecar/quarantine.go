@@ -1,0 +1,41 @@
+package sidecar
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/hotcount/hotcount/config"
+	"github.com/hotcount/hotcount/quarantine"
+	"github.com/hotcount/hotcount/streams"
+)
+
+// OpenQuarantine opens the quarantine cfg's mode keeps: in the durable
+// modes a JetStream key-value bucket beside the journal, on as many
+// replicas as the mentions' stream (all sidecars and `hotcount
+// quarantine` share it); in core mode the folder quarantine in
+// --data-dir, this sidecar's own. nc may be nil in core mode.
+func OpenQuarantine(ctx context.Context, cfg config.Config, nc *nats.Conn) (quarantine.Store, error) {
+	if !cfg.Durable() {
+		return quarantine.OpenDir(filepath.Join(cfg.DataDir, "quarantine"))
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, fmt.Errorf("sidecar: quarantine: %w", err)
+	}
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	stream := cfg.Stream
+	if cfg.NATSMode == config.ModePartitioned {
+		stream = streams.Layout{Stream: cfg.Stream, Partitions: cfg.Partitions}.Name(0)
+	}
+	replicas := 1
+	if s, err := js.Stream(ctx, stream); err == nil {
+		replicas = s.CachedInfo().Config.Replicas
+	}
+	return quarantine.OpenKV(ctx, js, quarantine.DefaultBucket, replicas)
+}
