@@ -41,7 +41,10 @@ func (j *memJournal) Confirm(context.Context, string) (bool, error) { return tru
 func (j *memJournal) Rewrite(context.Context, string, store.Counter, int64) error {
 	return nil
 }
-func (j *memJournal) MaybeReplayed(time.Time) bool          { return false }
+func (j *memJournal) MaybeReplayed(time.Time) bool { return false }
+func (j *memJournal) Quarantine(context.Context, string, store.Counter) error {
+	return nil
+}
 func (j *memJournal) Settled(context.Context, string) error { return nil }
 
 // journaled is a flusher with minute and hour buckets and memJournal, on

@@ -132,6 +132,10 @@ type Journal interface {
 	// Rewrite gives the journaled write of c a new seq (after a
 	// store.FloorError).
 	Rewrite(ctx context.Context, key string, c store.Counter, seq int64) error
+	// Quarantine marks the journaled write of c in entry key as the
+	// quarantine's, so that no replay of the entry writes it
+	// (journal.ErrReplayed: one already has).
+	Quarantine(ctx context.Context, key string, c store.Counter) error
 	// MaybeReplayed says whether an entry recorded at t may have been
 	// replayed by another sidecar (this writer's heartbeat lapsed since).
 	MaybeReplayed(t time.Time) bool

@@ -200,13 +200,16 @@ func (l *ledger) resendable(more func() bool) iter.Seq2[store.Counter, *pending]
 // applied"): one that may be in the store already (Retry, or Replay: its
 // journal entry may have been replayed by another sidecar) stays pending,
 // since a replay under another identity could count it twice.
-func (l *ledger) quarantine(ctx context.Context, hold func(context.Context, store.Write, denial) bool, ripe func(denial) bool) map[store.Counter]int64 {
+func (l *ledger) quarantine(ctx context.Context, hold func(context.Context, store.Write, string, denial) bool, ripe func(denial) bool) map[store.Counter]int64 {
 	var moved map[store.Counter]int64
 	for c, p := range l.pending {
 		if p.unconfirmed || p.write.Retry || p.write.Replay || !ripe(p.denied) {
 			continue
 		}
-		if hold(ctx, p.write, p.denied) {
+		if p.entry != "" && l.journal.MaybeReplayed(p.recordedAt) {
+			continue // since this flush's sends: another sidecar may be writing it
+		}
+		if hold(ctx, p.write, p.entry, p.denied) {
 			if moved == nil {
 				moved = make(map[store.Counter]int64)
 			}

@@ -34,6 +34,7 @@ func (j *entries) Record(_ context.Context, ws []store.Write, _ map[string][]int
 func (j *entries) Confirm(context.Context, string) (bool, error)               { return true, nil }
 func (j *entries) Rewrite(context.Context, string, store.Counter, int64) error { return nil }
 func (j *entries) MaybeReplayed(time.Time) bool                                { return false }
+func (j *entries) Quarantine(context.Context, string, store.Counter) error     { return nil }
 func (j *entries) Settled(_ context.Context, key string) error {
 	j.retired = append(j.retired, key)
 	return nil

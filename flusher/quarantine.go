@@ -2,11 +2,13 @@ package flusher
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"go.uber.org/zap"
 
 	"github.com/hotcount/hotcount/aggregator"
+	"github.com/hotcount/hotcount/journal"
 	"github.com/hotcount/hotcount/quarantine"
 	"github.com/hotcount/hotcount/store"
 )
@@ -22,6 +24,7 @@ const DefaultQuarantineAfter = 5 * time.Minute
 // `hotcount quarantine replay` writes it, exactly once.
 type Quarantine interface {
 	Put(ctx context.Context, e quarantine.Entry) error
+	Delete(ctx context.Context, e quarantine.Entry) error
 }
 
 // WithQuarantine moves a write that the store has refused for good
@@ -93,7 +96,7 @@ func (f *Flusher) quarantineRipe(ctx context.Context, r *round, u *aggregator.Wi
 		// its run goes on until a write of it is applied.
 		if delta, ok := u.Deltas.Get(name); ok && ripe(d) {
 			w := store.Write{Counter: c, Delta: delta, Writer: f.cfg.Writer, Seq: f.seq.Next()} // never sent: no mark to fear
-			if f.hold(ctx, w, d) {
+			if f.hold(ctx, w, "", d) {
 				out = append(out, c)
 				delete(f.denied, c)
 			}
@@ -109,11 +112,29 @@ func (f *Flusher) quarantineRipe(ctx context.Context, r *round, u *aggregator.Wi
 	}
 }
 
-// hold puts w, denied since d.since, in the quarantine, and says whether
-// it is there.
-func (f *Flusher) hold(ctx context.Context, w store.Write, d denial) bool {
-	e := quarantine.Of(w, d.err.Error(), d.since, f.now())
-	if err := f.quarantine.Put(ctx, e); err != nil {
+// hold puts w, denied since d.since and journaled in entry ("": not
+// journaled), in the quarantine, and says whether it is the quarantine's
+// now. A journaled write is handed over in three steps, each of which a
+// later flush may repeat: put in the quarantine (not released), marked in
+// its journal entry (from then on no replay of the entry writes it), then
+// released; only then may the ledger drop it and its entry go.
+func (f *Flusher) hold(ctx context.Context, w store.Write, entry string, d denial) bool {
+	e := quarantine.Of(w, entry, d.err.Error(), d.since, f.now())
+	err := f.quarantine.Put(ctx, e)
+	if err == nil && entry != "" {
+		if err = f.journal.Quarantine(ctx, entry, w.Counter); errors.Is(err, journal.ErrReplayed) {
+			// Another sidecar replayed the entry: the write is in the
+			// store, and the resend will find it so.
+			if derr := f.quarantine.Delete(ctx, e); derr != nil {
+				err = derr // the replay tool will find the entry gone from the journal, and drop it
+			}
+		}
+		if err == nil {
+			e.Released = true
+			err = f.quarantine.Put(ctx, e)
+		}
+	}
+	if err != nil {
 		f.log.Warn("cannot quarantine a write refused for good; it is tried again", zap.String("counter", e.Counter), zap.Error(err))
 		return false
 	}

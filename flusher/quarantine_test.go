@@ -96,14 +96,14 @@ func TestQuarantineMovesAPoisonTopicAside(t *testing.T) {
 	if got := fx.total(t, "poison", 4); got != 4 {
 		t.Fatalf("poison = %d before the replay, want 4", got)
 	}
-	r, err := quarantine.Replay(ctx, q, fx.st, store.NewSequencer(clock.Now), store.NewWriterID, clock.Now)
+	r, err := quarantine.Replay(ctx, q, fx.st, nil, store.NewSequencer(clock.Now), store.NewWriterID, clock.Now)
 	if err != nil || len(r.Written) != 1 || len(r.Left) != 0 || r.Mentions() != 7 {
 		t.Fatalf("Replay = %+v, %v; want poison's entry written", r, err)
 	}
 	if got := fx.total(t, "poison", 4); got != 11 {
 		t.Fatalf("poison = %d after the replay, want 11", got)
 	}
-	if r, err := quarantine.Replay(ctx, q, fx.st, store.NewSequencer(clock.Now), store.NewWriterID, clock.Now); err != nil || len(r.Written)+len(r.Left) != 0 {
+	if r, err := quarantine.Replay(ctx, q, fx.st, nil, store.NewSequencer(clock.Now), store.NewWriterID, clock.Now); err != nil || len(r.Written)+len(r.Left) != 0 {
 		t.Fatalf("second Replay = %+v, %v; want nothing to do", r, err)
 	}
 }
@@ -146,7 +146,7 @@ func TestQuarantineTakesAStoreThatRefusesEverything(t *testing.T) {
 		t.Fatalf("quarantine holds %v (buffer a=%d b=%d); want a=3 b=6 held, none buffered", held, fx.agg.Pending("a"), fx.agg.Pending("b"))
 	}
 	fx.st.allow()
-	if _, err := quarantine.Replay(ctx, q, fx.st, store.NewSequencer(clock.Now), store.NewWriterID, clock.Now); err != nil {
+	if _, err := quarantine.Replay(ctx, q, fx.st, nil, store.NewSequencer(clock.Now), store.NewWriterID, clock.Now); err != nil {
 		t.Fatal(err)
 	}
 	if a, b := fx.total(t, "a", 4), fx.total(t, "b", 4); a != 3 || b != 6 {

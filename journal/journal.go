@@ -97,6 +97,9 @@ type Write struct {
 	Shard int    `json:"s"`
 	Delta int64  `json:"d"`
 	Seq   int64  `json:"q"`
+	// Quarantined says the write is the quarantine's now (the store
+	// refused it for good, package quarantine): a replay leaves it.
+	Quarantined bool `json:"x,omitempty"`
 }
 
 // Journal is one sidecar's journal. Record, Settled and Covered are safe for
@@ -107,6 +110,7 @@ type Journal struct {
 	writers jetstream.KeyValue
 	floor   func(ctx context.Context) (floors, error) // ackFloor's
 	writer  string
+	release func(ctx context.Context, writer string, seq int64) error // Config.Release; nil: none
 	st      Store
 	log     *zap.Logger
 	m       *Metrics
@@ -139,6 +143,11 @@ type Config struct {
 	Partitions int
 	// Replicas of the buckets; 0: as the stream's.
 	Replicas int
+	// Release, when set, is called by a replay for each write the entry
+	// marks as the quarantine's (Quarantine), with the write's writer and
+	// seq, before the entry is finished: the quarantine must know the
+	// hand-over done before the entry can go (quarantine.Release).
+	Release func(ctx context.Context, writer string, seq int64) error
 }
 
 // Open creates or binds the buckets. writer is this sidecar's writer id.
@@ -179,7 +188,7 @@ func Open(ctx context.Context, nc *nats.Conn, cfg Config, writer string, st Stor
 	if err != nil {
 		return nil, fmt.Errorf("journal: bucket %s: %w", cfg.WritersBucket, err)
 	}
-	j := &Journal{nc: nc, kv: kv, writers: writers, floor: ackFloor(js, cfg), writer: writer, st: st, log: log.Named("journal"), m: m,
+	j := &Journal{nc: nc, kv: kv, writers: writers, release: cfg.Release, floor: ackFloor(js, cfg), writer: writer, st: st, log: log.Named("journal"), m: m,
 		unconfirmed: make(map[string][]byte), last: make(map[string][][2]int64), passed: make(map[string]time.Time)}
 	if err := j.beat(ctx); err != nil {
 		return nil, err
@@ -359,6 +368,69 @@ func (j *Journal) Rewrite(ctx context.Context, key string, c store.Counter, seq 
 		return fmt.Errorf("journal: rewrite %s: %w", key, err)
 	}
 	return nil
+}
+
+// Quarantine marks the journaled write of c in entry key as the
+// quarantine's, which holds it already: from then on a replay of the
+// entry leaves it, so that it is written once, by `hotcount quarantine
+// replay`. It is the step that hands the write over (see
+// quarantine.Entry.Released).
+func (j *Journal) Quarantine(ctx context.Context, key string, c store.Counter) error {
+	kve, err := j.kv.Get(ctx, key)
+	if err != nil {
+		return fmt.Errorf("journal: quarantine %s: %w", key, err)
+	}
+	var e Entry
+	if err := json.Unmarshal(kve.Value(), &e); err != nil {
+		return fmt.Errorf("journal: quarantine %s: %w", key, err)
+	}
+	if e.Done {
+		// Replayed by another sidecar meanwhile: the write is in the
+		// store, and must not be quarantined too.
+		return fmt.Errorf("journal: quarantine %s: %w", key, ErrReplayed)
+	}
+	name := c.Name()
+	for i := range e.Writes {
+		if e.Writes[i].Name == name {
+			e.Writes[i].Quarantined = true
+		}
+	}
+	b, err := json.Marshal(e)
+	if err != nil {
+		return err
+	}
+	if _, err := j.kv.Update(ctx, key, b, kve.Revision()); err != nil {
+		return fmt.Errorf("journal: quarantine %s: %w", key, err)
+	}
+	return nil
+}
+
+// ErrReplayed is Quarantine's answer for an entry another sidecar has
+// replayed: its writes are in the store.
+var ErrReplayed = errors.New("journal: entry already replayed")
+
+// Holds says how entry key of bucket holds the write of counter name:
+// found (the entry is there and has it) and whether it is quarantined.
+// `hotcount quarantine replay` asks it of an entry whose hand-over it
+// cannot see finished.
+func Holds(ctx context.Context, kv jetstream.KeyValue, key, name string) (found, quarantined bool, err error) {
+	kve, err := kv.Get(ctx, key)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return false, false, nil
+	}
+	if err != nil {
+		return false, false, fmt.Errorf("journal: %s: %w", key, err)
+	}
+	var e Entry
+	if err := json.Unmarshal(kve.Value(), &e); err != nil {
+		return false, false, fmt.Errorf("journal: %s: %w", key, err)
+	}
+	for _, w := range e.Writes {
+		if w.Name == name {
+			return true, w.Quarantined, nil
+		}
+	}
+	return false, false, nil
 }
 
 // MaybeReplayed says whether another sidecar may have replayed an entry
@@ -661,6 +733,11 @@ func (j *Journal) replay(ctx context.Context, key string, e Entry, rev uint64) e
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(replayConcurrency)
 	for _, w := range e.Writes {
+		if w.Quarantined {
+			// The quarantine's: `hotcount quarantine replay` writes it,
+			// once its entry is released (below).
+			continue
+		}
 		c, _ := store.ParseName(w.Name) // a damaged name reads as a total: written, not lost
 		g.Go(func() error {
 			sw := store.Write{Counter: c, Shard: w.Shard, Delta: w.Delta, Writer: e.Writer, Seq: w.Seq, Replay: true}
@@ -675,6 +752,17 @@ func (j *Journal) replay(ctx context.Context, key string, e Entry, rev uint64) e
 	}
 	if err := g.Wait(); err != nil {
 		return err
+	}
+	for _, w := range e.Writes {
+		if !w.Quarantined {
+			continue
+		}
+		if j.release == nil {
+			return fmt.Errorf("journal: replay %s: a write of it is quarantined, and this sidecar has no quarantine to release it in", key)
+		}
+		if err := j.release(ctx, e.Writer, w.Seq); err != nil {
+			return fmt.Errorf("journal: replay %s: %w", key, err)
+		}
 	}
 	e.Done = true
 	b, err := json.Marshal(e)

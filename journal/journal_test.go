@@ -283,3 +283,83 @@ func TestRetiringWaitsForASecondReading(t *testing.T) {
 		}
 	}
 }
+
+// TestReplayLeavesAQuarantinedWrite: a dead writer's entry whose write
+// the quarantine holds (marked by Quarantine) is replayed without it:
+// the other writes land once, that one not at all, and Release is told
+// of it before the entry is done; a replay whose Release fails leaves the
+// entry for the next round. Holds reads the mark; Quarantine refuses an
+// entry already replayed.
+func TestReplayLeavesAQuarantinedWrite(t *testing.T) {
+	ctx := context.Background()
+	env := mentionStream(t)
+	env.durable(t)
+	a := env.open(t, "writera")
+	seq := store.NewSequencer(time.Now)
+	writes := []store.Write{
+		{Counter: store.TotalOf("poison"), Shard: 0, Delta: 5, Writer: "writera", Seq: seq.Next()},
+		{Counter: store.TotalOf("golang"), Shard: 0, Delta: 2, Writer: "writera", Seq: seq.Next()},
+	}
+	recs, err := a.Record(ctx, writes, map[string][]int64{"poison": {1}, "golang": {2}})
+	if err != nil || len(recs) != 1 {
+		t.Fatalf("Record = %v, %v", recs, err)
+	}
+	key := recs[0].Key
+	if err := a.Quarantine(ctx, key, store.TotalOf("poison")); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name          string
+		found, marked bool
+	}{{store.TotalOf("poison").Name(), true, true}, {store.TotalOf("golang").Name(), true, false}, {"other", false, false}} {
+		found, marked, err := journal.Holds(ctx, env.entries(t), key, tc.name)
+		if err != nil || found != tc.found || marked != tc.marked {
+			t.Errorf("Holds(%s) = %v, %v, %v; want %v, %v", tc.name, found, marked, err, tc.found, tc.marked)
+		}
+	}
+	if err := a.Leave(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	type released struct {
+		writer string
+		seq    int64
+	}
+	var got []released
+	fail := true
+	env.cfg.Release = func(_ context.Context, writer string, seq int64) error {
+		if fail {
+			return errors.New("injected: quarantine unreachable")
+		}
+		got = append(got, released{writer, seq})
+		return nil
+	}
+	b := env.open(t, "writerb")
+	if err := b.Replay(ctx); err == nil {
+		t.Fatal("Replay with a failing Release = nil, want its error")
+	}
+	if e, _ := env.entries(t).Get(ctx, key); strings.Contains(string(e.Value()), `"done":true`) {
+		t.Fatal("entry done though its quarantined write was not released")
+	}
+	fail = false
+	if err := b.Replay(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 1 || got[0] != (released{"writera", writes[0].Seq}) {
+		t.Fatalf("released %v, want poison's write", got)
+	}
+	total := func(topic string) int64 {
+		g, err := env.st.Gather(ctx, topic, 1, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n, _ := store.Sum(g)
+		return n
+	}
+	if p, g := total("poison"), total("golang"); p != 0 || g != 2 {
+		t.Fatalf("after the replay poison=%d golang=%d; want 0 (the quarantine's) and 2", p, g)
+	}
+	if err := a.Quarantine(ctx, key, store.TotalOf("golang")); !errors.Is(err, journal.ErrReplayed) {
+		t.Fatalf("Quarantine of a replayed entry = %v, want ErrReplayed", err)
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -59,12 +60,12 @@ func total(t *testing.T, st *losing, topic string) int64 {
 
 func held(topic string, delta int64) quarantine.Entry {
 	w := store.Write{Counter: store.TotalOf(topic), Delta: delta, Writer: store.NewWriterID(), Seq: time.Now().UnixMicro()}
-	return quarantine.Of(w, "AccessDeniedException", time.Now().Add(-time.Hour), time.Now())
+	return quarantine.Of(w, "", "AccessDeniedException", time.Now().Add(-time.Hour), time.Now())
 }
 
 func replay(t *testing.T, q quarantine.Store, st quarantine.Writer) quarantine.Result {
 	t.Helper()
-	r, err := quarantine.Replay(context.Background(), q, st, store.NewSequencer(time.Now), store.NewWriterID, time.Now)
+	r, err := quarantine.Replay(context.Background(), q, st, nil, store.NewSequencer(time.Now), store.NewWriterID, time.Now)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -164,7 +165,7 @@ func TestReplayStopsWhenItCannotRecord(t *testing.T) {
 		t.Fatal(err)
 	}
 	st := newStore(t)
-	_, err = quarantine.Replay(ctx, failingPut{q}, st, store.NewSequencer(time.Now), store.NewWriterID, time.Now)
+	_, err = quarantine.Replay(ctx, failingPut{q}, st, nil, store.NewSequencer(time.Now), store.NewWriterID, time.Now)
 	if !errors.Is(err, errPut) {
 		t.Fatalf("Replay = %v, want the put's error", err)
 	}
@@ -178,3 +179,60 @@ var errPut = errors.New("injected: put refused")
 type failingPut struct{ *quarantine.Dir }
 
 func (failingPut) Put(context.Context, quarantine.Entry) error { return errPut }
+
+// TestReplayFollowsTheHandOver: an entry not released (its sidecar
+// stopped while handing it over from its journal entry) is written only
+// when the journal entry marks it as the quarantine's; left while the
+// journal entry holds it unmarked (the journal writes it); removed, not
+// written, once the journal entry is gone without the mark (the journal
+// wrote it). Release marks an entry released.
+func TestReplayFollowsTheHandOver(t *testing.T) {
+	ctx := context.Background()
+	q, err := quarantine.OpenDir(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := newStore(t)
+	entry := func(topic string, delta int64) quarantine.Entry {
+		w := store.Write{Counter: store.TotalOf(topic), Delta: delta, Writer: store.NewWriterID(), Seq: time.Now().UnixMicro()}
+		return quarantine.Of(w, topic+"-entry", "AccessDeniedException", time.Now().Add(-time.Hour), time.Now())
+	}
+	marked, unmarked, gone := entry("marked", 3), entry("unmarked", 4), entry("gone", 5)
+	for _, e := range []quarantine.Entry{marked, unmarked, gone} {
+		if e.Released {
+			t.Fatalf("%+v released before its journal entry marks it", e)
+		}
+		if err := q.Put(ctx, e); err != nil {
+			t.Fatal(err)
+		}
+	}
+	j := func(_ context.Context, key, _ string) (bool, bool, error) {
+		switch key {
+		case "marked-entry":
+			return true, true, nil
+		case "unmarked-entry":
+			return true, false, nil
+		}
+		return false, false, nil
+	}
+	r, err := quarantine.Replay(ctx, q, st, j, store.NewSequencer(time.Now), store.NewWriterID, time.Now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(r.Written) != 1 || r.Written[0].Topic != "marked" || len(r.Journaled) != 1 || r.Journaled[0].Topic != "gone" ||
+		len(r.Left) != 1 || r.Left[0].Topic != "unmarked" || !strings.Contains(r.Left[0].Error, "holds the write") {
+		t.Fatalf("Replay = %+v; want marked written, gone removed, unmarked left", r)
+	}
+	if m, u, g := total(t, st, "marked"), total(t, st, "unmarked"), total(t, st, "gone"); m != 3 || u != 0 || g != 0 {
+		t.Fatalf("store marked=%d unmarked=%d gone=%d; want 3, 0, 0", m, u, g)
+	}
+	if err := quarantine.Release(ctx, q, unmarked.Key()); err != nil {
+		t.Fatal(err)
+	}
+	if e, ok, err := q.Get(ctx, unmarked.Key()); err != nil || !ok || !e.Released {
+		t.Fatalf("after Release: %+v, %v, %v", e, ok, err)
+	}
+	if err := quarantine.Release(ctx, q, "nobody.1"); err == nil {
+		t.Fatal("Release of no entry = nil, want an error")
+	}
+}

@@ -74,6 +74,22 @@ func (q *KV) List(ctx context.Context) ([]Entry, error) {
 	return out, nil
 }
 
+// Get implements Store.
+func (q *KV) Get(ctx context.Context, key string) (Entry, bool, error) {
+	v, err := q.kv.Get(ctx, key)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return Entry{}, false, nil
+	}
+	if err != nil {
+		return Entry{}, false, fmt.Errorf("quarantine: get %s: %w", key, err)
+	}
+	var e Entry
+	if err := json.Unmarshal(v.Value(), &e); err != nil {
+		return Entry{}, false, fmt.Errorf("quarantine: entry %s: %w", key, err)
+	}
+	return e, true, nil
+}
+
 // Delete implements Store.
 func (q *KV) Delete(ctx context.Context, e Entry) error {
 	if err := q.kv.Purge(ctx, e.Key()); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
@@ -154,6 +170,22 @@ func (q *Dir) List(context.Context) ([]Entry, error) {
 	}
 	sortEntries(out)
 	return out, nil
+}
+
+// Get implements Store.
+func (q *Dir) Get(_ context.Context, key string) (Entry, bool, error) {
+	b, err := os.ReadFile(filepath.Join(q.dir, key+entrySuffix))
+	if errors.Is(err, os.ErrNotExist) {
+		return Entry{}, false, nil
+	}
+	if err != nil {
+		return Entry{}, false, fmt.Errorf("quarantine: %w", err)
+	}
+	var e Entry
+	if err := json.Unmarshal(b, &e); err != nil {
+		return Entry{}, false, fmt.Errorf("quarantine: entry %s: %w", key, err)
+	}
+	return e, true, nil
 }
 
 // Delete implements Store.

@@ -2,6 +2,7 @@ package sidecar
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"path/filepath"
 	"time"
@@ -10,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/hotcount/hotcount/config"
+	"github.com/hotcount/hotcount/journal"
 	"github.com/hotcount/hotcount/quarantine"
 	"github.com/hotcount/hotcount/streams"
 )
@@ -38,4 +40,32 @@ func OpenQuarantine(ctx context.Context, cfg config.Config, nc *nats.Conn) (quar
 		replicas = s.CachedInfo().Config.Replicas
 	}
 	return quarantine.OpenKV(ctx, js, quarantine.DefaultBucket, replicas)
+}
+
+// QuarantineJournal is how `hotcount quarantine replay` reads the journal
+// of cfg's mode (nil in core mode, which has none): see
+// quarantine.Journal.
+func QuarantineJournal(ctx context.Context, cfg config.Config, nc *nats.Conn) (quarantine.Journal, error) {
+	if !cfg.Durable() {
+		return nil, nil
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, fmt.Errorf("sidecar: journal: %w", err)
+	}
+	bucket := journal.DefaultBucket
+	if cfg.NATSMode == config.ModePartitioned {
+		bucket = journal.PartitionsBucket
+	}
+	kv, err := js.KeyValue(ctx, bucket)
+	if errors.Is(err, jetstream.ErrBucketNotFound) {
+		// No journal ever: no entry can be in it.
+		return func(context.Context, string, string) (bool, bool, error) { return false, false, nil }, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("sidecar: journal bucket %s: %w", bucket, err)
+	}
+	return func(ctx context.Context, key, counter string) (bool, bool, error) {
+		return journal.Holds(ctx, kv, key, counter)
+	}, nil
 }

@@ -27,35 +27,39 @@ func quarantineSettings(s string) bool {
 	return natsSettings(s)
 }
 
-// openQuarantine parses the settings and opens the quarantine they name;
-// close ends its NATS connection, if any.
-func openQuarantine(ctx context.Context, name string, args, environ []string, stderr io.Writer, more func(*pflag.FlagSet)) (cfg config.Config, q quarantine.Store, close func(), err error) {
+// openQuarantine parses the settings and opens the quarantine they name,
+// and the journal a replay consults (nil in core mode); close ends its
+// NATS connection, if any.
+func openQuarantine(ctx context.Context, name string, args, environ []string, stderr io.Writer, more func(*pflag.FlagSet)) (cfg config.Config, q quarantine.Store, j quarantine.Journal, close func(), err error) {
 	cfg = config.Default()
 	fs := cfg.FlagSet(name, quarantineSettings)
 	more(fs)
 	if err := parse(&cfg, fs, args, environ, stderr); err != nil {
-		return cfg, nil, nil, err
+		return cfg, nil, nil, nil, err
 	}
 	var nc *nats.Conn
 	close = func() {}
 	if cfg.Durable() {
 		if nc, err = connect(cfg, "hotcount-quarantine"); err != nil {
-			return cfg, nil, nil, err
+			return cfg, nil, nil, nil, err
 		}
 		close = nc.Close
 	}
 	q, err = sidecar.OpenQuarantine(ctx, cfg, nc)
+	if err == nil {
+		j, err = sidecar.QuarantineJournal(ctx, cfg, nc)
+	}
 	if err != nil {
 		close()
-		return cfg, nil, nil, err
+		return cfg, nil, nil, nil, err
 	}
-	return cfg, q, close, nil
+	return cfg, q, j, close, nil
 }
 
 // cmdQuarantineList prints the writes held in the quarantine, and why.
 func cmdQuarantineList(ctx context.Context, args, environ []string, stdout, stderr io.Writer) error {
 	var asJSON bool
-	_, q, done, err := openQuarantine(ctx, "hotcount quarantine list", args, environ, stderr, func(fs *pflag.FlagSet) {
+	_, q, _, done, err := openQuarantine(ctx, "hotcount quarantine list", args, environ, stderr, func(fs *pflag.FlagSet) {
 		fs.BoolVar(&asJSON, "json", false, "print the entries as JSON")
 	})
 	if err != nil {
@@ -113,7 +117,7 @@ func counterKind(name string) string {
 // exactly once, and removes those written.
 func cmdQuarantineReplay(ctx context.Context, args, environ []string, stdout, stderr io.Writer) error {
 	var asJSON bool
-	cfg, q, done, err := openQuarantine(ctx, "hotcount quarantine replay", args, environ, stderr, func(fs *pflag.FlagSet) {
+	cfg, q, j, done, err := openQuarantine(ctx, "hotcount quarantine replay", args, environ, stderr, func(fs *pflag.FlagSet) {
 		fs.BoolVar(&asJSON, "json", false, "print what was written and what is left as JSON")
 	})
 	if err != nil {
@@ -127,13 +131,16 @@ func cmdQuarantineReplay(ctx context.Context, args, environ []string, stdout, st
 		return err
 	}
 	defer st.Close()
-	r, err := quarantine.Replay(ctx, q, st, store.NewSequencer(time.Now), store.NewWriterID, time.Now)
+	r, err := quarantine.Replay(ctx, q, st, j, store.NewSequencer(time.Now), store.NewWriterID, time.Now)
 	if asJSON {
 		if jerr := json.NewEncoder(stdout).Encode(r); jerr != nil {
 			return jerr
 		}
 	} else {
 		fmt.Fprintf(stdout, "written: %d writes, %d mentions in topic totals\n", len(r.Written), r.Mentions())
+		for _, e := range r.Journaled {
+			fmt.Fprintf(stdout, "removed: %s %s shard %d delta %d: its journal entry wrote it (its sidecar stopped while handing it over)\n", e.Topic, counterKind(e.Counter), e.Shard, e.Delta)
+		}
 		for _, f := range r.Left {
 			fmt.Fprintf(stdout, "left: %s %s shard %d delta %d: %s\n", f.Topic, counterKind(f.Counter), f.Shard, f.Delta, f.Error)
 		}
@@ -146,4 +153,3 @@ func cmdQuarantineReplay(ctx context.Context, args, environ []string, stdout, st
 	}
 	return nil
 }
-
