@@ -311,7 +311,9 @@ func (p *Publisher) mention(ctx context.Context, m message) error {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		kick(p.sealNow)
+		// No kick here: add kicked the batcher when the batch filled, and
+		// a second one, left pending after the batcher took the full
+		// batch, sealed the next batch with one message in it.
 		stop := context.AfterFunc(ctx, func() { p.broadcast(p.room) })
 		p.room.Wait()
 		stop()

@@ -345,7 +345,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}
 	m.journaled = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "hotcount_ingest_journaled_redeliveries_total",
-		Help: "Redelivered JetStream messages acknowledged without counting, because a dead writer's journal entry already carries their count.",
+		Help: "Redelivered JetStream messages acknowledged without counting: a dead writer's journal entry already carries their count, or (partitioned mode) this sidecar counted and acknowledged them before and a consumer leader that lost track of that delivered them again.",
 	})
 	m.partitions = prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "hotcount_ingest_partitions_owned",

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sort"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -187,6 +188,127 @@ type lane struct {
 	cons   jetstream.Consumer
 	cc     jetstream.ConsumeContext // nil while not consuming
 	pin    atomic.Value             // string: the pin id of the last message received (partitioned mode)
+	// What a partition lane has taken (partitioned mode): the messages
+	// counted into the window and not yet acknowledged (held), and the
+	// stream sequences it has dealt with for good (dealt: acknowledged
+	// after their counts were journaled, acknowledged uncounted, or
+	// refused), as ranges. See seen.
+	mu    sync.Mutex
+	held  map[uint64]struct{}
+	dealt ranges
+}
+
+// ranges is a set of stream sequences as sorted, disjoint, non-adjacent
+// inclusive ranges: a lane deals with its stream mostly in order, so it
+// stays a few ranges long.
+type ranges [][2]uint64
+
+// has says whether seq is in the set.
+func (rs ranges) has(seq uint64) bool {
+	i := sort.Search(len(rs), func(i int) bool { return rs[i][1] >= seq })
+	return i < len(rs) && rs[i][0] <= seq
+}
+
+// add puts seq in the set.
+func (rs *ranges) add(seq uint64) {
+	s := *rs
+	i := sort.Search(len(s), func(i int) bool { return s[i][1]+1 >= seq })
+	switch {
+	case i < len(s) && s[i][0] <= seq && seq <= s[i][1]:
+		return // there already
+	case i < len(s) && s[i][1]+1 == seq:
+		s[i][1] = seq
+		if i+1 < len(s) && s[i+1][0] == seq+1 { // bridges to the next
+			s[i][1] = s[i+1][1]
+			s = append(s[:i+1], s[i+2:]...)
+		}
+	case i < len(s) && s[i][0] == seq+1:
+		s[i][0] = seq
+	default:
+		s = append(s, [2]uint64{})
+		copy(s[i+1:], s[i:])
+		s[i] = [2]uint64{seq, seq}
+	}
+	*rs = s
+}
+
+// delivery is what a partition lane makes of a message (seen).
+type delivery uint8
+
+const (
+	// fresh: not dealt with here (new, handed back, or another
+	// sidecar's before): count it.
+	fresh delivery = iota
+	// holding: delivered again while its first delivery is held in the
+	// window; that one's acknowledgement settles both. Drop it.
+	holding
+	// settled: dealt with and acknowledged before (counted, or covered
+	// by the journal, or refused), delivered again by a consumer leader
+	// whose state lags its predecessor's (a NATS node lost), with a
+	// delivery count that may say 1. Acknowledge it uncounted.
+	settled
+)
+
+// seen says what the lane makes of a message at stream sequence seq.
+func (l *lane) seen(seq uint64) delivery {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if _, held := l.held[seq]; held {
+		return holding
+	}
+	if l.dealt.has(seq) {
+		return settled
+	}
+	return fresh
+}
+
+// done notes that the message at seq was dealt with without being held
+// (acknowledged uncounted, refused).
+func (l *lane) done(seq uint64) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.dealt.add(seq)
+}
+
+// hold notes that msg, at seq, is counted into the window, and returns
+// it as the window's acker: acknowledging it settles it here too, and
+// handing it back makes its redelivery fresh.
+func (l *lane) hold(msg jetstream.Msg, seq uint64) aggregator.Acker {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.held == nil {
+		l.held = make(map[uint64]struct{})
+	}
+	l.held[seq] = struct{}{}
+	return heldMsg{msg, l, seq}
+}
+
+// heldMsg is a message a partition lane holds (lane.hold).
+type heldMsg struct {
+	jetstream.Msg
+	l   *lane
+	seq uint64
+}
+
+// Ack settles the message: its counts are journaled (or written), so a
+// delivery of it again, its ack lost or forgotten, is acknowledged
+// uncounted.
+func (m heldMsg) Ack() error {
+	err := m.Msg.Ack()
+	m.l.mu.Lock()
+	delete(m.l.held, m.seq)
+	m.l.dealt.add(m.seq)
+	m.l.mu.Unlock()
+	return err
+}
+
+// Nak hands the message back: its redelivery is counted.
+func (m heldMsg) Nak() error {
+	err := m.Msg.Nak()
+	m.l.mu.Lock()
+	delete(m.l.held, m.seq)
+	m.l.mu.Unlock()
+	return err
 }
 
 // wanted returns the lanes this sidecar should be consuming now.
@@ -452,6 +574,21 @@ func (c *JetStreamConsumer) handle(ctx context.Context, l *lane, msg jetstream.M
 		return
 	}
 	seq := streams.At(l.p, md.Sequence.Stream)
+	pinned := c.jcfg.Partitions > 0
+	if pinned {
+		switch l.seen(md.Sequence.Stream) {
+		case holding:
+			c.metrics.redelivered.Inc()
+			return
+		case settled:
+			c.metrics.redelivered.Inc()
+			c.metrics.journaled.Inc()
+			if err := msg.Ack(); err != nil {
+				c.sampled.Warn("ack settled redelivery", zap.Error(err))
+			}
+			return
+		}
+	}
 	if md.NumDelivered > 1 {
 		c.log.Debug("redelivered", zap.String("subject", msg.Subject()), zap.Uint64("delivered", md.NumDelivered), zap.Uint64("seq", md.Sequence.Stream), zap.Time("ts", md.Timestamp), zap.String("consumer", md.Consumer))
 		c.metrics.redelivered.Inc()
@@ -473,6 +610,9 @@ func (c *JetStreamConsumer) handle(ctx context.Context, l *lane, msg jetstream.M
 				if err := msg.Ack(); err != nil {
 					c.sampled.Warn("ack journaled redelivery", zap.Error(err))
 				}
+				if pinned {
+					l.done(md.Sequence.Stream)
+				}
 				return
 			}
 		}
@@ -489,12 +629,19 @@ func (c *JetStreamConsumer) handle(ctx context.Context, l *lane, msg jetstream.M
 		if err := msg.TermWithReason(reason); err != nil {
 			c.sampled.Warn("terminate rejected message", zap.Error(err))
 		}
+		if pinned {
+			l.done(md.Sequence.Stream)
+		}
 		return
 	}
 	if at.IsZero() {
 		at = md.Timestamp
 	}
-	c.sink.AddAcked(topic, delta, msg, seq, at)
+	var acker aggregator.Acker = msg
+	if pinned {
+		acker = l.hold(msg, md.Sequence.Stream)
+	}
+	c.sink.AddAcked(topic, delta, acker, seq, at)
 	c.accepted(delta)
 }
 
