@@ -2,6 +2,7 @@ package sidecar
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"path/filepath"
@@ -200,22 +201,25 @@ func (s *Sidecar) writers(ctx context.Context, p *parts) error {
 	}
 	opts := []flusher.Option{flusher.WithObserver(observers...), flusher.WithShards(p.book), flusher.WithReader(p.lk)}
 	var keepAlive time.Duration
+	// The journal first: it waits for JetStream, which the quarantine's
+	// bucket needs too. Its replays, which release quarantined writes,
+	// run only once the pipeline does, with q set.
 	var q quarantine.Store
-	if cfg.QuarantineAfter > 0 {
-		var err error
-		if q, err = OpenQuarantine(ctx, cfg, p.nc); err != nil {
-			return err
-		}
-		opts = append(opts, flusher.WithQuarantine(q))
-	}
 	if cfg.Durable() {
-		jr, err := openJournal(ctx, p.nc, cfg, p.writer, p.st, q, s.log, s.reg)
+		jr, err := openJournal(ctx, p.nc, cfg, p.writer, p.st, func() quarantine.Store { return q }, s.log, s.reg)
 		if err != nil {
 			return err
 		}
 		p.jr = jr
 		opts = append(opts, flusher.WithJournal(jr))
 		keepAlive = cfg.AckWait / 3 // as the ingest keeps the buffer alive
+	}
+	if cfg.QuarantineAfter > 0 {
+		var err error
+		if q, err = OpenQuarantine(ctx, cfg, p.nc); err != nil {
+			return err
+		}
+		opts = append(opts, flusher.WithQuarantine(q))
 	}
 	p.fl = flusher.New(flusher.Config{
 		Shards:       cfg.Shards,
@@ -277,15 +281,18 @@ func (s *Sidecar) views(_ context.Context, p *parts) error {
 // openJournal opens the JetStream journal, retrying until NATS answers or
 // ctx ends.
 // A replay of a dead writer's entry releases the writes it marks as the
-// quarantine's in q (nil: quarantine off, and there are none to meet but
-// those an earlier run with it on left, which the replay then refuses).
-func openJournal(ctx context.Context, nc *nats.Conn, cfg config.Config, writer string, st Store, q quarantine.Store, log *zap.Logger, reg prometheus.Registerer) (*journal.Journal, error) {
+// quarantine's in quarantined() (nil: quarantine off, and there are none
+// to meet but those an earlier run with it on left, which the replay then
+// refuses).
+func openJournal(ctx context.Context, nc *nats.Conn, cfg config.Config, writer string, st Store, quarantined func() quarantine.Store, log *zap.Logger, reg prometheus.Registerer) (*journal.Journal, error) {
 	m := journal.NewMetrics(reg)
 	jcfg := journal.Config{Bucket: journal.DefaultBucket, WritersBucket: journal.DefaultWritersBucket, Stream: cfg.Stream, Consumer: cfg.Consumer}
-	if q != nil {
-		jcfg.Release = func(ctx context.Context, writer string, seq int64) error {
-			return quarantine.Release(ctx, q, quarantine.Entry{Writer: writer, Seq: seq}.Key())
+	jcfg.Release = func(ctx context.Context, writer string, seq int64) error {
+		q := quarantined()
+		if q == nil {
+			return errors.New("sidecar: a journaled write is quarantined, and --quarantine-after 0 leaves this sidecar no quarantine to release it in")
 		}
+		return quarantine.Release(ctx, q, quarantine.Entry{Writer: writer, Seq: seq}.Key())
 	}
 	if cfg.NATSMode == config.ModePartitioned {
 		jcfg.Partitions, jcfg.Bucket = cfg.Partitions, journal.PartitionsBucket
