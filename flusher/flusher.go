@@ -214,6 +214,7 @@ type Flusher struct {
 	// by counter (the flush's goroutine's, under flushMu).
 	quarantine Quarantine
 	denied     map[store.Counter]denial
+	poisoned   map[string]bool // topics quarantined, none of whose writes has landed since
 	seq        *store.Sequencer
 	planning   planning
 	writer     *writer
@@ -260,7 +261,8 @@ func New(cfg Config, buf Buffer, st Store, log *zap.Logger, m *Metrics, now func
 	if cfg.QuarantineAfter <= 0 {
 		cfg.QuarantineAfter = DefaultQuarantineAfter
 	}
-	f := &Flusher{cfg: cfg, buf: buf, log: log.Named("flusher"), metrics: m, now: now, seq: store.NewSequencer(now), denied: make(map[store.Counter]denial)}
+	f := &Flusher{cfg: cfg, buf: buf, log: log.Named("flusher"), metrics: m, now: now, seq: store.NewSequencer(now),
+		denied: make(map[store.Counter]denial), poisoned: make(map[string]bool)}
 	for _, o := range opts {
 		o(f)
 	}

@@ -53,6 +53,10 @@ type pending struct {
 	recordedAt  time.Time // when the entry was recorded
 	unconfirmed bool      // the entry's put lost its answer: not sent yet
 	denied      denial    // its run of refusals for good
+	// handedOver: its journal entry marks it as the quarantine's (see
+	// Flusher.hold), so it is never sent again; only the hand-over's
+	// last step is left.
+	handedOver bool
 }
 
 func newLedger(j Journal, seq *store.Sequencer, keepAlive time.Duration, log *zap.Logger, m *Metrics, now func() time.Time) *ledger {
@@ -181,7 +185,7 @@ func (l *ledger) resendable(more func() bool) iter.Seq2[store.Counter, *pending]
 			if !more() {
 				return
 			}
-			if p.unconfirmed {
+			if p.unconfirmed || p.handedOver {
 				continue
 			}
 			if p.entry != "" && l.journal.MaybeReplayed(p.recordedAt) {
@@ -200,16 +204,20 @@ func (l *ledger) resendable(more func() bool) iter.Seq2[store.Counter, *pending]
 // applied"): one that may be in the store already (Retry, or Replay: its
 // journal entry may have been replayed by another sidecar) stays pending,
 // since a replay under another identity could count it twice.
-func (l *ledger) quarantine(ctx context.Context, hold func(context.Context, store.Write, string, denial) bool, ripe func(denial) bool) map[store.Counter]int64 {
+func (l *ledger) quarantine(ctx context.Context, hold func(context.Context, store.Write, string, denial, bool) (bool, bool), ripe func(store.Counter, denial) bool) map[store.Counter]int64 {
 	var moved map[store.Counter]int64
 	for c, p := range l.pending {
-		if p.unconfirmed || p.write.Retry || p.write.Replay || !ripe(p.denied) {
-			continue
+		if !p.handedOver {
+			if p.unconfirmed || p.write.Retry || p.write.Replay || !ripe(c, p.denied) {
+				continue
+			}
+			if p.entry != "" && l.journal.MaybeReplayed(p.recordedAt) {
+				continue // since this flush's sends: another sidecar may be writing it
+			}
 		}
-		if p.entry != "" && l.journal.MaybeReplayed(p.recordedAt) {
-			continue // since this flush's sends: another sidecar may be writing it
-		}
-		if hold(ctx, p.write, p.entry, p.denied) {
+		marked, done := hold(ctx, p.write, p.entry, p.denied, p.handedOver)
+		p.handedOver = marked
+		if done {
 			if moved == nil {
 				moved = make(map[store.Counter]int64)
 			}

@@ -15,8 +15,10 @@ import (
 
 // DefaultQuarantineAfter is how long a counter's writes may be refused for
 // good before the write is quarantined (--quarantine-after): long enough
-// for a policy being rolled out or a key being re-enabled, short enough
-// that a topic's messages do not fill the consumer's --max-ack-pending.
+// for a policy being rolled out or a key being re-enabled. After that
+// first time, the topic's later writes refused for good go at once, until
+// one of its writes lands: a hot poison topic holds its messages (toward
+// --max-ack-pending) for one bound, not one every bound.
 const DefaultQuarantineAfter = 5 * time.Minute
 
 // Quarantine holds the writes the store refuses for good (quarantine.KV,
@@ -71,8 +73,19 @@ func (f *Flusher) quarantineRipe(ctx context.Context, r *round, u *aggregator.Wi
 		return
 	}
 	now := f.now()
-	ripe := func(d denial) bool { return d.ripe(now, f.cfg.QuarantineAfter) }
+	for _, x := range r.wrote {
+		delete(f.poisoned, x.counter.Topic) // the store takes it again
+	}
+	for c := range r.settled {
+		delete(f.poisoned, c.Topic)
+	}
+	ripe := func(c store.Counter, d denial) bool {
+		return d.ripe(now, f.cfg.QuarantineAfter) || !d.since.IsZero() && f.poisoned[c.Topic]
+	}
 	if moved := f.ledger.quarantine(ctx, f.hold, ripe); len(moved) > 0 {
+		for c := range moved {
+			f.poisoned[c.Topic] = true
+		}
 		f.view.quarantined(moved)
 		f.ledger.settle(ctx, moved)
 	}
@@ -84,6 +97,9 @@ func (f *Flusher) quarantineRipe(ctx context.Context, r *round, u *aggregator.Wi
 	for _, x := range r.wrote {
 		delete(f.denied, x.counter)
 	}
+	if len(r.denied) == 0 && len(f.denied) == 0 {
+		return
+	}
 	for c, err := range r.denied {
 		d := f.denied[c]
 		d.answered(err, now)
@@ -94,11 +110,12 @@ func (f *Flusher) quarantineRipe(ctx context.Context, r *round, u *aggregator.Wi
 		name := c.Name()
 		// Not in u: held back or untried this flush, still in the buffer;
 		// its run goes on until a write of it is applied.
-		if delta, ok := u.Deltas.Get(name); ok && ripe(d) {
+		if delta, ok := u.Deltas.Get(name); ok && ripe(c, d) {
 			w := store.Write{Counter: c, Delta: delta, Writer: f.cfg.Writer, Seq: f.seq.Next()} // never sent: no mark to fear
-			if f.hold(ctx, w, "", d) {
+			if _, done := f.hold(ctx, w, "", d, false); done {
 				out = append(out, c)
 				delete(f.denied, c)
+				f.poisoned[c.Topic] = true
 			}
 		}
 	}
@@ -113,30 +130,37 @@ func (f *Flusher) quarantineRipe(ctx context.Context, r *round, u *aggregator.Wi
 }
 
 // hold puts w, denied since d.since and journaled in entry ("": not
-// journaled), in the quarantine, and says whether it is the quarantine's
-// now. A journaled write is handed over in three steps, each of which a
-// later flush may repeat: put in the quarantine (not released), marked in
-// its journal entry (from then on no replay of the entry writes it), then
-// released; only then may the ledger drop it and its entry go.
-func (f *Flusher) hold(ctx context.Context, w store.Write, entry string, d denial) bool {
+// journaled), in the quarantine, and says whether its journal entry marks
+// it as the quarantine's and whether the hand-over is done. A journaled
+// write is handed over in three steps: put in the quarantine (not
+// released), marked in its journal entry (from then on no replay of the
+// entry writes it, and this sidecar never sends it again: marked says
+// the step is taken), then released; only then may the ledger drop it and
+// its entry go. A later flush takes up what failed.
+func (f *Flusher) hold(ctx context.Context, w store.Write, entry string, d denial, marked bool) (nowMarked, done bool) {
 	e := quarantine.Of(w, entry, d.err.Error(), d.since, f.now())
-	err := f.quarantine.Put(ctx, e)
-	if err == nil && entry != "" {
-		if err = f.journal.Quarantine(ctx, entry, w.Counter); errors.Is(err, journal.ErrReplayed) {
-			// Another sidecar replayed the entry: the write is in the
-			// store, and the resend will find it so.
-			if derr := f.quarantine.Delete(ctx, e); derr != nil {
-				err = derr // the replay tool will find the entry gone from the journal, and drop it
+	var err error
+	if !marked {
+		err = f.quarantine.Put(ctx, e)
+		if err == nil && entry != "" {
+			err = f.journal.Quarantine(ctx, entry, w.Counter)
+			if errors.Is(err, journal.ErrReplayed) {
+				// Another sidecar replayed the entry: the write is in
+				// the store, and the resend will find it so.
+				if derr := f.quarantine.Delete(ctx, e); derr != nil {
+					err = derr // the replay tool finds the entry gone from the journal, and drops it
+				}
 			}
-		}
-		if err == nil {
-			e.Released = true
-			err = f.quarantine.Put(ctx, e)
+			marked = err == nil
 		}
 	}
+	if err == nil && entry != "" {
+		e.Released = true
+		err = f.quarantine.Put(ctx, e)
+	}
 	if err != nil {
-		f.log.Warn("cannot quarantine a write refused for good; it is tried again", zap.String("counter", e.Counter), zap.Error(err))
-		return false
+		f.log.Warn("cannot quarantine a write refused for good; it is tried again", zap.String("counter", e.Counter), zap.Bool("marked", marked), zap.Error(err))
+		return marked, false
 	}
 	f.metrics.quarantined.Inc()
 	if w.Counter.CountsMentions() {
@@ -145,5 +169,5 @@ func (f *Flusher) hold(ctx context.Context, w store.Write, entry string, d denia
 	f.log.Error("write refused for good since "+d.since.UTC().Format(time.RFC3339)+"; quarantined: `hotcount quarantine replay` writes it once the cause is fixed",
 		zap.String("topic", w.Counter.Topic), zap.String("counter", e.Counter), zap.Int64("delta", w.Delta),
 		zap.String("writer", w.Writer), zap.Int64("seq", w.Seq), zap.String("reason", e.Reason))
-	return true
+	return marked, true
 }

@@ -86,6 +86,13 @@ func TestQuarantineMovesAPoisonTopicAside(t *testing.T) {
 	if got := testenv.Metric(t, fx.reg, "hotcount_flusher_quarantined_mentions_total"); got != 7 {
 		t.Fatalf("hotcount_flusher_quarantined_mentions_total = %v, want 7", got)
 	}
+	// Still refused, its next write goes at once, not after another
+	// bound: a hot poison topic would hold its messages every bound.
+	fx.agg.Add("poison", 2)
+	fx.fl.Flush(ctx) //nolint:errcheck // refused, then quarantined
+	if es := held(); len(es) != 2 || fx.agg.Pending("poison") != 0 {
+		t.Fatalf("after poison's next refusal the quarantine holds %+v (buffered %d); want its 2 there at once", es, fx.agg.Pending("poison"))
+	}
 	// The topic's later mentions are written normally once the store
 	// takes them; the quarantined ones wait for the replay.
 	fx.st.allow()
@@ -97,11 +104,11 @@ func TestQuarantineMovesAPoisonTopicAside(t *testing.T) {
 		t.Fatalf("poison = %d before the replay, want 4", got)
 	}
 	r, err := quarantine.Replay(ctx, q, fx.st, nil, store.NewSequencer(clock.Now), store.NewWriterID, clock.Now)
-	if err != nil || len(r.Written) != 1 || len(r.Left) != 0 || r.Mentions() != 7 {
-		t.Fatalf("Replay = %+v, %v; want poison's entry written", r, err)
+	if err != nil || len(r.Written) != 2 || len(r.Left) != 0 || r.Mentions() != 9 {
+		t.Fatalf("Replay = %+v, %v; want poison's two entries written", r, err)
 	}
-	if got := fx.total(t, "poison", 4); got != 11 {
-		t.Fatalf("poison = %d after the replay, want 11", got)
+	if got := fx.total(t, "poison", 4); got != 13 {
+		t.Fatalf("poison = %d after the replay, want 13", got)
 	}
 	if r, err := quarantine.Replay(ctx, q, fx.st, nil, store.NewSequencer(clock.Now), store.NewWriterID, clock.Now); err != nil || len(r.Written)+len(r.Left) != 0 {
 		t.Fatalf("second Replay = %+v, %v; want nothing to do", r, err)
@@ -151,5 +158,43 @@ func TestQuarantineTakesAStoreThatRefusesEverything(t *testing.T) {
 	}
 	if a, b := fx.total(t, "a", 4), fx.total(t, "b", 4); a != 3 || b != 6 {
 		t.Fatalf("after the replay a=%d b=%d, want 3 and 6", a, b)
+	}
+}
+
+// TestQuarantineNeverTakesAWriteInDoubt: a write whose answer was lost
+// (it may be in the store) and whose resends are then refused for good
+// stays pending however long it lasts: a replay under another identity
+// could count it twice. Once the store takes it again it settles, once.
+func TestQuarantineNeverTakesAWriteInDoubt(t *testing.T) {
+	ctx := context.Background()
+	clock := testenv.NewClock(time.Date(2026, 12, 4, 12, 0, 0, 0, time.UTC))
+	q, err := quarantine.OpenDir(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := cfg
+	c.QuarantineAfter = time.Minute
+	fx := newFixture(t, c, clock.Now, flusher.WithQuarantine(q))
+	fx.st.loseFirst = true // applied, its answer lost
+	fx.agg.Add("x", 5)
+	fx.fl.Flush(ctx) //nolint:errcheck // in doubt
+	fx.st.deny("x")
+	for range 4 {
+		clock.Add(time.Minute)
+		fx.agg.Add("y", 1) // the store takes others meanwhile
+		fx.fl.Flush(ctx)   //nolint:errcheck // x's resend is refused
+	}
+	if es, err := q.List(ctx); err != nil || len(es) != 0 {
+		t.Fatalf("quarantine holds %+v, %v; want nothing: x's write may be in the store", es, err)
+	}
+	if got := testenv.Metric(t, fx.reg, "hotcount_flusher_pending_writes"); got != 1 {
+		t.Fatalf("pending writes = %v, want x's", got)
+	}
+	fx.st.allow()
+	if err := fx.fl.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := fx.total(t, "x", 4); got != 5 {
+		t.Fatalf("x = %d, want 5, once", got)
 	}
 }

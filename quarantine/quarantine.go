@@ -147,8 +147,17 @@ var ErrNotReleased = errors.New("quarantine: not released by its journal entry")
 // entry holds it unmarked, the journal owns it (its sidecar, or another
 // one's replay of it, writes it); and once the journal entry is gone
 // without the mark, Replay cannot tell whether a journal replay wrote it,
-// and leaves it for an operator (ErrNotReleased; `hotcount audit` says
-// whether the topic lacks it).
+// and removes it unwritten once the journal entry is gone without the mark
+// or holds the write no more: only a journal that wrote it leaves it so
+// (Result.Journaled).
+//
+// The first send of an identity minted in this run goes as a new write:
+// a definite refusal then proves nothing applied, and the identity is
+// dropped, so the next run sends under a fresh seq (an identity kept
+// across runs while refused would fall below the item's floor as other
+// writers trim their marks, and its refusal would read as "can no longer
+// tell"). An identity whose send ended in doubt is kept, and sent again
+// as a replay until it settles.
 func Replay(ctx context.Context, q Store, w Writer, j Journal, seq *store.Sequencer, ids func() string, now func() time.Time) (Result, error) {
 	var r Result
 	entries, err := q.List(ctx)
@@ -164,7 +173,7 @@ func Replay(ctx context.Context, q Store, w Writer, j Journal, seq *store.Sequen
 			r.Left = append(r.Left, Failed{e, fmt.Sprintf("counter %q is not a counter name", e.Counter)})
 			continue
 		}
-		if !e.Released {
+		if !e.Released && e.Journal != "" {
 			ours, err := release(ctx, q, j, &e)
 			switch {
 			case err != nil:
@@ -178,7 +187,8 @@ func Replay(ctx context.Context, q Store, w Writer, j Journal, seq *store.Sequen
 				continue
 			}
 		}
-		if e.Replay == nil {
+		minted := e.Replay == nil
+		if minted {
 			// The identity goes into the entry before the write goes out:
 			// a replay cut off after the send finds it and sends the same.
 			e.Replay = &Identity{Writer: ids(), Seq: seq.Next()}
@@ -186,11 +196,25 @@ func Replay(ctx context.Context, q Store, w Writer, j Journal, seq *store.Sequen
 				return r, fmt.Errorf("quarantine: record the replay of %s: %w", e.Key(), err)
 			}
 		}
-		err := w.Add(ctx, store.Write{Counter: c, Shard: e.Shard, Delta: e.Delta, Writer: e.Replay.Writer, Seq: e.Replay.Seq, Replay: true}, now())
-		if errors.Is(err, store.ErrUnresolvable) {
-			err = nil // the mark is gone, so the write had landed (see the error)
-		}
-		if err != nil {
+		err := w.Add(ctx, store.Write{Counter: c, Shard: e.Shard, Delta: e.Delta, Writer: e.Replay.Writer, Seq: e.Replay.Seq, Replay: !minted}, now())
+		switch {
+		case err == nil:
+		case errors.Is(err, store.ErrUnresolvable):
+			// Sent before and in doubt, and its mark since trimmed: the
+			// store counts it as applied, as it does its own writes
+			// (hotcount_store_resolved_total{outcome="unresolvable"}).
+		case minted && !errors.Is(err, store.ErrAmbiguous):
+			// Its only send was refused with an answer: nothing applied.
+			var floor *store.FloorError
+			if errors.As(err, &floor) {
+				seq.Raise(floor.Floor) // this clock is behind the item's writers
+			}
+			e.Replay = nil
+			if perr := q.Put(ctx, e); perr != nil {
+				return r, fmt.Errorf("quarantine: drop the refused identity of %s: %w", e.Key(), perr)
+			}
+			fallthrough
+		default:
 			r.Left = append(r.Left, Failed{e, err.Error()})
 			continue
 		}
@@ -228,16 +252,15 @@ func release(ctx context.Context, q Store, j Journal, e *Entry) (ours bool, err 
 
 // Release marks the entry of key released: a replay of a dead writer's
 // journal entry calls it, before it finishes the entry, for each write
-// the entry marks as the quarantine's. An entry not there is an error:
-// the mark is only ever set after the entry is put.
+// the entry marks as the quarantine's. An entry not there is released
+// already: the mark is only ever set after the entry is put, and the
+// entry goes only once written (by a replay that found it marked).
 func Release(ctx context.Context, q Store, key string) error {
 	e, ok, err := q.Get(ctx, key)
 	switch {
 	case err != nil:
 		return err
-	case !ok:
-		return fmt.Errorf("quarantine: release %s: no such entry", key)
-	case e.Released:
+	case !ok || e.Released:
 		return nil
 	}
 	e.Released = true

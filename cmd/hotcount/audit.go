@@ -119,7 +119,7 @@ func cmdAudit(ctx context.Context, args, environ []string, stdout, stderr io.Wri
 	if f.json {
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
-		if err := enc.Encode(jsonReport{Report: rep, Mode: cfg.NATSMode, Table: cfg.Table, Differ: rep.Differ(), OK: rep.Differ() == 0}); err != nil {
+		if err := enc.Encode(jsonReport{Report: rep, Mode: cfg.NATSMode, Table: cfg.Table, Differ: rep.Differ(), OK: rep.Differ() == 0 && checked(rep)}); err != nil {
 			return err
 		}
 	} else {
@@ -128,8 +128,15 @@ func cmdAudit(ctx context.Context, args, environ []string, stdout, stderr io.Wri
 	if n := rep.Differ(); n > 0 {
 		return fmt.Errorf("%w: counters that differ: %d", audit.ErrDiffers, n)
 	}
+	if !checked(rep) {
+		// An audit that proved nothing is no all-clear.
+		return errors.New("audit: nothing was compared (see the notes): the numbers are not proved right")
+	}
 	return nil
 }
+
+// checked says whether the audit compared any counter.
+func checked(r audit.Report) bool { return r.Totals.Compared+r.Buckets.Compared > 0 }
 
 // jsonReport is --json's document: the report, and its verdict.
 type jsonReport struct {

@@ -118,6 +118,12 @@ func TestAuditCommand(t *testing.T) {
 		doc.Differences[0].Topic != "golang" || doc.Differences[0].Counter != "total" || doc.Differences[0].Stream != 7 || doc.Differences[0].Table != 4 || doc.Differences[0].Difference != -3 {
 		t.Errorf("--json: exit %d, document %+v; want exit 1 and golang's total, 7 in the stream, 4 in the table", code, doc)
 	}
+
+	// A range that holds no mention proves nothing: no all-clear.
+	out, errOut, code = audit("--since", "2000-01-01T00:00:00Z", "--until", "2000-01-01T01:00:00Z", "--windows", "1m,1h")
+	if code != exitError || !strings.Contains(errOut, "nothing was compared") {
+		t.Errorf("an audit that compared nothing: exit %d, want %d and a word that nothing was proved:\n%s%s", code, exitError, out, errOut)
+	}
 }
 
 // TestAuditFlags: --help says how memory is bounded; bad flags are usage
