@@ -40,6 +40,7 @@ import (
 	"go.uber.org/zap"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/hotcount/hotcount/quarantine"
 	"github.com/hotcount/hotcount/store"
 	"github.com/hotcount/hotcount/streams"
 )
@@ -111,6 +112,11 @@ type Journal struct {
 	floor   func(ctx context.Context) (floors, error) // ackFloor's
 	writer  string
 	release func(ctx context.Context, writer string, seq int64) error // Config.Release; nil: none
+	// hold and quarantineAfter are Config's; refused is when a replay's
+	// write was first refused for good, by entry and counter (Run's).
+	hold            func(ctx context.Context, e quarantine.Entry) error
+	quarantineAfter time.Duration
+	refused         map[string]time.Time
 	st      Store
 	log     *zap.Logger
 	m       *Metrics
@@ -148,6 +154,15 @@ type Config struct {
 	// seq, before the entry is finished: the quarantine must know the
 	// hand-over done before the entry can go (quarantine.Release).
 	Release func(ctx context.Context, writer string, seq int64) error
+	// Hold and QuarantineAfter: a replay whose write the store has
+	// refused for good (store.Denied) for QuarantineAfter puts it in the
+	// quarantine with Hold, under its writer's own identity (the dead
+	// writer may have applied it; its id is never used again, so its mark
+	// tells), marks it in the entry and releases it, so that one poison
+	// write does not hold a dead writer's entry, and its replays, for
+	// ever. Nil or 0: never.
+	Hold            func(ctx context.Context, e quarantine.Entry) error
+	QuarantineAfter time.Duration
 }
 
 // Open creates or binds the buckets. writer is this sidecar's writer id.
@@ -188,7 +203,7 @@ func Open(ctx context.Context, nc *nats.Conn, cfg Config, writer string, st Stor
 	if err != nil {
 		return nil, fmt.Errorf("journal: bucket %s: %w", cfg.WritersBucket, err)
 	}
-	j := &Journal{nc: nc, kv: kv, writers: writers, release: cfg.Release, floor: ackFloor(js, cfg), writer: writer, st: st, log: log.Named("journal"), m: m,
+	j := &Journal{nc: nc, kv: kv, writers: writers, release: cfg.Release, hold: cfg.Hold, quarantineAfter: cfg.QuarantineAfter, refused: make(map[string]time.Time), floor: ackFloor(js, cfg), writer: writer, st: st, log: log.Named("journal"), m: m,
 		unconfirmed: make(map[string][]byte), last: make(map[string][][2]int64), passed: make(map[string]time.Time)}
 	if err := j.beat(ctx); err != nil {
 		return nil, err
@@ -732,6 +747,8 @@ func (j *Journal) forget(seen map[string]bool) {
 func (j *Journal) replay(ctx context.Context, key string, e Entry, rev uint64) error {
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(replayConcurrency)
+	var mu sync.Mutex
+	denied := map[string]error{} // by counter name: refused for good this pass
 	for _, w := range e.Writes {
 		if w.Quarantined {
 			// The quarantine's: `hotcount quarantine replay` writes it,
@@ -745,6 +762,12 @@ func (j *Journal) replay(ctx context.Context, key string, e Entry, rev uint64) e
 			defer cancel()
 			if err := j.st.Add(wctx, sw, time.Now()); err != nil && !errors.Is(err, store.ErrUnresolvable) {
 				j.m.errors.WithLabelValues("replay").Inc()
+				if store.Denied(err) {
+					mu.Lock()
+					denied[w.Name] = err
+					mu.Unlock()
+					return nil // the others go on; the entry waits for this one
+				}
 				return fmt.Errorf("journal: replay %s: %w", key, err)
 			}
 			return nil
@@ -752,6 +775,9 @@ func (j *Journal) replay(ctx context.Context, key string, e Entry, rev uint64) e
 	}
 	if err := g.Wait(); err != nil {
 		return err
+	}
+	if len(denied) > 0 {
+		return j.quarantine(ctx, key, e, denied)
 	}
 	for _, w := range e.Writes {
 		if !w.Quarantined {
@@ -774,6 +800,54 @@ func (j *Journal) replay(ctx context.Context, key string, e Entry, rev uint64) e
 	}
 	j.m.replayed.Inc()
 	j.log.Info("replayed a dead writer's journal entry", zap.String("key", key), zap.Int("writes", len(e.Writes)))
+	return nil
+}
+
+// quarantine hands the writes of a dead writer's entry key that the store
+// refuses for good to the quarantine once the refusals have lasted
+// quarantineAfter: put (not released, under the writer's own identity),
+// marked in the entry, released. The entry is finished by a later pass,
+// which leaves the marked writes. It returns an error while any write is
+// left, so the entry is not finished without it.
+func (j *Journal) quarantine(ctx context.Context, key string, e Entry, denied map[string]error) error {
+	now := time.Now()
+	left := 0
+	for _, w := range e.Writes {
+		err, ok := denied[w.Name]
+		if !ok {
+			continue
+		}
+		id := key + "/" + w.Name
+		since, seen := j.refused[id]
+		if !seen {
+			since, j.refused[id] = now, now
+		}
+		if j.hold == nil || j.quarantineAfter <= 0 || now.Sub(since) < j.quarantineAfter {
+			left++
+			continue
+		}
+		c, _ := store.ParseName(w.Name)
+		sw := store.Write{Counter: c, Shard: w.Shard, Delta: w.Delta, Writer: e.Writer, Seq: w.Seq}
+		q := quarantine.Of(sw, key, err.Error(), since, now)
+		q.Replay = &quarantine.Identity{Writer: e.Writer, Seq: w.Seq} // the dead writer's: its mark tells
+		if err := j.hold(ctx, q); err != nil {
+			return fmt.Errorf("journal: replay %s: quarantine %s: %w", key, w.Name, err)
+		}
+		if err := j.Quarantine(ctx, key, c); err != nil {
+			return fmt.Errorf("journal: replay %s: %w", key, err)
+		}
+		if j.release != nil {
+			if err := j.release(ctx, e.Writer, w.Seq); err != nil {
+				return fmt.Errorf("journal: replay %s: %w", key, err)
+			}
+		}
+		delete(j.refused, id)
+		j.log.Error("a dead writer's journaled write refused for good since "+since.UTC().Format(time.RFC3339)+"; quarantined: `hotcount quarantine replay` writes it once the cause is fixed",
+			zap.String("key", key), zap.String("counter", w.Name), zap.Int64("delta", w.Delta), zap.String("reason", err.Error()))
+	}
+	if left > 0 {
+		return fmt.Errorf("journal: replay %s: %d writes refused for good (quarantined after %s)", key, left, j.quarantineAfter)
+	}
 	return nil
 }
 

@@ -3,6 +3,7 @@ package journal_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/hotcount/hotcount/internal/testenv"
 	"github.com/hotcount/hotcount/journal"
+	"github.com/hotcount/hotcount/quarantine"
 	"github.com/hotcount/hotcount/store"
 )
 
@@ -361,5 +363,90 @@ func TestReplayLeavesAQuarantinedWrite(t *testing.T) {
 	}
 	if err := a.Quarantine(ctx, key, store.TotalOf("golang")); !errors.Is(err, journal.ErrReplayed) {
 		t.Fatalf("Quarantine of a replayed entry = %v, want ErrReplayed", err)
+	}
+}
+
+// denying is the embedded store refusing for good every write of one
+// topic, as DynamoDB answers a replay it refuses: in doubt (an earlier
+// attempt may have landed), and refused for good.
+type denying struct {
+	*store.Bolt
+	topic string
+}
+
+func (d *denying) Add(ctx context.Context, w store.Write, now time.Time) error {
+	if w.Counter.Topic == d.topic {
+		return fmt.Errorf("%w: %w", store.ErrAmbiguous, fmt.Errorf("injected: AccessDeniedException: %w", store.ErrDenied))
+	}
+	return d.Bolt.Add(ctx, w, now)
+}
+
+// TestReplayQuarantinesAWriteRefusedForGood: a dead writer's entry one of
+// whose writes the store refuses for good is replayed without it: the
+// others land, and once the refusals have lasted QuarantineAfter the
+// write goes to the quarantine under the dead writer's identity, marked
+// in the entry and released, and the entry is finished by the next pass.
+func TestReplayQuarantinesAWriteRefusedForGood(t *testing.T) {
+	ctx := context.Background()
+	env := mentionStream(t)
+	env.durable(t)
+	a := env.open(t, "writera")
+	seq := store.NewSequencer(time.Now)
+	writes := []store.Write{
+		{Counter: store.TotalOf("poison"), Delta: 5, Writer: "writera", Seq: seq.Next()},
+		{Counter: store.TotalOf("golang"), Delta: 2, Writer: "writera", Seq: seq.Next()},
+	}
+	recs, err := a.Record(ctx, writes, map[string][]int64{"poison": {1}, "golang": {2}})
+	if err != nil || len(recs) != 1 {
+		t.Fatalf("Record = %v, %v", recs, err)
+	}
+	if err := a.Leave(ctx); err != nil {
+		t.Fatal(err)
+	}
+	q, err := quarantine.OpenDir(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	env.cfg.Hold = q.Put
+	env.cfg.Release = func(ctx context.Context, writer string, seq int64) error {
+		return quarantine.Release(ctx, q, quarantine.Entry{Writer: writer, Seq: seq}.Key())
+	}
+	env.cfg.QuarantineAfter = time.Nanosecond // the test's bound: the second pass is past it
+	st := &denying{Bolt: env.st, topic: "poison"}
+	b, err := journal.Open(ctx, env.nc, env.cfg, "writerb", st, zaptest.NewLogger(t), journal.NewMetrics(prometheus.NewRegistry()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Replay(ctx); err == nil {
+		t.Fatal("first pass = nil: the refused write's run has only begun")
+	}
+	if err := b.Replay(ctx); err != nil {
+		t.Fatalf("second pass (quarantines): %v", err)
+	}
+	if err := b.Replay(ctx); err != nil {
+		t.Fatalf("third pass (finishes the entry): %v", err)
+	}
+	e, err := env.entries(t).Get(ctx, recs[0].Key)
+	if err != nil || !strings.Contains(string(e.Value()), `"done":true`) {
+		t.Fatalf("entry = %s, %v; want done", e.Value(), err)
+	}
+	es, err := q.List(ctx)
+	if err != nil || len(es) != 1 || es[0].Topic != "poison" || es[0].Delta != 5 || !es[0].Released ||
+		es[0].Replay == nil || es[0].Replay.Writer != "writera" || es[0].Replay.Seq != writes[0].Seq {
+		t.Fatalf("quarantine = %+v, %v; want poison's 5, released, to be sent under writera's identity", es, err)
+	}
+	got, _ := env.st.Gather(ctx, "golang", 1, true)
+	if got[0].Count != 2 {
+		t.Fatalf("golang = %d, want 2", got[0].Count)
+	}
+	// Once the store takes it, the quarantine's replay writes it once
+	// (the mark of writera tells whether the dead writer had).
+	r, err := quarantine.Replay(ctx, q, env.st, nil, store.NewSequencer(time.Now), store.NewWriterID, time.Now)
+	if err != nil || len(r.Written) != 1 {
+		t.Fatalf("quarantine replay = %+v, %v", r, err)
+	}
+	got, _ = env.st.Gather(ctx, "poison", 1, true)
+	if got[0].Count != 5 {
+		t.Fatalf("poison = %d, want 5", got[0].Count)
 	}
 }

@@ -294,6 +294,14 @@ func openJournal(ctx context.Context, nc *nats.Conn, cfg config.Config, writer s
 		}
 		return quarantine.Release(ctx, q, quarantine.Entry{Writer: writer, Seq: seq}.Key())
 	}
+	jcfg.QuarantineAfter = cfg.QuarantineAfter
+	jcfg.Hold = func(ctx context.Context, e quarantine.Entry) error {
+		q := quarantined()
+		if q == nil {
+			return errors.New("sidecar: no quarantine (--quarantine-after 0)")
+		}
+		return q.Put(ctx, e)
+	}
 	if cfg.NATSMode == config.ModePartitioned {
 		jcfg.Partitions, jcfg.Bucket = cfg.Partitions, journal.PartitionsBucket
 	}

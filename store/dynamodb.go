@@ -162,6 +162,11 @@ func (d *DynamoDB) addFailed(w Write, err error, doubt bool) error {
 		doubt = true // no attempt was watched (the call ended before one ran)
 	}
 	if doubt || w.Retry || w.Replay {
+		if errors.Is(err, ErrDenied) {
+			// In doubt still, and refused for good now: a caller that
+			// may quarantine it under this identity must know both.
+			return fmt.Errorf("%w: %w", ErrAmbiguous, err)
+		}
 		// %v, not %w: a throttle after a lost answer must not read as
 		// "throttled, nothing applied" to a caller that would reroute it.
 		return fmt.Errorf("%w: %v", ErrAmbiguous, err)
