@@ -196,12 +196,33 @@ type lane struct {
 	mu    sync.Mutex
 	held  map[uint64]struct{}
 	dealt ranges
+	// suspectUntil (UnixNano): until then every delivery is looked up in
+	// the journal, whatever its delivery count: after the lane is claimed
+	// or its pin changes, a consumer leader that lost track may deliver
+	// again, with a count of 1, messages another sidecar counted.
+	suspectUntil atomic.Int64
 }
+
+// suspectFor is how long a lane looks up every delivery after it is
+// claimed or its pin changes: longer than the journal keeps no entry
+// (two floor readings 10 s apart), a little.
+const suspectFor = 30 * time.Second
+
+func (l *lane) suspect() { l.suspectUntil.Store(time.Now().Add(suspectFor).UnixNano()) }
+
+// suspicious says whether a first delivery must be looked up too.
+func (l *lane) suspicious() bool { return time.Now().UnixNano() < l.suspectUntil.Load() }
 
 // ranges is a set of stream sequences as sorted, disjoint, non-adjacent
 // inclusive ranges: a lane deals with its stream mostly in order, so it
-// stays a few ranges long.
+// stays a few ranges long. It keeps at most maxRanges, forgetting the
+// lowest past that: a message held long (a poison topic's) leaves a hole
+// per message, and a hole closed costs a copy of the ranges above it.
+// What it forgets is the oldest, which a lagging leader is the least
+// likely to deliver again; the journal still covers what it retains.
 type ranges [][2]uint64
+
+const maxRanges = 4096
 
 // has says whether seq is in the set.
 func (rs ranges) has(seq uint64) bool {
@@ -228,6 +249,9 @@ func (rs *ranges) add(seq uint64) {
 		s = append(s, [2]uint64{})
 		copy(s[i+1:], s[i:])
 		s[i] = [2]uint64{seq, seq}
+		if len(s) > maxRanges {
+			s = append(s[:0], s[len(s)-maxRanges:]...)
+		}
 	}
 	*rs = s
 }
@@ -294,21 +318,21 @@ type heldMsg struct {
 // delivery of it again, its ack lost or forgotten, is acknowledged
 // uncounted.
 func (m heldMsg) Ack() error {
-	err := m.Msg.Ack()
+	// Dealt with before the ack goes: a delivery again that overtakes it
+	// is acknowledged, not dropped (its count is durable already).
 	m.l.mu.Lock()
 	delete(m.l.held, m.seq)
 	m.l.dealt.add(m.seq)
 	m.l.mu.Unlock()
-	return err
+	return m.Msg.Ack()
 }
 
 // Nak hands the message back: its redelivery is counted.
 func (m heldMsg) Nak() error {
-	err := m.Msg.Nak()
 	m.l.mu.Lock()
-	delete(m.l.held, m.seq)
+	delete(m.l.held, m.seq) // before: its redelivery may come at once
 	m.l.mu.Unlock()
-	return err
+	return m.Msg.Nak()
 }
 
 // wanted returns the lanes this sidecar should be consuming now.
@@ -422,9 +446,12 @@ func (c *JetStreamConsumer) consume(ctx context.Context, l *lane) (jetstream.Con
 		return l.cons.Consume(func(msg jetstream.Msg) { c.handle(ctx, l, msg) }, opts...)
 	}
 	opts = append(opts, jetstream.PullPriorityGroup(pinGroup), jetstream.PullExpiry(pinExpiry))
+	l.suspect() // (re)claimed: what another sidecar held may come first
 	return l.cons.Consume(func(msg jetstream.Msg) {
 		if id := msg.Headers().Get("Nats-Pin-Id"); id != "" {
-			l.pin.Store(id)
+			if prev, _ := l.pin.Swap(id).(string); prev != id {
+				l.suspect() // a new pin: the consumer's leader may have changed
+			}
 		}
 		c.handle(ctx, l, msg)
 	}, opts...)
@@ -589,9 +616,11 @@ func (c *JetStreamConsumer) handle(ctx context.Context, l *lane, msg jetstream.M
 			return
 		}
 	}
-	if md.NumDelivered > 1 {
-		c.log.Debug("redelivered", zap.String("subject", msg.Subject()), zap.Uint64("delivered", md.NumDelivered), zap.Uint64("seq", md.Sequence.Stream), zap.Time("ts", md.Timestamp), zap.String("consumer", md.Consumer))
-		c.metrics.redelivered.Inc()
+	if md.NumDelivered > 1 || pinned && l.suspicious() {
+		if md.NumDelivered > 1 {
+			c.log.Debug("redelivered", zap.String("subject", msg.Subject()), zap.Uint64("delivered", md.NumDelivered), zap.Uint64("seq", md.Sequence.Stream), zap.Time("ts", md.Timestamp), zap.String("consumer", md.Consumer))
+			c.metrics.redelivered.Inc()
+		}
 		if c.journal != nil {
 			jctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 			covered, err := c.journal.Covered(jctx, seq)

@@ -54,6 +54,25 @@ func TestLaneTellsDeliveriesApart(t *testing.T) {
 	if got := l.seen(7); got != fresh {
 		t.Fatalf("7 again after it was handed back: %v, want fresh (counted again)", got)
 	}
+	if l.suspicious() {
+		t.Fatal("a lane never claimed is suspicious")
+	}
+	l.suspect()
+	if !l.suspicious() {
+		t.Fatal("a lane just claimed is not suspicious: its first deliveries would skip the journal")
+	}
+}
+
+// TestRangesForgetTheOldest: past maxRanges the lowest ranges go, so a
+// hole closed never copies more than maxRanges.
+func TestRangesForgetTheOldest(t *testing.T) {
+	var rs ranges
+	for seq := uint64(1); seq <= 2*maxRanges; seq++ {
+		rs.add(2 * seq) // every other: one range each
+	}
+	if len(rs) != maxRanges || rs.has(2) || !rs.has(4*maxRanges) {
+		t.Fatalf("%d ranges, has(2) %v, has(%d) %v; want %d, the lowest forgotten", len(rs), rs.has(2), 4*maxRanges, rs.has(4*maxRanges), maxRanges)
+	}
 }
 
 // TestRangesHoldWhatWasAdded: added in any order, the set holds exactly

@@ -117,9 +117,9 @@ type Journal struct {
 	hold            func(ctx context.Context, e quarantine.Entry) error
 	quarantineAfter time.Duration
 	refused         map[string]time.Time
-	st      Store
-	log     *zap.Logger
-	m       *Metrics
+	st              Store
+	log             *zap.Logger
+	m               *Metrics
 
 	lastBeat atomic.Int64 // Unix ns of the last heartbeat that succeeded
 	lapsed   atomic.Int64 // Unix ns of the last heartbeat after a gap of over Lease/2
