@@ -602,49 +602,8 @@ func (c *JetStreamConsumer) handle(ctx context.Context, l *lane, msg jetstream.M
 	}
 	seq := streams.At(l.p, md.Sequence.Stream)
 	pinned := c.jcfg.Partitions > 0
-	if pinned {
-		switch l.seen(md.Sequence.Stream) {
-		case holding:
-			c.metrics.redelivered.Inc()
-			return
-		case settled:
-			c.metrics.redelivered.Inc()
-			c.metrics.journaled.Inc()
-			if err := msg.Ack(); err != nil {
-				c.sampled.Warn("ack settled redelivery", zap.Error(err))
-			}
-			return
-		}
-	}
-	if md.NumDelivered > 1 || pinned && l.suspicious() {
-		if md.NumDelivered > 1 {
-			c.log.Debug("redelivered", zap.String("subject", msg.Subject()), zap.Uint64("delivered", md.NumDelivered), zap.Uint64("seq", md.Sequence.Stream), zap.Time("ts", md.Timestamp), zap.String("consumer", md.Consumer))
-			c.metrics.redelivered.Inc()
-		}
-		if c.journal != nil {
-			jctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-			covered, err := c.journal.Covered(jctx, seq)
-			cancel()
-			switch {
-			case err != nil:
-				// Cannot tell whether it was counted: neither count nor
-				// drop it; it comes back in a second.
-				c.sampled.Warn("journal unreadable; redelivered message handed back", zap.Error(err))
-				msg.NakWithDelay(time.Second) //nolint:errcheck // redelivered either way
-				return
-			case covered:
-				// Its count is in a dead writer's journal entry, which is
-				// replayed: counting it again would count it twice.
-				c.metrics.journaled.Inc()
-				if err := msg.Ack(); err != nil {
-					c.sampled.Warn("ack journaled redelivery", zap.Error(err))
-				}
-				if pinned {
-					l.done(md.Sequence.Stream)
-				}
-				return
-			}
-		}
+	if c.dealtWith(ctx, l, msg, md, pinned) {
+		return
 	}
 	subject := msg.Subject()
 	if c.jcfg.Partitions > 0 {
@@ -672,6 +631,60 @@ func (c *JetStreamConsumer) handle(ctx context.Context, l *lane, msg jetstream.M
 	}
 	c.sink.AddAcked(topic, delta, acker, seq, at)
 	c.accepted(delta)
+}
+
+// dealtWith says whether a delivery needs no counting, having dealt with
+// it: a second delivery of a message a partition lane holds (dropped), or
+// one already counted here or by a dead writer's journal entry
+// (acknowledged uncounted), or one whose journal cannot be read (handed
+// back). A redelivery, or in a lane's first seconds any delivery, is
+// looked up in the journal.
+func (c *JetStreamConsumer) dealtWith(ctx context.Context, l *lane, msg jetstream.Msg, md *jetstream.MsgMetadata, pinned bool) bool {
+	if pinned {
+		switch l.seen(md.Sequence.Stream) {
+		case holding:
+			c.metrics.redelivered.Inc()
+			return true
+		case settled:
+			c.metrics.redelivered.Inc()
+			c.metrics.journaled.Inc()
+			if err := msg.Ack(); err != nil {
+				c.sampled.Warn("ack settled redelivery", zap.Error(err))
+			}
+			return true
+		}
+	}
+	if md.NumDelivered > 1 || pinned && l.suspicious() {
+		if md.NumDelivered > 1 {
+			c.log.Debug("redelivered", zap.String("subject", msg.Subject()), zap.Uint64("delivered", md.NumDelivered), zap.Uint64("seq", md.Sequence.Stream), zap.Time("ts", md.Timestamp), zap.String("consumer", md.Consumer))
+			c.metrics.redelivered.Inc()
+		}
+		if c.journal != nil {
+			jctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			covered, err := c.journal.Covered(jctx, streams.At(l.p, md.Sequence.Stream))
+			cancel()
+			switch {
+			case err != nil:
+				// Cannot tell whether it was counted: neither count nor
+				// drop it; it comes back in a second.
+				c.sampled.Warn("journal unreadable; redelivered message handed back", zap.Error(err))
+				msg.NakWithDelay(time.Second) //nolint:errcheck // redelivered either way
+				return true
+			case covered:
+				// Its count is in a dead writer's journal entry, which is
+				// replayed: counting it again would count it twice.
+				c.metrics.journaled.Inc()
+				if err := msg.Ack(); err != nil {
+					c.sampled.Warn("ack journaled redelivery", zap.Error(err))
+				}
+				if pinned {
+					l.done(md.Sequence.Stream)
+				}
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // bind creates or updates the durable consumer, retrying with backoff until

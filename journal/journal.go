@@ -361,28 +361,48 @@ func (j *Journal) Confirm(ctx context.Context, key string) (bool, error) {
 // Rewrite gives the write of c in an entry a new seq (the store refused
 // its seq as below an item's floor, so it was not applied).
 func (j *Journal) Rewrite(ctx context.Context, key string, c store.Counter, seq int64) error {
-	kve, err := j.kv.Get(ctx, key)
+	err := j.change(ctx, key, c, func(_ Entry, w *Write) error { w.Seq = seq; return nil })
 	if err != nil {
 		return fmt.Errorf("journal: rewrite %s: %w", key, err)
 	}
-	var e Entry
-	if err := json.Unmarshal(kve.Value(), &e); err != nil {
-		return fmt.Errorf("journal: rewrite %s: %w", key, err)
+	return nil
+}
+
+// change applies fn to the write of c in entry key (each, if several),
+// as one compare-and-set of the entry: a concurrent change (a replay by
+// another sidecar) makes it fail rather than be lost.
+func (j *Journal) change(ctx context.Context, key string, c store.Counter, fn func(e Entry, w *Write) error) error {
+	e, rev, err := read(ctx, j.kv, key)
+	if err != nil {
+		return err
 	}
 	name := c.Name()
 	for i := range e.Writes {
 		if e.Writes[i].Name == name {
-			e.Writes[i].Seq = seq
+			if err := fn(e, &e.Writes[i]); err != nil {
+				return err
+			}
 		}
 	}
 	b, err := json.Marshal(e)
 	if err != nil {
 		return err
 	}
-	if _, err := j.kv.Update(ctx, key, b, kve.Revision()); err != nil {
-		return fmt.Errorf("journal: rewrite %s: %w", key, err)
+	_, err = j.kv.Update(ctx, key, b, rev)
+	return err
+}
+
+// read returns entry key of kv and its revision.
+func read(ctx context.Context, kv jetstream.KeyValue, key string) (Entry, uint64, error) {
+	var e Entry
+	kve, err := kv.Get(ctx, key)
+	if err != nil {
+		return e, 0, err
 	}
-	return nil
+	if err := json.Unmarshal(kve.Value(), &e); err != nil {
+		return e, 0, err
+	}
+	return e, kve.Revision(), nil
 }
 
 // Quarantine marks the journaled write of c in entry key as the
@@ -391,30 +411,16 @@ func (j *Journal) Rewrite(ctx context.Context, key string, c store.Counter, seq 
 // replay`. It is the step that hands the write over (see
 // quarantine.Entry.Released).
 func (j *Journal) Quarantine(ctx context.Context, key string, c store.Counter) error {
-	kve, err := j.kv.Get(ctx, key)
-	if err != nil {
-		return fmt.Errorf("journal: quarantine %s: %w", key, err)
-	}
-	var e Entry
-	if err := json.Unmarshal(kve.Value(), &e); err != nil {
-		return fmt.Errorf("journal: quarantine %s: %w", key, err)
-	}
-	if e.Done {
-		// Replayed by another sidecar meanwhile: the write is in the
-		// store, and must not be quarantined too.
-		return fmt.Errorf("journal: quarantine %s: %w", key, ErrReplayed)
-	}
-	name := c.Name()
-	for i := range e.Writes {
-		if e.Writes[i].Name == name {
-			e.Writes[i].Quarantined = true
+	err := j.change(ctx, key, c, func(e Entry, w *Write) error {
+		if e.Done {
+			// Replayed by another sidecar meanwhile: the write is in
+			// the store, and must not be quarantined too.
+			return ErrReplayed
 		}
-	}
-	b, err := json.Marshal(e)
+		w.Quarantined = true
+		return nil
+	})
 	if err != nil {
-		return err
-	}
-	if _, err := j.kv.Update(ctx, key, b, kve.Revision()); err != nil {
 		return fmt.Errorf("journal: quarantine %s: %w", key, err)
 	}
 	return nil
@@ -429,15 +435,11 @@ var ErrReplayed = errors.New("journal: entry already replayed")
 // `hotcount quarantine replay` asks it of an entry whose hand-over it
 // cannot see finished.
 func Holds(ctx context.Context, kv jetstream.KeyValue, key, name string) (found, quarantined bool, err error) {
-	kve, err := kv.Get(ctx, key)
+	e, _, err := read(ctx, kv, key)
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		return false, false, nil
 	}
 	if err != nil {
-		return false, false, fmt.Errorf("journal: %s: %w", key, err)
-	}
-	var e Entry
-	if err := json.Unmarshal(kve.Value(), &e); err != nil {
 		return false, false, fmt.Errorf("journal: %s: %w", key, err)
 	}
 	for _, w := range e.Writes {

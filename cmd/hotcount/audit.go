@@ -18,6 +18,7 @@ import (
 	"github.com/hotcount/hotcount/audit"
 	"github.com/hotcount/hotcount/config"
 	"github.com/hotcount/hotcount/ingest"
+	"github.com/hotcount/hotcount/sidecar"
 	"github.com/hotcount/hotcount/store"
 )
 
@@ -107,11 +108,11 @@ func cmdAudit(ctx context.Context, args, environ []string, stdout, stderr io.Wri
 	if err != nil {
 		return err
 	}
-	client, err := store.NewDynamoDBClient(ctx, cfg.DynamoDBEndpoint)
+	table, err := sidecar.OpenStore(ctx, cfg, store.NewMetrics(prometheus.NewRegistry()))
 	if err != nil {
 		return err
 	}
-	table := store.NewDynamoDB(client, cfg.Table, store.NewMetrics(prometheus.NewRegistry()))
+	defer table.Close()
 	rep, err := audit.Run(ctx, js, table, acfg)
 	if err != nil {
 		return err
