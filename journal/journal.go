@@ -72,8 +72,6 @@ const (
 	// replayConcurrency is how many of a dead writer's writes are sent at
 	// once.
 	replayConcurrency = 16
-	// coveredFresh is how long Covered trusts its copy of the entries.
-	coveredFresh = 2 * time.Second
 )
 
 // Store is what a replay writes to: the store's idempotent Add.
@@ -104,7 +102,8 @@ type Write struct {
 }
 
 // Journal is one sidecar's journal. Record, Settled and Covered are safe for
-// concurrent use with Run. Run owns the heartbeat and the replays.
+// concurrent use with Run and Watch. Run owns the heartbeat and the
+// replays; Watch, the copy of the entries Covered reads.
 type Journal struct {
 	nc      *nats.Conn
 	kv      jetstream.KeyValue
@@ -134,9 +133,7 @@ type Journal struct {
 	floorRead   time.Time             // the reading floorV is
 	passed      map[string]time.Time  // entry -> the first reading seen past it (confirmed)
 
-	coverMu sync.Mutex // held while reading entries: only redeliveries wait
-	covered map[string][][2]int64
-	fresh   time.Time
+	cover *coverage // which messages the entries carry (Covered); Run keeps it
 }
 
 // Config names the buckets and the consumer whose ack floor retires done
@@ -204,7 +201,7 @@ func Open(ctx context.Context, nc *nats.Conn, cfg Config, writer string, st Stor
 		return nil, fmt.Errorf("journal: bucket %s: %w", cfg.WritersBucket, err)
 	}
 	j := &Journal{nc: nc, kv: kv, writers: writers, release: cfg.Release, hold: cfg.Hold, quarantineAfter: cfg.QuarantineAfter, refused: make(map[string]time.Time), floor: ackFloor(js, cfg), writer: writer, st: st, log: log.Named("journal"), m: m,
-		unconfirmed: make(map[string][]byte), last: make(map[string][][2]int64), passed: make(map[string]time.Time)}
+		unconfirmed: make(map[string][]byte), last: make(map[string][][2]int64), passed: make(map[string]time.Time), cover: newCoverage()}
 	if err := j.beat(ctx); err != nil {
 		return nil, err
 	}
@@ -241,21 +238,35 @@ func (f floors) past(rs [][2]int64) bool {
 // whose consumer does not exist yet has delivered nothing (floor 0).
 func ackFloor(js jetstream.JetStream, cfg Config) func(ctx context.Context) (floors, error) {
 	return func(ctx context.Context) (floors, error) {
-		f := make(floors, max(cfg.Partitions, 1))
-		for p := range max(cfg.Partitions, 1) {
-			// One request per consumer: looking it up returns its info.
-			c, err := js.Consumer(ctx, cfg.streamOf(p), cfg.Consumer)
-			if errors.Is(err, jetstream.ErrConsumerNotFound) && cfg.Partitions > 0 {
-				continue
-			}
-			if err != nil {
-				return nil, fmt.Errorf("journal: consumer %s of %s: %w", cfg.Consumer, cfg.streamOf(p), err)
-			}
-			info := c.CachedInfo()
-			f[p] = info.AckFloor.Stream
-			if info.NumAckPending == 0 {
-				f[p] = info.Delivered.Stream
-			}
+		n := max(cfg.Partitions, 1)
+		read := make([]uint64, n)
+		// One request per consumer (looking it up returns its info), all
+		// at once: one after another, 16 partitions on a busy server ran
+		// past the retirement's half second.
+		g, gctx := errgroup.WithContext(ctx)
+		for p := range n {
+			g.Go(func() error {
+				c, err := js.Consumer(gctx, cfg.streamOf(p), cfg.Consumer)
+				if errors.Is(err, jetstream.ErrConsumerNotFound) && cfg.Partitions > 0 {
+					return nil
+				}
+				if err != nil {
+					return fmt.Errorf("journal: consumer %s of %s: %w", cfg.Consumer, cfg.streamOf(p), err)
+				}
+				info := c.CachedInfo()
+				read[p] = info.AckFloor.Stream
+				if info.NumAckPending == 0 {
+					read[p] = info.Delivered.Stream
+				}
+				return nil
+			})
+		}
+		if err := g.Wait(); err != nil {
+			return nil, err
+		}
+		f := make(floors, n)
+		for p, seq := range read {
+			f[p] = seq
 		}
 		return f, nil
 	}
@@ -316,6 +327,7 @@ func (j *Journal) Record(ctx context.Context, writes []store.Write, seqs map[str
 			rec.Unconfirmed = true
 			return append(out, rec), err
 		}
+		j.cover.note(rec.Key, e.Seqs) // before the watch brings it back
 		j.m.recorded.Inc()
 		out = append(out, rec)
 	}
@@ -570,35 +582,10 @@ func (j *Journal) cachedFloor(ctx context.Context) (floors, time.Time, error) {
 
 // Covered says whether the message at position seq is carried by a
 // journal entry: a redelivery of a message whose count is already
-// journaled, to acknowledge without counting. It reads the entries at most
-// every two seconds; only redelivered messages ask.
+// journaled, to acknowledge without counting. It answers from the copy of
+// the entries Run keeps (coverage), once Run has read them all.
 func (j *Journal) Covered(ctx context.Context, seq int64) (bool, error) {
-	j.coverMu.Lock()
-	defer j.coverMu.Unlock()
-	if time.Since(j.fresh) > coveredFresh {
-		covered, err := j.loadRanges(ctx)
-		if err != nil {
-			return false, err
-		}
-		j.covered, j.fresh = covered, time.Now()
-	}
-	for _, rs := range j.covered {
-		for _, r := range rs {
-			if seq >= r[0] && seq <= r[1] {
-				return true, nil
-			}
-		}
-	}
-	return false, nil
-}
-
-func (j *Journal) loadRanges(ctx context.Context) (map[string][][2]int64, error) {
-	out := make(map[string][][2]int64)
-	err := j.each(ctx, nil, func(key string, e Entry, _ uint64) error {
-		out[key] = e.Seqs
-		return nil
-	})
-	return out, err
+	return j.cover.covered(ctx, seq)
 }
 
 // each calls fn for every entry in the bucket whose writer want accepts
@@ -672,6 +659,13 @@ func (j *Journal) Run(ctx context.Context) error {
 			}
 		}
 	}
+}
+
+// Watch keeps the copy of the entries Covered reads (coverage) until ctx
+// ends.
+func (j *Journal) Watch(ctx context.Context) error {
+	j.cover.watch(ctx, j.kv, j.log)
+	return nil
 }
 
 // Leave removes this writer's heartbeat: called once it writes no more

@@ -72,6 +72,11 @@ func (m *mentions) open(t *testing.T, writer string) *journal.Journal {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// What Covered reads, as the sidecar keeps it (stopped with the test).
+	ctx, stop := context.WithCancel(context.Background())
+	watched := make(chan struct{})
+	go func() { defer close(watched); j.Watch(ctx) }()
+	t.Cleanup(func() { stop(); <-watched })
 	return j
 }
 

@@ -240,7 +240,7 @@ func (s *Sidecar) writers(ctx context.Context, p *parts) error {
 	p.onClose(cut)
 	p.runs = append(p.runs, func(ctx context.Context) error { return p.fl.RunWithin(ctx, limit) })
 	if p.jr != nil {
-		p.runs = append(p.runs, p.jr.Run)
+		p.runs = append(p.runs, p.jr.Run, p.jr.Watch)
 	}
 	return nil
 }
