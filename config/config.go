@@ -105,6 +105,13 @@ type Config struct {
 	Table            string
 	DynamoDBEndpoint string
 	DataDir          string
+	// Region is the Region this sidecar writes its own shards in, on a
+	// DynamoDB global table (store.Regions); "": the SDK's Region when the
+	// table is global or Regions is set, else the single-Region layout.
+	Region string
+	// Regions lists, comma-separated, every Region that writes the table,
+	// for tables whose replicas DescribeTable does not list.
+	Regions string
 
 	Shards        int
 	Adaptive      bool
@@ -333,6 +340,8 @@ var settings = []setting{
 	{name: "store", usage: "store: dynamodb, or bolt (embedded, in --data-dir)", bind: str(func(c *Config) *string { return &c.Store })},
 	{name: "table", usage: "DynamoDB table", bind: str(func(c *Config) *string { return &c.Table })},
 	{name: "dynamodb-endpoint", usage: "DynamoDB endpoint URL (empty: AWS's own; set for dynalite, DynamoDB Local, LocalStack)", bind: str(func(c *Config) *string { return &c.DynamoDBEndpoint })},
+	{name: "region", usage: "on a DynamoDB global table: the Region whose own shards this sidecar writes (no two Regions write one item, so last-writer-wins replication loses nothing); empty: the AWS Region the SDK resolves, when DescribeTable lists replicas or --regions is set, else the single-Region layout", bind: str(func(c *Config) *string { return &c.Region })},
+	{name: "regions", usage: "every Region that writes the table, comma-separated, read by every total (needed where DescribeTable lists no replicas: DynamoDB Local, dynalite, a policy without dynamodb:DescribeTable); the table's replicas are added", bind: str(func(c *Config) *string { return &c.Regions })},
 	{name: "data-dir", usage: "folder of the embedded store (--store bolt)", bind: str(func(c *Config) *string { return &c.DataDir })},
 	{name: "shards", usage: fmt.Sprintf("shards of a new topic, 1..%d (a topic keeps the count recorded when it was first written: see docs/SIZING.md)", store.MaxShards), bind: integer(func(c *Config) *int { return &c.Shards })},
 	{name: "adaptive", usage: "double a topic's shards (up to max-shards) when its writes are throttled (on by default; --adaptive=false keeps every topic at its first count)", bind: func(fs *pflag.FlagSet, c *Config, name, usage string) {
@@ -802,13 +811,37 @@ func (c *Config) checkStore(p *problems) {
 		if !tableName.MatchString(c.Table) {
 			p.bad("table", "%q is not a DynamoDB table name (3..255 of a-z A-Z 0-9 _ . -)", c.Table)
 		}
+		for _, r := range c.RegionList() {
+			if err := store.ValidateRegion(r); err != nil {
+				p.bad("regions", "%v", err)
+			}
+		}
+		if c.Region != "" {
+			if err := store.ValidateRegion(c.Region); err != nil {
+				p.bad("region", "%v", err)
+			}
+		}
 	case StoreBolt:
 		if c.DataDir == "" {
 			p.bad("data-dir", "must not be empty with --store bolt")
 		}
+		if c.Region != "" || c.Regions != "" {
+			p.bad("region", "Regions are a DynamoDB global table's; the embedded store has one")
+		}
 	default:
 		p.bad("store", "%q is not %s or %s", c.Store, StoreDynamoDB, StoreBolt)
 	}
+}
+
+// RegionList is Regions as a list, without blanks.
+func (c *Config) RegionList() []string {
+	var out []string
+	for _, r := range strings.Split(c.Regions, ",") {
+		if r = strings.TrimSpace(r); r != "" {
+			out = append(out, r)
+		}
+	}
+	return out
 }
 
 // checkFlush checks the shards, the flush's timing and the bounds on what

@@ -413,7 +413,10 @@ func (h *handler) shards(w http.ResponseWriter, r *http.Request) {
 		Count     int64         `json:"count"`
 		Saturated bool          `json:"saturated,omitempty"`
 		Shards    []store.Shard `json:"shards"`
-	}{t.Topic, t.Count, t.Saturated, shards})
+		// Regions, on a global table: each Region's part of the count
+		// as this Region's replica holds it, and its latest write.
+		Regions []store.RegionPart `json:"regions,omitempty"`
+	}{t.Topic, t.Count, t.Saturated, shards, store.ByRegion(shards)})
 	if err != nil {
 		writeError(w, http.StatusInternalServerError, err.Error())
 		return

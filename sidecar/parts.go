@@ -88,7 +88,7 @@ func (s *Sidecar) assemble(ctx context.Context) (*parts, error) {
 
 // openStore opens the store; one that does not answer yet is not fatal.
 func (s *Sidecar) openStore(ctx context.Context, p *parts) error {
-	st, err := OpenStore(ctx, s.cfg, store.NewMetrics(s.reg))
+	st, err := OpenStore(ctx, s.cfg, store.NewMetrics(s.reg), s.log)
 	if err != nil {
 		return err
 	}

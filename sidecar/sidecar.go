@@ -12,6 +12,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/cenkalti/backoff/v5"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"go.uber.org/zap"
@@ -80,7 +82,8 @@ func (s *Sidecar) AdminAddr() string { return s.adminAddr.String() }
 func (s *Sidecar) Registry() *prometheus.Registry { return s.reg }
 
 // OpenStore opens the store cfg names.
-func OpenStore(ctx context.Context, cfg config.Config, m *store.Metrics) (Store, error) {
+// A global table's Regions are resolved first (Regions), logged on log.
+func OpenStore(ctx context.Context, cfg config.Config, m *store.Metrics, log *zap.Logger) (Store, error) {
 	if cfg.Store == config.StoreBolt {
 		return store.OpenBolt(cfg.DataDir, m)
 	}
@@ -90,7 +93,42 @@ func OpenStore(ctx context.Context, cfg config.Config, m *store.Metrics) (Store,
 	}
 	d := store.NewDynamoDB(client, cfg.Table, m)
 	d.Retention = store.Retention{Minute: cfg.MinuteRetention, Hour: cfg.HourRetention}
+	if d.Regions, err = Regions(ctx, cfg, client, log); err != nil {
+		return nil, err
+	}
 	return d, nil
+}
+
+// Regions resolves where a DynamoDB store writes and what it reads
+// (store.Regions): the Regions of --regions and of the table's replicas,
+// and this sidecar's own, --region or else the SDK's. A table is asked
+// for its replicas only at AWS's own endpoint (DynamoDB Local and dynalite
+// have no global tables), and asked until it answers: guessing "one
+// Region" on a global table would lose counts to last-writer-wins.
+func Regions(ctx context.Context, cfg config.Config, client *dynamodb.Client, log *zap.Logger) (store.Regions, error) {
+	r := store.Regions{Own: cfg.Region, All: cfg.RegionList()}
+	if cfg.DynamoDBEndpoint == "" {
+		replicas, err := backoff.Retry(ctx, func() ([]string, error) {
+			return store.TableRegions(ctx, client, cfg.Table)
+		}, backoff.WithBackOff(backoff.NewExponentialBackOff()), backoff.WithMaxElapsedTime(0),
+			backoff.WithNotify(func(err error, wait time.Duration) {
+				log.Warn("cannot tell whether the table is global yet", zap.Error(err), zap.Duration("retry_in", wait))
+			}))
+		if err != nil {
+			return r, fmt.Errorf("sidecar: the table's Regions: %w", err)
+		}
+		r.All = append(r.All, replicas...)
+	}
+	if r.Own == "" && len(r.All) > 0 {
+		r.Own = client.Options().Region
+		if err := store.ValidateRegion(r.Own); err != nil {
+			return r, fmt.Errorf("sidecar: the table is global, and this sidecar's Region (--region, or the SDK's) is not valid: %w", err)
+		}
+	}
+	if r.Active() {
+		log.Info("multi-Region: writing this Region's shards, reading every Region's", zap.String("region", r.Own), zap.Strings("regions", r.All))
+	}
+	return r, nil
 }
 
 // Run runs the sidecar until ctx ends (SIGTERM) or a part fails, then shuts

@@ -20,7 +20,13 @@ import (
 // getJSON decodes a 200 answer of the lookup API into v.
 func getJSON(t testing.TB, e *env, path string, v any) {
 	t.Helper()
-	resp, err := http.Get("http://" + e.sc.HTTPAddr() + path)
+	getURL(t, "http://"+e.sc.HTTPAddr()+path, v)
+}
+
+// getURL decodes a 200 answer from url into v.
+func getURL(t testing.TB, url string, v any) {
+	t.Helper()
+	resp, err := http.Get(url)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -28,10 +34,10 @@ func getJSON(t testing.TB, e *env, path string, v any) {
 	if resp.StatusCode != http.StatusOK {
 		var body struct{ Error string }
 		json.NewDecoder(resp.Body).Decode(&body) //nolint:errcheck // the status says it
-		t.Fatalf("GET %s: %s: %s", path, resp.Status, body.Error)
+		t.Fatalf("GET %s: %s: %s", url, resp.Status, body.Error)
 	}
 	if err := json.NewDecoder(resp.Body).Decode(v); err != nil {
-		t.Fatalf("GET %s: %v", path, err)
+		t.Fatalf("GET %s: %v", url, err)
 	}
 }
 

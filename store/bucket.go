@@ -89,6 +89,7 @@ func BucketKey(topic string, g Granularity, i int64, shard int) string {
 // ParseBucketKey splits a bucket item's partition key (BucketKey) into its
 // topic, granularity, bucket index and shard id.
 func ParseBucketKey(pk string) (topic string, g Granularity, i int64, shard int, err error) {
+	pk, _ = SplitRegion(pk) // a Region's bucket shard parses as the single-Region one
 	var rest string
 	switch {
 	case strings.HasPrefix(pk, Minute.prefix()):

@@ -1,11 +1,13 @@
 package store
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"net"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -54,8 +56,12 @@ type DynamoDB struct {
 	// Retention sets the expiry (AttrExpiresAt) of bucket writes; set it
 	// before the first write.
 	Retention Retention
-	lastOK    atomic.Int64 // Unix nanoseconds of the last call DynamoDB answered without error
-	lastErr   atomic.Int64 // ... and of the last that failed
+	// Regions makes the store write only its Region's items and read
+	// every Region's (region.go); set it before the first call. The zero
+	// value is the single-Region layout.
+	Regions Regions
+	lastOK  atomic.Int64 // Unix nanoseconds of the last call DynamoDB answered without error
+	lastErr atomic.Int64 // ... and of the last that failed
 }
 
 // pingFresh is how recent a successful call must be for Ping to trust it
@@ -82,7 +88,7 @@ func (d *DynamoDB) Add(ctx context.Context, w Write, now time.Time) error {
 	if err := ctx.Err(); err != nil && !w.Retry && !w.Replay {
 		// Never sent, so never applied; sent, a cancelled call would be in
 		// doubt (and a retry of a write in doubt stays in doubt).
-		return fmt.Errorf("store: update %s: not sent: %w", w.Key(), err)
+		return fmt.Errorf("store: update %s: not sent: %w", d.key(w), err)
 	}
 	d.metrics.writes.Inc()
 	var doubt bool // an attempt of this call may have been applied
@@ -100,7 +106,7 @@ func (d *DynamoDB) Add(ctx context.Context, w Write, now time.Time) error {
 		if doubt || w.Retry {
 			d.metrics.resolved.WithLabelValues(ResolvedNotApplied).Inc()
 		}
-		d.trim(ctx, w.Key(), out.Attributes, now)
+		d.trim(ctx, d.key(w), out.Attributes, now)
 		return nil
 	case errors.As(err, &cond):
 		d.answered()
@@ -113,6 +119,9 @@ func (d *DynamoDB) Add(ctx context.Context, w Write, now time.Time) error {
 	}
 	return err
 }
+
+// key is w's item: in this store's own Region when it has one.
+func (d *DynamoDB) key(w Write) string { return InRegion(w.Key(), d.Regions.Own) }
 
 // addInput is Add's UpdateItem call: the increment, applied only if the
 // writer's mark (or, absent, the floor) is below the write's seq.
@@ -138,7 +147,7 @@ func (d *DynamoDB) addInput(w Write, now time.Time) *dynamodb.UpdateItemInput {
 	return &dynamodb.UpdateItemInput{
 		TableName: &d.table,
 		Key: map[string]types.AttributeValue{
-			AttrPK: &types.AttributeValueMemberS{Value: w.Key()},
+			AttrPK: &types.AttributeValueMemberS{Value: d.key(w)},
 		},
 		UpdateExpression:          aws.String(update),
 		ConditionExpression:       aws.String("(attribute_not_exists(#mark) AND (attribute_not_exists(#floor) OR #floor < :seq)) OR #mark < :seq"),
@@ -155,7 +164,7 @@ func (d *DynamoDB) addInput(w Write, now time.Time) *dynamodb.UpdateItemInput {
 // applied, or an earlier one of the same write (a retry of a write in
 // doubt, a replay of the journal); else nothing was applied.
 func (d *DynamoDB) addFailed(w Write, err error, doubt bool) error {
-	err = classify(fmt.Errorf("store: update %s: %w", w.Key(), err))
+	err = classify(fmt.Errorf("store: update %s: %w", d.key(w), err))
 	d.metrics.failed("write", err)
 	d.lastErr.Store(time.Now().UnixNano())
 	if ambiguous(err) {
@@ -207,21 +216,21 @@ func (d *DynamoDB) refused(ctx context.Context, w Write, inDoubt bool) error {
 	d.metrics.reads.Inc()
 	got, err := d.client.GetItem(ctx, &dynamodb.GetItemInput{
 		TableName:      &d.table,
-		Key:            map[string]types.AttributeValue{AttrPK: &types.AttributeValueMemberS{Value: w.Key()}},
+		Key:            map[string]types.AttributeValue{AttrPK: &types.AttributeValueMemberS{Value: d.key(w)}},
 		ConsistentRead: aws.Bool(true),
 	})
 	if err != nil {
 		d.metrics.failed("read", err)
 		// %v: whatever the read's error (a throttle), the write is in doubt.
-		return fmt.Errorf("%w: store: read %s after a refused write: %v", ErrAmbiguous, w.Key(), err)
+		return fmt.Errorf("%w: store: read %s after a refused write: %v", ErrAmbiguous, d.key(w), err)
 	}
 	mark, err := numberAttr(got.Item, MarkPrefix+w.Writer)
 	if err != nil {
-		return fmt.Errorf("store: item %s: %w", w.Key(), err)
+		return fmt.Errorf("store: item %s: %w", d.key(w), err)
 	}
 	floor, err := numberAttr(got.Item, AttrFloor)
 	if err != nil {
-		return fmt.Errorf("store: item %s: %w", w.Key(), err)
+		return fmt.Errorf("store: item %s: %w", d.key(w), err)
 	}
 	switch {
 	case mark >= w.Seq && inDoubt:
@@ -234,16 +243,16 @@ func (d *DynamoDB) refused(ctx context.Context, w Write, inDoubt bool) error {
 	case mark >= w.Seq:
 		// No attempt was in doubt, so this one was never applied: the
 		// writer broke its own rule (two writes to one item at once).
-		return fmt.Errorf("store: update %s: refused, a newer write of writer %s is on the item", w.Key(), w.Writer)
+		return fmt.Errorf("store: update %s: refused, a newer write of writer %s is on the item", d.key(w), w.Writer)
 	case floor >= w.Seq && inDoubt:
 		d.metrics.resolved.WithLabelValues(ResolvedUnresolvable).Inc()
-		return fmt.Errorf("store: update %s: %w", w.Key(), ErrUnresolvable)
+		return fmt.Errorf("store: update %s: %w", d.key(w), ErrUnresolvable)
 	case floor >= w.Seq:
-		return &FloorError{Key: w.Key(), Floor: floor}
+		return &FloorError{Key: d.key(w), Floor: floor}
 	default:
 		// The item changed between the write and the read (another
 		// writer's trim): nothing is known, so the same write goes again.
-		return fmt.Errorf("%w: store: update %s refused, then the item allowed it", ErrAmbiguous, w.Key())
+		return fmt.Errorf("%w: store: update %s refused, then the item allowed it", ErrAmbiguous, d.key(w))
 	}
 }
 
@@ -376,22 +385,27 @@ func (d *DynamoDB) Gather(ctx context.Context, topic string, n int, consistent b
 // metadata keys share BatchGetItem calls, 100 keys each, so 20 topics of 4
 // shards cost one round trip. n is the caller's guess of the read set; a
 // topic whose metadata says it has more shards gets them in a second round,
-// so a count is never outside what is summed. The caller owns the map.
+// so a count is never outside what is summed. With Regions, each topic's
+// shards are read in the single-Region layout and in every Region, each
+// with its own metadata: a Region's shards carry its name. The caller owns
+// the map.
 func (d *DynamoDB) GatherMany(ctx context.Context, topics []string, n int, consistent bool) (map[string][]Shard, error) {
 	d.metrics.gathers.Add(float64(len(topics)))
 	out := make(map[string][]Shard, len(topics))
-	metas := make(map[string]Meta, len(topics))
-	want := make(map[string][2]int, len(topics))
+	metas := make(map[regional]Meta, len(topics))
+	want := make(map[regional][2]int, len(topics))
 	for _, t := range topics {
-		want[t] = [2]int{0, n}
+		for _, r := range d.Regions.reads() {
+			want[regional{t, r}] = [2]int{0, n}
+		}
 	}
 	if err := d.readShards(ctx, want, true, consistent, out, metas); err != nil {
 		return nil, d.readFailed(topics, err)
 	}
-	more := make(map[string][2]int)
-	for t, m := range metas {
+	more := make(map[regional][2]int)
+	for u, m := range metas {
 		if r := m.Read(); r > n {
-			more[t] = [2]int{n, r}
+			more[u] = [2]int{n, r}
 		}
 	}
 	if len(more) > 0 {
@@ -399,9 +413,18 @@ func (d *DynamoDB) GatherMany(ctx context.Context, topics []string, n int, consi
 			return nil, d.readFailed(topics, err)
 		}
 	}
+	for _, shards := range out {
+		slices.SortFunc(shards, func(a, b Shard) int {
+			return cmp.Or(strings.Compare(a.Region, b.Region), cmp.Compare(a.Shard, b.Shard))
+		})
+	}
 	d.answered()
 	return out, nil
 }
+
+// regional is a topic's items in one Region ("": the single-Region
+// layout).
+type regional struct{ topic, region string }
 
 func (d *DynamoDB) readFailed(topics []string, err error) error {
 	err = classify(fmt.Errorf("store: gather %s: %w", Named(topics), err))
@@ -410,13 +433,13 @@ func (d *DynamoDB) readFailed(topics []string, err error) error {
 	return err
 }
 
-// readShards reads shards [from, to) of each topic in want (and, with
-// withMeta, its metadata item) into out and metas, in BatchGetItem calls of
-// up to 100 keys.
-func (d *DynamoDB) readShards(ctx context.Context, want map[string][2]int, withMeta, consistent bool, out map[string][]Shard, metas map[string]Meta) error {
+// readShards reads shards [from, to) of each topic's Region in want (and,
+// with withMeta, its metadata item) into out and metas, in BatchGetItem
+// calls of up to 100 keys.
+func (d *DynamoDB) readShards(ctx context.Context, want map[regional][2]int, withMeta, consistent bool, out map[string][]Shard, metas map[regional]Meta) error {
 	type slot struct {
-		topic string
-		shard int // -1: the metadata item
+		at    regional
+		shard int // index in out[topic]; -1: the metadata item
 	}
 	index := make(map[string]slot)
 	var keys []map[string]types.AttributeValue
@@ -424,15 +447,15 @@ func (d *DynamoDB) readShards(ctx context.Context, want map[string][2]int, withM
 		index[k] = s
 		keys = append(keys, map[string]types.AttributeValue{AttrPK: &types.AttributeValueMemberS{Value: k}})
 	}
-	for topic, r := range want {
-		shards := out[topic]
+	for u, r := range want {
+		shards := out[u.topic]
 		for i := r[0]; i < r[1]; i++ {
-			shards = append(shards, Shard{Shard: i})
-			key(ShardKey(topic, i), slot{topic, i})
+			key(InRegion(ShardKey(u.topic, i), u.region), slot{u, len(shards)})
+			shards = append(shards, Shard{Shard: i, Region: u.region})
 		}
-		out[topic] = shards
+		out[u.topic] = shards
 		if withMeta {
-			key(MetaKey(topic), slot{topic, -1})
+			key(InRegion(MetaKey(u.topic), u.region), slot{u, -1})
 		}
 	}
 	d.metrics.reads.Add(float64(len(keys)))
@@ -452,10 +475,10 @@ func (d *DynamoDB) readShards(ctx context.Context, want map[string][2]int, withM
 				if err != nil {
 					return fmt.Errorf("store: item %s: %w", pk.Value, err)
 				}
-				metas[at.topic] = m
+				metas[at.at] = m
 				return nil
 			}
-			sh := &out[at.topic][at.shard]
+			sh := &out[at.at.topic][at.shard]
 			var err error
 			if sh.Count, err = numberAttr(item, AttrCount); err != nil {
 				return fmt.Errorf("store: item %s: %w", pk.Value, err)
@@ -474,17 +497,22 @@ func (d *DynamoDB) readShards(ctx context.Context, want map[string][2]int, withM
 
 // Counts reads the count of each item in keys (bucket shards, as BucketKey
 // names them) in BatchGetItem calls of up to 100 keys; a missing item, or
-// one past its expiresAt, counts 0. The caller owns the map.
+// one past its expiresAt, counts 0. With Regions, a key's count is the sum
+// of its item in the single-Region layout and in every Region. The caller
+// owns the map.
 func (d *DynamoDB) Counts(ctx context.Context, keys []string, consistent bool) (map[string]int64, error) {
 	now := time.Now().Unix()
 	out := make(map[string]int64, len(keys))
 	req := make([]map[string]types.AttributeValue, 0, len(keys))
+	regions := d.Regions.reads()
 	for _, k := range keys {
 		if _, dup := out[k]; dup {
 			continue
 		}
 		out[k] = 0
-		req = append(req, map[string]types.AttributeValue{AttrPK: &types.AttributeValueMemberS{Value: k}})
+		for _, r := range regions {
+			req = append(req, map[string]types.AttributeValue{AttrPK: &types.AttributeValueMemberS{Value: InRegion(k, r)}})
+		}
 	}
 	d.metrics.reads.Add(float64(len(req)))
 	for start := 0; start < len(req); start += maxBatchGetKeys {
@@ -502,7 +530,8 @@ func (d *DynamoDB) Counts(ctx context.Context, keys []string, consistent bool) (
 			if exp, err := numberAttr(item, AttrExpiresAt); err == nil && exp > 0 && exp < now {
 				n = 0
 			}
-			out[pk.Value] = n
+			k, _ := SplitRegion(pk.Value)
+			out[k], _ = SatAdd(out[k], n)
 			return nil
 		})
 		if err != nil {
@@ -521,7 +550,7 @@ func (d *DynamoDB) Counts(ctx context.Context, keys []string, consistent bool) (
 func (d *DynamoDB) MarkHistory(ctx context.Context, t time.Time) error {
 	_, err := d.client.UpdateItem(ctx, &dynamodb.UpdateItemInput{
 		TableName:                &d.table,
-		Key:                      map[string]types.AttributeValue{AttrPK: &types.AttributeValueMemberS{Value: HistoryKey}},
+		Key:                      map[string]types.AttributeValue{AttrPK: &types.AttributeValueMemberS{Value: InRegion(HistoryKey, d.Regions.Own)}},
 		UpdateExpression:         aws.String("SET #since = :t"),
 		ConditionExpression:      aws.String("attribute_not_exists(#since) OR #since > :t"),
 		ExpressionAttributeNames: map[string]string{"#since": AttrSince},
@@ -540,20 +569,27 @@ func (d *DynamoDB) MarkHistory(ctx context.Context, t time.Time) error {
 }
 
 // HistoryStart reads the fleet's history start (the zero time when nothing
-// was ever marked).
+// was ever marked): with Regions, the earliest of every Region's.
 func (d *DynamoDB) HistoryStart(ctx context.Context) (time.Time, error) {
-	out, err := d.client.GetItem(ctx, &dynamodb.GetItemInput{
-		TableName: &d.table,
-		Key:       map[string]types.AttributeValue{AttrPK: &types.AttributeValueMemberS{Value: HistoryKey}},
+	var keys []map[string]types.AttributeValue
+	for _, r := range d.Regions.reads() {
+		keys = append(keys, map[string]types.AttributeValue{AttrPK: &types.AttributeValueMemberS{Value: InRegion(HistoryKey, r)}})
+	}
+	var first int64
+	err := d.batchGet(ctx, keys, false, func(item map[string]types.AttributeValue) error {
+		since, err := numberAttr(item, AttrSince)
+		if err == nil && since > 0 && (first == 0 || since < first) {
+			first = since
+		}
+		return err
 	})
 	if err != nil {
 		return time.Time{}, classify(fmt.Errorf("store: read the fleet's history: %w", err))
 	}
-	since, err := numberAttr(out.Item, AttrSince)
-	if err != nil || since == 0 {
-		return time.Time{}, err
+	if first == 0 {
+		return time.Time{}, nil
 	}
-	return time.Unix(since, 0).UTC(), nil
+	return time.Unix(first, 0).UTC(), nil
 }
 
 func decodeMeta(item map[string]types.AttributeValue) (Meta, error) {
@@ -571,14 +607,21 @@ func decodeMeta(item map[string]types.AttributeValue) (Meta, error) {
 	return Meta{Shards: int(s), ReadShards: int(r)}, nil
 }
 
-// Metas reads the metadata of topics (zero Meta for those without).
+// Metas reads the topics' shard counts, for writers and readers: a topic
+// without a metadata item has one shard (the zero Meta). With Regions, a
+// topic's Meta is its own Region's, and Elsewhere the most shards the
+// single-Region layout or any other Region ever had (readers read them
+// all; only the own Region's item is ever changed).
 func (d *DynamoDB) Metas(ctx context.Context, topics []string) (map[string]Meta, error) {
 	metas := make(map[string]Meta, len(topics))
-	index := make(map[string]string, len(topics))
+	index := make(map[string]regional, len(topics))
 	keys := make([]map[string]types.AttributeValue, 0, len(topics))
 	for _, t := range topics {
-		index[MetaKey(t)] = t
-		keys = append(keys, map[string]types.AttributeValue{AttrPK: &types.AttributeValueMemberS{Value: MetaKey(t)}})
+		for _, r := range d.Regions.reads() {
+			k := InRegion(MetaKey(t), r)
+			index[k] = regional{t, r}
+			keys = append(keys, map[string]types.AttributeValue{AttrPK: &types.AttributeValueMemberS{Value: k}})
+		}
 	}
 	d.metrics.reads.Add(float64(len(keys)))
 	// A cold start looks up thousands of topics: their BatchGetItem calls
@@ -598,9 +641,17 @@ func (d *DynamoDB) Metas(ctx context.Context, topics []string) (map[string]Meta,
 				if err != nil {
 					return fmt.Errorf("store: item %s: %w", pk.Value, err)
 				}
+				at := index[pk.Value]
 				mu.Lock()
-				metas[index[pk.Value]] = m
-				mu.Unlock()
+				defer mu.Unlock()
+				had := metas[at.topic]
+				if at.region == d.Regions.Own {
+					m.Elsewhere = had.Elsewhere
+					metas[at.topic] = m
+				} else {
+					had.Elsewhere = max(had.Elsewhere, m.Read())
+					metas[at.topic] = had
+				}
 				return nil
 			})
 		})
@@ -619,7 +670,7 @@ func (d *DynamoDB) SetMeta(ctx context.Context, topic string, old, m Meta) error
 	in := &dynamodb.PutItemInput{
 		TableName: &d.table,
 		Item: map[string]types.AttributeValue{
-			AttrPK:         &types.AttributeValueMemberS{Value: MetaKey(topic)},
+			AttrPK:         &types.AttributeValueMemberS{Value: InRegion(MetaKey(topic), d.Regions.Own)},
 			AttrShards:     &types.AttributeValueMemberN{Value: itoa(m.Shards)},
 			AttrReadShards: &types.AttributeValueMemberN{Value: itoa(m.ReadShards)},
 		},

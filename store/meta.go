@@ -31,6 +31,10 @@ func MetaKey(topic string) string { return KeyPrefix + topic + "#" + MetaSuffix 
 type Meta struct {
 	Shards     int `json:"shards"`
 	ReadShards int `json:"readShards"`
+	// Elsewhere is, with Regions (region.go), the most shards the topic
+	// ever had in the single-Region layout or another Region: readers
+	// read that many there. Not stored; 0 in one Region.
+	Elsewhere int `json:"-"`
 }
 
 // Exists says whether the metadata item exists.
@@ -40,10 +44,12 @@ func (m Meta) Exists() bool { return m.Shards > 0 }
 func (m Meta) Write() int { return max(m.Shards, 1) }
 
 // Read is the number of shards readers sum.
-func (m Meta) Read() int { return max(m.ReadShards, m.Shards, 1) }
+func (m Meta) Read() int { return max(m.ReadShards, m.Shards, m.Elsewhere, 1) }
 
 // With returns m changed to n shards for writers; the read set never
 // shrinks.
-func (m Meta) With(n int) Meta { return Meta{Shards: n, ReadShards: max(m.Read(), n)} }
+func (m Meta) With(n int) Meta {
+	return Meta{Shards: n, ReadShards: max(m.ReadShards, m.Shards, 1, n), Elsewhere: m.Elsewhere}
+}
 
 func itoa(n int) string { return strconv.Itoa(n) }

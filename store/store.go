@@ -65,8 +65,10 @@ func ShardKey(topic string, shard int) string {
 
 // ParseShardKey splits a shard item's partition key into its topic and
 // shard id; the shard id is what follows the last '#', so topics may hold
-// '#' themselves.
+// '#' themselves. A Region's shard (InRegion) parses as the same shard of
+// the single-Region layout.
 func ParseShardKey(pk string) (topic string, shard int, err error) {
+	pk, _ = SplitRegion(pk)
 	rest, ok := strings.CutPrefix(pk, KeyPrefix)
 	i := strings.LastIndexByte(rest, '#')
 	if !ok || i < 0 {
@@ -83,6 +85,9 @@ func ParseShardKey(pk string) (topic string, shard int, err error) {
 type Shard struct {
 	// Shard is the shard id, 0..N-1.
 	Shard int `json:"shard"`
+	// Region is the Region whose item it is (region.go); "" in the
+	// single-Region layout.
+	Region string `json:"region,omitempty"`
 	// Count is the shard's count; 0 for a shard never written.
 	Count int64 `json:"count"`
 	// UpdatedAt is the Unix time in milliseconds of the last increment; 0 for

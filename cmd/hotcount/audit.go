@@ -108,9 +108,19 @@ func cmdAudit(ctx context.Context, args, environ []string, stdout, stderr io.Wri
 	if err != nil {
 		return err
 	}
-	table, err := sidecar.OpenStore(ctx, cfg, store.NewMetrics(prometheus.NewRegistry()))
+	log, err := newLogger(cfg, stderr)
 	if err != nil {
 		return err
+	}
+	table, err := sidecar.OpenStore(ctx, cfg, store.NewMetrics(prometheus.NewRegistry()), log)
+	if err != nil {
+		return err
+	}
+	if d, ok := table.(*store.DynamoDB); ok {
+		// This Region's stream holds this Region's mentions: the audit
+		// compares them with this Region's shards (and the single-Region
+		// ones of the table's past), not every Region's.
+		d.Regions.All = nil
 	}
 	defer table.Close()
 	rep, err := audit.Run(ctx, js, table, acfg)

@@ -126,7 +126,7 @@ func cmdQuarantineReplay(ctx context.Context, args, environ []string, stdout, st
 	defer done()
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
 	defer cancel()
-	st, err := openShardsStore(ctx, cfg)
+	st, err := openShardsStore(ctx, cfg, stderr)
 	if err != nil {
 		return err
 	}

@@ -46,7 +46,7 @@ func cmdShards(ctx context.Context, args, environ []string, stdout, stderr io.Wr
 	}
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	st, err := openShardsStore(ctx, cfg)
+	st, err := openShardsStore(ctx, cfg, stderr)
 	if err != nil {
 		return err
 	}
@@ -59,8 +59,12 @@ func cmdShards(ctx context.Context, args, environ []string, stdout, stderr io.Wr
 
 // openShardsStore opens the store cfg names, with a way out when another
 // hotcount holds the embedded one.
-func openShardsStore(ctx context.Context, cfg config.Config) (sidecar.Store, error) {
-	st, err := sidecar.OpenStore(ctx, cfg, store.NewMetrics(prometheus.NewRegistry()))
+func openShardsStore(ctx context.Context, cfg config.Config, stderr io.Writer) (sidecar.Store, error) {
+	log, err := newLogger(cfg, stderr)
+	if err != nil {
+		return nil, err
+	}
+	st, err := sidecar.OpenStore(ctx, cfg, store.NewMetrics(prometheus.NewRegistry()), log)
 	if errors.Is(err, store.ErrLocked) {
 		// The usual case: hotcount dev is running on this folder and holds
 		// its store. Its API serves the same view.

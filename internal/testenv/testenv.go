@@ -340,8 +340,8 @@ func (d *Dynalite) Counts(t testing.TB, table string) (map[string]int64, int) {
 	counts := make(map[string]int64)
 	items := 0
 	d.scan(t, table, func(pk string, it map[string]types.AttributeValue) {
-		if strings.HasSuffix(pk, "#"+store.MetaSuffix) || pk == store.HistoryKey {
-			return // a topic's shard metadata, the fleet's history: not counts
+		if base, _ := store.SplitRegion(pk); strings.HasSuffix(base, "#"+store.MetaSuffix) || base == store.HistoryKey {
+			return // a topic's shard metadata, the fleet's history (a Region's or not): not counts
 		}
 		if _, _, _, _, err := store.ParseBucketKey(pk); err == nil {
 			return // a time bucket: see Buckets
