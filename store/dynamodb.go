@@ -874,7 +874,13 @@ func classify(err error) error {
 	var api smithy.APIError
 	if errors.As(err, &api) {
 		switch api.ErrorCode() {
-		case "ProvisionedThroughputExceededException", "ThrottlingException", "RequestLimitExceeded":
+		case "ProvisionedThroughputExceededException", "ThrottlingException", "RequestLimitExceeded",
+			// A global table in multi-Region strong consistency refuses a
+			// write to an item another Region is writing: refused, not
+			// applied, like a throttle (an attempt before it that may have
+			// been applied still makes the write one in doubt: addFailed).
+			// With Region-owned shards no two Regions write one item.
+			"ReplicatedWriteConflictException":
 			return fmt.Errorf("%w: %w", ErrThrottled, err)
 		case "AccessDeniedException", "ValidationException":
 			return fmt.Errorf("%w: %w", ErrDenied, err)

@@ -332,6 +332,7 @@ func TestThrottleClassification(t *testing.T) {
 		{"ProvisionedThroughputExceededException", true},
 		{"ThrottlingException", true},
 		{"RequestLimitExceeded", true},
+		{"ReplicatedWriteConflictException", true}, // MRSC: refused, not applied
 		{"ValidationException", false},
 		{"InternalServerError", false},
 	}

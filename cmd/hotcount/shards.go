@@ -112,7 +112,11 @@ func shardsShow(ctx context.Context, st sidecar.Store, topics []string, stdout i
 		}
 		fmt.Fprintf(stdout, "%s: total %d; writes on %d shards, reads %d (%s)\n", topic, sum, m.Write(), len(got), recorded)
 		for _, s := range got {
-			fmt.Fprintf(stdout, "  shard %d: %d (updated %s)\n", s.Shard, s.Count, updated(s.UpdatedAt))
+			id := strconv.Itoa(s.Shard)
+			if s.Region != "" {
+				id = s.Region + "." + id // a Region's shard (--region)
+			}
+			fmt.Fprintf(stdout, "  shard %s: %d (updated %s)\n", id, s.Count, updated(s.UpdatedAt))
 		}
 	}
 	return nil
