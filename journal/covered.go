@@ -22,6 +22,7 @@ import (
 type coverage struct {
 	mu     sync.Mutex
 	ranges map[string][][2]int64 // entry key -> the messages it carries
+	noted  map[string][][2]int64 // own entries noted since the watch began
 	ready  chan struct{}         // closed once the first watch has read every entry
 	once   sync.Once
 }
@@ -56,6 +57,9 @@ func (c *coverage) note(key string, seqs [][2]int64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.ranges[key] = seqs
+	if c.noted != nil {
+		c.noted[key] = seqs
+	}
 }
 
 // watch keeps the copy until ctx ends, watching again (after a second)
@@ -90,7 +94,14 @@ func (c *coverage) watchOnce(ctx context.Context, kv jetstream.KeyValue) error {
 				return fmt.Errorf("journal: watch closed")
 			case e == nil: // every entry there when the watch began is read
 				c.mu.Lock()
-				c.ranges, next = next, nil
+				// Entries recorded here since the watch began come
+				// through it only now: keep them meanwhile.
+				for k, v := range c.noted {
+					if _, ok := next[k]; !ok {
+						next[k] = v
+					}
+				}
+				c.ranges, next, c.noted = next, nil, nil
 				c.mu.Unlock()
 				c.once.Do(func() { close(c.ready) })
 			case next != nil:

@@ -86,6 +86,10 @@ type Entry struct {
 	Writes []Write    `json:"writes"`
 	Seqs   [][2]int64 `json:"seqs"` // inclusive ranges of streams.Positions
 	Done   bool       `json:"done,omitempty"`
+	// Region is the Region whose items its writes went to (store.Regions;
+	// "" the single-Region layout): a replay writes the same items or
+	// none, since a mark only guards its own item.
+	Region string `json:"region,omitempty"`
 }
 
 // Write is a store.Write as journaled: its counter by name
@@ -116,7 +120,9 @@ type Journal struct {
 	hold            func(ctx context.Context, e quarantine.Entry) error
 	quarantineAfter time.Duration
 	refused         map[string]time.Time
+	foreign         map[string]bool // entries of another Region, logged (Run's)
 	st              Store
+	region          string // Config.Region
 	log             *zap.Logger
 	m               *Metrics
 
@@ -160,6 +166,9 @@ type Config struct {
 	// ever. Nil or 0: never.
 	Hold            func(ctx context.Context, e quarantine.Entry) error
 	QuarantineAfter time.Duration
+	// Region is the store's own Region (store.Regions.Own): entries
+	// record it, and a replay leaves an entry of another Region alone.
+	Region string
 }
 
 // Open creates or binds the buckets. writer is this sidecar's writer id.
@@ -200,7 +209,7 @@ func Open(ctx context.Context, nc *nats.Conn, cfg Config, writer string, st Stor
 	if err != nil {
 		return nil, fmt.Errorf("journal: bucket %s: %w", cfg.WritersBucket, err)
 	}
-	j := &Journal{nc: nc, kv: kv, writers: writers, release: cfg.Release, hold: cfg.Hold, quarantineAfter: cfg.QuarantineAfter, refused: make(map[string]time.Time), floor: ackFloor(js, cfg), writer: writer, st: st, log: log.Named("journal"), m: m,
+	j := &Journal{nc: nc, kv: kv, writers: writers, release: cfg.Release, hold: cfg.Hold, quarantineAfter: cfg.QuarantineAfter, refused: make(map[string]time.Time), foreign: make(map[string]bool), region: cfg.Region, floor: ackFloor(js, cfg), writer: writer, st: st, log: log.Named("journal"), m: m,
 		unconfirmed: make(map[string][]byte), last: make(map[string][][2]int64), passed: make(map[string]time.Time), cover: newCoverage()}
 	if err := j.beat(ctx); err != nil {
 		return nil, err
@@ -300,7 +309,7 @@ func (j *Journal) Record(ctx context.Context, writes []store.Write, seqs map[str
 			end++
 		}
 		part := writes[start:end]
-		e := Entry{Writer: j.writer}
+		e := Entry{Writer: j.writer, Region: j.region}
 		rec := Recorded{}
 		var covered []int64
 		for _, w := range part {
@@ -741,6 +750,20 @@ func (j *Journal) forget(seen map[string]bool) {
 // replay sends an entry's writes as its writer and marks it done when all
 // are in the store; a write that fails leaves it for the next round.
 func (j *Journal) replay(ctx context.Context, key string, e Entry, rev uint64) error {
+	if e.Region != j.region {
+		// Its writes' items are another layout's (a sidecar that changed
+		// --region, or another Region's on this NATS): written here they
+		// would land on items without the dead writer's marks, and count
+		// twice whatever it had applied. Left for a sidecar of its Region.
+		// Logged once per entry; the other entries' replays go on.
+		if !j.foreign[key] {
+			j.foreign[key] = true
+			j.m.errors.WithLabelValues("replay").Inc()
+			j.log.Error("journal entry of another Region left alone: replay it with a sidecar of that Region (docs/SEMANTICS.md, \"Several Regions\")",
+				zap.String("entry", key), zap.String("entry_region", e.Region), zap.String("region", j.region))
+		}
+		return nil
+	}
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(replayConcurrency)
 	var mu sync.Mutex

@@ -455,3 +455,55 @@ func TestReplayQuarantinesAWriteRefusedForGood(t *testing.T) {
 		t.Fatalf("poison = %d, want 5", got[0].Count)
 	}
 }
+
+// TestReplayKeepsToItsRegion: an entry records the Region whose items its
+// writes went to. A sidecar of another layout (here the single-Region
+// one, as after a change of --region) leaves it alone, since its items
+// would lack the dead writer's marks; a sidecar of the entry's Region
+// replays it.
+func TestReplayKeepsToItsRegion(t *testing.T) {
+	ctx := context.Background()
+	env := mentionStream(t)
+	env.durable(t)
+	in := func(region string) *mentions { e := *env; e.cfg.Region = region; return &e }
+
+	a := in("eu-west-1").open(t, "writera")
+	w := store.Write{Counter: store.TotalOf("golang"), Delta: 5, Writer: "writera", Seq: store.NewSequencer(time.Now).Next()}
+	recs, err := a.Record(ctx, []store.Write{w}, map[string][]int64{"golang": {1, 2}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Leave(ctx); err != nil { // dead
+		t.Fatal(err)
+	}
+	entry := func() string {
+		e, err := env.entries(t).Get(ctx, recs[0].Key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(e.Value())
+	}
+	if !strings.Contains(entry(), `"region":"eu-west-1"`) {
+		t.Fatalf("entry %s does not name its Region", entry())
+	}
+	total := func() int64 {
+		got, err := env.st.Gather(ctx, "golang", 1, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sum, _ := store.Sum(got)
+		return sum
+	}
+	if err := in("").open(t, "writerb").Replay(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := total(); n != 0 || strings.Contains(entry(), `"done":true`) {
+		t.Fatalf("a sidecar of another layout replayed it: store %d, entry %s", n, entry())
+	}
+	if err := in("eu-west-1").open(t, "writerc").Replay(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := total(); n != 5 || !strings.Contains(entry(), `"done":true`) {
+		t.Errorf("its Region's sidecar: store %d, entry %s; want 5, done", n, entry())
+	}
+}

@@ -38,8 +38,9 @@ type region struct {
 }
 
 // startRegions starts every Region of em, writing Region-owned shards when
-// owned, else the single-Region layout (each Region's sidecars writing the
-// same items).
+// owned (--region; the other Regions are found in the table's replicas),
+// else the single-Region layout (each Region's sidecars writing the same
+// items).
 func startRegions(t *testing.T, em *globaltable.Emulator, table string, owned bool) []*region {
 	testenv.AWSEnv(t)
 	var out []*region
@@ -54,8 +55,8 @@ func startRegions(t *testing.T, em *globaltable.Emulator, table string, owned bo
 		cfg.FlushInterval = 100 * time.Millisecond
 		cfg.HTTPAddr, cfg.AdminAddr = "127.0.0.1:0", "127.0.0.1:0"
 		if owned {
+			// The Region only: the others are the table's replicas.
 			cfg.Region = name
-			cfg.Regions = "us-east-1,eu-west-1"
 		}
 		if _, err := ingest.EnsureStream(context.Background(), testenv.Connect(t, cfg.NATSURL), cfg.Stream, cfg.Subject, time.Minute); err != nil {
 			t.Fatal(err)
@@ -129,6 +130,7 @@ func allIdle(t *testing.T, regions []*region) {
 // once it has, each Region's total is short of what both published.
 func TestGlobalTableSingleRegionLayoutLosesCounts(t *testing.T) {
 	em := globaltable.Start(t, twoRegions, replicationDelay)
+	em.ListReplicas(false) // or the sidecars would find the table global
 	em.CreateTable(t, "hotcount")
 	regions := startRegions(t, em, "hotcount", false)
 	want := plus(publishEverywhere(t, regions, 8_000, 281)...)
@@ -149,6 +151,9 @@ func TestGlobalTableSingleRegionLayoutLosesCounts(t *testing.T) {
 		if lost <= 0 {
 			t.Errorf("%s: nothing lost (%d of %d): the emulator no longer shows the conflict", name, sum(got), sum(want))
 		}
+	}
+	if shared := em.Shared(); len(shared) == 0 {
+		t.Error("no item written in both Regions: the layout under test is not the single-Region one")
 	}
 }
 
@@ -202,6 +207,12 @@ func TestGlobalTableRegionShardsExact(t *testing.T) {
 	em.Heal(cut)
 	want = plus(want, more[0], more[1])
 	exactEverywhere(t, em, regions, want, "after 30 s cut off")
+	for _, r := range regions {
+		checkReads(t, r, want)
+	}
+	if shared := em.Shared(); len(shared) > 0 {
+		t.Errorf("items written in both Regions: %v", shared)
+	}
 	if c := em.Conflicts(); c != 0 {
 		t.Errorf("%d replicated images discarded: Region-owned shards should never conflict", c)
 	}
@@ -235,8 +246,8 @@ func exactEverywhere(t *testing.T, em *globaltable.Emulator, regions []*region, 
 	}
 }
 
-// checkReads reads, from a sidecar of r, the hottest topic's total
-// (strongly consistent), its count over the last hour and its count in
+// checkReads reads, from a sidecar of r, every topic's total (strongly
+// consistent), and the hottest topic's count over the last hour and in
 // /v1/trending: each is both Regions' mentions. The shards endpoint gives
 // each Region's part.
 func checkReads(t *testing.T, r *region, want map[string]int64) {
@@ -249,6 +260,14 @@ func checkReads(t *testing.T, r *region, want map[string]int64) {
 	getURL(t, url+"/v1/topics/"+hot+"?consistency=strong", &total)
 	if total.Count != want[hot] {
 		t.Errorf("%s: total of %s %d, want %d", r.name, hot, total.Count, want[hot])
+	}
+	// Every topic, through the lookup's own reads (the replicas' items
+	// agreeing says nothing of what a sidecar sums).
+	for topic, n := range want {
+		getURL(t, url+"/v1/topics/"+topic+"?consistency=strong", &total)
+		if total.Count != n {
+			t.Errorf("%s: total of %s %d, want %d", r.name, topic, total.Count, n)
+		}
 	}
 	var shards struct {
 		Regions []store.RegionPart `json:"regions"`

@@ -295,6 +295,9 @@ func openJournal(ctx context.Context, nc *nats.Conn, cfg config.Config, writer s
 		return quarantine.Release(ctx, q, quarantine.Entry{Writer: writer, Seq: seq}.Key())
 	}
 	jcfg.QuarantineAfter = cfg.QuarantineAfter
+	if d, ok := st.(*store.DynamoDB); ok {
+		jcfg.Region = d.Regions.Own // its entries say which items they wrote
+	}
 	jcfg.Hold = func(ctx context.Context, e quarantine.Entry) error {
 		q := quarantined()
 		if q == nil {

@@ -9,10 +9,12 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"sync/atomic"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 	"github.com/cenkalti/backoff/v5"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -101,34 +103,74 @@ func OpenStore(ctx context.Context, cfg config.Config, m *store.Metrics, log *za
 
 // Regions resolves where a DynamoDB store writes and what it reads
 // (store.Regions): the Regions of --regions and of the table's replicas,
-// and this sidecar's own, --region or else the SDK's. A table is asked
-// for its replicas only at AWS's own endpoint (DynamoDB Local and dynalite
-// have no global tables), and asked until it answers: guessing "one
-// Region" on a global table would lose counts to last-writer-wins.
+// and this sidecar's own, --region or else the SDK's. At AWS's own
+// endpoint the table is asked until it answers, unless --region and
+// --regions both say it all: guessing "one Region" on a global table
+// would lose counts to last-writer-wins. A refusal (no
+// dynamodb:DescribeTable) or a missing table ends the asking. At another
+// endpoint (dynalite, DynamoDB Local: no global tables, but an emulator
+// of one may list replicas) one answer is asked for, and none means no
+// replicas.
 func Regions(ctx context.Context, cfg config.Config, client *dynamodb.Client, log *zap.Logger) (store.Regions, error) {
 	r := store.Regions{Own: cfg.Region, All: cfg.RegionList()}
-	if cfg.DynamoDBEndpoint == "" {
-		replicas, err := backoff.Retry(ctx, func() ([]string, error) {
-			return store.TableRegions(ctx, client, cfg.Table)
-		}, backoff.WithBackOff(backoff.NewExponentialBackOff()), backoff.WithMaxElapsedTime(0),
-			backoff.WithNotify(func(err error, wait time.Duration) {
-				log.Warn("cannot tell whether the table is global yet", zap.Error(err), zap.Duration("retry_in", wait))
-			}))
-		if err != nil {
-			return r, fmt.Errorf("sidecar: the table's Regions: %w", err)
-		}
-		r.All = append(r.All, replicas...)
+	told := r.Own != "" && len(r.All) > 0
+	replicas, err := tableRegions(ctx, cfg, client, told, log)
+	var missing *types.ResourceNotFoundException
+	switch {
+	case errors.As(err, &missing):
+		log.Warn("the table does not exist yet: its Regions are --regions' only", zap.String("table", cfg.Table))
+	case err != nil && (told || cfg.DynamoDBEndpoint != ""):
+		log.Warn("the table's replicas unknown (DescribeTable failed); reading the Regions of --regions only", zap.Error(err))
+	case err != nil:
+		return r, fmt.Errorf("sidecar: cannot tell whether table %s is global (set --region and --regions, or allow dynamodb:DescribeTable): %w", cfg.Table, err)
 	}
-	if r.Own == "" && len(r.All) > 0 {
-		r.Own = client.Options().Region
+	r.All = append(r.All, replicas...)
+	sdk := client.Options().Region
+	switch {
+	case r.Own == "" && len(r.All) > 0 && cfg.DynamoDBEndpoint != "":
+		// No SDK Region to trust here: every emulated Region's clients
+		// share one, and two Regions writing as one lose counts.
+		return r, errors.New("sidecar: the table has several Regions: set --region, the Region of the replica at --dynamodb-endpoint")
+	case r.Own == "" && len(r.All) > 0:
+		r.Own = sdk
 		if err := store.ValidateRegion(r.Own); err != nil {
-			return r, fmt.Errorf("sidecar: the table is global, and this sidecar's Region (--region, or the SDK's) is not valid: %w", err)
+			return r, fmt.Errorf("sidecar: the table is global, and the SDK's Region is not valid for --region: %w", err)
 		}
+	case r.Own != "" && cfg.DynamoDBEndpoint == "" && sdk != r.Own:
+		// It would write r.Own's items in the SDK Region's replica,
+		// beside the real r.Own's sidecars writing them in theirs.
+		return r, fmt.Errorf("sidecar: --region %s, but the SDK calls DynamoDB in %s (AWS_REGION): a Region writes only its own replica", r.Own, sdk)
+	}
+	if r.Active() && !slices.Contains(r.All, r.Own) && len(replicas) > 0 {
+		log.Warn("this sidecar's Region is not among the table's replicas: no other Region reads what it writes", zap.String("region", r.Own), zap.Strings("replicas", replicas))
 	}
 	if r.Active() {
 		log.Info("multi-Region: writing this Region's shards, reading every Region's", zap.String("region", r.Own), zap.Strings("regions", r.All))
 	}
 	return r, nil
+}
+
+// tableRegions asks DescribeTable for the table's replicas: until it
+// answers at AWS's own endpoint, unless told already holds the answer;
+// once elsewhere. A refusal or a missing table is not asked again.
+func tableRegions(ctx context.Context, cfg config.Config, client *dynamodb.Client, told bool, log *zap.Logger) ([]string, error) {
+	tries := []backoff.RetryOption{backoff.WithBackOff(backoff.NewExponentialBackOff()), backoff.WithMaxElapsedTime(0),
+		backoff.WithNotify(func(err error, wait time.Duration) {
+			log.Warn("cannot tell whether the table is global yet", zap.Error(err), zap.Duration("retry_in", wait))
+		})}
+	if told || cfg.DynamoDBEndpoint != "" {
+		tries = []backoff.RetryOption{backoff.WithMaxTries(1)}
+	}
+	return backoff.Retry(ctx, func() ([]string, error) {
+		tctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		regions, err := store.TableRegions(tctx, client, cfg.Table)
+		var missing *types.ResourceNotFoundException
+		if errors.As(err, &missing) || errors.Is(err, store.ErrDenied) {
+			return nil, backoff.Permanent(err)
+		}
+		return regions, err
+	}, tries...)
 }
 
 // Run runs the sidecar until ctx ends (SIGTERM) or a part fails, then shuts

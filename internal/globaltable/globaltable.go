@@ -17,6 +17,8 @@
 //     the item, each discards nearly all of the other's images: once they
 //     stop, both hold the count of whichever wrote last, close to its own
 //     increments alone.
+//   - DescribeTable lists every Region as a replica, as DynamoDB does for a
+//     global table.
 //   - Cut and Heal: replication to and from a Region held (queued, in
 //     order) while its clients keep being served, then delivered.
 //
@@ -34,10 +36,12 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"hash/crc32"
 	"io"
 	"net"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -66,11 +70,13 @@ type Emulator struct {
 	links   []*link
 	http    *http.Client // the proxies' client to their dynalites
 
+	unlisted   atomic.Bool  // DescribeTable lists no replicas (ListReplicas)
 	clock      atomic.Int64 // the last write time handed out, Unix ns
 	conflicts  atomic.Int64
 	replicated atomic.Int64
 
 	mu       sync.Mutex
+	writers  map[itemKey]map[string]bool // Regions whose clients wrote each item
 	cut      map[string]bool
 	inflight int           // writes in a proxy, not yet queued for replication
 	changed  chan struct{} // closed (and replaced) when the above or a queue shrinks
@@ -363,6 +369,9 @@ func (r *region) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	keys := written(op, body)
 	if len(keys) == 0 {
 		resp, err := r.e.forward(req, r.d.Endpoint, body)
+		if err == nil && op == "DescribeTable" && resp.status == http.StatusOK && !r.e.unlisted.Load() {
+			resp = r.e.withReplicas(resp)
+		}
 		reply(w, resp, err)
 		return
 	}
@@ -400,6 +409,7 @@ func (r *region) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 			}
 		}
 		for i, k := range keys {
+			r.e.wrote(k, r.name)
 			r.replicate(k, items[i])
 		}
 	}
@@ -568,6 +578,66 @@ func (e *Emulator) forward(req *http.Request, upstream string, body []byte) (ans
 		return answer{}, err
 	}
 	return answer{status: resp.StatusCode, header: resp.Header, body: b}, nil
+}
+
+// wrote records that region's clients wrote k.
+func (e *Emulator) wrote(k itemKey, region string) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.writers == nil {
+		e.writers = make(map[itemKey]map[string]bool)
+	}
+	if e.writers[k] == nil {
+		e.writers[k] = make(map[string]bool)
+	}
+	e.writers[k][region] = true
+}
+
+// Shared returns the items (their pk) that clients of more than one
+// Region wrote: those whose writes last-writer-wins may have settled
+// against one Region. Replicated writes do not count.
+func (e *Emulator) Shared() []string {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	var out []string
+	for k, regions := range e.writers {
+		if len(regions) > 1 {
+			out = append(out, k.pk)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// ListReplicas says whether DescribeTable lists the replicas (the
+// default): off, the table looks like one Region's to a sidecar that asks,
+// as dynalite's do, and a sidecar without --region writes the
+// single-Region layout.
+func (e *Emulator) ListReplicas(on bool) { e.unlisted.Store(!on) }
+
+// withReplicas adds the table's replicas, every Region, to a DescribeTable
+// answer, as DynamoDB lists a global table's: how a sidecar finds the
+// Regions to read. The body changes, so its CRC32 (which the SDK checks)
+// is computed again.
+func (e *Emulator) withReplicas(resp answer) answer {
+	var out map[string]map[string]any
+	if json.Unmarshal(resp.body, &out) != nil || out["Table"] == nil {
+		return resp
+	}
+	var replicas []map[string]string
+	for _, name := range e.names {
+		replicas = append(replicas, map[string]string{"RegionName": name, "ReplicaStatus": "ACTIVE"})
+	}
+	out["Table"]["Replicas"] = replicas
+	b, err := json.Marshal(out)
+	if err != nil {
+		return resp
+	}
+	resp.body = b
+	resp.header = resp.header.Clone()
+	resp.header.Set("X-Amz-Crc32", strconv.FormatUint(uint64(crc32.ChecksumIEEE(b)), 10))
+	resp.header.Set("Content-Length", strconv.Itoa(len(b)))
+	return resp
 }
 
 // reply sends the upstream answer to the client, or a gateway error.
