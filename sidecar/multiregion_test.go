@@ -3,6 +3,7 @@ package sidecar_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 	"sync"
 	"testing"
@@ -19,6 +20,7 @@ import (
 	"github.com/hotcount/hotcount/internal/testenv"
 	"github.com/hotcount/hotcount/internal/testenv/sidecartest"
 	"github.com/hotcount/hotcount/loadgen"
+	"github.com/hotcount/hotcount/sidecar"
 	"github.com/hotcount/hotcount/store"
 )
 
@@ -308,4 +310,39 @@ func checkReads(t *testing.T, r *region, want map[string]int64) {
 		}
 		return fmt.Errorf("%s: %s not trending: %+v", r.name, hot, tr.Topics)
 	})
+}
+
+// TestRegionsResolved: what a sidecar makes of a table's Regions. The
+// emulator's table lists both Regions as replicas: with --region the
+// sidecar writes its own and reads both; without, at an endpoint (no SDK
+// Region to trust), it refuses to start; a table that lists no replicas
+// is the single-Region layout.
+func TestRegionsResolved(t *testing.T) {
+	em := globaltable.Start(t, twoRegions, replicationDelay)
+	em.CreateTable(t, "hotcount")
+	testenv.AWSEnv(t)
+	cfg := config.Default()
+	cfg.Table = "hotcount"
+	cfg.DynamoDBEndpoint = em.Endpoint(twoRegions[1])
+	resolve := func(cfg config.Config) (store.Regions, error) {
+		return sidecar.Regions(context.Background(), cfg, em.Client(twoRegions[1]), zaptest.NewLogger(t))
+	}
+	if r, err := resolve(cfg); err == nil {
+		t.Errorf("no --region on a global table at an endpoint: resolved %+v, want a refusal", r)
+	}
+	cfg.Region = twoRegions[1]
+	r, err := resolve(cfg)
+	if err != nil || r.Own != twoRegions[1] || !slices.Equal(r.All, twoRegions) {
+		t.Errorf("--region %s: %+v, %v; want its own, reading %v", cfg.Region, r, err, twoRegions)
+	}
+	em.ListReplicas(false)
+	cfg.Region = ""
+	if r, err := resolve(cfg); err != nil || r.Active() {
+		t.Errorf("a table with no replicas listed: %+v, %v; want the single-Region layout", r, err)
+	}
+	cfg.Table = "missing"
+	cfg.Region, cfg.Regions = "eu-west-1", "us-east-1"
+	if r, err := resolve(cfg); err != nil || r.Own != "eu-west-1" || !slices.Equal(r.All, []string{"us-east-1"}) {
+		t.Errorf("a table not there yet, with --region and --regions: %+v, %v", r, err)
+	}
 }
