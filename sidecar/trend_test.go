@@ -17,6 +17,14 @@ import (
 	"github.com/hotcount/hotcount/trend"
 )
 
+// hoursAgo is the start of the UTC hour n hours before now: a test's
+// stepped clock starts there, at the same place in its hour every run,
+// and within the buckets' retention, which reads measure with the real
+// clock (a fixed date ran out of it two days later).
+func hoursAgo(n int) time.Time {
+	return time.Now().UTC().Truncate(time.Hour).Add(-time.Duration(n) * time.Hour)
+}
+
 // getJSON decodes a 200 answer of the lookup API into v.
 func getJSON(t testing.TB, e *env, path string, v any) {
 	t.Helper()
@@ -66,7 +74,7 @@ func flushedAll(t testing.TB, fleet []*env, n int64) {
 // too; the windowed counts and series equal the script's, minute by minute
 // and hour by hour (the half hour crosses an hour), on every sidecar.
 func TestTrendingAcrossTheFleet(t *testing.T) {
-	clk := testenv.NewClock(time.Date(2026, 12, 3, 10, 45, 30, 0, time.UTC)) // stepped a minute at a time
+	clk := testenv.NewClock(hoursAgo(3).Add(45*time.Minute + 30*time.Second)) // stepped a minute at a time
 	tune := func(c *config.Config) {
 		c.FlushInterval = 50 * time.Millisecond
 		c.CacheTTL = time.Millisecond
@@ -211,7 +219,7 @@ func TestTrendingAcrossTheFleet(t *testing.T) {
 // the final flush splits it: each minute bucket and each hour bucket holds
 // exactly its mentions, the totals all of them, each item written once.
 func TestBucketsSplitAcrossBoundaries(t *testing.T) {
-	clk := testenv.NewClock(time.Date(2026, 12, 3, 10, 58, 20, 0, time.UTC))
+	clk := testenv.NewClock(hoursAgo(3).Add(58*time.Minute + 20*time.Second))
 	e := newFaultEnv(t, nil, func(c *config.Config) { c.FlushInterval = time.Hour }, sidecar.WithClock(clk.Now))
 	nc := testenv.Connect(t, e.nats)
 	want := map[testenv.Bucket]int64{}
