@@ -15,6 +15,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/hotcount/hotcount/api"
 	"github.com/hotcount/hotcount/heavyhitters"
 	"github.com/hotcount/hotcount/store"
 	"github.com/hotcount/hotcount/trend"
@@ -52,6 +53,7 @@ type Trend interface {
 //	GET /v1/hot?limit=k            this sidecar's hottest topics (k ≤ 100, default 10)
 //	GET /v1/topics/{topic}/series?window=24h&step=1h  counts step by step
 //	GET /v1/trending?window=15m&limit=20  the fleet's trending topics
+//	GET /openapi.yaml              the API's OpenAPI document (package api)
 //
 // Query parameters: consistency=cached|eventual|strong (default cached),
 // include=pending (add this sidecar's unflushed delta; needs pending),
@@ -68,6 +70,7 @@ func (s *Service) Handler(log *zap.Logger, x Extras) http.Handler {
 	mux.HandleFunc("GET /v1/topics/{topic}", h.one)
 	mux.HandleFunc("GET /v1/topics", h.many)
 	mux.HandleFunc("GET /v1/topics/{topic}/shards", h.shards)
+	mux.Handle("GET "+api.Path, api.Handler())
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "no such endpoint: "+r.Method+" "+r.URL.Path)
 	})
