@@ -8,7 +8,7 @@ STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 DYNALITE    := test/dynalite/node_modules/.bin/dynalite
 VERSION     ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 
-.PHONY: all build test lint bench soak demo deps image clean
+.PHONY: all build test lint bench soak demo deps image chart clean
 
 all: lint test
 
@@ -70,6 +70,14 @@ demo: deps
 	AWS_ACCESS_KEY_ID=demo AWS_SECRET_ACCESS_KEY=demo AWS_REGION=us-east-1 \
 	$(GO) run ./cmd/hotcount demo --dynalite test/dynalite/serve.js --svg build/demo.svg
 
+# The Helm chart as `helm template` renders it, through Helm's Go SDK (no
+# helm binary), checked as deploy/helm_test.go checks every render, into
+# chart.yaml: make chart VALUES=my-values.yaml
+VALUES ?= deploy/helm/hotcount/ci/standalone-jetstream-values.yaml
+chart:
+	HOTCOUNT_CHART_VALUES=$(abspath $(VALUES)) HOTCOUNT_CHART_OUT=$(abspath chart.yaml) \
+	  $(GO) test -count=1 -run '^TestHelmTemplate$$' ./deploy/ && cat chart.yaml
+
 # The container image; needs a Docker engine (not on the development
 # machines: deploy/deploy_test.go checks the Dockerfile instead).
 IMAGE ?= hotcount
@@ -77,4 +85,4 @@ image:
 	docker build -f deploy/Dockerfile --build-arg VERSION=$(VERSION) -t $(IMAGE):$(VERSION) .
 
 clean:
-	rm -rf bin bench.out
+	rm -rf bin bench.out chart.yaml

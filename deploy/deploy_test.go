@@ -46,55 +46,73 @@ func render(t *testing.T, dir string) objects {
 	if err != nil {
 		t.Fatalf("kustomize build %s: %v", dir, err)
 	}
-	o := objects{
-		deployments: map[string]appsv1.Deployment{}, configMaps: map[string]corev1.ConfigMap{},
-		serviceAccounts: map[string]corev1.ServiceAccount{}, services: map[string]corev1.Service{},
-		pdbs: map[string]policyv1.PodDisruptionBudget{}, netpols: map[string]networkingv1.NetworkPolicy{},
-	}
+	o := newObjects()
 	for _, r := range rm.Resources() {
 		doc, err := r.AsYAML()
 		if err != nil {
 			t.Fatal(err)
 		}
-		var tm metav1.TypeMeta
-		if err := yaml.Unmarshal(doc, &tm); err != nil {
-			t.Fatal(err)
-		}
-		strict := func(into any) {
-			if err := yaml.UnmarshalStrict(doc, into); err != nil {
-				t.Fatalf("%s %s does not decode strictly: %v", tm.Kind, r.GetName(), err)
-			}
-		}
-		switch tm.Kind {
-		case "Deployment":
-			var d appsv1.Deployment
-			strict(&d)
-			o.deployments[d.Name] = d
-		case "ConfigMap":
-			var c corev1.ConfigMap
-			strict(&c)
-			o.configMaps[c.Name] = c
-		case "ServiceAccount":
-			var s corev1.ServiceAccount
-			strict(&s)
-			o.serviceAccounts[s.Name] = s
-		case "Service":
-			var s corev1.Service
-			strict(&s)
-			o.services[s.Name] = s
-		case "PodDisruptionBudget":
-			var p policyv1.PodDisruptionBudget
-			strict(&p)
-			o.pdbs[p.Name] = p
-		case "NetworkPolicy":
-			var n networkingv1.NetworkPolicy
-			strict(&n)
-			o.netpols[n.Name] = n
-		default:
-			t.Errorf("unexpected kind %s", tm.Kind)
+		if kind, ok := o.add(t, doc); !ok {
+			t.Errorf("unexpected kind %s", kind)
 		}
 	}
 	return o
+}
+
+func newObjects() objects {
+	return objects{
+		deployments: map[string]appsv1.Deployment{}, configMaps: map[string]corev1.ConfigMap{},
+		serviceAccounts: map[string]corev1.ServiceAccount{}, services: map[string]corev1.Service{},
+		pdbs: map[string]policyv1.PodDisruptionBudget{}, netpols: map[string]networkingv1.NetworkPolicy{},
+	}
+}
+
+// add decodes doc strictly into its kind's type and files it under its
+// name; ok is false, and nothing is filed, for a kind objects has no place
+// for.
+func (o objects) add(t *testing.T, doc []byte) (kind string, ok bool) {
+	t.Helper()
+	var tm struct {
+		metav1.TypeMeta `json:",inline"`
+		Metadata        struct{ Name string } `json:"metadata"`
+	}
+	if err := yaml.Unmarshal(doc, &tm); err != nil {
+		t.Fatal(err)
+	}
+	strict := func(into any) {
+		if err := yaml.UnmarshalStrict(doc, into); err != nil {
+			t.Fatalf("%s %s does not decode strictly: %v", tm.Kind, tm.Metadata.Name, err)
+		}
+	}
+	switch tm.Kind {
+	case "Deployment":
+		var d appsv1.Deployment
+		strict(&d)
+		o.deployments[d.Name] = d
+	case "ConfigMap":
+		var c corev1.ConfigMap
+		strict(&c)
+		o.configMaps[c.Name] = c
+	case "ServiceAccount":
+		var s corev1.ServiceAccount
+		strict(&s)
+		o.serviceAccounts[s.Name] = s
+	case "Service":
+		var s corev1.Service
+		strict(&s)
+		o.services[s.Name] = s
+	case "PodDisruptionBudget":
+		var p policyv1.PodDisruptionBudget
+		strict(&p)
+		o.pdbs[p.Name] = p
+	case "NetworkPolicy":
+		var n networkingv1.NetworkPolicy
+		strict(&n)
+		o.netpols[n.Name] = n
+	default:
+		return tm.Kind, false
+	}
+	return tm.Kind, true
 }
 
 // checkHotcount asserts the invariants of a hotcount container and its pod,
@@ -185,29 +203,7 @@ func TestSidecar(t *testing.T) {
 	for _, dir := range []string{"kubernetes/base", "kubernetes/overlays/example"} {
 		t.Run(dir, func(t *testing.T) {
 			o := render(t, dir)
-			d, ok := o.deployments["trends-api"]
-			if !ok {
-				t.Fatal("no trends-api Deployment")
-			}
-			pod := d.Spec.Template.Spec
-			i := slices.IndexFunc(pod.InitContainers, func(c corev1.Container) bool { return c.Name == "hotcount" })
-			if i < 0 {
-				t.Fatal("hotcount is not an init container")
-			}
-			hc := pod.InitContainers[i]
-			if hc.RestartPolicy == nil || *hc.RestartPolicy != corev1.ContainerRestartPolicyAlways {
-				t.Error("hotcount is not a native sidecar (restartPolicy: Always)")
-			}
-			if hc.StartupProbe == nil {
-				t.Error("no startup probe: the app would start before hotcount is up")
-			}
-			cfg := checkHotcount(t, o, pod, hc)
-			if !strings.HasPrefix(cfg.HTTPAddr, "127.0.0.1:") {
-				t.Errorf("lookup API on %s: a sidecar's is for its own pod only", cfg.HTTPAddr)
-			}
-			if len(pod.Containers) == 0 {
-				t.Error("no application container")
-			}
+			hc, cfg := checkSidecar(t, o, "trends-api")
 			svc := o.services["trends-api-hotcount-metrics"]
 			if len(svc.Spec.Ports) != 1 || svc.Spec.Ports[0].Name != "metrics" || svc.Spec.Ports[0].TargetPort.String() != "admin" {
 				t.Errorf("metrics service ports %+v", svc.Spec.Ports)
@@ -222,19 +218,58 @@ func TestSidecar(t *testing.T) {
 	}
 }
 
+// checkSidecar asserts that Deployment name runs hotcount as a native
+// sidecar of its app, with every invariant of checkHotcount and the lookup
+// API on loopback, and returns the container and its settings.
+func checkSidecar(t *testing.T, o objects, name string) (corev1.Container, config.Config) {
+	t.Helper()
+	d, ok := o.deployments[name]
+	if !ok {
+		t.Fatalf("no %s Deployment", name)
+	}
+	pod := d.Spec.Template.Spec
+	i := slices.IndexFunc(pod.InitContainers, func(c corev1.Container) bool { return c.Name == "hotcount" })
+	if i < 0 {
+		t.Fatal("hotcount is not an init container")
+	}
+	hc := pod.InitContainers[i]
+	if hc.RestartPolicy == nil || *hc.RestartPolicy != corev1.ContainerRestartPolicyAlways {
+		t.Error("hotcount is not a native sidecar (restartPolicy: Always)")
+	}
+	if hc.StartupProbe == nil {
+		t.Error("no startup probe: the app would start before hotcount is up")
+	}
+	cfg := checkHotcount(t, o, pod, hc)
+	if !strings.HasPrefix(cfg.HTTPAddr, "127.0.0.1:") {
+		t.Errorf("lookup API on %s: a sidecar's is for its own pod only", cfg.HTTPAddr)
+	}
+	if len(pod.Containers) == 0 {
+		t.Error("no application container")
+	}
+	return hc, cfg
+}
+
 // TestStandalone renders the pool variant: one Deployment of hotcount, the
 // lookup API behind a Service.
 func TestStandalone(t *testing.T) {
-	o := render(t, "kubernetes/standalone")
-	d, ok := o.deployments["hotcount"]
+	checkPool(t, render(t, "kubernetes/standalone"), "hotcount")
+}
+
+// checkPool asserts that Deployment name is a pool of hotcount with every
+// invariant of checkHotcount, its lookup API behind Service name, a token
+// it can read, and NetworkPolicy name admitting only labelled clients; it
+// returns the pool's settings.
+func checkPool(t *testing.T, o objects, name string) config.Config {
+	t.Helper()
+	d, ok := o.deployments[name]
 	if !ok || len(d.Spec.Template.Spec.Containers) != 1 {
-		t.Fatal("no hotcount Deployment with one container")
+		t.Fatalf("no %s Deployment with one container", name)
 	}
 	cfg := checkHotcount(t, o, d.Spec.Template.Spec, d.Spec.Template.Spec.Containers[0])
 	if strings.HasPrefix(cfg.HTTPAddr, "127.0.0.1:") {
 		t.Errorf("a pool's lookup API on %s is unreachable through its Service", cfg.HTTPAddr)
 	}
-	if _, ok := o.services["hotcount"]; !ok {
+	if _, ok := o.services[name]; !ok {
 		t.Error("no Service for the pool")
 	}
 	// Reachable beyond the pod: a token, and a NetworkPolicy that admits
@@ -266,7 +301,7 @@ func TestStandalone(t *testing.T) {
 			t.Errorf("secret volume %s (mode %o, fsGroup %v) is not readable by user %v", v.Name, mode, psc.FSGroup, psc.RunAsUser)
 		}
 	}
-	np, ok := o.netpols["hotcount"]
+	np, ok := o.netpols[name]
 	if !ok {
 		t.Fatal("no NetworkPolicy for the pool")
 	}
@@ -283,6 +318,7 @@ func TestStandalone(t *testing.T) {
 			}
 		}
 	}
+	return cfg
 }
 
 type policy struct {
