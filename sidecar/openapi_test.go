@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -637,10 +638,20 @@ func buildGeneratedClient(t *testing.T) string {
 		t.Fatal(err)
 	}
 	root := filepath.Dir(strings.TrimSpace(string(gomod)))
+	// The workspace's go line is the module's own: a newer one here would
+	// ask for a toolchain, an older one would refuse the module.
+	mod, err := os.ReadFile(strings.TrimSpace(string(gomod)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	goLine := regexp.MustCompile(`(?m)^go \S+$`).FindString(string(mod))
+	if goLine == "" {
+		t.Fatal("go.mod has no go line")
+	}
 	dir := t.TempDir()
 	files := map[string]string{
-		"go.work":                               "go 1.26.7\n\nuse (\n\t./client\n\t" + root + "\n)\n",
-		"client/go.mod":                         "module hotcountclient\n\ngo 1.26.7\n",
+		"go.work":                               goLine + "\n\nuse (\n\t./client\n\t" + root + "\n)\n",
+		"client/go.mod":                         "module hotcountclient\n\n" + goLine + "\n",
 		"client/main.go":                        clientMain,
 		"client/hotcountapi/hotcountapi.gen.go": code,
 	}
