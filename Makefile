@@ -6,6 +6,7 @@
 GO          ?= go
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 DYNALITE    := test/dynalite/node_modules/.bin/dynalite
+OPENAPI_TS  := test/openapi-client/node_modules/.bin/openapi-typescript
 VERSION     ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 
 .PHONY: all build test lint bench soak demo deps image chart clean
@@ -20,7 +21,13 @@ $(DYNALITE): test/dynalite/package.json test/dynalite/package-lock.json
 	npm ci --prefix test/dynalite --no-audit --no-fund
 	touch $@
 
-deps: $(DYNALITE)
+# The TypeScript client's tools (openapi-typescript, openapi-fetch, tsc) for
+# sidecar/openapi_ts_test.go, pinned by their lock file.
+$(OPENAPI_TS): test/openapi-client/package.json test/openapi-client/package-lock.json
+	npm ci --prefix test/openapi-client --no-audit --no-fund
+	touch $@
+
+deps: $(DYNALITE) $(OPENAPI_TS)
 	$(GO) mod download
 
 # The test binaries are built first, as many at once as there are cores
