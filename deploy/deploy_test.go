@@ -138,20 +138,17 @@ func checkHotcount(t *testing.T, o objects, pod corev1.PodSpec, c corev1.Contain
 	if c.Resources.Requests.Cpu().IsZero() || c.Resources.Requests.Memory().IsZero() || c.Resources.Limits.Memory().IsZero() {
 		t.Errorf("resources %+v: want CPU and memory requests and a memory limit", c.Resources)
 	}
-	sc, psc := c.SecurityContext, pod.SecurityContext
-	switch {
-	case sc == nil || psc == nil:
-		t.Fatal("no securityContext")
-	case psc.RunAsNonRoot == nil || !*psc.RunAsNonRoot:
-		t.Error("runAsNonRoot is not set")
-	case psc.SeccompProfile == nil || psc.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault:
-		t.Error("seccomp profile is not RuntimeDefault")
-	case sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem:
-		t.Error("root filesystem is writable")
-	case sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation:
-		t.Error("privilege escalation is allowed")
-	case sc.Capabilities == nil || !slices.Equal(sc.Capabilities.Drop, []corev1.Capability{"ALL"}):
-		t.Error("capabilities are not all dropped")
+	// Every container of the pod, the app's too: what runs in it runs as
+	// the pod's user unless the container says otherwise.
+	for _, pc := range slices.Concat(pod.InitContainers, pod.Containers) {
+		if err := lockedDown(pod.SecurityContext, pc); err != nil {
+			t.Errorf("container %s: %v", pc.Name, err)
+		}
+	}
+	for _, e := range c.Env {
+		if strings.HasPrefix(e.Name, config.EnvPrefix) && e.Name != config.EnvPrefix+"NATS_TOKEN" {
+			t.Errorf("env %s overrides the settings' ConfigMap", e.Name)
+		}
 	}
 
 	// The settings are the ConfigMap's, through envFrom: hotcount must
@@ -195,6 +192,124 @@ func checkHotcount(t *testing.T, o objects, pod corev1.PodSpec, c corev1.Contain
 		t.Errorf("service account %q lacks an IRSA role annotation: %+v", pod.ServiceAccountName, sa.Annotations)
 	}
 	return cfg
+}
+
+// lockedDown says why container c of a pod with security context psc is
+// not locked down, or nil: it runs as non-root under a confining seccomp
+// profile, the container's settings winning over the pod's as the kubelet
+// applies them, with a read-only root, without privilege escalation, every
+// capability dropped.
+func lockedDown(psc *corev1.PodSecurityContext, c corev1.Container) error {
+	sc := c.SecurityContext
+	if sc == nil {
+		return fmt.Errorf("no securityContext")
+	}
+	if psc == nil {
+		psc = &corev1.PodSecurityContext{}
+	}
+	nonRoot, user, seccomp := psc.RunAsNonRoot, psc.RunAsUser, psc.SeccompProfile
+	if sc.RunAsNonRoot != nil {
+		nonRoot = sc.RunAsNonRoot
+	}
+	if sc.RunAsUser != nil {
+		user = sc.RunAsUser
+	}
+	if sc.SeccompProfile != nil {
+		seccomp = sc.SeccompProfile
+	}
+	switch {
+	case nonRoot == nil || !*nonRoot:
+		return fmt.Errorf("runAsNonRoot is not true")
+	case user != nil && *user == 0:
+		return fmt.Errorf("runs as root (runAsUser 0)")
+	case seccomp == nil || (seccomp.Type != corev1.SeccompProfileTypeRuntimeDefault && seccomp.Type != corev1.SeccompProfileTypeLocalhost):
+		return fmt.Errorf("seccomp profile %+v is not RuntimeDefault or Localhost", seccomp)
+	case sc.Privileged != nil && *sc.Privileged:
+		return fmt.Errorf("privileged")
+	case sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem:
+		return fmt.Errorf("root filesystem is writable")
+	case sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation:
+		return fmt.Errorf("privilege escalation is allowed")
+	case sc.Capabilities == nil || !slices.Contains(sc.Capabilities.Drop, "ALL") || len(sc.Capabilities.Add) > 0:
+		return fmt.Errorf("capabilities are not all dropped")
+	}
+	return nil
+}
+
+// TestLockedDown: the container's settings win over the pod's, as the
+// kubelet applies them.
+func TestLockedDown(t *testing.T) {
+	yes, no := true, false
+	root, user := int64(0), int64(65532)
+	pod := func() *corev1.PodSecurityContext {
+		return &corev1.PodSecurityContext{RunAsNonRoot: &yes, RunAsUser: &user,
+			SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault}}
+	}
+	ctr := func(edit func(*corev1.SecurityContext)) corev1.Container {
+		sc := &corev1.SecurityContext{AllowPrivilegeEscalation: &no, ReadOnlyRootFilesystem: &yes,
+			Capabilities: &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}}}
+		edit(sc)
+		return corev1.Container{Name: "hotcount", SecurityContext: sc}
+	}
+	for _, c := range []struct {
+		name string
+		psc  *corev1.PodSecurityContext
+		c    corev1.Container
+		ok   bool
+	}{
+		{"locked down", pod(), ctr(func(*corev1.SecurityContext) {}), true},
+		{"the container's user", pod(), ctr(func(sc *corev1.SecurityContext) { sc.RunAsUser = &user }), true},
+		{"root in the container", pod(), ctr(func(sc *corev1.SecurityContext) { sc.RunAsUser = &root }), false},
+		{"runAsNonRoot off in the container", pod(), ctr(func(sc *corev1.SecurityContext) { sc.RunAsNonRoot = &no }), false},
+		{"runAsNonRoot on in the container only", &corev1.PodSecurityContext{SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault}},
+			ctr(func(sc *corev1.SecurityContext) { sc.RunAsNonRoot = &yes }), true},
+		{"unconfined in the container", pod(), ctr(func(sc *corev1.SecurityContext) {
+			sc.SeccompProfile = &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeUnconfined}
+		}), false},
+		{"no seccomp profile", &corev1.PodSecurityContext{RunAsNonRoot: &yes}, ctr(func(*corev1.SecurityContext) {}), false},
+		{"a capability added", pod(), ctr(func(sc *corev1.SecurityContext) { sc.Capabilities.Add = []corev1.Capability{"NET_ADMIN"} }), false},
+		{"privileged", pod(), ctr(func(sc *corev1.SecurityContext) { sc.Privileged = &yes }), false},
+	} {
+		if err := lockedDown(c.psc, c.c); (err == nil) != c.ok {
+			t.Errorf("%s: lockedDown = %v, want ok %v", c.name, err, c.ok)
+		}
+	}
+}
+
+// openPeer says whether a NetworkPolicy peer admits everyone: only empty
+// selectors (every pod of the namespace, or of every namespace), or an
+// ipBlock of every address.
+func openPeer(p networkingv1.NetworkPolicyPeer) bool {
+	if p.IPBlock != nil {
+		return strings.HasSuffix(p.IPBlock.CIDR, "/0")
+	}
+	narrow := func(s *metav1.LabelSelector) bool {
+		return s != nil && (len(s.MatchLabels) > 0 || len(s.MatchExpressions) > 0)
+	}
+	return !narrow(p.PodSelector) && !narrow(p.NamespaceSelector)
+}
+
+// TestOpenPeer: what openPeer calls open.
+func TestOpenPeer(t *testing.T) {
+	labels := &metav1.LabelSelector{MatchLabels: map[string]string{"hotcount.io/client": "true"}}
+	for _, c := range []struct {
+		name string
+		p    networkingv1.NetworkPolicyPeer
+		open bool
+	}{
+		{"labelled pods of every namespace", networkingv1.NetworkPolicyPeer{NamespaceSelector: &metav1.LabelSelector{}, PodSelector: labels}, false},
+		{"labelled namespaces", networkingv1.NetworkPolicyPeer{NamespaceSelector: labels}, false},
+		{"every namespace", networkingv1.NetworkPolicyPeer{NamespaceSelector: &metav1.LabelSelector{}}, true},
+		{"every pod of the namespace", networkingv1.NetworkPolicyPeer{PodSelector: &metav1.LabelSelector{}}, true},
+		{"every pod of every namespace", networkingv1.NetworkPolicyPeer{NamespaceSelector: &metav1.LabelSelector{}, PodSelector: &metav1.LabelSelector{}}, true},
+		{"every IPv4 address", networkingv1.NetworkPolicyPeer{IPBlock: &networkingv1.IPBlock{CIDR: "0.0.0.0/0"}}, true},
+		{"every IPv6 address", networkingv1.NetworkPolicyPeer{IPBlock: &networkingv1.IPBlock{CIDR: "::/0"}}, true},
+		{"a subnet", networkingv1.NetworkPolicyPeer{IPBlock: &networkingv1.IPBlock{CIDR: "10.0.0.0/16"}}, false},
+	} {
+		if got := openPeer(c.p); got != c.open {
+			t.Errorf("%s: openPeer = %v, want %v", c.name, got, c.open)
+		}
+	}
 }
 
 // TestSidecar renders the base and the example overlay: hotcount is a native
@@ -309,12 +424,12 @@ func checkPool(t *testing.T, o objects, name string) config.Config {
 		t.Errorf("NetworkPolicy selects %v for %v, want hotcount's pods, ingress", np.Spec.PodSelector.MatchLabels, np.Spec.PolicyTypes)
 	}
 	for _, rule := range np.Spec.Ingress {
+		if len(rule.From) == 0 {
+			t.Errorf("an ingress rule admits anyone: %+v", rule)
+		}
 		for _, peer := range rule.From {
-			if peer.PodSelector == nil && peer.NamespaceSelector == nil {
-				t.Errorf("an ingress rule admits anyone: %+v", rule)
-			}
-			if peer.NamespaceSelector != nil && len(peer.NamespaceSelector.MatchLabels) == 0 && (peer.PodSelector == nil || len(peer.PodSelector.MatchLabels) == 0) {
-				t.Errorf("an ingress rule admits every pod of every namespace: %+v", rule)
+			if openPeer(peer) {
+				t.Errorf("an ingress rule admits everyone: %+v", rule)
 			}
 		}
 	}

@@ -291,6 +291,17 @@ func chartCases(t *testing.T) []chartCase {
 	cases = append(cases, chartCase{name: "token file elsewhere", vals: map[string]any{
 		"hotcount": map[string]any{"httpTokenFile": "/etc/hotcount/lookup-token.txt"},
 	}})
+	// The setup hooks' own ServiceAccount, labelled, without the token.
+	cases = append(cases, chartCase{name: "setup account", vals: map[string]any{
+		"setup": map[string]any{
+			"table": map[string]any{"enabled": true},
+			"serviceAccount": map[string]any{
+				"annotations":                  map[string]any{"eks.amazonaws.com/role-arn": "arn:aws:iam::123456789012:role/hotcount-admin"},
+				"labels":                       map[string]any{"team": "platform"},
+				"automountServiceAccountToken": false,
+			},
+		},
+	}})
 	for i := range cases {
 		cases[i].classify()
 	}
@@ -545,13 +556,13 @@ func checkSetupHooks(t *testing.T, r helmRelease, vals map[string]any) {
 		if sa == nil || sa.Weight >= h.Weight || !slices.Contains(sa.Events, release.HookPreInstall) {
 			t.Errorf("Job %s runs as %s, which is no hook created before it", name, pod.ServiceAccountName)
 		}
-		sc, psc := c.SecurityContext, pod.SecurityContext
-		if psc == nil || psc.RunAsNonRoot == nil || !*psc.RunAsNonRoot || sc == nil || sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem ||
-			sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation || sc.Capabilities == nil || !slices.Equal(sc.Capabilities.Drop, []corev1.Capability{"ALL"}) {
-			t.Errorf("Job %s is not locked down: pod %+v, container %+v", name, psc, sc)
-		}
-		if c.Resources.Limits.Memory().IsZero() {
-			t.Errorf("Job %s has no memory limit", name)
+		for _, jc := range slices.Concat(pod.InitContainers, pod.Containers) {
+			if err := lockedDown(pod.SecurityContext, jc); err != nil {
+				t.Errorf("Job %s: container %s is not locked down: %v", name, jc.Name, err)
+			}
+			if jc.Resources.Limits.Memory().IsZero() {
+				t.Errorf("Job %s: container %s has no memory limit", name, jc.Name)
+			}
 		}
 		if pod.ActiveDeadlineSeconds == nil && j.Spec.ActiveDeadlineSeconds == nil {
 			t.Errorf("Job %s has no deadline: a setup that hangs would hold the install for ever", name)
@@ -565,6 +576,31 @@ func checkSetupHooks(t *testing.T, r helmRelease, vals map[string]any) {
 	}
 	if !maps.Equal(got, want) {
 		t.Errorf("setup jobs run %v, want %v", slices.Sorted(maps.Keys(got)), slices.Sorted(maps.Keys(want)))
+	}
+	// The setup ServiceAccount's labels and token mount are the values'.
+	for name, j := range r.jobs {
+		saName := j.Spec.Template.Spec.ServiceAccountName
+		sa, ok := r.serviceAccounts[saName]
+		if !ok {
+			continue
+		}
+		if labels, _ := dig(vals, "setup", "serviceAccount", "labels").(map[string]any); len(labels) > 0 {
+			for k, v := range labels {
+				if sa.Labels[k] != v {
+					t.Errorf("Job %s: ServiceAccount %s has label %s=%q, setup.serviceAccount.labels says %q", name, saName, k, sa.Labels[k], v)
+				}
+			}
+		}
+		mount := true
+		if v, ok := dig(vals, "setup", "serviceAccount", "automountServiceAccountToken").(bool); ok {
+			mount = v
+		}
+		if sa.AutomountServiceAccountToken == nil || *sa.AutomountServiceAccountToken != mount {
+			t.Errorf("Job %s: ServiceAccount %s automounts its token: %v, setup.serviceAccount.automountServiceAccountToken says %v", name, saName, sa.AutomountServiceAccountToken, mount)
+		}
+		if strings.HasSuffix(name, "-table-create") && !strings.HasPrefix(sa.Annotations["eks.amazonaws.com/role-arn"], "arn:aws:iam::") {
+			t.Errorf("Job %s: ServiceAccount %s has no IRSA role for table create", name, saName)
+		}
 	}
 	// table create needs iam/policy-admin.json: a role the pods' must not
 	// be.
@@ -948,7 +984,10 @@ func TestHelmSettings(t *testing.T) {
 		}
 		if flags[flag] != nil && flags[flag].Value.Type() == "duration" {
 			for _, v := range []string{"0", "1500ms", "1h30m", flags[flag].DefValue} {
-				if err := render(key, v); err != nil {
+				// The schema takes the form; a cross-field check
+				// (TestHelmCrossChecks) may still refuse the value
+				// against the other settings, naming it.
+				if err := render(key, v); err != nil && (strings.Contains(err.Error(), "/hotcount/"+key) || !strings.Contains(err.Error(), "hotcount."+key)) {
 					t.Errorf("hotcount.%s: duration %s does not render: %v", key, v, err)
 				}
 				if _, err := time.ParseDuration(v); err != nil {
@@ -992,6 +1031,28 @@ func TestHelmRejects(t *testing.T) {
 		{"admin on loopback", chartDir, "hotcount: {admin: '127.0.0.1:9091'}", []string{"hotcount.admin", "kubelet"}},
 		{"pool on loopback", chartDir, "hotcount: {http: '127.0.0.1:8080'}", []string{"hotcount.http", "Service"}},
 		{"sidecars' monitor without a selector", chartDir, "standalone: {enabled: false}\nmetrics: {podMonitor: {enabled: true}}", []string{"metrics.podMonitor.selector"}},
+		{"root in the container", chartDir, "securityContext: {runAsUser: 0}", []string{"/securityContext/runAsUser", "minimum"}},
+		{"runAsNonRoot off in the container", chartDir, "securityContext: {runAsNonRoot: false}", []string{"/securityContext/runAsNonRoot"}},
+		{"unconfined container", chartDir, "securityContext: {seccompProfile: {type: Unconfined}}", []string{"/securityContext/seccompProfile/type"}},
+		{"no pod seccomp profile", chartDir, "podSecurityContext: {seccompProfile: null}", []string{"/podSecurityContext", "seccompProfile"}},
+		{"unconfined pod", chartDir, "podSecurityContext: {seccompProfile: {type: Unconfined}}", []string{"/podSecurityContext/seccompProfile/type"}},
+		{"shutdown beyond the grace period", chartDir, "hotcount: {shutdownTimeout: 60s}", []string{"terminationGracePeriodSeconds", "hotcount.shutdownTimeout", "at least 65"}},
+		{"sidecar's shutdown beyond the app's grace period", exampleDir, "hotcount: {hotcount: {shutdownTimeout: 60s}}", []string{"terminationGracePeriodSeconds", "hotcount.shutdownTimeout"}},
+		{"admin on the lookup port", chartDir, "hotcount: {admin: ':8080'}", []string{"hotcount.admin", "hotcount.http", "same port"}},
+		{"sidecar's admin on its lookup port", chartDir, "standalone: {enabled: false}\nhotcount: {admin: ':8080'}", []string{"hotcount.admin", "same port"}},
+		{"stale shorter than the cache", chartDir, "hotcount: {cacheTtl: 10s, cacheStale: 5s}", []string{"hotcount.cacheStale", "cacheTtl"}},
+		{"open sidecar", chartDir, "standalone: {enabled: false}\nhotcount: {http: ':8080'}", []string{"hotcount.http", "httpTokenFile"}},
+		{"no time for the final flush", chartDir, "hotcount: {shutdownTimeout: 5s, drainTimeout: 5s}", []string{"hotcount.shutdownTimeout", "drainTimeout"}},
+		{"short ack wait", chartDir, "hotcount: {natsMode: jetstream, ackWait: 10s}", []string{"hotcount.ackWait", "counted twice"}},
+		{"setup without a memory limit", chartDir, "setup: {resources: {limits: {memory: null}}}", []string{"/setup/resources/limits", "memory"}},
+		{"lookup from every namespace", chartDir, "networkPolicy: {lookupFrom: [{namespaceSelector: {}}]}", []string{"networkPolicy.lookupFrom[0]", "everyone"}},
+		{"lookup from every pod", chartDir, "networkPolicy: {lookupFrom: [{podSelector: {}}]}", []string{"networkPolicy.lookupFrom[0]", "everyone"}},
+		{"lookup from every pod of every namespace", chartDir, "networkPolicy: {lookupFrom: [{namespaceSelector: {matchLabels: {}}, podSelector: {matchExpressions: []}}]}", []string{"networkPolicy.lookupFrom[0]"}},
+		{"lookup from every address", chartDir, "networkPolicy: {lookupFrom: [{podSelector: {matchLabels: {a: b}}}, {ipBlock: {cidr: 0.0.0.0/0}}]}", []string{"networkPolicy.lookupFrom[1]", "0.0.0.0/0"}},
+		{"lookup from every IPv6 address", chartDir, "networkPolicy: {lookupFrom: [{ipBlock: {cidr: '::/0', except: ['10.0.0.0/8']}}]}", []string{"networkPolicy.lookupFrom[0]"}},
+		{"metrics from every namespace", chartDir, "networkPolicy: {adminFrom: [{namespaceSelector: {}}]}", []string{"networkPolicy.adminFrom[0]"}},
+		{"table create without a role", chartDir, "setup: {table: {enabled: true}}", []string{"setup.serviceAccount.annotations", "eks.amazonaws.com/role-arn"}},
+		{"a setting in extraEnv", chartDir, "extraEnv: [{name: HOTCOUNT_HTTP_PUBLIC, value: 'true'}]", []string{"extraEnv[0]", "HOTCOUNT_HTTP_PUBLIC", "hotcount.httpPublic"}},
 		{"through the app's chart", exampleDir, "hotcount: {hotcount: {shards: -1}}", []string{"hotcount:", "/hotcount/shards"}},
 		{"sidecar of a pool", exampleDir, "hotcount: {standalone: {enabled: true}}", []string{"hotcount.standalone.enabled=false"}},
 	} {
@@ -1010,6 +1071,92 @@ func TestHelmRejects(t *testing.T) {
 				}
 			}
 			t.Logf("%s:\n%v", c.vals, err)
+		})
+	}
+}
+
+// TestHelmCrossChecks: the settings that pass the schema one by one but
+// conflict (config.Validate's cross-field rules the chart mirrors) fail at
+// render exactly when hotcount would refuse them at start, naming the same
+// setting; hotcount's own defaults fill what the values leave out.
+func TestHelmCrossChecks(t *testing.T) {
+	defaults := readValues(t, filepath.Join(chartDir, "values.yaml"))
+	ch := loadChart(t, chartDir)
+	for _, c := range []struct {
+		vals string
+		key  string // the setting both name, when they refuse
+	}{
+		{"hotcount: {cacheStale: 500ms}", "cacheStale"},
+		{"hotcount: {cacheStale: 1s}", ""},
+		{"hotcount: {cacheStale: '0', cacheTtl: 1m}", ""},
+		{"hotcount: {cacheTtl: 2s, cacheStale: 1500ms}", "cacheStale"},
+		{"hotcount: {admin: ':8080'}", "admin"},
+		{"hotcount: {admin: '0.0.0.0:8080'}", "admin"},
+		{"hotcount: {admin: ':8081'}", ""},
+		{"hotcount: {http: '10.0.0.1:9091'}", "admin"},
+		{"standalone: {enabled: false}\nhotcount: {admin: ':8080'}", "admin"},
+		{"standalone: {enabled: false}\nhotcount: {http: ':8080'}", "http"},
+		{"standalone: {enabled: false}\nhotcount: {http: ':8080', httpPublic: true}", ""},
+		{"standalone: {enabled: false}\nhotcount: {http: ':8080', httpTokenFile: /etc/token}", ""},
+		{"hotcount: {httpPublic: true}", ""},
+		{"hotcount: {shutdownTimeout: 5s}", "shutdownTimeout"},
+		{"hotcount: {shutdownTimeout: 5500ms}", "shutdownTimeout"},
+		{"hotcount: {shutdownTimeout: 6s}", ""},
+		{"hotcount: {shutdownTimeout: 20s, drainTimeout: 19s}", "shutdownTimeout"},
+		{"hotcount: {shutdownTimeout: 20s, drainTimeout: 18s}", ""},
+		{"hotcount: {shutdownTimeout: 1m, drainTimeout: 1m}", "shutdownTimeout"},
+		{"hotcount: {natsMode: jetstream, ackWait: 14s}", "ackWait"},
+		{"hotcount: {natsMode: partitioned, partitions: 4, ackWait: 15s}", ""},
+		{"hotcount: {natsMode: jetstream, flushTimeout: 10s, ackWait: 20s}", "ackWait"},
+		{"hotcount: {natsMode: jetstream, writeTimeout: 1m, ackWait: 1m38s}", ""},
+		{"hotcount: {natsMode: core, ackWait: 1s}", ""},
+	} {
+		t.Run(c.vals, func(t *testing.T) {
+			v, err := common.ReadValues([]byte(c.vals))
+			if err != nil {
+				t.Fatal(err)
+			}
+			vals := v.AsMap()
+			_, _, _, _, chartErr := helmTemplate(ch, "hotcount", vals)
+			// hotcount, with the settings the chart would give it.
+			merged := chartvalues.MergeTables(vals, defaults)
+			block, _ := merged["hotcount"].(map[string]any)
+			env := map[string]string{}
+			for k, v := range block {
+				env[config.EnvPrefix+strings.ToUpper(strings.ReplaceAll(kebab(k), "-", "_"))] = valueString(v)
+			}
+			pool := dig(merged, "standalone", "enabled") != false
+			if _, ok := block["http"]; !ok {
+				env["HOTCOUNT_HTTP"] = map[bool]string{true: ":8080", false: "127.0.0.1:8080"}[pool]
+			}
+			_, file := block["httpTokenFile"]
+			if pool && !file && block["httpPublic"] != true {
+				env["HOTCOUNT_HTTP_TOKEN_FILE"] = "/var/run/secrets/hotcount/token"
+			}
+			var environ []string
+			for k, v := range env {
+				environ = append(environ, k+"="+v)
+			}
+			cfg := config.Default()
+			if err := config.Parse(cfg.FlagSet("run", nil), nil, environ); err != nil {
+				t.Fatal(err)
+			}
+			hcErr := cfg.Validate()
+			switch {
+			case (chartErr == nil) != (hcErr == nil):
+				t.Errorf("the chart says %v, hotcount says %v", chartErr, hcErr)
+			case c.key == "" && chartErr != nil:
+				t.Errorf("both refuse what should pass: %v", chartErr)
+			case c.key != "" && chartErr == nil:
+				t.Errorf("both take what should fail on hotcount.%s", c.key)
+			case c.key != "":
+				if !strings.Contains(chartErr.Error(), "hotcount."+c.key) {
+					t.Errorf("the chart's error does not name hotcount.%s: %v", c.key, chartErr)
+				}
+				if !strings.Contains(hcErr.Error(), kebab(c.key)) {
+					t.Errorf("hotcount's error does not name %s: %v", kebab(c.key), hcErr)
+				}
+			}
 		})
 	}
 }

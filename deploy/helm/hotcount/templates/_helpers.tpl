@@ -118,6 +118,93 @@ on loopback for its own pod.
 {{- include "hotcount.port" ((include "hotcount.settings" . | fromYaml).HOTCOUNT_HTTP) }}
 {{- end }}
 
+{{/*
+hotcount.seconds: a Go duration ("25s", "1m30s", "500ms", "0") in seconds.
+*/}}
+{{- define "hotcount.seconds" -}}
+{{- $units := dict "ns" 1e-9 "us" 1e-6 "µs" 1e-6 "ms" 0.001 "s" 1.0 "m" 60.0 "h" 3600.0 }}
+{{- $total := 0.0 }}
+{{- range regexFindAll "[0-9.]+(ns|us|µs|ms|s|m|h)" (toString .) -1 }}
+{{- $total = addf $total (mulf (regexFind "^[0-9.]+" . | float64) (get $units (regexReplaceAll "^[0-9.]+" . ""))) }}
+{{- end }}
+{{- $total }}
+{{- end }}
+
+{{/*
+hotcount.effectiveSettings: the settings, with hotcount's own defaults for
+those the cross-field checks read and the values do not give.
+*/}}
+{{- define "hotcount.effectiveSettings" -}}
+{{- $defaults := dict "HOTCOUNT_NATS_MODE" "core" "HOTCOUNT_ADMIN" ":9091" "HOTCOUNT_ACK_WAIT" "30s" "HOTCOUNT_FLUSH_TIMEOUT" "5s" "HOTCOUNT_WRITE_TIMEOUT" "5s" "HOTCOUNT_CACHE_TTL" "1s" "HOTCOUNT_CACHE_STALE" "0" "HOTCOUNT_DRAIN_TIMEOUT" "5s" "HOTCOUNT_SHUTDOWN_TIMEOUT" "25s" "HOTCOUNT_HTTP_TOKEN_FILE" "" "HOTCOUNT_HTTP_PUBLIC" "false" }}
+{{- merge (include "hotcount.settings" . | fromYaml) $defaults | toYaml }}
+{{- end }}
+
+{{/*
+hotcount.checkGracePeriod: fails unless the pod's grace period covers
+hotcount's shutdownTimeout plus 5 s for the process to exit; (list scope
+seconds key), key naming the value that sets the grace period.
+*/}}
+{{- define "hotcount.checkGracePeriod" -}}
+{{- $s := include "hotcount.effectiveSettings" (index . 0) | fromYaml }}
+{{- $need := addf (include "hotcount.seconds" $s.HOTCOUNT_SHUTDOWN_TIMEOUT | float64) 5 }}
+{{- if lt (index . 1 | float64) $need }}
+{{- fail (printf "%s: %v s does not cover hotcount.shutdownTimeout (%s) plus 5 s for the process to exit: the kubelet would kill hotcount in its final flush; set it to at least %d" (index . 2) (index . 1) $s.HOTCOUNT_SHUTDOWN_TIMEOUT (ceil $need | int)) }}
+{{- end }}
+{{- end }}
+
+{{/*
+hotcount.validate: the values that pass the schema one by one but conflict,
+refused at render with the key named, rather than by hotcount at start
+(config.Validate's cross-field rules), and what the schema cannot say.
+*/}}
+{{- define "hotcount.validate" -}}
+{{- $s := include "hotcount.effectiveSettings" . | fromYaml }}
+{{- $loopback := "^(127\\.|localhost:|\\[::1\\]:)" }}
+{{- if regexMatch $loopback $s.HOTCOUNT_ADMIN }}
+{{- fail "hotcount.admin: the kubelet probes the pod's address, not its loopback: listen on every interface (:9091)" }}
+{{- end }}
+{{- if and .Values.standalone.enabled (regexMatch $loopback $s.HOTCOUNT_HTTP) }}
+{{- fail "hotcount.http: the pool's lookup API is reached through its Service: listen on every interface (:8080), behind the lookup token" }}
+{{- end }}
+{{- if and (not (regexMatch $loopback $s.HOTCOUNT_HTTP)) (not $s.HOTCOUNT_HTTP_TOKEN_FILE) (ne $s.HOTCOUNT_HTTP_PUBLIC "true") }}
+{{- fail (printf "hotcount.http: %s listens beyond the pod and hotcount.httpTokenFile is not set: every count would be open to anyone who reaches the pod; keep a sidecar on 127.0.0.1:8080, or set httpTokenFile (or httpPublic: true)" $s.HOTCOUNT_HTTP) }}
+{{- end }}
+{{- /* The same port: the same host, either on every interface, or both on loopback. */ -}}
+{{- $hostOf := "^\\[?(.*?)\\]?:[^:]*$" }}
+{{- $hh := regexReplaceAll $hostOf $s.HOTCOUNT_HTTP "${1}" }}
+{{- $ah := regexReplaceAll $hostOf $s.HOTCOUNT_ADMIN "${1}" }}
+{{- $every := list "" "0.0.0.0" "::" }}
+{{- if and (eq (include "hotcount.port" $s.HOTCOUNT_HTTP) (include "hotcount.port" $s.HOTCOUNT_ADMIN)) (ne (include "hotcount.port" $s.HOTCOUNT_HTTP) "0") (or (eq $hh $ah) (has $hh $every) (has $ah $every)) }}
+{{- fail (printf "hotcount.admin: %s and hotcount.http %s would bind the same port: give them different ports" $s.HOTCOUNT_ADMIN $s.HOTCOUNT_HTTP) }}
+{{- end }}
+{{- $ttl := include "hotcount.seconds" $s.HOTCOUNT_CACHE_TTL | float64 }}
+{{- $stale := include "hotcount.seconds" $s.HOTCOUNT_CACHE_STALE | float64 }}
+{{- if and (gt $stale 0.0) (lt $stale $ttl) }}
+{{- fail (printf "hotcount.cacheStale: %s is shorter than hotcount.cacheTtl %s (0 means 10 × cacheTtl)" $s.HOTCOUNT_CACHE_STALE $s.HOTCOUNT_CACHE_TTL) }}
+{{- end }}
+{{- $shutdown := include "hotcount.seconds" $s.HOTCOUNT_SHUTDOWN_TIMEOUT | float64 }}
+{{- if le (subf $shutdown (minf (divf $shutdown 10) 1)) (include "hotcount.seconds" $s.HOTCOUNT_DRAIN_TIMEOUT | float64) }}
+{{- fail (printf "hotcount.shutdownTimeout: %s leaves no time for the final flush after hotcount.drainTimeout %s (and the reserve of a tenth, at most 1 s): make it longer" $s.HOTCOUNT_SHUTDOWN_TIMEOUT $s.HOTCOUNT_DRAIN_TIMEOUT) }}
+{{- end }}
+{{- if has $s.HOTCOUNT_NATS_MODE (list "jetstream" "partitioned") }}
+{{- $minWait := mulf 1.5 (addf (include "hotcount.seconds" $s.HOTCOUNT_FLUSH_TIMEOUT | float64) (include "hotcount.seconds" $s.HOTCOUNT_WRITE_TIMEOUT | float64)) }}
+{{- if lt (include "hotcount.seconds" $s.HOTCOUNT_ACK_WAIT | float64) $minWait }}
+{{- fail (printf "hotcount.ackWait: %s is shorter than 1.5 × (hotcount.flushTimeout %s + hotcount.writeTimeout %s): held messages would be redelivered and counted twice" $s.HOTCOUNT_ACK_WAIT $s.HOTCOUNT_FLUSH_TIMEOUT $s.HOTCOUNT_WRITE_TIMEOUT) }}
+{{- end }}
+{{- end }}
+{{- if .Values.standalone.enabled }}
+{{- include "hotcount.checkGracePeriod" (list . .Values.terminationGracePeriodSeconds "terminationGracePeriodSeconds") }}
+{{- end }}
+{{- range $i, $e := .Values.extraEnv }}
+{{- if and (hasPrefix "HOTCOUNT_" $e.name) (ne $e.name "HOTCOUNT_NATS_TOKEN") }}
+{{- fail (printf "extraEnv[%d]: %s would override the settings' ConfigMap past the schema's checks: set hotcount.%s instead (only HOTCOUNT_NATS_TOKEN, from a Secret, belongs in extraEnv)" $i $e.name ($e.name | trimPrefix "HOTCOUNT_" | lower | camelcase | untitle)) }}
+{{- end }}
+{{- end }}
+{{- if and .Values.metrics.podMonitor.enabled (not .Values.standalone.enabled) (not .Values.metrics.podMonitor.selector) }}
+{{- fail "metrics.podMonitor.selector: without the pool, give the labels of the pods that carry the sidecar (matchLabels: {app.kubernetes.io/name: your-app})" }}
+{{- end }}
+{{- end }}
+
 {{- define "hotcount.dataDir" -}}
 {{- .Values.hotcount.dataDir | default "hotcount-data" }}
 {{- end }}
