@@ -50,30 +50,62 @@ func (l *limiter) wait(ctx context.Context, n int) error {
 // compare reads from the table the counters of p that can be proved and
 // adds what it finds to the report.
 func (a *auditor) compare(ctx context.Context, p *pass) error {
-	r := &a.report
-	if !a.stats {
-		// Every pass reads the same messages: the first complete one
-		// says what they were.
-		a.stats = true
-		r.Messages, r.Mentions, r.Probes, r.Outside = p.messages, p.mentions, p.probes, p.outside
-		for k, v := range p.rejected {
-			r.Rejected[k] = v
-		}
-		for _, w := range p.why {
-			a.note("%s", w)
-		}
-		r.Totals.Checked = p.totals && len(p.unread) == 0
-		r.Buckets.Checked = a.cfg.Minutes || a.cfg.Hours
-	}
-	r.Topics += int64(len(p.topics))
-	totals := p.totals && len(p.unread) == 0
-
+	a.takeStats(p)
+	a.report.Topics += int64(len(p.topics))
 	// What the sidecars had acknowledged before the table is read: a
 	// mention after that may not be in the table yet.
 	floors, err := a.floors(ctx)
 	if err != nil {
 		return err
 	}
+	want := a.comparable(p, floors)
+	if len(want) == 0 {
+		return nil
+	}
+	got, shards, err := a.readTable(ctx, want, nil)
+	if err != nil {
+		return err
+	}
+	var differ []store.Counter
+	for _, c := range want {
+		if got[c] != p.counts[c].n {
+			differ = append(differ, c)
+		}
+	}
+	differ, flown, err := a.settle(ctx, p, differ, got, shards)
+	if err != nil {
+		return err
+	}
+	a.record(p, want, differ, flown, got)
+	return nil
+}
+
+// takeStats keeps the first complete pass's figures: every pass reads the
+// same messages, so the first says what they were.
+func (a *auditor) takeStats(p *pass) {
+	if a.stats {
+		return
+	}
+	r := &a.report
+	a.stats = true
+	r.Messages, r.Mentions, r.Probes, r.Outside = p.messages, p.mentions, p.probes, p.outside
+	for k, v := range p.rejected {
+		r.Rejected[k] = v
+	}
+	for _, w := range p.why {
+		a.note("%s", w)
+	}
+	r.Totals.Checked = p.totals && len(p.unread) == 0
+	r.Buckets.Checked = a.cfg.Minutes || a.cfg.Hours
+}
+
+// comparable is the pass's counters the table can be held to: totals only
+// when the pass read the whole history, buckets the pass read whole and
+// not expired, and none with a mention past the sidecars' ack floors.
+// What it leaves out is counted in the report.
+func (a *auditor) comparable(p *pass, floors []uint64) []store.Counter {
+	r := &a.report
+	totals := p.totals && len(p.unread) == 0
 	now := a.cfg.Now()
 	var want []store.Counter
 	for c, cl := range p.counts {
@@ -96,43 +128,41 @@ func (a *auditor) compare(ctx context.Context, p *pass) error {
 		}
 		want = append(want, c)
 	}
-	if len(want) == 0 {
-		return nil
+	return want
+}
+
+// settle takes out of differ the counters in flight after all: mentions
+// published during the audit may have reached the table, and a write
+// journaled and acknowledged may land a moment after, so a counter either
+// touches (it grew in the stream, or its table count moved on a second
+// read) is in flight, not wrong.
+func (a *auditor) settle(ctx context.Context, p *pass, differ []store.Counter, got map[store.Counter]int64, shards map[string]int) (kept []store.Counter, flown map[store.Counter]bool, err error) {
+	flown = make(map[store.Counter]bool)
+	if len(differ) == 0 {
+		return nil, flown, nil
 	}
-	got, shards, err := a.readTable(ctx, want, nil)
+	moved, err := a.growth(ctx, p.share, differ)
 	if err != nil {
-		return err
+		return nil, nil, err
 	}
-	var differ []store.Counter
-	flown := make(map[store.Counter]bool) // found in flight after all: not compared
-	for _, c := range want {
-		if got[c] != p.counts[c].n {
-			differ = append(differ, c)
-		}
+	again, _, err := a.readTable(ctx, differ, shards)
+	if err != nil {
+		return nil, nil, err
 	}
-	if len(differ) > 0 {
-		// Mentions published during the audit may have reached the
-		// table; and a write journaled and acknowledged may land a moment
-		// after: a counter either touches is in flight, not wrong.
-		moved, err := a.growth(ctx, p.share, differ)
-		if err != nil {
-			return err
+	for _, c := range differ {
+		if moved[c] || again[c] != got[c] {
+			a.report.InFlight++
+			flown[c] = true
+			continue
 		}
-		again, _, err := a.readTable(ctx, differ, shards)
-		if err != nil {
-			return err
-		}
-		kept := differ[:0]
-		for _, c := range differ {
-			if moved[c] || again[c] != got[c] {
-				r.InFlight++
-				flown[c] = true
-				continue
-			}
-			kept = append(kept, c)
-		}
-		differ = kept
+		kept = append(kept, c)
 	}
+	return kept, flown, nil
+}
+
+// record counts what was compared and lists what differs.
+func (a *auditor) record(p *pass, want, differ []store.Counter, flown map[store.Counter]bool, got map[store.Counter]int64) {
+	r := &a.report
 	for _, c := range want {
 		if flown[c] {
 			continue
@@ -162,7 +192,6 @@ func (a *auditor) compare(ctx context.Context, p *pass) error {
 			r.Unlisted++
 		}
 	}
-	return nil
 }
 
 // partial says whether bucket i of g may hold mentions the pass did not
