@@ -327,11 +327,10 @@ func (a *Aggregator) add(topic string, delta int64, at time.Time) (grew bool) {
 	if at.IsZero() {
 		at = a.now()
 	}
-	name := a.scratch(freshOf(topic, store.Minute.Index(at)))
-	added, isNew := a.addCounter(name, delta, true)
-	// The minute as named: a name keeps its index within range, and
-	// Pending looks the counter up by that name.
-	c, _ := store.ParseName(name)
+	// The minute as named (a name keeps its index within range): Pending
+	// looks the counter up by that name.
+	c := freshOf(topic, store.Minute.Index(at)).Named()
+	added, isNew := a.addCounter(a.scratch(c), delta, true)
 	more := a.fresh.add(topic, c.Index, added)
 	a.bytes += more
 	return isNew || more > 0
@@ -443,6 +442,7 @@ func (a *Aggregator) Drain() Window {
 	case a.skip > 0:
 		a.skip--
 	default:
+		// Not a retry loop (no wait of its own): it spaces probes by drains, which the flush paces.
 		unspill = true
 		a.backoff = min(2*a.backoff+1, 64)
 		a.skip = a.backoff

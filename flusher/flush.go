@@ -34,20 +34,22 @@ func (f *Flusher) Flush(ctx context.Context) error {
 	// pending held back whole, so that a message goes with every count it
 	// makes.
 	p := f.drain()
-	w := p.write // the window this flush holds: record and gather hand it on
+	w, todo := p.write, p.todo // the window this flush holds: record and gather hand it on
 	defer f.ledger.keepAliveWhile(w.Acks)()
-	shards := f.shardCounts(ctx, w.Deltas)
+	shards := f.shardCounts(ctx, todo)
 	// 2-3. JetStream mode: journal them, then acknowledge their messages:
 	// from there on the journal carries the counts, whatever happens to
 	// this process.
-	unwritten := f.record(ctx, &w, shards)
+	unwritten := aggregator.Window{Deltas: aggregator.NewDeltas(0)}
 	if f.journal != nil {
+		unwritten = f.record(ctx, &w, todo, shards)
+		todo = nil // pending in the ledger, or unwritten: none is a new write
 		f.ledger.confirm(ctx)
 		f.ledger.retire(ctx)
 	}
 	// 4. Writes pending go first, unchanged: a topic's newer deltas wait
 	// behind them, so no newer seq lands while an older one is in doubt.
-	r := f.send(ctx, w, shards, start.Add(f.cfg.Timeout))
+	r := f.send(ctx, w, todo, shards, start.Add(f.cfg.Timeout))
 	f.gather(&w, r, &unwritten)
 	// 5. Acknowledge the messages whose counts are all in the store, and
 	// retire the entries that are.
@@ -58,7 +60,7 @@ func (f *Flusher) Flush(ctx context.Context) error {
 	// 6. A write the store has refused for good for long enough goes to
 	// the quarantine, out of its topic's way.
 	f.quarantineRipe(ctx, r, &unwritten)
-	f.ledger.hold()
+	f.ledger.keepPending()
 	// What is left goes back to the buffer for the next flush.
 	return f.end(p, r, unwritten)
 }
@@ -87,16 +89,16 @@ func (f *Flusher) drain() plan {
 }
 
 // record journals the writes of w, the window the flush holds (JetStream
-// mode with a journal), acknowledges the messages of the topics recorded,
-// in stream order, and leaves the recorded writes pending in the ledger.
-// It returns the counters the journal did not take, with their messages,
-// and leaves w empty.
-func (f *Flusher) record(ctx context.Context, w *aggregator.Window, shards shardTable) aggregator.Window {
+// mode with a journal; todo is its counters), acknowledges the messages of
+// the topics recorded, in stream order, and leaves the recorded writes
+// pending in the ledger. It returns the counters the journal did not take,
+// with their messages, and leaves w empty.
+func (f *Flusher) record(ctx context.Context, w *aggregator.Window, todo []counterDelta, shards shardTable) aggregator.Window {
 	left := aggregator.Window{Deltas: aggregator.NewDeltas(0)}
-	if f.journal == nil || w.Len() == 0 {
+	if w.Len() == 0 {
 		return left
 	}
-	writes := shards.writes(w.Deltas, f.cfg.Writer, f.seq.Next)
+	writes := shards.writes(todo, f.cfg.Writer, f.seq.Next)
 	recorded, at := f.ledger.record(ctx, writes, w.Acks)
 	var taken []store.Write
 	for _, x := range writes {
@@ -186,12 +188,12 @@ func (r *round) miss(c store.Counter) {
 // call each (a million topics during an outage).
 func (r *round) down(limit int) bool { return r.refused >= limit && r.written == 0 }
 
-// send sends the ledger's pending writes again, then new ones of the
-// counters of w, the window the flush holds, while the deadline, the
+// send sends the ledger's pending writes again, then new ones of todo,
+// the counters of w, the window the flush holds, while the deadline, the
 // context and the store allow, and tallies their answers. A write not
 // started is no ambiguity: its delta waits for the next flush.
-func (f *Flusher) send(ctx context.Context, w aggregator.Window, shards shardTable, deadline time.Time) *round {
-	r := &round{counters: w.Len(), settled: make(map[store.Counter]int64), doubt: make(map[store.Counter]store.Write), denied: make(map[store.Counter]error)}
+func (f *Flusher) send(ctx context.Context, w aggregator.Window, todo []counterDelta, shards shardTable, deadline time.Time) *round {
+	r := &round{counters: len(todo), settled: make(map[store.Counter]int64), doubt: make(map[store.Counter]store.Write), denied: make(map[store.Counter]error)}
 	if len(w.Acks) > 0 {
 		r.missed = make(map[string]bool)
 	}
@@ -213,7 +215,8 @@ func (f *Flusher) send(ctx context.Context, w aggregator.Window, shards shardTab
 			return a
 		})
 	}
-	for c, delta := range counters(w.Deltas) {
+	for _, x := range todo {
+		c, delta := x.counter, x.delta
 		b.collect()
 		if r.down(f.cfg.Concurrency) || !b.acquire(func() bool { return !r.down(f.cfg.Concurrency) && inTime() }) {
 			r.miss(c)

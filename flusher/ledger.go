@@ -54,7 +54,7 @@ type pending struct {
 	unconfirmed bool      // the entry's put lost its answer: not sent yet
 	denied      denial    // its run of refusals for good
 	// handedOver: its journal entry marks it as the quarantine's (see
-	// Flusher.hold), so it is never sent again; only the hand-over's
+	// Flusher.handOver), so it is never sent again; only the hand-over's
 	// last step is left.
 	handedOver bool
 }
@@ -198,13 +198,13 @@ func (l *ledger) resendable(more func() bool) iter.Seq2[store.Counter, *pending]
 	}
 }
 
-// quarantine hands hold each pending write whose run of refusals for good
+// quarantine hands handOver each pending write whose run of refusals for good
 // is ripe, and returns, by counter, those it took, still pending: settle
 // them. Only a write never in doubt goes (its every answer said "not
 // applied"): one that may be in the store already (Retry, or Replay: its
 // journal entry may have been replayed by another sidecar) stays pending,
 // since a replay under another identity could count it twice.
-func (l *ledger) quarantine(ctx context.Context, hold func(context.Context, store.Write, string, denial, bool) (bool, bool), ripe func(store.Counter, denial) bool) map[store.Counter]int64 {
+func (l *ledger) quarantine(ctx context.Context, handOver func(context.Context, store.Write, string, denial, bool) (bool, bool), ripe func(store.Counter, denial) bool) map[store.Counter]int64 {
 	var moved map[store.Counter]int64
 	for c, p := range l.pending {
 		if !p.handedOver {
@@ -215,7 +215,7 @@ func (l *ledger) quarantine(ctx context.Context, hold func(context.Context, stor
 				continue // since this flush's sends: another sidecar may be writing it
 			}
 		}
-		marked, done := hold(ctx, p.write, p.entry, p.denied, p.handedOver)
+		marked, done := handOver(ctx, p.write, p.entry, p.denied, p.handedOver)
 		p.handedOver = marked
 		if done {
 			if moved == nil {
@@ -325,9 +325,9 @@ func (l *ledger) addPending(c store.Counter, w store.Write) {
 	}
 }
 
-// hold publishes how many writes are pending and keeps their messages
+// keepPending publishes how many writes are pending and keeps their messages
 // this sidecar's while they wait.
-func (l *ledger) hold() {
+func (l *ledger) keepPending() {
 	l.metrics.pending.Set(float64(len(l.pending)))
 	for _, p := range l.pending {
 		l.keepAliveAll(p.msgs)

@@ -1,20 +1,11 @@
 package flusher
 
 import (
-	"cmp"
-	"context"
 	"iter"
-	"math/rand/v2"
-	"slices"
-
-	"go.uber.org/zap"
 
 	"github.com/hotcount/hotcount/aggregator"
 	"github.com/hotcount/hotcount/store"
 )
-
-// maxLookups bounds the topics whose shard count one flush looks up.
-const maxLookups = 4096
 
 // planning is the part of Config a plan follows: a value, set by New and
 // read only.
@@ -33,15 +24,18 @@ type planning struct {
 // they are the buffer's, the ingest changes them, so past drain only their
 // sizes are read.
 //
-// The plan is where a counter's name becomes a store.Counter: the window
-// keeps its counters by name, in its compact table (which goes back to
-// the buffer as it is, a million topics during an outage), and the plan
-// reads each name as it hands the counter on (counters). Past the plan,
-// the flush knows counters, not names.
+// The plan is where a counter's name becomes a store.Counter, once: the
+// window keeps its counters by name, in its compact table (which goes back
+// to the buffer as it is, a million topics during an outage), and the
+// plan reads each name once, into todo. Past the plan, the flush knows
+// counters, not names.
 type plan struct {
 	// write is the counters to write this flush, minute counters split
 	// into a total and time buckets, and the messages behind them.
 	write aggregator.Window
+	// todo is write's counters, read from their names once, with their
+	// deltas: what the flush looks up, journals and sends.
+	todo []counterDelta
 	// held is the counters and messages of topics that wait behind a
 	// pending write (in doubt or journaled): back to the buffer whole, so
 	// that a message is acknowledged, or journaled, with every count it
@@ -72,9 +66,10 @@ func newPlan(w aggregator.Window, down bool, waiting map[string]bool, c planning
 	if down && len(w.Acks) == 0 {
 		untried = probe(&w, c.probe)
 	}
-	split(w.Deltas, c.minutes, c.hours)
-	held := hold(&w, waiting)
-	return plan{write: w, held: held, untried: untried, heldCounters: held.Len(), untriedCounters: untried.Len()}
+	held := aggregator.Window{Deltas: aggregator.NewDeltas(0)}
+	todo := sortOut(w.Deltas, held.Deltas, waiting, c)
+	w.Acks, held.Acks = holdAcks(w.Acks, waiting)
+	return plan{write: w, todo: todo, held: held, untried: untried, heldCounters: held.Len(), untriedCounters: untried.Len()}
 }
 
 // probe keeps in w the first n counters of its window, the writes a flush
@@ -111,155 +106,80 @@ func counters(d *aggregator.Deltas) iter.Seq2[store.Counter, int64] {
 	}
 }
 
-// split turns each minute counter (store.Fresh) of a drained window into
-// the counters it is written to: its topic's total, and as --windows asks
-// its minute and hour buckets. What a flush cannot write goes back as
-// those, never as Fresh, so a mention reaches each once.
-func split(d *aggregator.Deltas, minutes, hours bool) {
-	var fresh []string
-	for name := range d.All() {
-		if counterOf(name).Kind == store.Fresh {
-			fresh = append(fresh, name)
-		}
-	}
-	for _, name := range fresh {
-		delta, _ := d.Get(name)
-		d.Delete(name)
-		total, minute, hour := counterOf(name).Split()
-		addTo(d, total, delta)
-		if minutes {
-			addTo(d, minute, delta)
-		}
-		if hours {
-			addTo(d, hour, delta)
-		}
-	}
+// named is a counter with its name in the window.
+type named struct {
+	name string
+	c    store.Counter
 }
 
-// addTo adds delta to c's delta in d, saturating like the aggregator.
-func addTo(d *aggregator.Deltas, c store.Counter, delta int64) {
-	v, _ := d.Ref(c.Name())
+// sortOut reads each counter's name in d once and sorts the counters, in
+// place: those of the waiting topics move to held, each minute counter
+// (store.Fresh) becomes the counters it is written to (its topic's total,
+// and as --windows asks its minute and hour buckets), and it returns what
+// is left in d to write, with its deltas. What a flush cannot write goes
+// back split, never as Fresh, so a mention reaches each counter once.
+func sortOut(d, held *aggregator.Deltas, waiting map[string]bool, c planning) []counterDelta {
+	var fresh []counterDelta
+	var keep []named
+	for name, delta := range d.All() {
+		x := counterOf(name)
+		switch {
+		case x.Kind == store.Fresh:
+			fresh = append(fresh, counterDelta{x, delta})
+			d.Delete(name)
+		case waiting[x.Topic]:
+			held.Set(name, delta)
+			d.Delete(name)
+		default:
+			keep = append(keep, named{name, x})
+		}
+	}
+	// Split after the walk: a total the split adds to may come later in it.
+	for _, f := range fresh {
+		into := d
+		if waiting[f.counter.Topic] {
+			into = held
+		}
+		total, minute, hour := f.counter.Split()
+		parts := []store.Counter{total}
+		if c.minutes {
+			parts = append(parts, minute)
+		}
+		if c.hours {
+			parts = append(parts, hour)
+		}
+		for _, x := range parts {
+			if name, isNew := addTo(into, x, f.delta); isNew && into == d {
+				keep = append(keep, named{name, x})
+			}
+		}
+	}
+	todo := make([]counterDelta, len(keep))
+	for i, k := range keep {
+		delta, _ := d.Get(k.name)
+		todo[i] = counterDelta{k.c, delta}
+	}
+	return todo
+}
+
+// addTo adds delta to c's delta in d, saturating like the aggregator, and
+// returns c's name and whether d had no delta for it before.
+func addTo(d *aggregator.Deltas, c store.Counter, delta int64) (name string, isNew bool) {
+	name = c.Name()
+	v, isNew := d.Ref(name)
 	*v, _ = store.SatAdd(*v, delta)
+	return name, isNew
 }
 
-// hold moves out of w the counters and messages of the waiting topics:
-// all their counters (total and time buckets) and their messages.
-func hold(w *aggregator.Window, waiting map[string]bool) (held aggregator.Window) {
-	held.Deltas = aggregator.NewDeltas(0)
-	for name, d := range w.Deltas.All() {
-		if waiting[counterOf(name).Topic] {
-			held.Deltas.Set(name, d)
-			w.Deltas.Delete(name)
-		}
-	}
-	var acks []aggregator.Message
-	for _, m := range w.Acks {
+// holdAcks splits acks into the messages of the waiting topics (held) and
+// the others, each in stream order.
+func holdAcks(acks []aggregator.Message, waiting map[string]bool) (write, held []aggregator.Message) {
+	for _, m := range acks {
 		if waiting[m.Topic] {
-			held.Acks = append(held.Acks, m)
+			held = append(held, m)
 		} else {
-			acks = append(acks, m)
+			write = append(write, m)
 		}
 	}
-	w.Acks = acks
-	return held
-}
-
-type topicDelta struct {
-	topic string
-	delta int64
-}
-
-// busyTopics returns the topics of d whose shard count is worth a lookup,
-// the busiest maxLookups at most. shards is the default count.
-func busyTopics(d *aggregator.Deltas, shards int) []string {
-	var busy []topicDelta
-	for c, delta := range counters(d) {
-		if c.IsBucket() {
-			continue // written with its topic's shard count
-		}
-		// Topics start on one shard (the default): one mention in a
-		// window is no hot key, so it goes to shard 0, always in the read
-		// set, without a metadata read. A long tail of new topics then
-		// costs one write each and nothing more; a topic another sidecar
-		// raised still gets its writes spread once it is busy here too.
-		if shards == 1 && delta < 2 {
-			continue
-		}
-		busy = append(busy, topicDelta{c.Topic, delta})
-	}
-	// Spreading matters for the hottest topics only: the busiest
-	// maxLookups are looked up, the rest go to their default shards.
-	if len(busy) > maxLookups {
-		slices.SortFunc(busy, func(a, b topicDelta) int { return cmp.Compare(b.delta, a.delta) })
-		busy = busy[:maxLookups]
-	}
-	topics := make([]string, len(busy))
-	for i, b := range busy {
-		topics[i] = b.topic
-	}
-	return topics
-}
-
-// shardTable is the shard count of each topic one flush writes: looked up
-// once, before the flush's first write (Flusher.shardCounts), and read
-// only afterwards.
-type shardTable struct {
-	// looked is the shard count of the topics looked up (busyTopics),
-	// nil when none were.
-	looked map[string]int
-	// def is the others' (Config.Shards).
-	def int
-}
-
-// of is the shard count of c's topic.
-func (t shardTable) of(c store.Counter) int {
-	if n := t.looked[c.Topic]; n > 0 {
-		return n
-	}
-	return t.def
-}
-
-// newWrite is a new write of delta to a random shard of c's topic, its seq
-// not yet given.
-func (t shardTable) newWrite(c store.Counter, delta int64, writer string) store.Write {
-	return store.Write{Counter: c, Shard: rand.IntN(t.of(c)), Delta: delta, Writer: writer}
-}
-
-// writes is every counter of d as a new store.Write with a seq from next,
-// a topic's time buckets next to its total: the journal keeps them in one
-// entry, so a message's counts are journaled whole or not at all.
-func (t shardTable) writes(d *aggregator.Deltas, writer string, next func() int64) []store.Write {
-	ws := make([]store.Write, 0, d.Len())
-	for c, delta := range counters(d) {
-		w := t.newWrite(c, delta, writer)
-		w.Seq = next()
-		ws = append(ws, w)
-	}
-	slices.SortFunc(ws, func(a, b store.Write) int {
-		return cmp.Or(cmp.Compare(a.Counter.Topic, b.Counter.Topic), cmp.Compare(a.Counter.Kind, b.Counter.Kind), cmp.Compare(a.Counter.Index, b.Counter.Index))
-	})
-	return ws
-}
-
-// shardCounts looks up the shard counts of the busy topics of d, the
-// counters a flush is to write, in a quarter of the flush's budget: the
-// counts it cannot give by then fall back to one shard, and the writes
-// keep the rest of the budget (metadata never stands in front of counts).
-func (f *Flusher) shardCounts(ctx context.Context, d *aggregator.Deltas) shardTable {
-	t := shardTable{def: f.cfg.Shards}
-	// While the store refuses writes, it answers no lookups either: the
-	// window goes to its default shards, which is always safe.
-	if f.shards == nil || d.Len() == 0 || f.down.Load() {
-		return t
-	}
-	ctx, cancel := context.WithTimeout(ctx, f.cfg.Timeout/4)
-	defer cancel()
-	counts, err := f.shards.WriteCounts(ctx, busyTopics(d, f.cfg.Shards))
-	if err != nil {
-		// The counts are usable all the same (one shard for the topics it
-		// could not look up): metadata never holds counts back.
-		f.log.Warn("shard counts incomplete; those topics go to one shard this flush", zap.Error(err))
-	}
-	t.looked = counts
-	return t
+	return write, held
 }

@@ -82,7 +82,7 @@ func (f *Flusher) quarantineRipe(ctx context.Context, r *round, u *aggregator.Wi
 	ripe := func(c store.Counter, d denial) bool {
 		return d.ripe(now, f.cfg.QuarantineAfter) || !d.since.IsZero() && f.poisoned[c.Topic]
 	}
-	if moved := f.ledger.quarantine(ctx, f.hold, ripe); len(moved) > 0 {
+	if moved := f.ledger.quarantine(ctx, f.handOver, ripe); len(moved) > 0 {
 		for c := range moved {
 			f.poisoned[c.Topic] = true
 		}
@@ -112,7 +112,7 @@ func (f *Flusher) quarantineRipe(ctx context.Context, r *round, u *aggregator.Wi
 		// its run goes on until a write of it is applied.
 		if delta, ok := u.Deltas.Get(name); ok && ripe(c, d) {
 			w := store.Write{Counter: c, Delta: delta, Writer: f.cfg.Writer, Seq: f.seq.Next()} // never sent: no mark to fear
-			if _, done := f.hold(ctx, w, "", d, false); done {
+			if _, done := f.handOver(ctx, w, "", d, false); done {
 				out = append(out, c)
 				delete(f.denied, c)
 				f.poisoned[c.Topic] = true
@@ -129,7 +129,7 @@ func (f *Flusher) quarantineRipe(ctx context.Context, r *round, u *aggregator.Wi
 	}
 }
 
-// hold puts w, denied since d.since and journaled in entry ("": not
+// handOver puts w, denied since d.since and journaled in entry ("": not
 // journaled), in the quarantine, and says whether its journal entry marks
 // it as the quarantine's and whether the hand-over is done. A journaled
 // write is handed over in three steps: put in the quarantine (not
@@ -137,7 +137,7 @@ func (f *Flusher) quarantineRipe(ctx context.Context, r *round, u *aggregator.Wi
 // entry writes it, and this sidecar never sends it again: marked says
 // the step is taken), then released; only then may the ledger drop it and
 // its entry go. A later flush takes up what failed.
-func (f *Flusher) hold(ctx context.Context, w store.Write, entry string, d denial, marked bool) (nowMarked, done bool) {
+func (f *Flusher) handOver(ctx context.Context, w store.Write, entry string, d denial, marked bool) (nowMarked, done bool) {
 	e := quarantine.Of(w, entry, d.err.Error(), d.since, f.now())
 	var err error
 	if !marked {

@@ -28,13 +28,10 @@ func (f *faulty) deny(topics ...string) {
 
 func (f *faulty) allow() { f.mu.Lock(); f.denied = nil; f.mu.Unlock() }
 
-// TestQuarantineMovesAPoisonTopicAside (core mode): a topic whose writes
-// are refused for good keeps its delta in the buffer until the bound has
-// passed, then its delta, and only it, goes to the quarantine, exactly,
-// while the other topics are written throughout; a replay once the store
-// takes it again writes it once, and a second replay finds nothing.
-func TestQuarantineMovesAPoisonTopicAside(t *testing.T) {
-	ctx := context.Background()
+// quarantined is a fixture whose flusher quarantines after a minute of
+// refusals, into a folder of its own, on a clock the test steps.
+func quarantined(t *testing.T) (*fixture, *quarantine.Dir, *testenv.Clock) {
+	t.Helper()
 	clock := testenv.NewClock(time.Date(2026, 12, 4, 12, 0, 0, 0, time.UTC))
 	q, err := quarantine.OpenDir(t.TempDir())
 	if err != nil {
@@ -42,7 +39,23 @@ func TestQuarantineMovesAPoisonTopicAside(t *testing.T) {
 	}
 	c := cfg
 	c.QuarantineAfter = time.Minute
-	fx := newFixture(t, c, clock.Now, flusher.WithQuarantine(q))
+	return newFixture(t, c, clock.Now, flusher.WithQuarantine(q)), q, clock
+}
+
+// replay runs hotcount quarantine replay's function against the
+// fixture's store.
+func replay(ctx context.Context, q quarantine.Store, fx *fixture, clock *testenv.Clock) (quarantine.Result, error) {
+	return quarantine.Replay(ctx, q, fx.st, nil, store.NewSequencer(clock.Now), store.NewWriterID, clock.Now)
+}
+
+// TestQuarantineMovesAPoisonTopicAside (core mode): a topic whose writes
+// are refused for good keeps its delta in the buffer until the bound has
+// passed, then its delta, and only it, goes to the quarantine, exactly,
+// while the other topics are written throughout; a replay once the store
+// takes it again writes it once, and a second replay finds nothing.
+func TestQuarantineMovesAPoisonTopicAside(t *testing.T) {
+	ctx := context.Background()
+	fx, q, clock := quarantined(t)
 	fx.st.deny("poison")
 
 	held := func() []quarantine.Entry {
@@ -103,14 +116,14 @@ func TestQuarantineMovesAPoisonTopicAside(t *testing.T) {
 	if got := fx.total(t, "poison", 4); got != 4 {
 		t.Fatalf("poison = %d before the replay, want 4", got)
 	}
-	r, err := quarantine.Replay(ctx, q, fx.st, nil, store.NewSequencer(clock.Now), store.NewWriterID, clock.Now)
+	r, err := replay(ctx, q, fx, clock)
 	if err != nil || len(r.Written) != 2 || len(r.Left) != 0 || r.Mentions() != 9 {
 		t.Fatalf("Replay = %+v, %v; want poison's two entries written", r, err)
 	}
 	if got := fx.total(t, "poison", 4); got != 13 {
 		t.Fatalf("poison = %d after the replay, want 13", got)
 	}
-	if r, err := quarantine.Replay(ctx, q, fx.st, nil, store.NewSequencer(clock.Now), store.NewWriterID, clock.Now); err != nil || len(r.Written)+len(r.Left) != 0 {
+	if r, err := replay(ctx, q, fx, clock); err != nil || len(r.Written)+len(r.Left) != 0 {
 		t.Fatalf("second Replay = %+v, %v; want nothing to do", r, err)
 	}
 }
@@ -123,14 +136,7 @@ func TestQuarantineMovesAPoisonTopicAside(t *testing.T) {
 // replay then writes it all.
 func TestQuarantineTakesAStoreThatRefusesEverything(t *testing.T) {
 	ctx := context.Background()
-	clock := testenv.NewClock(time.Date(2026, 12, 4, 12, 0, 0, 0, time.UTC))
-	q, err := quarantine.OpenDir(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := cfg
-	c.QuarantineAfter = time.Minute
-	fx := newFixture(t, c, clock.Now, flusher.WithQuarantine(q))
+	fx, q, clock := quarantined(t)
 	fx.st.deny()
 	for range 3 {
 		fx.agg.Add("a", 1)
@@ -153,7 +159,7 @@ func TestQuarantineTakesAStoreThatRefusesEverything(t *testing.T) {
 		t.Fatalf("quarantine holds %v (buffer a=%d b=%d); want a=3 b=6 held, none buffered", held, fx.agg.Pending("a"), fx.agg.Pending("b"))
 	}
 	fx.st.allow()
-	if _, err := quarantine.Replay(ctx, q, fx.st, nil, store.NewSequencer(clock.Now), store.NewWriterID, clock.Now); err != nil {
+	if _, err := replay(ctx, q, fx, clock); err != nil {
 		t.Fatal(err)
 	}
 	if a, b := fx.total(t, "a", 4), fx.total(t, "b", 4); a != 3 || b != 6 {
@@ -167,14 +173,7 @@ func TestQuarantineTakesAStoreThatRefusesEverything(t *testing.T) {
 // could count it twice. Once the store takes it again it settles, once.
 func TestQuarantineNeverTakesAWriteInDoubt(t *testing.T) {
 	ctx := context.Background()
-	clock := testenv.NewClock(time.Date(2026, 12, 4, 12, 0, 0, 0, time.UTC))
-	q, err := quarantine.OpenDir(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := cfg
-	c.QuarantineAfter = time.Minute
-	fx := newFixture(t, c, clock.Now, flusher.WithQuarantine(q))
+	fx, q, clock := quarantined(t)
 	fx.st.loseFirst = true // applied, its answer lost
 	fx.agg.Add("x", 5)
 	fx.fl.Flush(ctx) //nolint:errcheck // in doubt

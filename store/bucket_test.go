@@ -142,6 +142,13 @@ func TestCounterNames(t *testing.T) {
 	if got, _ := store.ParseName(store.BucketOf("t", store.Minute, 1<<40).Name()); got.Index != 1<<30-1 {
 		t.Errorf("index 2^40 reads back as %d, want 2^30-1", got.Index)
 	}
+	// Named is the counter its name reads back as, in range or not.
+	for _, i := range []int64{-5, 0, 4097, 1<<30 - 1, 1 << 40} {
+		c := store.Counter{Topic: "t", Kind: store.Fresh, Index: i}
+		if got, _ := store.ParseName(c.Name()); got != c.Named() {
+			t.Errorf("index %d: name reads back as %+v, Named is %+v", i, got, c.Named())
+		}
+	}
 	// A damaged name is a total spelt like it, as it was read before.
 	for _, name := range []string{"\x01", "\x01M0000", "\x01x00000t", "\x01m00!00t"} {
 		if got, ok := store.ParseName(name); ok || got != store.TotalOf(name) {

@@ -151,12 +151,22 @@ func (c Counter) AppendName(b []byte) []byte {
 	default:
 		kind = hourByte
 	}
-	i := min(max(c.Index, 0), maxIndex)
+	i := c.Named().Index
 	b = append(b, counterMark, kind)
 	for k := indexLen - 1; k >= 0; k-- {
 		b = append(b, indexDigits[(i>>(6*k))&63])
 	}
 	return append(b, c.Topic...)
+}
+
+// Named is c as its name keeps it: an index outside what a name holds
+// (below 0, or past 2^30-1, an "at" from another era) is clamped, as
+// AppendName clamps it.
+func (c Counter) Named() Counter {
+	if c.Kind != Total {
+		c.Index = min(max(c.Index, 0), maxIndex)
+	}
+	return c
 }
 
 // Name is c's name (AppendName's); a total's is its topic, not a copy.
