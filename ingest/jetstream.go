@@ -129,6 +129,16 @@ func NewJetStreamConsumer(nc *nats.Conn, cfg Config, jcfg JetStreamConfig, sink 
 // it consumes the partitions this sidecar owns, and follows the fleet as
 // their owners change.
 func (c *JetStreamConsumer) Run(ctx context.Context) error {
+	return c.RunWithin(ctx, context.WithoutCancel(ctx))
+}
+
+// RunWithin is Run whose waits on NATS once ctx has ended (the drain, a
+// hand-over in progress, the unpins that follow them) stop when limit
+// ends, wherever they are: the shutdown ends limit at the final flush's
+// deadline, so that a NATS server that is slow or gone cannot hold the
+// shutdown past it. What is still undelivered then is redelivered after
+// --ack-wait, and a partition left pinned waits out pinnedTTL.
+func (c *JetStreamConsumer) RunWithin(ctx, limit context.Context) error {
 	if c.jcfg.Partitions == 0 {
 		cons := c.bind(ctx)
 		if cons == nil {
@@ -170,10 +180,10 @@ func (c *JetStreamConsumer) Run(ctx context.Context) error {
 			c.log.Info("flushes write again: consuming")
 		}
 		wasPaused = paused
-		c.follow(ctx, paused)
+		c.follow(ctx, limit, paused)
 		select {
 		case <-ctx.Done():
-			return c.drainAll()
+			return c.drainAll(limit)
 		case <-tick.C:
 		case <-c.changes():
 		}
@@ -359,8 +369,8 @@ func (c *JetStreamConsumer) changes() <-chan struct{} {
 // while not paused is handed over (another sidecar owns it now): what
 // nats.go already holds goes through the handler, then the pin is given up
 // so that the new owner receives at once. Paused lanes are stopped (see
-// Run).
-func (c *JetStreamConsumer) follow(ctx context.Context, paused bool) {
+// Run). A hand-over stops waiting when limit ends (RunWithin).
+func (c *JetStreamConsumer) follow(ctx, limit context.Context, paused bool) {
 	want := make(map[int]bool)
 	for _, p := range c.wanted(paused) {
 		want[p] = true
@@ -373,7 +383,7 @@ func (c *JetStreamConsumer) follow(ctx context.Context, paused bool) {
 			l.cc.Stop()
 			<-l.cc.Closed()
 		} else {
-			c.handOver(p, l)
+			c.handOver(limit, p, l)
 		}
 		l.cc = nil
 	}
@@ -415,8 +425,8 @@ func (c *JetStreamConsumer) follow(ctx context.Context, paused bool) {
 // the window (flushed and acknowledged by this sidecar as usual, its
 // keep-alive included: the new owner never receives those messages unless
 // this sidecar dies), then unpins it for the new owner. Bounded by the
-// drain timeout.
-func (c *JetStreamConsumer) handOver(p int, l *lane) {
+// drain timeout and the unpin's, and cut short when limit ends.
+func (c *JetStreamConsumer) handOver(limit context.Context, p int, l *lane) {
 	l.cc.Drain()
 	t := time.NewTimer(c.cfg.DrainTimeout)
 	defer t.Stop()
@@ -424,8 +434,10 @@ func (c *JetStreamConsumer) handOver(p int, l *lane) {
 	case <-l.cc.Closed():
 	case <-t.C:
 		l.cc.Stop() // the rest is redelivered to the new owner after --ack-wait
+	case <-limit.Done():
+		l.cc.Stop() // likewise
 	}
-	c.unpin(p, l)
+	c.unpinAll(limit, l)
 	c.metrics.handovers.Inc()
 	c.log.Info("partition handed over", zap.Int("partition", p))
 }
@@ -469,7 +481,9 @@ func (c *JetStreamConsumer) batch() int {
 
 // drainAll stops pulling on every lane; what nats.go already holds goes
 // through the handler, so that the final flush writes and acknowledges it.
-func (c *JetStreamConsumer) drainAll() error {
+// The drain is bounded by the drain timeout, the unpins after it by
+// unpinTimeout, and both are cut short when limit ends (RunWithin).
+func (c *JetStreamConsumer) drainAll(limit context.Context) error {
 	var running []jetstream.ConsumeContext
 	for _, l := range c.lanes {
 		if l.cc != nil {
@@ -480,53 +494,88 @@ func (c *JetStreamConsumer) drainAll() error {
 	t := time.NewTimer(c.cfg.DrainTimeout)
 	defer t.Stop()
 	for i, cc := range running {
+		var why string
 		select {
 		case <-cc.Closed():
+			continue
 		case <-t.C:
-			for _, cc := range running[i:] {
-				cc.Stop()
-			}
-			return fmt.Errorf("ingest: drain timed out after %s; undelivered messages will be redelivered", c.cfg.DrainTimeout)
+			why = fmt.Sprintf("timed out after %s", c.cfg.DrainTimeout)
+		case <-limit.Done():
+			why = "cut off at the shutdown's deadline"
 		}
+		for _, cc := range running[i:] {
+			cc.Stop()
+		}
+		return fmt.Errorf("ingest: drain %s; undelivered messages will be redelivered", why)
 	}
 	c.log.Info("drained")
 	if c.jcfg.Partitions > 0 {
 		// What was drained is this sidecar's to flush and acknowledge;
 		// new messages are the next owner's at once, not after the pin
 		// lapses.
-		for p, l := range c.lanes {
+		var drained []*lane
+		for _, l := range c.lanes {
 			if l.cc != nil {
-				c.unpin(p, l)
+				drained = append(drained, l)
 			}
 		}
+		c.unpinAll(limit, drained...)
 	}
 	return nil
+}
+
+// unpinAll unpins the lanes' partitions (unpin) all at once, under one
+// bound, unpinTimeout, cut short when limit ends. One after another, each
+// with a bound of its own, 16 partitions against a NATS server that does
+// not answer took over a minute, past the whole shutdown budget. A pin not
+// given up only delays the next owner by pinnedTTL.
+func (c *JetStreamConsumer) unpinAll(limit context.Context, lanes ...*lane) {
+	ctx, cancel := context.WithTimeout(limit, unpinTimeout)
+	defer cancel()
+	var wg sync.WaitGroup
+	var late atomic.Int32
+	for _, l := range lanes {
+		wg.Go(func() {
+			if !c.unpin(ctx, l) {
+				late.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	if n := late.Load(); n > 0 {
+		c.log.Warn("partitions not unpinned in time: their next owners wait for the pins to lapse",
+			zap.Int("partitions", int(n)), zap.Duration("pinned_ttl", pinnedTTL), zap.Error(context.Cause(ctx)))
+	}
 }
 
 // unpin gives up partition p's pin, if this sidecar holds it, so that the
 // next owner's pulls are answered at once. A pin held by another sidecar
 // (this one claimed p from a different view of the fleet and never won
 // it) is left alone. A failure only delays the next owner by pinnedTTL.
-func (c *JetStreamConsumer) unpin(p int, l *lane) {
+// It gives up when ctx ends, and then returns false (unpinAll logs that
+// once for all the lanes).
+func (c *JetStreamConsumer) unpin(ctx context.Context, l *lane) (inTime bool) {
 	mine, _ := l.pin.Load().(string)
 	if mine == "" {
-		return // never received anything: the pin is someone else's, or none
+		return true // never received anything: the pin is someone else's, or none
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	defer cancel()
 	info, err := l.cons.Info(ctx)
-	if err != nil {
-		c.sampled.Warn("unpin partition: consumer info", zap.Int("partition", p), zap.Error(err))
-		return
-	}
-	for _, g := range info.PriorityGroups {
-		if g.Group == pinGroup && g.PinnedClientID != mine {
-			return
+	if err == nil {
+		for _, g := range info.PriorityGroups {
+			if g.Group == pinGroup && g.PinnedClientID != mine {
+				return true
+			}
 		}
+		err = l.stream.UnpinConsumer(ctx, c.jcfg.Consumer, pinGroup)
 	}
-	if err := l.stream.UnpinConsumer(ctx, c.jcfg.Consumer, pinGroup); err != nil {
-		c.sampled.Warn("unpin partition", zap.Int("partition", p), zap.Error(err))
+	switch {
+	case err == nil:
+	case ctx.Err() != nil:
+		return false
+	default:
+		c.sampled.Warn("unpin partition", zap.Int("partition", l.p), zap.Error(err))
 	}
+	return true
 }
 
 // Partitioned mode's names and timings.
@@ -542,6 +591,9 @@ const (
 	pinnedTTL = 15 * time.Second
 	// pinExpiry bounds how long one pull waits for messages.
 	pinExpiry = 5 * time.Second
+	// unpinTimeout bounds the unpins of a drain or a hand-over, all of
+	// them together: two round trips each, sent at once.
+	unpinTimeout = 2 * time.Second
 )
 
 // checkPartitioned waits until the partition streams are there as this
@@ -788,6 +840,11 @@ type StreamOptions struct {
 	Replicas int
 }
 
+// ErrLegacyStream is EnsureStream's error for a stream of the name that is
+// the previous release's partitioned stream (one stream, a partitioning
+// transform), which jetstream mode cannot consume.
+var ErrLegacyStream = errors.New("the previous release's partitioned stream")
+
 // EnsureStream creates the stream of mentions (subjects: subject; file
 // storage; a duplicate window for Nats-Msg-Id de-duplication; limits, by
 // default DefaultStreamMaxAge and DefaultStreamMaxBytes, past which new
@@ -810,7 +867,7 @@ func EnsureStream(ctx context.Context, nc *nats.Conn, name, subject string, dupl
 	}
 	if s, err := js.Stream(ctx, name); err == nil {
 		if tr := s.CachedInfo().Config.SubjectTransform; tr != nil {
-			return false, fmt.Errorf("ingest: stream %s exists and is the previous release's partitioned stream (%s): see deploy/README.md, \"Moving to partition streams\"", name, tr.Destination)
+			return false, fmt.Errorf("ingest: stream %s exists and is %w (%s): see deploy/README.md, \"Moving to partition streams\"", name, ErrLegacyStream, tr.Destination)
 		}
 		return false, nil
 	} else if !errors.Is(err, jetstream.ErrStreamNotFound) {

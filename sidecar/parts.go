@@ -51,9 +51,14 @@ type parts struct {
 	con *console.Console
 	// writer is this process's writer id, journaled or not.
 	writer string
-	// cutFlushes stops the flush loop's flush in progress: the shutdown
-	// calls it at the final flush's deadline.
-	cutFlushes context.CancelFunc
+	// limit ends when cut is called, which the shutdown does at the final
+	// flush's deadline: the pipeline's work that outlives its context
+	// stops there, the flush loop's flush in progress and the JetStream
+	// consumer's drain and unpins, so that neither a slow store nor a slow
+	// NATS holds the shutdown into the reserve of the phases after the
+	// final flush.
+	limit context.Context
+	cut   context.CancelFunc
 	// runs are the pipeline's loops, each run until its context ends.
 	runs []func(ctx context.Context) error
 	// services are the read side's loops (the lookup's refreshes, the
@@ -75,7 +80,9 @@ func (p *parts) close() {
 // assemble opens the store and NATS and builds every stage on them. On an
 // error it closes what it had opened.
 func (s *Sidecar) assemble(ctx context.Context) (*parts, error) {
-	p := &parts{writer: store.NewWriterID()}
+	limit, cut := context.WithCancel(context.Background())
+	p := &parts{writer: store.NewWriterID(), limit: limit, cut: cut}
+	p.onClose(cut)
 	steps := []func(context.Context, *parts) error{s.openStore, s.buffer, s.connect, s.readers, s.writers, s.ingest, s.views}
 	for _, step := range steps {
 		if err := step(ctx, p); err != nil {
@@ -235,10 +242,7 @@ func (s *Sidecar) writers(ctx context.Context, p *parts) error {
 		QuarantineAfter: cfg.QuarantineAfter,
 	}, p.agg, p.st, s.log, flusher.NewMetrics(s.reg), time.Now, opts...)
 	p.lk.WatchWrites(p.fl)
-	limit, cut := context.WithCancel(context.Background())
-	p.cutFlushes = cut
-	p.onClose(cut)
-	p.runs = append(p.runs, func(ctx context.Context) error { return p.fl.RunWithin(ctx, limit) })
+	p.runs = append(p.runs, func(ctx context.Context) error { return p.fl.RunWithin(ctx, p.limit) })
 	if p.jr != nil {
 		p.runs = append(p.runs, p.jr.Run, p.jr.Watch)
 	}
@@ -257,11 +261,19 @@ func (s *Sidecar) ingest(_ context.Context, p *parts) error {
 	if err != nil {
 		return err
 	}
-	if js, ok := sub.(*ingest.JetStreamConsumer); ok && p.jr != nil {
-		js.SetJournal(p.jr)
+	run := sub.Run
+	if js, ok := sub.(*ingest.JetStreamConsumer); ok {
+		if p.jr != nil {
+			js.SetJournal(p.jr)
+		}
+		// Its drain and unpins wait on NATS: cut off at the final
+		// flush's deadline too. (The core subscription's drain is
+		// bounded by --drain-timeout alone, which config keeps under
+		// that deadline.)
+		run = func(ctx context.Context) error { return js.RunWithin(ctx, p.limit) }
 	}
 	p.sub = sub
-	p.runs = append([]func(context.Context) error{sub.Run}, p.runs...)
+	p.runs = append([]func(context.Context) error{run}, p.runs...)
 	return nil
 }
 

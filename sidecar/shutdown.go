@@ -27,11 +27,12 @@ type shutdown struct {
 	reserve time.Duration
 	// stop stops taking messages and returns once the pipeline's
 	// goroutines have: the NATS drain (at most --drain-timeout, which
-	// config keeps under the budget less the reserve), the flush loop
-	// (its flush in progress, cut off at ctx's deadline), the journal's
-	// and console's loops; then, in partitioned mode, it leaves the fleet
-	// (see runMembers), waiting at most until ctx's deadline. ctx ends
-	// where the final flush must: the budget's end less the reserve.
+	// config keeps under the budget less the reserve) and in partitioned
+	// mode the unpins after it, the flush loop (its flush in progress),
+	// the journal's and console's loops; then, in partitioned mode, it
+	// leaves the fleet (see runMembers). It returns by ctx's deadline
+	// (pipelineStop). ctx ends where the final flush must: the budget's
+	// end less the reserve.
 	stop func(ctx context.Context) error
 	// final writes what is buffered, retrying until its deadline: the
 	// budget's end less the reserve.
@@ -66,6 +67,45 @@ func (s shutdown) run(log *zap.Logger) error {
 		cancel()
 	}
 	return errors.Join(stopErr, finalErr)
+}
+
+// pipelineStop is a shutdown's stop for a pipeline run by goAll.
+type pipelineStop struct {
+	// stop ends the pipeline's context: its loops take no more work.
+	stop func()
+	// endBy tells the flush loop the final flush's deadline
+	// (flusher.Flusher.EndBy).
+	endBy func(time.Time)
+	// cut ends what the pipeline's loops still wait for after their
+	// context has ended (parts.cut): the flush in progress, the
+	// JetStream drain and its unpins.
+	cut func()
+	// wait returns once the pipeline's loops have.
+	wait func() error
+	// leave leaves the fleet, waiting at most until its context ends
+	// (runMembers).
+	leave func(context.Context)
+}
+
+// run stops the pipeline and returns by ctx's deadline, whatever the
+// store and NATS do: what its loops would still wait for is cut off
+// there, so that the phases after the final flush keep their reserve.
+// Against a NATS server that does not answer, a drain and its unpins
+// could otherwise run past the whole budget.
+func (s pipelineStop) run(ctx context.Context) error {
+	s.stop()
+	// The flush in progress finishes, but not past the final flush's
+	// deadline: it starts no write it could not finish by then.
+	if d, ok := ctx.Deadline(); ok {
+		s.endBy(d)
+	}
+	defer context.AfterFunc(ctx, s.cut)()
+	err := s.wait()
+	// The drain has unpinned this sidecar's partitions (unless it was
+	// cut off): the others take them now rather than after fleet.Expiry
+	// intervals, while the final flush writes what this one holds.
+	s.leave(ctx)
+	return err
 }
 
 // phaseEnd is the deadline of the i-th of n phases after the final flush:

@@ -3,6 +3,7 @@ package sidecar
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -169,5 +170,77 @@ func TestOverrunningPhaseKeepsTheOthersSlices(t *testing.T) {
 	}
 	if took := time.Since(start); took > budget+100*time.Millisecond {
 		t.Errorf("shutdown took %s, more than its budget %s", took, budget)
+	}
+}
+
+// TestShutdownCutsAPipelineWaitingOnNATS: the stop phase of a pipeline whose
+// ingest waits on a NATS server that does not answer (its drain, then its
+// unpins), returning only when cut, returns at the final flush's deadline:
+// the stop cuts it there, and the phases after the final flush keep their
+// reserve. A pipeline that returns in time is not cut.
+func TestShutdownCutsAPipelineWaitingOnNATS(t *testing.T) {
+	const budget, reserve = 2 * time.Second, 500 * time.Millisecond
+	for _, stuck := range []bool{true, false} {
+		t.Run(fmt.Sprintf("stuck=%v", stuck), func(t *testing.T) {
+			start := time.Now()
+			stopped, cut := make(chan struct{}), make(chan struct{})
+			var endBy, returned time.Time
+			var left time.Duration
+			var leaveErr, afterErr error
+			drainErr := errors.New("ingest: drain cut off at the shutdown's deadline")
+			err := shutdown{
+				budget:  budget,
+				reserve: reserve,
+				stop: pipelineStop{
+					stop:  func() { close(stopped) },
+					endBy: func(d time.Time) { endBy = d },
+					cut:   func() { close(cut) },
+					wait: func() error {
+						<-stopped
+						if !stuck {
+							return nil
+						}
+						<-cut
+						returned = time.Now()
+						return drainErr
+					},
+					leave: func(ctx context.Context) { leaveErr = ctx.Err() },
+				}.run,
+				final: func(context.Context) error { return nil },
+				after: []phase{{"leave the journal", func(ctx context.Context) error {
+					d, _ := ctx.Deadline()
+					left, afterErr = time.Until(d), ctx.Err()
+					return nil
+				}}},
+			}.run(zap.NewNop())
+
+			want := start.Add(budget - reserve) // the final flush's deadline
+			if endBy.Before(want) || endBy.After(want.Add(200*time.Millisecond)) {
+				t.Errorf("the flush loop was told to end %s after the start, want %s (the final flush's deadline)", endBy.Sub(start), want.Sub(start))
+			}
+			if afterErr != nil || left < reserve/2 {
+				t.Errorf("the phase after the final flush started with %s left (%v), want about the reserve (%s)", left, afterErr, reserve)
+			}
+			if !stuck {
+				if err != nil {
+					t.Errorf("shutdown returned %v, want nil", err)
+				}
+				select {
+				case <-cut:
+					t.Error("a pipeline that returned in time was cut")
+				default:
+				}
+				return
+			}
+			if !errors.Is(err, drainErr) {
+				t.Errorf("shutdown returned %v, want the drain's error", err)
+			}
+			if returned.Before(endBy) || returned.After(want.Add(200*time.Millisecond)) {
+				t.Errorf("the pipeline returned %s after the start, want when cut, at the final flush's deadline (%s)", returned.Sub(start), want.Sub(start))
+			}
+			if leaveErr == nil {
+				t.Error("leaving the fleet had time left after the final flush's deadline")
+			}
+		})
 	}
 }

@@ -231,25 +231,9 @@ func (s *Sidecar) Run(ctx context.Context) error {
 	err = shutdown{
 		budget:  s.cfg.ShutdownTimeout,
 		reserve: s.cfg.ShutdownReserve(),
-		stop: func(ctx context.Context) error {
-			stopPipe()
-			// The flush in progress finishes, but not past the final
-			// flush's deadline: it starts no write it could not finish
-			// by then, and is cut off there.
-			if d, ok := ctx.Deadline(); ok {
-				p.fl.EndBy(d)
-			}
-			defer context.AfterFunc(ctx, p.cutFlushes)()
-			err := pipe.Wait()
-			// The drain has unpinned this sidecar's partitions: the
-			// others take them now rather than after fleet.Expiry
-			// intervals, while the final flush writes what this one
-			// holds.
-			leaveFleet(ctx)
-			return err
-		},
-		final: p.fl.Final, // returned below, with what it could not write
-		after: s.afterFinal(p, l),
+		stop:    pipelineStop{stop: stopPipe, endBy: p.fl.EndBy, cut: p.cut, wait: pipe.Wait, leave: leaveFleet}.run,
+		final:   p.fl.Final, // returned below, with what it could not write
+		after:   s.afterFinal(p, l),
 	}.run(s.log)
 	// The HTTP listeners have stopped: nothing reads any more.
 	stopServices()
