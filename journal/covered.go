@@ -3,10 +3,12 @@ package journal
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
 
+	"github.com/cenkalti/backoff/v5"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/zap"
 )
@@ -25,10 +27,26 @@ type coverage struct {
 	noted  map[string][][2]int64 // own entries noted since the watch began
 	ready  chan struct{}         // closed once the first watch has read every entry
 	once   sync.Once
+
+	backOff func() backoff.BackOff // the waits before watching again (watchBackOff)
+	read    func()                 // called as each watch's reading is complete; nil: none (a test's)
 }
 
 func newCoverage() *coverage {
-	return &coverage{ranges: make(map[string][][2]int64), ready: make(chan struct{})}
+	return &coverage{ranges: make(map[string][][2]int64), ready: make(chan struct{}), backOff: watchBackOff}
+}
+
+// watchBackOff is the wait before watching again: a second after a watch
+// that had read the bucket ends, then growing while watches keep failing
+// (the bucket or its server gone), up to 10 s, so that a long outage costs
+// a request every few seconds while the copy returns soon after it.
+func watchBackOff() backoff.BackOff {
+	return &backoff.ExponentialBackOff{
+		InitialInterval:     time.Second,
+		RandomizationFactor: backoff.DefaultRandomizationFactor,
+		Multiplier:          2,
+		MaxInterval:         10 * time.Second,
+	}
 }
 
 // covered says whether an entry carries the message at position seq,
@@ -62,36 +80,56 @@ func (c *coverage) note(key string, seqs [][2]int64) {
 	}
 }
 
-// watch keeps the copy until ctx ends, watching again (after a second)
-// whenever a watch ends early. A new watch's reading replaces the copy
-// once complete; until then the last one answers.
+// watch keeps the copy until ctx ends, watching again whenever a watch
+// ends early, after watchBackOff's wait: from its first again once a watch
+// had read the bucket. It returns as soon as ctx ends, waiting or not. A
+// new watch's reading replaces the copy once complete; until then the
+// last one answers.
 func (c *coverage) watch(ctx context.Context, kv jetstream.KeyValue, log *zap.Logger) {
-	for ctx.Err() == nil {
-		if err := c.watchOnce(ctx, kv); err != nil && ctx.Err() == nil {
-			log.Warn("journal watch ended; watching again", zap.Error(err))
+	b := c.backOff()
+	backoff.Retry(ctx, func() (struct{}, error) { //nolint:errcheck // it ends with ctx alone
+		read, err := c.watchOnce(ctx, kv)
+		if ctx.Err() != nil {
+			return struct{}{}, nil
 		}
-		select {
-		case <-ctx.Done():
-		case <-time.After(time.Second):
+		if read {
+			b.Reset() // it worked: the bucket is there
 		}
-	}
+		if err == nil {
+			err = errors.New("journal: watch ended")
+		}
+		return struct{}{}, err
+	}, backoff.WithBackOff(b), backoff.WithMaxElapsedTime(0), backoff.WithNotify(func(err error, wait time.Duration) {
+		log.Warn("journal watch ended; watching again", zap.Error(err), zap.Duration("in", wait))
+	}))
 }
 
-func (c *coverage) watchOnce(ctx context.Context, kv jetstream.KeyValue) error {
+// watchOnce runs one watch until it or ctx ends, and says whether it read
+// the whole bucket.
+func (c *coverage) watchOnce(ctx context.Context, kv jetstream.KeyValue) (read bool, err error) {
 	w, err := kv.WatchAll(ctx)
 	if err != nil {
-		return fmt.Errorf("journal: watch: %w", err)
+		return false, fmt.Errorf("journal: watch: %w", err)
 	}
 	defer w.Stop()                      //nolint:errcheck // the watch's end
 	next := make(map[string][][2]int64) // the reading under way
+	// This writer's entries recorded from now on may come through the
+	// watch only after its reading is complete: note keeps them, so that
+	// the new copy does not lose them meanwhile (a covered message read
+	// as not covered could be counted twice). One retired meanwhile may
+	// come back until its deletion comes through: covered, which is true
+	// of a retired entry's messages (they are in the store).
+	c.mu.Lock()
+	c.noted = make(map[string][][2]int64)
+	c.mu.Unlock()
 	for {
 		select {
 		case <-ctx.Done():
-			return nil
+			return read, nil
 		case e, ok := <-w.Updates():
 			switch {
 			case !ok:
-				return fmt.Errorf("journal: watch closed")
+				return read, fmt.Errorf("journal: watch closed")
 			case e == nil: // every entry there when the watch began is read
 				c.mu.Lock()
 				// Entries recorded here since the watch began come
@@ -104,6 +142,10 @@ func (c *coverage) watchOnce(ctx context.Context, kv jetstream.KeyValue) error {
 				c.ranges, next, c.noted = next, nil, nil
 				c.mu.Unlock()
 				c.once.Do(func() { close(c.ready) })
+				read = true
+				if c.read != nil {
+					c.read()
+				}
 			case next != nil:
 				apply(next, e)
 			default:

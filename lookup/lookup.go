@@ -169,8 +169,12 @@ type Service struct {
 	writes [64]atomic.Uint64
 	seed   maphash.Seed
 	// writer is this sidecar's writer, watched for writes on their way to
-	// the store; nil: none.
-	writer Writer
+	// the store; nil: none. landed wakes the gathers waiting for one of
+	// them (settle) as it lands (Wrote); unlanded is how often such a
+	// gather looks again (see untilLanded).
+	writer   Writer
+	landed   landings
+	unlanded time.Duration
 	// share publishes gathered totals to the fleet; nil: not shared.
 	share  Sharer
 	pool   *pool
@@ -184,7 +188,7 @@ type Service struct {
 // has renewed by CacheStale is gone. It starts nothing: see Run.
 func New(cfg Config, st Store, reg prometheus.Registerer, now func() time.Time) *Service {
 	m := newMetrics(reg)
-	s := &Service{cfg: cfg, store: st, metrics: m, now: now, pool: newPool(), seed: maphash.MakeSeed()}
+	s := &Service{cfg: cfg, store: st, metrics: m, now: now, pool: newPool(), seed: maphash.MakeSeed(), unlanded: unlandedPoll}
 	s.bgCtx, s.stopBg = context.WithCancel(context.Background())
 	clk := clockcache.Clock{Now: now} // never ticks: Run cleans the caches up
 	s.cache = otter.Must(&otter.Options[string, entry]{
@@ -257,8 +261,69 @@ type Writer interface {
 
 // WatchWrites has the service watch w's writes on their way: a gather that
 // ran while one was can neither count it nor leave it out, so it waits for
-// the write to land and reads again. Call it before serving.
+// the write to land and reads again. The service must be w's reader (told
+// of each write as it lands, through Wrote: flusher.WithReader), or such a
+// gather waits unlandedPoll at each turn. Call it before serving.
 func (s *Service) WatchWrites(w Writer) { s.writer = w }
+
+// unlandedPoll is how often a gather waiting for a write on its way
+// (untilLanded) asks the Writer again, for a write that stops being on its
+// way without landing (in doubt, refused, quarantined): only a landing is
+// told (Wrote), and wakes it at once.
+const unlandedPoll = 10 * time.Millisecond
+
+// landings are what gathers waiting for a topic's write to land wait on:
+// a channel per topic, closed by Wrote as a write of the topic lands.
+type landings struct {
+	waited atomic.Int64 // topics with a channel: while none, Wrote takes no lock
+	mu     sync.Mutex
+	topics map[string]*landing
+}
+
+// landing is a topic's channel and how many gathers wait on it.
+type landing struct {
+	ch      chan struct{}
+	waiters int
+}
+
+// wait returns a channel closed when a write of topic lands from now on,
+// and the function that ends the wait.
+func (l *landings) wait(topic string) (<-chan struct{}, func()) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	w, ok := l.topics[topic]
+	if !ok {
+		if l.topics == nil {
+			l.topics = make(map[string]*landing)
+		}
+		w = &landing{ch: make(chan struct{})}
+		l.topics[topic] = w
+		l.waited.Add(1)
+	}
+	w.waiters++
+	return w.ch, func() {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		if w.waiters--; w.waiters == 0 && l.topics[topic] == w {
+			delete(l.topics, topic)
+			l.waited.Add(-1)
+		}
+	}
+}
+
+// land wakes the gathers waiting for a write of topic.
+func (l *landings) land(topic string) {
+	if l.waited.Load() == 0 {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if w, ok := l.topics[topic]; ok {
+		close(w.ch)
+		delete(l.topics, topic)
+		l.waited.Add(-1)
+	}
+}
 
 // lifetime is the refresh (TTL) or expiry (CacheStale) time of an entry,
 // counted from the gather that made it: a raise by this sidecar's own
@@ -680,12 +745,8 @@ func (s *Service) settle(ctx context.Context, topics []string) (map[string][]sto
 		return nil, time.Time{}, false
 	}
 	for _, t := range racing {
-		for s.writer.Sending(t) {
-			select {
-			case <-ctx.Done():
-				return nil, time.Time{}, false
-			case <-time.After(time.Millisecond):
-			}
+		if !s.untilLanded(ctx, t) {
+			return nil, time.Time{}, false
 		}
 	}
 	begun := s.now()
@@ -694,6 +755,33 @@ func (s *Service) settle(ctx context.Context, topics []string) (map[string][]sto
 		return nil, time.Time{}, false
 	}
 	return m, begun, true
+}
+
+// untilLanded waits until no write of topic is on its way (Writer.Sending),
+// or ctx ends (false). A write that lands wakes it at once (Wrote, which
+// the flusher calls as the write stops being on its way, under the lock
+// Sending takes); one that stops being on its way without landing is seen
+// within s.unlanded.
+func (s *Service) untilLanded(ctx context.Context, topic string) bool {
+	poll := time.NewTimer(s.unlanded)
+	defer poll.Stop()
+	for {
+		// Waiting before asking: a landing in between is not missed.
+		landed, done := s.landed.wait(topic)
+		if !s.writer.Sending(topic) {
+			done()
+			return true
+		}
+		select {
+		case <-ctx.Done():
+			done()
+			return false
+		case <-landed:
+		case <-poll.C:
+		}
+		done()
+		poll.Reset(s.unlanded)
+	}
 }
 
 // loadOnce is one gather of load; it returns the topics it found absent.
@@ -765,6 +853,7 @@ func (s *Service) loadOnce(ctx context.Context, topics []string, olds []entry, c
 // the entry's refresh nor its expiry.
 func (s *Service) Wrote(topic string, delta int64, sent, landed time.Time) {
 	s.stripe(topic).Add(1)
+	defer s.landed.land(topic) // once the cache knows
 	update := func(old entry) (entry, otter.ComputeOp) {
 		switch {
 		case old.started.After(landed):

@@ -185,6 +185,7 @@ func StepDown(ctx context.Context, nc *nats.Conn, stream, server string) error {
 }
 
 // waitLeader polls stream's info until server leads it.
+// Not a retry loop: a wait for an election (its LEADER_ELECTED advisory is at-most-once, and may be denied).
 func waitLeader(ctx context.Context, js jetstream.JetStream, stream, server string, timeout time.Duration) error {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
