@@ -3,7 +3,7 @@
 // folder), and serves it.
 //
 // The document describes the answers as they are: the tests validate the
-// real answers of a running sidecar against it (package apitest), so that
+// real answers of a running sidecar against it (internal/apitest), so that
 // it cannot drift from the code. A team calling the API from another
 // language generates or checks its client from it; the sidecar serves it
 // at GET /openapi.yaml on the lookup listener, so what a client reads is

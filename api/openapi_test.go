@@ -14,7 +14,7 @@ import (
 
 	"github.com/hotcount/hotcount/admin"
 	"github.com/hotcount/hotcount/api"
-	"github.com/hotcount/hotcount/api/apitest"
+	"github.com/hotcount/hotcount/internal/apitest"
 )
 
 // TestOpenAPIDocument: api/openapi.yaml loads with kin-openapi as an

@@ -29,6 +29,7 @@ import (
 	"github.com/hotcount/hotcount/ingest"
 	"github.com/hotcount/hotcount/internal/embeddednats"
 	"github.com/hotcount/hotcount/internal/testenv"
+	"github.com/hotcount/hotcount/internal/testenv/sidecartest"
 	"github.com/hotcount/hotcount/shardcount"
 	"github.com/hotcount/hotcount/sidecar"
 	"github.com/hotcount/hotcount/store"
@@ -746,31 +747,21 @@ func publishAcked(b *testing.B, nc *nats.Conn, cpu *cpuMeter) {
 
 // counterSidecar runs a sidecar on the embedded store against the NATS
 // server at url, in mode, until the benchmark ends, and waits until it is
-// subscribed.
+// ready and subscribed.
 func counterSidecar(b *testing.B, url, mode string, tune ...func(*config.Config)) *sidecar.Sidecar {
 	cfg := config.Default()
 	cfg.NATSURL = url
 	cfg.NATSMode = mode
 	cfg.Store, cfg.DataDir = config.StoreBolt, b.TempDir()
-	cfg.HTTPAddr = "127.0.0.1:" + strconv.Itoa(freePort(b))
-	cfg.AdminAddr = "127.0.0.1:" + strconv.Itoa(freePort(b))
+	cfg.HTTPAddr, cfg.AdminAddr = "127.0.0.1:0", "127.0.0.1:0"
 	cfg.FlushInterval = 100 * time.Millisecond
 	for _, t := range tune {
 		t(&cfg)
 	}
-	sc := sidecar.New(cfg, zap.NewNop())
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- sc.Run(ctx) }()
-	b.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			b.Error(err)
-		}
-	})
-	<-sc.Started()
-	testenv.Subscribed(b, sc.AdminAddr(), 10*time.Second)
-	return sc
+	if err := cfg.Validate(); err != nil {
+		b.Fatal(err)
+	}
+	return sidecartest.Run(b, cfg, nil).Sidecar
 }
 
 // reportCounted waits until the sidecar has counted b.N mentions: written

@@ -59,6 +59,20 @@ func render(t *testing.T, dir string) objects {
 	return o
 }
 
+// file decodes doc (what, in errors) strictly into a T and files it in
+// into under its name.
+func file[T any, P interface {
+	*T
+	GetName() string
+}](t *testing.T, doc []byte, what string, into map[string]T) {
+	t.Helper()
+	var v T
+	if err := yaml.UnmarshalStrict(doc, &v); err != nil {
+		t.Fatalf("%s does not decode strictly: %v", what, err)
+	}
+	into[P(&v).GetName()] = v
+}
+
 func newObjects() objects {
 	return objects{
 		deployments: map[string]appsv1.Deployment{}, configMaps: map[string]corev1.ConfigMap{},
@@ -79,36 +93,20 @@ func (o objects) add(t *testing.T, doc []byte) (kind string, ok bool) {
 	if err := yaml.Unmarshal(doc, &tm); err != nil {
 		t.Fatal(err)
 	}
-	strict := func(into any) {
-		if err := yaml.UnmarshalStrict(doc, into); err != nil {
-			t.Fatalf("%s %s does not decode strictly: %v", tm.Kind, tm.Metadata.Name, err)
-		}
-	}
+	what := tm.Kind + " " + tm.Metadata.Name
 	switch tm.Kind {
 	case "Deployment":
-		var d appsv1.Deployment
-		strict(&d)
-		o.deployments[d.Name] = d
+		file(t, doc, what, o.deployments)
 	case "ConfigMap":
-		var c corev1.ConfigMap
-		strict(&c)
-		o.configMaps[c.Name] = c
+		file(t, doc, what, o.configMaps)
 	case "ServiceAccount":
-		var s corev1.ServiceAccount
-		strict(&s)
-		o.serviceAccounts[s.Name] = s
+		file(t, doc, what, o.serviceAccounts)
 	case "Service":
-		var s corev1.Service
-		strict(&s)
-		o.services[s.Name] = s
+		file(t, doc, what, o.services)
 	case "PodDisruptionBudget":
-		var p policyv1.PodDisruptionBudget
-		strict(&p)
-		o.pdbs[p.Name] = p
+		file(t, doc, what, o.pdbs)
 	case "NetworkPolicy":
-		var n networkingv1.NetworkPolicy
-		strict(&n)
-		o.netpols[n.Name] = n
+		file(t, doc, what, o.netpols)
 	default:
 		return tm.Kind, false
 	}

@@ -167,28 +167,16 @@ func renderChart(t *testing.T, dir, name string, vals map[string]any) helmReleas
 		if _, ok := r.add(t, []byte(doc)); ok {
 			return
 		}
-		strict := func(into any) {
-			if err := yaml.UnmarshalStrict([]byte(doc), into); err != nil {
-				t.Fatalf("%s: %s does not decode strictly: %v", path, key, err)
-			}
-		}
+		what := path + ": " + key
 		switch kind {
 		case "Secret":
-			var s corev1.Secret
-			strict(&s)
-			r.secrets[s.Name] = s
+			file(t, []byte(doc), what, r.secrets)
 		case "Job":
-			var j batchv1.Job
-			strict(&j)
-			r.jobs[j.Name] = j
+			file(t, []byte(doc), what, r.jobs)
 		case "PodMonitor":
-			var pm monitoringv1.PodMonitor
-			strict(&pm)
-			r.podMonitors[pm.Name] = pm
+			file(t, []byte(doc), what, r.podMonitors)
 		case "PrometheusRule":
-			var pr monitoringv1.PrometheusRule
-			strict(&pr)
-			r.rules[pr.Name] = pr
+			file(t, []byte(doc), what, r.rules)
 		default:
 			t.Errorf("%s: unexpected kind %s", path, kind)
 		}

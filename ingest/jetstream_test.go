@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -298,7 +297,8 @@ func TestLongPauseCountsOnce(t *testing.T) {
 // TestEnsureStreamRefusesTheLegacyStream: the previous release's
 // partitioned stream (one stream, a partitioning transform) is not taken
 // for jetstream mode's stream, where sidecars would consume nothing from
-// it: EnsureStream says what it is and where the way out is written.
+// it: EnsureStream refuses it with ErrLegacyStream, its message naming the
+// way out.
 func TestEnsureStreamRefusesTheLegacyStream(t *testing.T) {
 	nc := testenv.Connect(t, testenv.NATS(t).ClientURL())
 	ctx := context.Background()
@@ -310,8 +310,8 @@ func TestEnsureStreamRefusesTheLegacyStream(t *testing.T) {
 		SubjectTransform: &jetstream.SubjectTransformConfig{Source: "mentions.>", Destination: "{{partition(8)}}.mentions.>"}}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := ingest.EnsureStream(ctx, nc, "MENTIONS", "mentions.>", time.Minute); err == nil || !strings.Contains(err.Error(), "Moving to partition streams") {
-		t.Errorf("EnsureStream on the legacy stream = %v, want the way out named", err)
+	if _, err := ingest.EnsureStream(ctx, nc, "MENTIONS", "mentions.>", time.Minute); !errors.Is(err, ingest.ErrLegacyStream) {
+		t.Errorf("EnsureStream on the legacy stream = %v, want ErrLegacyStream", err)
 	}
 }
 

@@ -14,6 +14,7 @@ import (
 	"github.com/hotcount/hotcount/config"
 	"github.com/hotcount/hotcount/ingest"
 	"github.com/hotcount/hotcount/internal/testenv"
+	"github.com/hotcount/hotcount/internal/testenv/sidecartest"
 	"github.com/hotcount/hotcount/loadgen"
 	"github.com/hotcount/hotcount/sidecar"
 	"github.com/hotcount/hotcount/store"
@@ -40,23 +41,8 @@ func startSidecar(t *testing.T, url, mode string, d *testenv.Dynalite) (*sidecar
 			t.Fatal(err)
 		}
 	}
-	sc := sidecar.New(cfg, zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)))
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- sc.Run(ctx) }()
-	select {
-	case <-sc.Started():
-	case err := <-done:
-		t.Fatalf("sidecar: %v", err)
-	}
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("sidecar: %v", err)
-		}
-	})
-	testenv.Subscribed(t, sc.AdminAddr(), 20*time.Second)
-	return sc, cfg.Table
+	sc := sidecartest.Run(t, cfg, zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)))
+	return sc.Sidecar, cfg.Table
 }
 
 // flushed waits until sc has written n mentions, and no more.

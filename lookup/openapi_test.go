@@ -16,8 +16,8 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/hotcount/hotcount/api"
-	"github.com/hotcount/hotcount/api/apitest"
 	"github.com/hotcount/hotcount/heavyhitters"
+	"github.com/hotcount/hotcount/internal/apitest"
 	"github.com/hotcount/hotcount/lookup"
 	"github.com/hotcount/hotcount/store"
 )

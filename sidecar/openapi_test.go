@@ -20,8 +20,8 @@ import (
 	_ "github.com/oapi-codegen/runtime"
 
 	"github.com/hotcount/hotcount/api"
-	"github.com/hotcount/hotcount/api/apitest"
 	"github.com/hotcount/hotcount/config"
+	"github.com/hotcount/hotcount/internal/apitest"
 	"github.com/hotcount/hotcount/internal/ddbfault"
 	"github.com/hotcount/hotcount/internal/testenv"
 	"github.com/hotcount/hotcount/sidecar"

@@ -11,6 +11,40 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
+// What Ensure, Check and Probe find wrong, for errors.Is: each of their
+// errors of these kinds says in its message what it found and what to do.
+var (
+	// ErrNotPartition: a stream of a partition stream's name takes another
+	// subject than the partition's.
+	ErrNotPartition = errors.New("streams: a stream of a partition stream's name is not that partition's")
+	// ErrMissing: partition streams are missing.
+	ErrMissing = errors.New("streams: partition streams missing")
+	// ErrLegacy: the partition streams are missing and the previous
+	// release's partitioned layout (Legacy) is there instead.
+	ErrLegacy = errors.New("streams: the previous release's partitioned layout")
+	// ErrTooMany: a stream past the last partition's exists; the
+	// streams were made for more partitions.
+	ErrTooMany = errors.New("streams: more partition streams than partitions")
+	// ErrMisrouted: the server did not route a probe into its partition's
+	// stream; the message names the mapping it needs.
+	ErrMisrouted = errors.New("streams: the server does not route into the partition streams")
+)
+
+// layoutError is an error of one of the kinds above (errors.Is), with its
+// own message.
+type layoutError struct {
+	kind error
+	msg  string
+}
+
+func (e *layoutError) Error() string { return e.msg }
+func (e *layoutError) Unwrap() error { return e.kind }
+
+// fail is an error of kind, its message format's.
+func fail(kind error, format string, args ...any) error {
+	return &layoutError{kind: kind, msg: fmt.Sprintf(format, args...)}
+}
+
 // Options are the partition streams' limits, `hotcount stream create`'s.
 type Options struct {
 	// MaxAge is how long a stream keeps a message.
@@ -79,7 +113,7 @@ func (l Layout) config(p int, o Options) jetstream.StreamConfig {
 // check says whether an existing stream is partition p's as l lays it out.
 func (l Layout) check(p int, c jetstream.StreamConfig) error {
 	if len(c.Subjects) != 1 || c.Subjects[0] != l.Stored(p) {
-		return fmt.Errorf("streams: stream %s exists and takes %v, not %s: it is not partition %d of this layout; delete it or pick another --stream", c.Name, c.Subjects, l.Stored(p), p)
+		return fail(ErrNotPartition, "streams: stream %s exists and takes %v, not %s: it is not partition %d of this layout; delete it or pick another --stream", c.Name, c.Subjects, l.Stored(p), p)
 	}
 	return nil
 }
@@ -105,14 +139,14 @@ func Check(ctx context.Context, js jetstream.JetStream, l Layout) error {
 	}
 	if len(missing) > 0 {
 		if legacy, err := Legacy(ctx, js, l); err == nil && legacy != "" {
-			return fmt.Errorf("streams: stream %s is the previous release's partitioned layout (%s); this release reads %d partition streams (%s..%s) fed by an account mapping: see deploy/README.md, \"Moving to partition streams\"", l.Stream, legacy, l.Partitions, l.Name(0), l.Name(l.Partitions-1))
+			return fail(ErrLegacy, "streams: stream %s is the previous release's partitioned layout (%s); this release reads %d partition streams (%s..%s) fed by an account mapping: see deploy/README.md, \"Moving to partition streams\"", l.Stream, legacy, l.Partitions, l.Name(0), l.Name(l.Partitions-1))
 		}
-		return fmt.Errorf("streams: %d of %d partition streams missing (%s): run `hotcount stream create --nats-mode partitioned --partitions %d`", len(missing), l.Partitions, abbreviate(missing), l.Partitions)
+		return fail(ErrMissing, "streams: %d of %d partition streams missing (%s): run `hotcount stream create --nats-mode partitioned --partitions %d`", len(missing), l.Partitions, abbreviate(missing), l.Partitions)
 	}
 	// One more than expected: the streams were made for more partitions,
 	// and the mapping may send topics to streams nobody reads.
 	if _, err := js.Stream(ctx, l.Name(l.Partitions)); err == nil {
-		return fmt.Errorf("streams: stream %s exists: the partition streams were made for more than --partitions %d; use their count (`hotcount stream status`)", l.Name(l.Partitions), l.Partitions)
+		return fail(ErrTooMany, "streams: stream %s exists: the partition streams were made for more than --partitions %d; use their count (`hotcount stream status`)", l.Name(l.Partitions), l.Partitions)
 	}
 	return nil
 }
@@ -176,15 +210,15 @@ func Probe(ctx context.Context, js jetstream.JetStream, l Layout) error {
 		var apiErr *jetstream.APIError
 		switch {
 		case errors.Is(err, jetstream.ErrNoStreamResponse), errors.Is(err, nats.ErrNoResponders):
-			return fmt.Errorf("streams: a probe published to %s was stored by no stream: %s", subject, fix)
+			return fail(ErrMisrouted, "streams: a probe published to %s was stored by no stream: %s", subject, fix)
 		case errors.As(err, &apiErr):
-			return fmt.Errorf("streams: a probe published to %s reached a stream other than %s, partition %d of %d (%v): %s", subject, l.Name(want), want, l.Partitions, err, fix)
+			return fail(ErrMisrouted, "streams: a probe published to %s reached a stream other than %s, partition %d of %d (%v): %s", subject, l.Name(want), want, l.Partitions, err, fix)
 		case err != nil:
 			return fmt.Errorf("streams: probe %s: %w", subject, err)
 		}
 		landed = append(landed, ack)
 		if ack.Stream != l.Name(want) {
-			return fmt.Errorf("streams: a probe published to %s was stored by stream %s, not %s (partition %d of %d): %s", subject, ack.Stream, l.Name(want), want, l.Partitions, fix)
+			return fail(ErrMisrouted, "streams: a probe published to %s was stored by stream %s, not %s (partition %d of %d): %s", subject, ack.Stream, l.Name(want), want, l.Partitions, fix)
 		}
 	}
 	return nil

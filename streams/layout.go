@@ -48,13 +48,6 @@ func (l Layout) Mapping() (from, to string) {
 	return l.Subject, fmt.Sprintf("{{partition(%d)}}.%s", l.Partitions, l.Subject)
 }
 
-// ServerConfig is Mapping as a NATS server configuration block, for the
-// account the producers and sidecars use (top level: the default account).
-func (l Layout) ServerConfig() string {
-	from, to := l.Mapping()
-	return fmt.Sprintf("mappings {\n  %q: %q\n}\n", from, to)
-}
-
 // Of is the partition the server's mapping sends subject to: nats-server's
 // partition function, FNV-1a (32 bits) of the whole subject modulo the
 // partitions (server/subject_transform.go, getHashPartition).

@@ -501,7 +501,7 @@ func refuse(w http.ResponseWriter, d decision) bool {
 
 // reply gives the client the store's answer, or loses it in the way the
 // verdict says.
-func (p *Proxy) reply(w http.ResponseWriter, r *http.Request, d decision, resp answer) {
+func (p *Proxy) reply(w http.ResponseWriter, r *http.Request, d decision, resp Answer) {
 	switch d.verdict {
 	case Ambiguous:
 		reset(w)
@@ -509,23 +509,23 @@ func (p *Proxy) reply(w http.ResponseWriter, r *http.Request, d decision, resp a
 		awsError(w, http.StatusInternalServerError, "InternalServerError", "Internal server error (injected after the write was applied)")
 	case AmbiguousCut:
 		writeHeader(w, resp)
-		w.Write(resp.body[:len(resp.body)/2]) //nolint:errcheck // then cut off
+		w.Write(resp.Body[:len(resp.Body)/2]) //nolint:errcheck // then cut off
 		http.NewResponseController(w).Flush() //nolint:errcheck // best effort
 		reset(w)
 	case AmbiguousHang:
 		p.hangUp(r.Context(), w, d.hang)
 	default:
 		writeHeader(w, resp)
-		w.Write(resp.body) //nolint:errcheck // the client may have gone
+		w.Write(resp.Body) //nolint:errcheck // the client may have gone
 	}
 }
 
 // writeHeader sends the store's status and headers.
-func writeHeader(w http.ResponseWriter, resp answer) {
-	for k, vs := range resp.header {
+func writeHeader(w http.ResponseWriter, resp Answer) {
+	for k, vs := range resp.Header {
 		w.Header()[k] = vs
 	}
-	w.WriteHeader(resp.status)
+	w.WriteHeader(resp.Status)
 }
 
 // hangUp holds the connection unanswered for d, then resets it; sooner if
@@ -574,34 +574,39 @@ func (p *Proxy) allow(req request) bool {
 	return true
 }
 
-// answer is an upstream answer, read whole.
-type answer struct {
-	status int
-	header http.Header
-	body   []byte
+// Answer is an upstream answer, read whole.
+type Answer struct {
+	Status int
+	Header http.Header
+	Body   []byte
 }
 
-// forward sends the request upstream and reads the whole answer, on the
-// proxy's own context, not the client's: a client that goes away neither
-// aborts the request mid-body (which crashes dynalite) nor undoes a write
-// the proxy decided to forward. p.client's timeout bounds it.
-func (p *Proxy) forward(r *http.Request, body []byte) (answer, error) {
-	ctx := context.WithoutCancel(r.Context())
-	out, err := http.NewRequestWithContext(ctx, r.Method, strings.TrimSuffix(p.cfg.Upstream, "/")+r.URL.RequestURI(), bytes.NewReader(body))
+// forward sends the request upstream on the proxy's own context, not the
+// client's (see Forward); p.client's timeout bounds it.
+func (p *Proxy) forward(r *http.Request, body []byte) (Answer, error) {
+	return Forward(context.WithoutCancel(r.Context()), p.client, r, strings.TrimSuffix(p.cfg.Upstream, "/"), body)
+}
+
+// Forward sends r, with body, to upstream (a base URL) on ctx and reads
+// the whole answer. Callers pass a context of their own, not the client's:
+// a client that goes away must neither abort dynalite's request mid-body
+// (which crashes it) nor undo a write the proxy decided to forward.
+func Forward(ctx context.Context, client *http.Client, r *http.Request, upstream string, body []byte) (Answer, error) {
+	out, err := http.NewRequestWithContext(ctx, r.Method, upstream+r.URL.RequestURI(), bytes.NewReader(body))
 	if err != nil {
-		return answer{}, err
+		return Answer{}, err
 	}
 	out.Header = r.Header.Clone()
-	resp, err := p.client.Do(out)
+	resp, err := client.Do(out)
 	if err != nil {
-		return answer{}, err
+		return Answer{}, err
 	}
 	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)
 	if err != nil {
-		return answer{}, err
+		return Answer{}, err
 	}
-	return answer{status: resp.StatusCode, header: resp.Header, body: b}, nil
+	return Answer{Status: resp.StatusCode, Header: resp.Header, Body: b}, nil
 }
 
 // reset closes the client's connection with a TCP RST and no response.

@@ -73,15 +73,7 @@ func count(t *testing.T, c *dynamodb.Client, table, pk string) int64 {
 	if err != nil {
 		t.Fatalf("GetItem %s: %v", pk, err)
 	}
-	n, ok := out.Item[store.AttrCount].(*types.AttributeValueMemberN)
-	if !ok {
-		return 0
-	}
-	v, err := strconv.ParseInt(n.Value, 10, 64)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return v
+	return testenv.CountOf(t, out.Item)
 }
 
 // TestLostAnswers: for each way of losing an answer, the UpdateItem call

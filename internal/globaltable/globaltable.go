@@ -31,7 +31,6 @@
 package globaltable
 
 import (
-	"bytes"
 	"cmp"
 	"context"
 	"encoding/json"
@@ -52,6 +51,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 
+	"github.com/hotcount/hotcount/internal/ddbfault"
 	"github.com/hotcount/hotcount/internal/testenv"
 	"github.com/hotcount/hotcount/store"
 )
@@ -369,7 +369,7 @@ func (r *region) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	keys := written(op, body)
 	if len(keys) == 0 {
 		resp, err := r.e.forward(req, r.d.Endpoint, body)
-		if err == nil && op == "DescribeTable" && resp.status == http.StatusOK && !r.e.unlisted.Load() {
+		if err == nil && op == "DescribeTable" && resp.Status == http.StatusOK && !r.e.unlisted.Load() {
 			resp = r.e.withReplicas(resp)
 		}
 		reply(w, resp, err)
@@ -394,12 +394,12 @@ func (r *region) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		items[i].mu.Lock()
 	}
 	resp, err := r.e.forward(req, r.d.Endpoint, body)
-	if err == nil && resp.status == http.StatusOK {
+	if err == nil && resp.Status == http.StatusOK {
 		if op == "BatchWriteItem" {
 			// The items DynamoDB did not write (dynalite writes all) are
 			// not replicated.
 			var out struct{ UnprocessedItems map[string][]writeRequest }
-			if json.Unmarshal(resp.body, &out) == nil {
+			if json.Unmarshal(resp.Body, &out) == nil {
 				for _, k := range batchKeys(out.UnprocessedItems) {
 					if i, ok := slices.BinarySearchFunc(keys, k, compareKeys); ok {
 						items[i].mu.Unlock()
@@ -549,35 +549,14 @@ func (r *region) put(img *image) error {
 	return err
 }
 
-// answer is an upstream answer, read whole.
-type answer struct {
-	status int
-	header http.Header
-	body   []byte
-}
-
-// forward sends the request to upstream and reads the whole answer, on the
+// forward sends the request to upstream (ddbfault.Forward) on the
 // emulator's own context, not the client's: a client that goes away must
 // neither abort dynalite's request mid-body (which crashes it) nor leave a
 // write applied but never replicated.
-func (e *Emulator) forward(req *http.Request, upstream string, body []byte) (answer, error) {
+func (e *Emulator) forward(req *http.Request, upstream string, body []byte) (ddbfault.Answer, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
 	defer cancel()
-	out, err := http.NewRequestWithContext(ctx, req.Method, upstream+req.URL.RequestURI(), bytes.NewReader(body))
-	if err != nil {
-		return answer{}, err
-	}
-	out.Header = req.Header.Clone()
-	resp, err := e.http.Do(out)
-	if err != nil {
-		return answer{}, err
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return answer{}, err
-	}
-	return answer{status: resp.StatusCode, header: resp.Header, body: b}, nil
+	return ddbfault.Forward(ctx, e.http, req, upstream, body)
 }
 
 // wrote records that region's clients wrote k.
@@ -619,9 +598,9 @@ func (e *Emulator) ListReplicas(on bool) { e.unlisted.Store(!on) }
 // answer, as DynamoDB lists a global table's: how a sidecar finds the
 // Regions to read. The body changes, so its CRC32 (which the SDK checks)
 // is computed again.
-func (e *Emulator) withReplicas(resp answer) answer {
+func (e *Emulator) withReplicas(resp ddbfault.Answer) ddbfault.Answer {
 	var out map[string]map[string]any
-	if json.Unmarshal(resp.body, &out) != nil || out["Table"] == nil {
+	if json.Unmarshal(resp.Body, &out) != nil || out["Table"] == nil {
 		return resp
 	}
 	var replicas []map[string]string
@@ -633,24 +612,24 @@ func (e *Emulator) withReplicas(resp answer) answer {
 	if err != nil {
 		return resp
 	}
-	resp.body = b
-	resp.header = resp.header.Clone()
-	resp.header.Set("X-Amz-Crc32", strconv.FormatUint(uint64(crc32.ChecksumIEEE(b)), 10))
-	resp.header.Set("Content-Length", strconv.Itoa(len(b)))
+	resp.Body = b
+	resp.Header = resp.Header.Clone()
+	resp.Header.Set("X-Amz-Crc32", strconv.FormatUint(uint64(crc32.ChecksumIEEE(b)), 10))
+	resp.Header.Set("Content-Length", strconv.Itoa(len(b)))
 	return resp
 }
 
 // reply sends the upstream answer to the client, or a gateway error.
-func reply(w http.ResponseWriter, resp answer, err error) {
+func reply(w http.ResponseWriter, resp ddbfault.Answer, err error) {
 	if err != nil {
 		http.Error(w, err.Error(), http.StatusBadGateway)
 		return
 	}
-	for k, vs := range resp.header {
+	for k, vs := range resp.Header {
 		w.Header()[k] = vs
 	}
-	w.WriteHeader(resp.status)
-	w.Write(resp.body) //nolint:errcheck // the client may have gone
+	w.WriteHeader(resp.Status)
+	w.Write(resp.Body) //nolint:errcheck // the client may have gone
 }
 
 // attr is the part of an attribute value the proxy reads: a string.

@@ -14,6 +14,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 
 	"github.com/hotcount/hotcount/internal/globaltable"
+	"github.com/hotcount/hotcount/internal/testenv"
 	"github.com/hotcount/hotcount/store"
 )
 
@@ -78,15 +79,7 @@ func get(t *testing.T, c *dynamodb.Client, pk string) map[string]types.Attribute
 
 func count(t *testing.T, c *dynamodb.Client, pk string) int64 {
 	t.Helper()
-	n, ok := get(t, c, pk)[store.AttrCount].(*types.AttributeValueMemberN)
-	if !ok {
-		return 0
-	}
-	v, err := strconv.ParseInt(n.Value, 10, 64)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return v
+	return testenv.CountOf(t, get(t, c, pk))
 }
 
 // TestReplicatesWithoutConflicts: every kind of write made in one Region

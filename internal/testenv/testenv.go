@@ -398,6 +398,16 @@ func number(t testing.TB, it map[string]types.AttributeValue, name string) int64
 	return n
 }
 
+// CountOf is an item's count attribute, 0 for an item without one (or
+// none: a missing item has counted nothing).
+func CountOf(t testing.TB, it map[string]types.AttributeValue) int64 {
+	t.Helper()
+	if _, ok := it[store.AttrCount]; !ok {
+		return 0
+	}
+	return number(t, it, store.AttrCount)
+}
+
 // Bucket names one time bucket of a topic.
 type Bucket struct {
 	Topic string

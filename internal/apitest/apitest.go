@@ -1,8 +1,10 @@
-// Package apitest holds real HTTP exchanges with a sidecar to the OpenAPI
-// document (api.OpenAPI) with kin-openapi: the request against the
-// operation's parameters, the answer against its documented statuses,
-// headers and bodies, errors included. Tests of the lookup and the sidecar
-// use it so that the document cannot drift from the answers.
+// Package apitest is a test tool: it holds real HTTP exchanges with a
+// sidecar to the OpenAPI document (api.OpenAPI) with kin-openapi: the
+// request against the operation's parameters, the answer against its
+// documented statuses, headers and bodies, errors included. Tests of the
+// api, the lookup and the sidecar use it so that the document cannot drift
+// from the answers; it is internal because nothing outside the module's
+// tests needs it.
 package apitest
 
 import (
