@@ -30,17 +30,20 @@ $(OPENAPI_TS): test/openapi-client/package.json test/openapi-client/package-lock
 deps: $(DYNALITE) $(OPENAPI_TS)
 	$(GO) mod download
 
-# The test binaries are built first, as many at once as there are cores
-# (on a cold cache the compile is minutes). Then every package but sidecar
-# runs, two at a time: cmd/hotcount's long tests (SIGKILLs, a NATS
-# cluster) mostly wait out journal leases, and the others are light. Then
-# sidecar runs alone: its suites keep several sidecars, dynalite and NATS
-# busy under deadlines that a second such package on a 2-core machine
-# would stretch. A compile error shows in the second step.
+# Every test binary is built and linked once, as many at once as there
+# are cores (on a cold cache the compile is minutes), into build/test; then
+# test/run-tests runs them without linking again (go test links on every
+# run): every package but sidecar two at a time (cmd/hotcount's long tests,
+# SIGKILLs and a NATS cluster, mostly wait out journal leases, and the
+# others are light), then sidecar alone: its suites keep several sidecars,
+# dynalite and NATS busy under deadlines that a second such package on a
+# 2-core machine would stretch.
+TESTBIN := build/test
 test: deps
-	$(GO) test -race -count=1 -run '^$$' ./... >/dev/null 2>&1 || true
-	$(GO) test -race -count=1 -p 2 -timeout 30m $$($(GO) list ./... | grep -v '/sidecar$$')
-	$(GO) test -race -count=1 -timeout 30m ./sidecar/
+	rm -rf $(TESTBIN) && mkdir -p $(TESTBIN)
+	$(GO) test -race -c -o $(TESTBIN)/ ./...
+	test/run-tests $(TESTBIN) 2 $$($(GO) list ./... | grep -v '/sidecar$$')
+	test/run-tests $(TESTBIN) 1 ./sidecar/
 
 lint:
 	$(GO) vet ./...
@@ -92,4 +95,4 @@ image:
 	docker build -f deploy/Dockerfile --build-arg VERSION=$(VERSION) -t $(IMAGE):$(VERSION) .
 
 clean:
-	rm -rf bin bench.out chart.yaml
+	rm -rf bin build bench.out chart.yaml
