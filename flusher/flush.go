@@ -34,22 +34,21 @@ func (f *Flusher) Flush(ctx context.Context) error {
 	// pending held back whole, so that a message goes with every count it
 	// makes.
 	p := f.drain()
-	w, todo := p.write, p.todo // the window this flush holds: record and gather hand it on
+	w := p.write // the window this flush holds: record and gather hand it on
 	defer f.ledger.keepAliveWhile(w.Acks)()
-	shards := f.shardCounts(ctx, todo)
+	shards := f.shardCounts(ctx, w.Deltas)
 	// 2-3. JetStream mode: journal them, then acknowledge their messages:
 	// from there on the journal carries the counts, whatever happens to
 	// this process.
 	unwritten := aggregator.Window{Deltas: aggregator.NewDeltas(0)}
 	if f.journal != nil {
-		unwritten = f.record(ctx, &w, todo, shards)
-		todo = nil // pending in the ledger, or unwritten: none is a new write
+		unwritten = f.record(ctx, &w, shards) // w is left empty: none is a new write
 		f.ledger.confirm(ctx)
 		f.ledger.retire(ctx)
 	}
 	// 4. Writes pending go first, unchanged: a topic's newer deltas wait
 	// behind them, so no newer seq lands while an older one is in doubt.
-	r := f.send(ctx, w, todo, shards, start.Add(f.cfg.Timeout))
+	r := f.send(ctx, w, shards, start.Add(f.cfg.Timeout))
 	f.gather(&w, r, &unwritten)
 	// 5. Acknowledge the messages whose counts are all in the store, and
 	// retire the entries that are.
@@ -89,16 +88,16 @@ func (f *Flusher) drain() plan {
 }
 
 // record journals the writes of w, the window the flush holds (JetStream
-// mode with a journal; todo is its counters), acknowledges the messages of
-// the topics recorded, in stream order, and leaves the recorded writes
-// pending in the ledger. It returns the counters the journal did not take,
-// with their messages, and leaves w empty.
-func (f *Flusher) record(ctx context.Context, w *aggregator.Window, todo []counterDelta, shards shardTable) aggregator.Window {
+// mode with a journal), acknowledges the messages of the topics recorded,
+// in stream order, and leaves the recorded writes pending in the ledger.
+// It returns the counters the journal did not take, with their messages,
+// and leaves w empty.
+func (f *Flusher) record(ctx context.Context, w *aggregator.Window, shards shardTable) aggregator.Window {
 	left := aggregator.Window{Deltas: aggregator.NewDeltas(0)}
 	if w.Len() == 0 {
 		return left
 	}
-	writes := shards.writes(todo, f.cfg.Writer, f.seq.Next)
+	writes := shards.writes(w.Deltas, f.cfg.Writer, f.seq.Next)
 	recorded, at := f.ledger.record(ctx, writes, w.Acks)
 	var taken []store.Write
 	for _, x := range writes {
@@ -188,12 +187,12 @@ func (r *round) miss(c store.Counter) {
 // call each (a million topics during an outage).
 func (r *round) down(limit int) bool { return r.refused >= limit && r.written == 0 }
 
-// send sends the ledger's pending writes again, then new ones of todo,
-// the counters of w, the window the flush holds, while the deadline, the
+// send sends the ledger's pending writes again, then new ones of the
+// counters of w, the window the flush holds, while the deadline, the
 // context and the store allow, and tallies their answers. A write not
 // started is no ambiguity: its delta waits for the next flush.
-func (f *Flusher) send(ctx context.Context, w aggregator.Window, todo []counterDelta, shards shardTable, deadline time.Time) *round {
-	r := &round{counters: len(todo), settled: make(map[store.Counter]int64), doubt: make(map[store.Counter]store.Write), denied: make(map[store.Counter]error)}
+func (f *Flusher) send(ctx context.Context, w aggregator.Window, shards shardTable, deadline time.Time) *round {
+	r := &round{counters: w.Len(), settled: make(map[store.Counter]int64), doubt: make(map[store.Counter]store.Write), denied: make(map[store.Counter]error)}
 	if len(w.Acks) > 0 {
 		r.missed = make(map[string]bool)
 	}
@@ -215,8 +214,7 @@ func (f *Flusher) send(ctx context.Context, w aggregator.Window, todo []counterD
 			return a
 		})
 	}
-	for _, x := range todo {
-		c, delta := x.counter, x.delta
+	for c, delta := range counters(w.Deltas) {
 		b.collect()
 		if r.down(f.cfg.Concurrency) || !b.acquire(func() bool { return !r.down(f.cfg.Concurrency) && inTime() }) {
 			r.miss(c)

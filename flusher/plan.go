@@ -24,18 +24,17 @@ type planning struct {
 // they are the buffer's, the ingest changes them, so past drain only their
 // sizes are read.
 //
-// The plan is where a counter's name becomes a store.Counter, once: the
-// window keeps its counters by name, in its compact table (which goes back
-// to the buffer as it is, a million topics during an outage), and the
-// plan reads each name once, into todo. Past the plan, the flush knows
+// The plan is where a counter's name becomes a store.Counter: the window
+// keeps its counters by name, in its compact table (33 B a topic, which
+// goes back to the buffer as it is, a million topics during an outage),
+// and the flush reads each name as it hands the counter on (counters: no
+// allocation, a few byte compares), rather than hold a parsed copy of a
+// million-counter window beside it. Past the flusher, stages know
 // counters, not names.
 type plan struct {
 	// write is the counters to write this flush, minute counters split
 	// into a total and time buckets, and the messages behind them.
 	write aggregator.Window
-	// todo is write's counters, read from their names once, with their
-	// deltas: what the flush looks up, journals and sends.
-	todo []counterDelta
 	// held is the counters and messages of topics that wait behind a
 	// pending write (in doubt or journaled): back to the buffer whole, so
 	// that a message is acknowledged, or journaled, with every count it
@@ -67,9 +66,9 @@ func newPlan(w aggregator.Window, down bool, waiting map[string]bool, c planning
 		untried = probe(&w, c.probe)
 	}
 	held := aggregator.Window{Deltas: aggregator.NewDeltas(0)}
-	todo := sortOut(w.Deltas, held.Deltas, waiting, c)
+	sortOut(w.Deltas, held.Deltas, waiting, c)
 	w.Acks, held.Acks = holdAcks(w.Acks, waiting)
-	return plan{write: w, todo: todo, held: held, untried: untried, heldCounters: held.Len(), untriedCounters: untried.Len()}
+	return plan{write: w, held: held, untried: untried, heldCounters: held.Len(), untriedCounters: untried.Len()}
 }
 
 // probe keeps in w the first n counters of its window, the writes a flush
@@ -106,21 +105,14 @@ func counters(d *aggregator.Deltas) iter.Seq2[store.Counter, int64] {
 	}
 }
 
-// named is a counter with its name in the window.
-type named struct {
-	name string
-	c    store.Counter
-}
-
-// sortOut reads each counter's name in d once and sorts the counters, in
-// place: those of the waiting topics move to held, each minute counter
-// (store.Fresh) becomes the counters it is written to (its topic's total,
-// and as --windows asks its minute and hour buckets), and it returns what
-// is left in d to write, with its deltas. What a flush cannot write goes
-// back split, never as Fresh, so a mention reaches each counter once.
-func sortOut(d, held *aggregator.Deltas, waiting map[string]bool, c planning) []counterDelta {
+// sortOut sorts the counters of d in one walk, in place, reading each
+// name once: those of the waiting topics move to held, and each minute
+// counter (store.Fresh) becomes the counters it is written to, its topic's
+// total and as --windows asks its minute and hour buckets (in held for a
+// waiting topic). What a flush cannot write goes back split, never as
+// Fresh, so a mention reaches each counter once.
+func sortOut(d, held *aggregator.Deltas, waiting map[string]bool, c planning) {
 	var fresh []counterDelta
-	var keep []named
 	for name, delta := range d.All() {
 		x := counterOf(name)
 		switch {
@@ -130,45 +122,29 @@ func sortOut(d, held *aggregator.Deltas, waiting map[string]bool, c planning) []
 		case waiting[x.Topic]:
 			held.Set(name, delta)
 			d.Delete(name)
-		default:
-			keep = append(keep, named{name, x})
 		}
 	}
-	// Split after the walk: a total the split adds to may come later in it.
+	// Split after the walk, which must not meet the counters it adds.
 	for _, f := range fresh {
 		into := d
 		if waiting[f.counter.Topic] {
 			into = held
 		}
 		total, minute, hour := f.counter.Split()
-		parts := []store.Counter{total}
+		addTo(into, total, f.delta)
 		if c.minutes {
-			parts = append(parts, minute)
+			addTo(into, minute, f.delta)
 		}
 		if c.hours {
-			parts = append(parts, hour)
-		}
-		for _, x := range parts {
-			if name, isNew := addTo(into, x, f.delta); isNew && into == d {
-				keep = append(keep, named{name, x})
-			}
+			addTo(into, hour, f.delta)
 		}
 	}
-	todo := make([]counterDelta, len(keep))
-	for i, k := range keep {
-		delta, _ := d.Get(k.name)
-		todo[i] = counterDelta{k.c, delta}
-	}
-	return todo
 }
 
-// addTo adds delta to c's delta in d, saturating like the aggregator, and
-// returns c's name and whether d had no delta for it before.
-func addTo(d *aggregator.Deltas, c store.Counter, delta int64) (name string, isNew bool) {
-	name = c.Name()
-	v, isNew := d.Ref(name)
+// addTo adds delta to c's delta in d, saturating like the aggregator.
+func addTo(d *aggregator.Deltas, c store.Counter, delta int64) {
+	v, _ := d.Ref(c.Name())
 	*v, _ = store.SatAdd(*v, delta)
-	return name, isNew
 }
 
 // holdAcks splits acks into the messages of the waiting topics (held) and

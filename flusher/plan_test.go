@@ -52,7 +52,6 @@ func TestPlanSplitsMinuteCounters(t *testing.T) {
 		if got := p.write.Deltas.Map(); !maps.Equal(got, c.want) {
 			t.Errorf("minutes %v hours %v: plan writes %v, want %v", c.minutes, c.hours, got, c.want)
 		}
-		checkTodo(t, p)
 	}
 }
 
@@ -68,7 +67,6 @@ func TestPlanHoldsTopicsBehindDoubt(t *testing.T) {
 	if got := p.write.Deltas.Map(); !maps.Equal(got, map[string]int64{"bar": 4}) {
 		t.Errorf("plan writes %v, want bar alone", got)
 	}
-	checkTodo(t, p)
 	if got, want := p.held.Deltas.Map(), map[string]int64{"foo": 3, minuteOf("foo").Name(): 2, hourOf("foo").Name(): 2}; !maps.Equal(got, want) {
 		t.Errorf("plan holds %v, want %v", got, want)
 	}
@@ -81,31 +79,6 @@ func TestPlanHoldsTopicsBehindDoubt(t *testing.T) {
 	if seqs := seqsOf(p.held.Acks); fmt.Sprint(seqs) != "[1 3]" {
 		t.Errorf("messages held with foo: %v, want [1 3]", seqs)
 	}
-}
-
-// checkTodo: the plan's todo is its write window's counters, each once,
-// with their deltas: the flush sends todo and hands back the window.
-func checkTodo(t *testing.T, p plan) {
-	t.Helper()
-	got := map[string]int64{}
-	for _, x := range p.todo {
-		if _, dup := got[x.counter.Name()]; dup {
-			t.Errorf("todo has %+v twice", x.counter)
-		}
-		got[x.counter.Name()] = x.delta
-	}
-	if want := p.write.Deltas.Map(); !maps.Equal(got, want) {
-		t.Errorf("todo %v, want the write window's %v", got, want)
-	}
-}
-
-// todoOf is d's counters as a plan's todo.
-func todoOf(d *aggregator.Deltas) []counterDelta {
-	var todo []counterDelta
-	for c, delta := range counters(d) {
-		todo = append(todo, counterDelta{c, delta})
-	}
-	return todo
 }
 
 func seqsOf(ms []aggregator.Message) []int64 {
@@ -129,7 +102,6 @@ func TestPlanProbesWhileDown(t *testing.T) {
 	}
 	c := planning{probe: 3, minutes: true}
 	p := newPlan(window(), true, nil, c)
-	checkTodo(t, p)
 	if p.untriedCounters != 7 || p.untried.Len() != 7 {
 		t.Fatalf("untried %d counters (%d counted), want 7", p.untried.Len(), p.untriedCounters)
 	}
@@ -154,17 +126,17 @@ func TestPlanProbesWhileDown(t *testing.T) {
 // default, and at most maxLookups, the busiest.
 func TestBusyTopics(t *testing.T) {
 	d := aggregator.DeltasOf(map[string]int64{"lone": 1, "busy": 2, minuteOf("busy").Name(): 2})
-	if got := busyTopics(todoOf(d), 1); fmt.Sprint(got) != "[busy]" {
+	if got := busyTopics(d, 1); fmt.Sprint(got) != "[busy]" {
 		t.Errorf("default one shard: looked up %v, want [busy]", got)
 	}
-	if got := busyTopics(todoOf(d), 4); len(got) != 2 {
+	if got := busyTopics(d, 4); len(got) != 2 {
 		t.Errorf("default four shards: looked up %v, want busy and lone", got)
 	}
 	many := aggregator.NewDeltas(0)
 	for i := range maxLookups + 10 {
 		many.Set(fmt.Sprint("t", i), int64(i+2))
 	}
-	got := busyTopics(todoOf(many), 1)
+	got := busyTopics(many, 1)
 	if len(got) != maxLookups {
 		t.Fatalf("%d looked up, want %d", len(got), maxLookups)
 	}
@@ -186,7 +158,7 @@ func TestPlanWrites(t *testing.T) {
 		t.Errorf("shards of a's hour %d (want 8), of b %d (want the default 2)", shards.of(hourOf("a")), shards.of(store.TotalOf("b")))
 	}
 	var seq int64
-	ws := shards.writes(p.todo, "w1", func() int64 { seq++; return seq })
+	ws := shards.writes(p.write.Deltas, "w1", func() int64 { seq++; return seq })
 	if len(ws) != 7 {
 		t.Fatalf("%d writes, want 7", len(ws))
 	}

@@ -92,8 +92,15 @@ func (f *Flusher) quarantineRipe(ctx context.Context, r *round, u *aggregator.Wi
 	if f.journal != nil {
 		return // every write of the durable modes is the ledger's
 	}
-	// Core mode: a new write refused goes back to the buffer with its
-	// delta, and the run is followed by counter across flushes.
+	f.quarantineDenied(ctx, r, u, ripe)
+}
+
+// quarantineDenied is quarantineRipe in core mode, where a new write
+// refused goes back to the buffer with its delta (in u): the run of
+// refusals is followed by counter across flushes, and a ripe counter's
+// delta leaves u for the quarantine.
+func (f *Flusher) quarantineDenied(ctx context.Context, r *round, u *aggregator.Window, ripe func(store.Counter, denial) bool) {
+	now := f.now()
 	for _, x := range r.wrote {
 		delete(f.denied, x.counter)
 	}

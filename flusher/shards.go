@@ -8,6 +8,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/hotcount/hotcount/aggregator"
 	"github.com/hotcount/hotcount/store"
 )
 
@@ -24,12 +25,11 @@ type topicDelta struct {
 	delta int64
 }
 
-// busyTopics returns the topics of todo whose shard count is worth a
-// lookup, the busiest maxLookups at most. shards is the default count.
-func busyTopics(todo []counterDelta, shards int) []string {
+// busyTopics returns the topics of d whose shard count is worth a lookup,
+// the busiest maxLookups at most. shards is the default count.
+func busyTopics(d *aggregator.Deltas, shards int) []string {
 	var busy []topicDelta
-	for _, x := range todo {
-		c, delta := x.counter, x.delta
+	for c, delta := range counters(d) {
 		if c.IsBucket() {
 			continue // written with its topic's shard count
 		}
@@ -81,13 +81,13 @@ func (t shardTable) newWrite(c store.Counter, delta int64, writer string) store.
 	return store.Write{Counter: c, Shard: rand.IntN(t.of(c)), Delta: delta, Writer: writer}
 }
 
-// writes is every counter of todo as a new store.Write with a seq from
-// next, a topic's time buckets next to its total: the journal keeps them
-// in one entry, so a message's counts are journaled whole or not at all.
-func (t shardTable) writes(todo []counterDelta, writer string, next func() int64) []store.Write {
-	ws := make([]store.Write, 0, len(todo))
-	for _, x := range todo {
-		w := t.newWrite(x.counter, x.delta, writer)
+// writes is every counter of d as a new store.Write with a seq from next,
+// a topic's time buckets next to its total: the journal keeps them in one
+// entry, so a message's counts are journaled whole or not at all.
+func (t shardTable) writes(d *aggregator.Deltas, writer string, next func() int64) []store.Write {
+	ws := make([]store.Write, 0, d.Len())
+	for c, delta := range counters(d) {
+		w := t.newWrite(c, delta, writer)
 		w.Seq = next()
 		ws = append(ws, w)
 	}
@@ -97,20 +97,20 @@ func (t shardTable) writes(todo []counterDelta, writer string, next func() int64
 	return ws
 }
 
-// shardCounts looks up the shard counts of the busy topics of todo, the
+// shardCounts looks up the shard counts of the busy topics of d, the
 // counters a flush is to write, in a quarter of the flush's budget: the
 // counts it cannot give by then fall back to one shard, and the writes
 // keep the rest of the budget (metadata never stands in front of counts).
-func (f *Flusher) shardCounts(ctx context.Context, todo []counterDelta) shardTable {
+func (f *Flusher) shardCounts(ctx context.Context, d *aggregator.Deltas) shardTable {
 	t := shardTable{def: f.cfg.Shards}
 	// While the store refuses writes, it answers no lookups either: the
 	// window goes to its default shards, which is always safe.
-	if f.shards == nil || len(todo) == 0 || f.down.Load() {
+	if f.shards == nil || d.Len() == 0 || f.down.Load() {
 		return t
 	}
 	ctx, cancel := context.WithTimeout(ctx, f.cfg.Timeout/4)
 	defer cancel()
-	counts, err := f.shards.WriteCounts(ctx, busyTopics(todo, f.cfg.Shards))
+	counts, err := f.shards.WriteCounts(ctx, busyTopics(d, f.cfg.Shards))
 	if err != nil {
 		// The counts are usable all the same (one shard for the topics it
 		// could not look up): metadata never holds counts back.

@@ -494,6 +494,11 @@ func (c *JetStreamConsumer) drainAll(limit context.Context) error {
 	t := time.NewTimer(c.cfg.DrainTimeout)
 	defer t.Stop()
 	for i, cc := range running {
+		select {
+		case <-cc.Closed():
+			continue // drained: not cut off, even with limit ended too
+		default:
+		}
 		var why string
 		select {
 		case <-cc.Closed():

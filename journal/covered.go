@@ -107,21 +107,25 @@ func (c *coverage) watch(ctx context.Context, kv jetstream.KeyValue, log *zap.Lo
 // watchOnce runs one watch until it or ctx ends, and says whether it read
 // the whole bucket.
 func (c *coverage) watchOnce(ctx context.Context, kv jetstream.KeyValue) (read bool, err error) {
+	// This writer's entries recorded from now on, the watch's start
+	// included, may come through it only after its reading is complete:
+	// note keeps them, so that the new copy does not lose them meanwhile
+	// (a covered message read as not covered could be counted twice). One
+	// retired meanwhile may come back until its deletion comes through:
+	// covered, which is true of a retired entry's messages (they are in
+	// the store).
+	c.mu.Lock()
+	c.noted = make(map[string][][2]int64)
+	c.mu.Unlock()
 	w, err := kv.WatchAll(ctx)
 	if err != nil {
+		c.mu.Lock()
+		c.noted = nil // no reading to keep them for
+		c.mu.Unlock()
 		return false, fmt.Errorf("journal: watch: %w", err)
 	}
 	defer w.Stop()                      //nolint:errcheck // the watch's end
 	next := make(map[string][][2]int64) // the reading under way
-	// This writer's entries recorded from now on may come through the
-	// watch only after its reading is complete: note keeps them, so that
-	// the new copy does not lose them meanwhile (a covered message read
-	// as not covered could be counted twice). One retired meanwhile may
-	// come back until its deletion comes through: covered, which is true
-	// of a retired entry's messages (they are in the store).
-	c.mu.Lock()
-	c.noted = make(map[string][][2]int64)
-	c.mu.Unlock()
 	for {
 		select {
 		case <-ctx.Done():
