@@ -33,19 +33,20 @@ deps: $(DYNALITE) $(OPENAPI_TS)
 # Every test binary is built and linked once, as many at once as there
 # are cores (on a cold cache the compile is minutes), into build/test; then
 # test/run-tests runs them without linking again (go test links on every
-# run): every package but sidecar two at a time (cmd/hotcount's long tests,
-# SIGKILLs and a NATS cluster, mostly wait out journal leases, and the
-# others are light), then sidecar alone: its suites keep several sidecars,
-# dynalite and NATS busy under deadlines that a second such package on a
-# 2-core machine would stretch. -trimpath keeps the folder out of the build
-# cache's keys, so that another clone or worktree of the module reuses what
-# this one compiled (without it, a fresh clone compiled every package of
-# the module again: about 90 s of a 2-core machine).
+# run): every package but sidecar two at a time, cmd/hotcount first (its
+# long tests, SIGKILLs and a NATS cluster, mostly wait out journal leases,
+# while the light ones take the other core), then sidecar alone: its
+# suites keep several sidecars, dynalite and NATS busy under deadlines that
+# a second such package on a 2-core machine would stretch. -trimpath keeps
+# the folder out of the build cache's keys, so that another clone or
+# worktree of the module reuses what this one compiled (without it, a
+# fresh clone compiled every package of the module again: about 90 s of a
+# 2-core machine).
 TESTBIN := build/test
 test: deps
 	rm -rf $(TESTBIN) && mkdir -p $(TESTBIN)
 	$(GO) test -race -trimpath -c -o $(TESTBIN)/ ./...
-	test/run-tests $(TESTBIN) 2 $$($(GO) list ./... | grep -v '/sidecar$$')
+	test/run-tests $(TESTBIN) 2 ./cmd/hotcount/ $$($(GO) list ./... | grep -v -e '/sidecar$$' -e '/cmd/hotcount$$')
 	test/run-tests $(TESTBIN) 1 ./sidecar/
 
 lint:
