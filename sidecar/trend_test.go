@@ -93,7 +93,8 @@ func TestTrendingAcrossTheFleet(t *testing.T) {
 		}
 		truth[topic][minute]++
 	}
-	z := rand.NewZipf(rand.New(rand.NewPCG(1, 2)), 1.1, 1, 199) // 200 topics: each minute writes about 150 of them, three counters each
+	// 200 topics: each minute writes about 150 of them, three counters each.
+	z := rand.NewZipf(rand.New(rand.NewPCG(1, 2)), 1.1, 1, 199)
 	var published, flushedBefore int64 // flushedBefore: by the sidecar restarted
 	const minutes = 30
 	for m := range minutes {
