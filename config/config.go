@@ -80,18 +80,22 @@ const (
 
 // Config is every setting of the sidecar.
 type Config struct {
-	NATSURL           string
-	NATSMode          string
-	NATSCreds         string
-	NATSNKey          string
-	NATSToken         string
-	NATSTLSCA         string
-	NATSTLSCert       string
-	NATSTLSKey        string
-	Stream            string
-	Consumer          string
-	AckWait           time.Duration
-	MaxAckPending     int
+	NATSURL       string
+	NATSMode      string
+	NATSCreds     string
+	NATSNKey      string
+	NATSToken     string
+	NATSTLSCA     string
+	NATSTLSCert   string
+	NATSTLSKey    string
+	Stream        string
+	Consumer      string
+	AckWait       time.Duration
+	MaxAckPending int
+	// DurableEngine is how the durable modes count exactly once:
+	// EngineJournal (acknowledgements, the journal, writer marks) or
+	// EnginePosition (package durable: stream positions in the items).
+	DurableEngine     string
 	Partitions        int
 	Subject           string
 	QueueGroup        string
@@ -183,6 +187,7 @@ func Default() Config {
 		Consumer:          ingest.DefaultConsumer,
 		AckWait:           ingest.DefaultAckWait,
 		MaxAckPending:     ingest.DefaultMaxAckPending,
+		DurableEngine:     EngineJournal,
 		Partitions:        DefaultPartitions,
 		Subject:           ingest.DefaultSubject,
 		QueueGroup:        ingest.DefaultQueueGroup,
@@ -330,6 +335,7 @@ var settings = []setting{
 	{name: "consumer", usage: "durable pull consumer shared by the sidecars (jetstream mode)", bind: str(func(c *Config) *string { return &c.Consumer })},
 	{name: "ack-wait", usage: "how long JetStream waits for an ack before redelivering; held messages are kept alive every third of it", bind: dur(func(c *Config) *time.Duration { return &c.AckWait })},
 	{name: "max-ack-pending", usage: "messages delivered and not yet acknowledged, per consumer: for all sidecars together in jetstream mode, per partition in partitioned mode (so a hot topic's partition takes up to this many per flush interval): the buffer bound of the durable modes", bind: integer(func(c *Config) *int { return &c.MaxAckPending })},
+	{name: "durable-engine", usage: "how the durable modes count exactly once: journal (acknowledgements per message, a journal of writes in flight, writer marks on the items) or position (each item records the last stream sequence it includes, writes apply only past it, partitions are read without acknowledgements from a checkpoint; docs/SEMANTICS.md)", bind: str(func(c *Config) *string { return &c.DurableEngine })},
 	{name: "partitions", usage: "partitioned mode: partition streams, one per partition (hotcount stream create sets them up, the NATS server's mapping routes into them); at least the fleet's size", bind: integer(func(c *Config) *int { return &c.Partitions })},
 	{name: "subject", usage: "subject of mentions, <prefix>.>: the sidecar subscribes to it, load publishes to <prefix>.<topic>; the topic is what follows the prefix", bind: str(func(c *Config) *string { return &c.Subject })},
 	{name: "queue-group", usage: "NATS queue group shared by the sidecars", bind: str(func(c *Config) *string { return &c.QueueGroup })},
@@ -767,6 +773,9 @@ func (c *Config) checkNATSMode(p *problems) {
 			p.bad("ack-wait", "%s is shorter than 1.5 × (flush-timeout + write-timeout) = %s: held messages would be redelivered and counted twice", c.AckWait, minWait)
 		}
 		p.intIn("max-ack-pending", int64(c.MaxAckPending), 1, 10_000_000)
+		if c.DurableEngine != EngineJournal && c.DurableEngine != EnginePosition {
+			p.bad("durable-engine", "%q is neither %s nor %s", c.DurableEngine, EngineJournal, EnginePosition)
+		}
 		if c.NATSMode == ModePartitioned {
 			p.intIn("partitions", int64(c.Partitions), 1, 1024)
 		}
@@ -1130,6 +1139,16 @@ func overlap(a, b string) bool {
 	every := func(h string) bool { return h == "" || h == "0.0.0.0" || h == "::" }
 	return ha == hb || every(ha) || every(hb) || (loopbackHost(ha) && loopbackHost(hb))
 }
+
+// The durable engines (--durable-engine).
+const (
+	EngineJournal  = "journal"
+	EnginePosition = "position"
+)
+
+// Positional says whether the durable modes count by stream position
+// (package durable) rather than by the journal.
+func (c Config) Positional() bool { return c.Durable() && c.DurableEngine == EnginePosition }
 
 // Durable says whether mentions come from a JetStream stream and are
 // acknowledged after their write (jetstream and partitioned modes), as

@@ -522,3 +522,34 @@ type redactedError struct {
 
 func (e *redactedError) Error() string { return e.msg }
 func (e *redactedError) Unwrap() error { return e.err }
+
+// Checker judges messages for a reader of the durable streams that is not
+// this package's consumer (package durable): the same checks, metrics,
+// log lines and dead letters.
+type Checker struct{ c *checker }
+
+// NewChecker returns a checker on nc (for dead letters).
+func NewChecker(nc *nats.Conn, cfg Config, log *zap.Logger, m *Metrics) (*Checker, error) {
+	c, err := newChecker(nc, cfg, time.Now, log, m)
+	if err != nil {
+		return nil, err
+	}
+	return &Checker{c}, nil
+}
+
+// Check returns a message's topic, count and time (its "at", else
+// published), or ok false after rejecting it: the judgement is Judge's, a
+// function of the message and its stream timestamp alone.
+func (k *Checker) Check(subject string, data []byte, hdr nats.Header, published time.Time) (topic string, delta int64, at time.Time, ok bool) {
+	topic, delta, at, reason := k.c.check(subject, data, hdr, published)
+	if reason != "" {
+		return "", 0, time.Time{}, false
+	}
+	if at.IsZero() {
+		at = published
+	}
+	return topic, delta, at, true
+}
+
+// Accepted counts an accepted message of delta mentions.
+func (k *Checker) Accepted(delta int64) { k.c.accepted(delta) }

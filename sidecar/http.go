@@ -31,9 +31,9 @@ func (s *Sidecar) handlers(p *parts, stopping *atomic.Bool) (map[string]http.Han
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "hotcount_flusher_last_progress_timestamp_seconds",
 		Help: "Time of the last flush that wrote something or had nothing to write (the start, before any): /healthz fails when it is older than --health-flush-age.",
-	}, func() float64 { return float64(p.fl.LastProgress().UnixNano()) / 1e9 }))
+	}, func() float64 { return float64(p.out.LastProgress().UnixNano()) / 1e9 }))
 	health := func(context.Context) error {
-		if age := time.Since(p.fl.LastProgress()); age > cfg.HealthAge() {
+		if age := time.Since(p.out.LastProgress()); age > cfg.HealthAge() {
 			return fmt.Errorf("no flush has written anything for %s, more than %s", age.Round(time.Millisecond), cfg.HealthAge())
 		}
 		return nil

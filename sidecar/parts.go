@@ -17,6 +17,7 @@ import (
 	"github.com/hotcount/hotcount/aggregator"
 	"github.com/hotcount/hotcount/config"
 	"github.com/hotcount/hotcount/console"
+	"github.com/hotcount/hotcount/durable"
 	"github.com/hotcount/hotcount/fleet"
 	"github.com/hotcount/hotcount/flusher"
 	"github.com/hotcount/hotcount/heavyhitters"
@@ -41,7 +42,9 @@ type parts struct {
 	book    *shardcount.Book
 	lk      *lookup.Service
 	tr      *trend.Service
-	fl      *flusher.Flusher
+	fl      *flusher.Flusher // nil with --durable-engine position
+	eng     *durable.Engine  // --durable-engine position only
+	out     writeStage       // fl or eng
 	jr      *journal.Journal // durable modes only
 	members *fleet.Members   // partitioned mode only; run by Run, not in runs or services
 	sub     source
@@ -197,14 +200,28 @@ func (s *Sidecar) readers(_ context.Context, p *parts) error {
 	return nil
 }
 
+// writeStage is what the sidecar runs and stops of the stage that writes:
+// the flusher, or with --durable-engine position the durable engine.
+type writeStage interface {
+	EndBy(time.Time)
+	Final(context.Context) error
+	LastProgress() time.Time
+	Writer() string
+	Read(topic string, read func(pending func(gatheredAt time.Time) int64))
+}
+
 // writers builds the flusher and, in the durable modes, the journal it
-// records its writes in.
+// records its writes in; or with --durable-engine position the durable
+// engine, which reads the streams itself.
 func (s *Sidecar) writers(ctx context.Context, p *parts) error {
 	cfg := s.cfg
 	minutes, hours := cfg.Buckets()
 	observers := []flusher.Observer{p.hottest}
 	if minutes {
 		observers = append(observers, p.tr) // marks the fleet's history, then feeds the sketch
+	}
+	if cfg.Positional() {
+		return s.engine(p, observers)
 	}
 	opts := []flusher.Option{flusher.WithObserver(observers...), flusher.WithShards(p.book), flusher.WithReader(p.lk)}
 	var keepAlive time.Duration
@@ -241,6 +258,7 @@ func (s *Sidecar) writers(ctx context.Context, p *parts) error {
 
 		QuarantineAfter: cfg.QuarantineAfter,
 	}, p.agg, p.st, s.log, flusher.NewMetrics(s.reg), time.Now, opts...)
+	p.out = p.fl
 	p.lk.WatchWrites(p.fl)
 	p.runs = append(p.runs, func(ctx context.Context) error { return p.fl.RunWithin(ctx, p.limit) })
 	if p.jr != nil {
@@ -249,11 +267,46 @@ func (s *Sidecar) writers(ctx context.Context, p *parts) error {
 	return nil
 }
 
+// engine builds the durable engine (--durable-engine position): it reads
+// the partition streams this sidecar owns and writes them by position.
+// The fleet shares the partitions out (one partition, the one stream,
+// in jetstream mode), for efficiency only.
+func (s *Sidecar) engine(p *parts, observers []flusher.Observer) error {
+	cfg := s.cfg
+	p.members = fleet.NewMembers(p.nc, fleet.DefaultMembersSubject, p.writer, cfg.Stream+"/positions", fleet.DefaultInterval, s.log)
+	minutes, hours := cfg.Buckets()
+	dcfg := durable.Config{
+		Stream: cfg.Stream, Subject: cfg.Subject,
+		Interval: cfg.FlushInterval, WriteTimeout: cfg.WriteTimeout, Concurrency: cfg.FlushWrites(),
+		MaxCounters: cfg.MaxTopics, Minutes: minutes, Hours: hours,
+		Limits:     ingest.Limits{MaxCount: cfg.MaxCount, MaxTopicBytes: cfg.MaxTopicBytes, MaxLateness: cfg.Lateness()},
+		DeadLetter: cfg.DeadLetterSubject,
+	}
+	if cfg.NATSMode == config.ModePartitioned {
+		dcfg.Partitions = cfg.Partitions
+	}
+	obs := make([]durable.Observer, len(observers))
+	for i, o := range observers {
+		obs[i] = o
+	}
+	eng, err := durable.New(dcfg, p.nc, p.st, p.members, s.log, durable.NewMetrics(s.reg), p.im, time.Now, obs...)
+	if err != nil {
+		return err
+	}
+	eng.TellWrites(p.lk)
+	p.eng, p.out, p.sub = eng, eng, eng
+	p.runs = append(p.runs, eng.Run)
+	return nil
+}
+
 // ingest builds what takes mentions from NATS into the window, and in
 // partitioned mode the fleet that divides the stream's partitions among
 // the sidecars it sees alive.
 func (s *Sidecar) ingest(_ context.Context, p *parts) error {
 	cfg := s.cfg
+	if p.eng != nil {
+		return nil // the engine reads the streams
+	}
 	if cfg.NATSMode == config.ModePartitioned {
 		p.members = fleet.NewMembers(p.nc, fleet.DefaultMembersSubject, p.writer, cfg.Stream+"/"+cfg.Consumer, fleet.DefaultInterval, s.log)
 	}
@@ -282,7 +335,7 @@ func (s *Sidecar) ingest(_ context.Context, p *parts) error {
 // runs with the pipeline.
 func (s *Sidecar) views(_ context.Context, p *parts) error {
 	cfg := s.cfg
-	p.api = p.lk.Handler(s.log, lookup.Extras{Pending: p.fl.Read, Hot: p.hottest.Top, ShardsOf: p.book.Cached, Trend: p.tr})
+	p.api = p.lk.Handler(s.log, lookup.Extras{Pending: p.out.Read, Hot: p.hottest.Top, ShardsOf: p.book.Cached, Trend: p.tr})
 	// The console reads the lookup API in-process, past its token: it
 	// guards its own data (loopback only, unless --http-public).
 	p.con = console.New(console.Config{API: p.api, WriteShards: p.book.Cached, Metrics: s.reg, Race: cfg.ConsoleRace, CacheTTL: cfg.CacheTTL, Known: knownTopics(p.lk), Raises: raisesOf(p.book), Open: cfg.HTTPPublic && cfg.HTTPTokenFile == ""}, s.log)

@@ -231,8 +231,8 @@ func (s *Sidecar) Run(ctx context.Context) error {
 	err = shutdown{
 		budget:  s.cfg.ShutdownTimeout,
 		reserve: s.cfg.ShutdownReserve(),
-		stop:    pipelineStop{stop: stopPipe, endBy: p.fl.EndBy, cut: p.cut, wait: pipe.Wait, leave: leaveFleet}.run,
-		final:   p.fl.Final, // returned below, with what it could not write
+		stop:    pipelineStop{stop: stopPipe, endBy: p.out.EndBy, cut: p.cut, wait: pipe.Wait, leave: leaveFleet}.run,
+		final:   p.out.Final, // returned below, with what it could not write
 		after:   s.afterFinal(p, l),
 	}.run(s.log)
 	// The HTTP listeners have stopped: nothing reads any more.
@@ -257,7 +257,7 @@ func (s *Sidecar) logStarted(p *parts) {
 		zap.String("http", s.HTTPAddr()), zap.String("admin", s.AdminAddr()),
 		zap.String("nats", p.nc.ConnectedUrlRedacted()), zap.String("subject", s.cfg.Subject),
 		zap.String("mode", s.cfg.NATSMode), zap.String("store", s.cfg.Store), zap.Int("shards", s.cfg.Shards),
-		zap.String("writer", p.fl.Writer()))
+		zap.String("writer", p.out.Writer()))
 }
 
 // runMembers runs the fleet's membership, if any (partitioned mode), on

@@ -78,12 +78,30 @@ func decodeItem(v []byte) (count, updatedAt int64, err error) {
 
 // A shard item may carry, after its count and updatedAt, the exactly-once
 // bookkeeping that DynamoDB keeps in attributes: the floor (int64), then
-// each writer's mark as a length-prefixed id and an int64 seq. Items written
-// before marks existed are 16 bytes and read as having none.
+// each writer's mark as a length-prefixed id and an int64 seq, then, after
+// the byte boltPositions, each stream's position as a length-prefixed name,
+// an int64 epoch and a uint64 seq. Items written before marks existed are
+// 16 bytes and read as having none; items written before positions existed
+// end with their marks and read as having none.
 type boltShard struct {
 	count, updatedAt, floor int64
 	marks                   []mark
+	positions               []streamPosition
 }
+
+// streamPosition is one stream's position on a bolt item.
+type streamPosition struct {
+	stream string
+	Position
+}
+
+// boltPositions starts the positions, where a mark's length byte would be:
+// no mark is that long (maxBoltWriter).
+const boltPositions = 0xFF
+
+// maxBoltWriter bounds a writer id in the embedded store: its length is a
+// byte, and boltPositions is not a length.
+const maxBoltWriter = boltPositions - 1
 
 func decodeShard(v []byte) (boltShard, error) {
 	var s boltShard
@@ -97,6 +115,13 @@ func decodeShard(v []byte) (boltShard, error) {
 	}
 	s.floor = int64(binary.BigEndian.Uint64(rest))
 	for rest = rest[8:]; len(rest) > 0; {
+		if rest[0] == boltPositions {
+			s.positions, err = decodePositions(rest[1:])
+			if err != nil {
+				return s, fmt.Errorf("store: corrupt item of %d bytes: %w", len(v), err)
+			}
+			return s, nil
+		}
 		n := int(rest[0])
 		if len(rest) < 1+n+8 {
 			return s, fmt.Errorf("store: corrupt item of %d bytes", len(v))
@@ -116,7 +141,53 @@ func (s boltShard) encode() []byte {
 		v = append(v, m.writer...)
 		v = binary.BigEndian.AppendUint64(v, uint64(m.seq))
 	}
+	if len(s.positions) == 0 {
+		return v // as items were before positions
+	}
+	v = append(v, boltPositions)
+	for _, p := range s.positions {
+		v = append(v, byte(len(p.stream)))
+		v = append(v, p.stream...)
+		v = binary.BigEndian.AppendUint64(v, uint64(p.Epoch))
+		v = binary.BigEndian.AppendUint64(v, p.Seq)
+	}
 	return v
+}
+
+// decodePositions reads the positions section of an item, past its
+// boltPositions byte.
+func decodePositions(rest []byte) ([]streamPosition, error) {
+	var out []streamPosition
+	for len(rest) > 0 {
+		n := int(rest[0])
+		if len(rest) < 1+n+16 {
+			return nil, errors.New("positions cut short")
+		}
+		out = append(out, streamPosition{stream: string(rest[1 : 1+n]), Position: Position{
+			Epoch: int64(binary.BigEndian.Uint64(rest[1+n:])),
+			Seq:   binary.BigEndian.Uint64(rest[1+n+8:]),
+		}})
+		rest = rest[1+n+16:]
+	}
+	return out, nil
+}
+
+// record is what decides a span write of stream on the item.
+func (s boltShard) record(stream string) recorded {
+	r := recorded{count: s.count}
+	if i := slices.IndexFunc(s.positions, func(p streamPosition) bool { return p.stream == stream }); i >= 0 {
+		r.pos, r.has = s.positions[i].Position, true
+	}
+	return r
+}
+
+// setPosition records p as stream's position.
+func (s *boltShard) setPosition(stream string, p Position) {
+	if i := slices.IndexFunc(s.positions, func(q streamPosition) bool { return q.stream == stream }); i >= 0 {
+		s.positions[i].Position = p
+		return
+	}
+	s.positions = append(s.positions, streamPosition{stream: stream, Position: p})
 }
 
 // Add applies one idempotent increment atomically, with the same marks and
@@ -124,8 +195,14 @@ func (s boltShard) encode() []byte {
 // replay sends writes again). An increment that would overflow int64 fails
 // with ErrOverflow and changes nothing.
 func (b *Bolt) Add(ctx context.Context, w Write, now time.Time) error {
+	if w.Span != nil {
+		return b.addSpan(w, now)
+	}
 	b.metrics.writes.Inc()
 	key := []byte(w.Key())
+	if len(w.Writer) > maxBoltWriter {
+		return fmt.Errorf("store: update %s: writer id of %d bytes, longer than %d", key, len(w.Writer), maxBoltWriter)
+	}
 	var refused error
 	var resolved string
 	err := b.group.do(func(tx *bolt.Tx) error {
@@ -178,6 +255,66 @@ func (b *Bolt) Add(ctx context.Context, w Write, now time.Time) error {
 		b.metrics.resolved.WithLabelValues(resolved).Inc()
 	}
 	return refused
+}
+
+// addSpan is Add for a write with a Span, with DynamoDB's answers (see
+// DynamoDB.addSpan), in one transaction: no marks, no trims.
+func (b *Bolt) addSpan(w Write, now time.Time) error {
+	key := w.Key()
+	if err := w.Span.check(); err != nil {
+		return fmt.Errorf("store: update %s: %w", key, err)
+	}
+	b.metrics.writes.Inc()
+	var refused error
+	err := b.group.do(func(tx *bolt.Tx) error {
+		refused = nil // the group may run this again
+		bk := tx.Bucket(boltBucket)
+		s, err := decodeShard(bk.Get([]byte(key)))
+		if err != nil {
+			return err
+		}
+		r := s.record(w.Span.Stream)
+		if v := judge(*w.Span, w.Delta, r); v != applies {
+			// Reported aside, not as the function's error: a refusal
+			// changes nothing and must not make the group run again.
+			refused = refusal(key, *w.Span, w.Delta, r, v)
+			return nil
+		}
+		s.count += w.Delta
+		s.updatedAt = UnixMilli(now)
+		s.setPosition(w.Span.Stream, Position{Epoch: w.Span.Epoch, Seq: w.Span.Last})
+		return bk.Put([]byte(key), s.encode())
+	})
+	if err != nil {
+		err = fmt.Errorf("store: update %s: %w", key, err)
+		b.metrics.failed("write", err)
+		return err
+	}
+	if errors.Is(refused, ErrOverflow) {
+		b.metrics.failed("write", refused)
+	}
+	if w.Retry {
+		b.metrics.settleSpan(refused)
+	}
+	return refused
+}
+
+// Position reads the position the item key records for stream; has is
+// false when it records none.
+func (b *Bolt) Position(ctx context.Context, key, stream string) (p Position, has bool, err error) {
+	if err := checkStream(stream); err != nil {
+		return Position{}, false, fmt.Errorf("store: position of %s: %w", key, err)
+	}
+	err = b.db.View(func(tx *bolt.Tx) error {
+		s, err := decodeShard(tx.Bucket(boltBucket).Get([]byte(key)))
+		r := s.record(stream)
+		p, has = r.pos, r.has
+		return err
+	})
+	if err != nil {
+		return Position{}, false, fmt.Errorf("store: item %s: %w", key, err)
+	}
+	return p, has, nil
 }
 
 // Gather reads shards 0..n-1 of topic in one read transaction, which (unlike

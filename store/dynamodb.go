@@ -83,12 +83,16 @@ func NewDynamoDB(client DynamoAPI, table string, m *Metrics) *DynamoDB {
 // another shard with a new seq; ErrAmbiguous (wrapped) when it may or may
 // not have been applied, for the caller to send the same Write again.
 // The SDK retries within the call re-send the same request, so they are
-// safe. Every other error means it was not applied.
+// safe. Every other error means it was not applied. A Write with a Span
+// is idempotent by stream position instead, and answers as addSpan says.
 func (d *DynamoDB) Add(ctx context.Context, w Write, now time.Time) error {
 	if err := ctx.Err(); err != nil && !w.Retry && !w.Replay {
 		// Never sent, so never applied; sent, a cancelled call would be in
 		// doubt (and a retry of a write in doubt stays in doubt).
 		return fmt.Errorf("store: update %s: not sent: %w", d.key(w), err)
+	}
+	if w.Span != nil {
+		return d.addSpan(ctx, w, now) // position.go
 	}
 	d.metrics.writes.Inc()
 	var doubt bool // an attempt of this call may have been applied
@@ -138,12 +142,7 @@ func (d *DynamoDB) addInput(w Write, now time.Time) *dynamodb.UpdateItemInput {
 		":now":   &types.AttributeValueMemberN{Value: strconv.FormatInt(UnixMilli(now), 10)},
 		":seq":   &types.AttributeValueMemberN{Value: strconv.FormatInt(w.Seq, 10)},
 	}
-	if exp := d.Retention.expiry(w.Counter); exp > 0 {
-		// A bucket: its TTL, the same on every write of it.
-		update += ", #exp = :exp"
-		names["#exp"] = AttrExpiresAt
-		values[":exp"] = &types.AttributeValueMemberN{Value: strconv.FormatInt(exp, 10)}
-	}
+	update = d.withExpiry(w, update, names, values)
 	return &dynamodb.UpdateItemInput{
 		TableName: &d.table,
 		Key: map[string]types.AttributeValue{
@@ -157,6 +156,17 @@ func (d *DynamoDB) addInput(w Write, now time.Time) *dynamodb.UpdateItemInput {
 		// in write units, and it saves a read to decide on trimming.
 		ReturnValues: types.ReturnValueAllNew,
 	}
+}
+
+// withExpiry adds to a write's SET clause, for a bucket, its TTL: the same
+// on every write of it.
+func (d *DynamoDB) withExpiry(w Write, update string, names map[string]string, values map[string]types.AttributeValue) string {
+	if exp := d.Retention.expiry(w.Counter); exp > 0 {
+		update += ", #exp = :exp"
+		names["#exp"] = AttrExpiresAt
+		values[":exp"] = &types.AttributeValueMemberN{Value: strconv.FormatInt(exp, 10)}
+	}
+	return update
 }
 
 // addFailed settles a write that failed other than by its condition. It is

@@ -1,7 +1,9 @@
 package store
 
 import (
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	bolt "go.etcd.io/bbolt"
 )
 
@@ -21,4 +23,28 @@ func BoltItemSize(b *Bolt, key string) (n int, err error) {
 		return nil
 	})
 	return n, err
+}
+
+// Positions, for position_test.go.
+var (
+	EncodePosition = encodePosition
+	DecodePosition = decodePosition
+)
+
+// RefusalPosition decodes what a span write's refusal carries: stream's
+// position (has: one is recorded), the count, and whether it carried the
+// item at all.
+func RefusalPosition(cond *types.ConditionalCheckFailedException, stream string) (p Position, has bool, count int64, returned bool, err error) {
+	r, returned, err := refusalRecord(cond, stream)
+	return r.pos, r.has, r.count, returned, err
+}
+
+// Resolved is hotcount_store_resolved_total{outcome}.
+func (m *Metrics) Resolved(outcome string) float64 {
+	return testutil.ToFloat64(m.resolved.WithLabelValues(outcome))
+}
+
+// BoltPut stores v as the bolt item key, as an older version wrote it.
+func BoltPut(b *Bolt, key string, v []byte) error {
+	return b.db.Update(func(tx *bolt.Tx) error { return tx.Bucket(boltBucket).Put([]byte(key), v) })
 }

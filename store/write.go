@@ -70,7 +70,7 @@ var ErrAmbiguous = errors.New("store: write outcome unknown")
 var ErrUnresolvable = errors.New("store: write outcome can no longer be told")
 
 // Write is one idempotent increment: Delta added to one shard of Counter,
-// identified by Writer and Seq.
+// identified by Writer and Seq, or by its Span.
 type Write struct {
 	// Counter is what it counts in: a topic's total or one of its time
 	// buckets.
@@ -88,6 +88,11 @@ type Write struct {
 	// as for Retry, but it was never in doubt here and is not counted in
 	// the doubt metrics.
 	Replay bool
+	// Span, when set, makes the write idempotent by the stream positions
+	// it covers (position.go) rather than by Writer and Seq: it applies
+	// only past the position the item records for Span.Stream, and
+	// leaves no mark. nil: the marks.
+	Span *Span
 }
 
 // Key is the write's item key: a shard of its counter (Counter.Key).

@@ -1,0 +1,138 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/hotcount/hotcount/ingest"
+	"github.com/hotcount/hotcount/internal/testenv"
+	"github.com/hotcount/hotcount/loadgen"
+	"github.com/hotcount/hotcount/streams"
+)
+
+// TestFrozenSidecarCountsOnce is the frozen sidecar of the position
+// issue, with the binary: two `hotcount run --durable-engine position`
+// share the stream while mentions arrive; the one reading is stopped
+// with SIGSTOP (a long GC or VM pause, a node cut off) with a window read
+// and not written, the other takes its partitions over and writes them,
+// and the frozen one is woken and writes its window too. The table ends
+// with every mention once, in totals and buckets. With the journal this
+// counted 959 of 60,000 twice (jetstream) and 1,045 (partitioned).
+func TestFrozenSidecarCountsOnce(t *testing.T) {
+	for _, mode := range []string{"jetstream", "partitioned"} {
+		t.Run(mode, func(t *testing.T) { frozenRun(t, mode) })
+	}
+}
+
+func frozenRun(t *testing.T, mode string) {
+	l := streams.Layout{Stream: "MENTIONS", Subject: "mentions.>", Partitions: 4}
+	args := []string{"--nats-mode", mode, "--durable-engine", "position", "--flush-interval", "300ms",
+		"--log-level", "warn", "--windows", "1m,1h"}
+	var url string
+	if mode == "partitioned" {
+		ns := testenv.NATSMapped(t, testenv.Partitioned(l))
+		url = ns.ClientURL()
+		js, err := jetstream.New(testenv.Connect(t, url))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := streams.Ensure(context.Background(), js, l, streams.Options{MaxAge: time.Hour, MaxBytes: 1 << 30, Duplicates: time.Minute}); err != nil {
+			t.Fatal(err)
+		}
+		args = append(args, "--partitions", fmt.Sprint(l.Partitions))
+	} else {
+		ns := testenv.NATS(t)
+		url = ns.ClientURL()
+		if _, err := ingest.EnsureStream(context.Background(), testenv.Connect(t, url), "MENTIONS", "mentions.>", time.Minute); err != nil {
+			t.Fatal(err)
+		}
+		l.Partitions = 1
+	}
+	nc := testenv.Connect(t, url)
+	d := testenv.StartDynalite(t)
+	table := d.Table(t, "frozen")
+	testenv.AWSEnv(t)
+	args = append(args, "--nats-url", url, "--dynamodb-endpoint", d.Endpoint, "--table", table)
+	kids := []*child{startChild(t, args...), startChild(t, args...)}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	type result struct {
+		rep loadgen.Report
+		err error
+	}
+	sent := make(chan result, 1)
+	go func() {
+		rep, err := loadgen.Run(ctx, nc, loadgen.Config{Prefix: "mentions.", Topics: 40, Rate: 1_000, Messages: 16_000, Count: 1, Seed: 7, JetStream: true})
+		sent <- result{rep, err}
+	}()
+	// Freeze a sidecar that reads and has written: its window holds what
+	// it read since its last flush.
+	var frozen, other *child
+	testenv.Eventually(t, 60*time.Second, func() error {
+		for i, c := range kids {
+			if c.metric(t, "hotcount_durable_partitions") > 0 && c.metric(t, "hotcount_durable_flushed_mentions_total") > 0 {
+				frozen, other = c, kids[1-i]
+				return nil
+			}
+		}
+		return fmt.Errorf("no sidecar has read and written yet")
+	})
+	if err := frozen.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 30*time.Second, func() error {
+		if n := other.metric(t, "hotcount_durable_partitions"); n != float64(l.Partitions) {
+			return fmt.Errorf("the other reads %v of %d partitions", n, l.Partitions)
+		}
+		return nil
+	})
+	// The other writes what the frozen one holds, meanwhile: the length
+	// of the freeze is the test's point.
+	time.Sleep(3 * time.Second)
+	if err := frozen.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	r := <-sent
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	exact := func() error {
+		got, _ := d.Counts(t, table)
+		for topic, n := range got {
+			if n > r.rep.PerTopic[topic] {
+				t.Fatalf("%s: table %d, published %d: counted twice", topic, n, r.rep.PerTopic[topic])
+			}
+		}
+		for topic, n := range r.rep.PerTopic {
+			if got[topic] != n {
+				return fmt.Errorf("%s: table %d, published %d", topic, got[topic], n)
+			}
+		}
+		return nil
+	}
+	testenv.Eventually(t, 60*time.Second, exact)
+	refused := frozen.metric(t, `hotcount_durable_writes_total{outcome="covered"}`) +
+		frozen.metric(t, `hotcount_durable_writes_total{outcome="overlap"}`)
+	for _, c := range kids {
+		if err := c.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.cmd.Wait(); err != nil {
+			t.Fatalf("SIGTERM: %v\n%s", err, c.logs)
+		}
+	}
+	if err := exact(); err != nil {
+		t.Fatal(err)
+	}
+	exactBuckets(t, d, table, r.rep.PerTopic)
+	t.Logf("%s: %d mentions exact; the woken sidecar had %v writes refused (covered or overlapping) by what the other wrote", mode, r.rep.Mentions, refused)
+	if refused == 0 {
+		t.Error("the woken sidecar wrote nothing the other had written: the freeze held no window")
+	}
+}

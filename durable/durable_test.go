@@ -1,0 +1,252 @@
+package durable_test
+
+import (
+	"context"
+	"fmt"
+	"net/http/httptest"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+
+	"github.com/hotcount/hotcount/durable"
+	"github.com/hotcount/hotcount/ingest"
+	"github.com/hotcount/hotcount/internal/ddbfault"
+	"github.com/hotcount/hotcount/internal/testenv"
+	"github.com/hotcount/hotcount/store"
+)
+
+// env is one test's NATS (one stream, MENTIONS on mentions.>) and table.
+type env struct {
+	nc    *nats.Conn
+	js    jetstream.JetStream
+	db    *testenv.Dynalite
+	table string
+}
+
+func setup(t *testing.T) *env {
+	t.Helper()
+	srv := testenv.NATS(t)
+	nc := testenv.Connect(t, srv.ClientURL())
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &env{nc: nc, js: js}
+	e.createStream(t)
+	e.db = testenv.StartDynalite(t)
+	e.table = e.db.Table(t, "hotcount")
+	return e
+}
+
+func (e *env) createStream(t *testing.T) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := e.js.CreateStream(ctx, jetstream.StreamConfig{Name: "MENTIONS", Subjects: []string{"mentions.>"}}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// store is a store on the test's table, through endpoint (dynalite's, or
+// a fault proxy's in front of it).
+func (e *env) store(endpoint string) *store.DynamoDB {
+	return store.NewDynamoDB(testenv.Client(endpoint), e.table, store.NewMetrics(prometheus.NewRegistry()))
+}
+
+// sidecar is one engine, run until the test ends.
+type sidecar struct {
+	*durable.Engine
+	reg *prometheus.Registry
+}
+
+func (e *env) start(t *testing.T, st durable.Store) sidecar {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	eng, err := durable.New(durable.Config{
+		Stream: "MENTIONS", Subject: "mentions.>",
+		Interval: 100 * time.Millisecond, WriteTimeout: 2 * time.Second, Concurrency: 16,
+		Limits: ingest.Limits{MaxCount: 1000, MaxTopicBytes: 256},
+	}, e.nc, st, nil, zap.NewNop(), durable.NewMetrics(reg), ingest.NewMetrics(reg), time.Now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Go(func() { _ = eng.Run(ctx) })
+	t.Cleanup(func() { cancel(); wg.Wait() })
+	return sidecar{eng, reg}
+}
+
+// publish publishes n mentions of {"count":1} over topics topics and
+// returns what each topic got.
+func (e *env) publish(t *testing.T, n, topics int, want map[string]int64) {
+	t.Helper()
+	for i := range n {
+		topic := fmt.Sprintf("topic-%d", i%topics)
+		if _, err := e.js.PublishAsync("mentions."+topic, []byte(`{"count":1}`)); err != nil {
+			t.Fatal(err)
+		}
+		want[topic]++
+	}
+	select {
+	case <-e.js.PublishAsyncComplete():
+	case <-time.After(30 * time.Second):
+		t.Fatal("publishes not acknowledged")
+	}
+}
+
+// exact waits until the table holds exactly want, and fails if it ever
+// holds more of a topic than was published.
+func (e *env) exact(t *testing.T, want map[string]int64) {
+	t.Helper()
+	testenv.Eventually(t, 60*time.Second, func() error {
+		got, _ := e.db.Counts(t, e.table)
+		for topic, n := range got {
+			if n > want[topic] {
+				t.Fatalf("%s counted %d times, published %d", topic, n, want[topic])
+			}
+		}
+		for topic, n := range want {
+			if got[topic] != n {
+				return fmt.Errorf("%s: %d of %d", topic, got[topic], n)
+			}
+		}
+		return nil
+	})
+}
+
+// gate is a store that a test can freeze: while closed, every write waits
+// (a sidecar stopped by SIGSTOP, a long pause, a node cut off), then goes
+// to the real store.
+type gate struct {
+	durable.Store
+	mu   sync.Mutex
+	open chan struct{}
+}
+
+func newGate(st durable.Store) *gate {
+	g := &gate{Store: st, open: make(chan struct{})}
+	close(g.open)
+	return g
+}
+
+func (g *gate) freeze() { g.mu.Lock(); g.open = make(chan struct{}); g.mu.Unlock() }
+func (g *gate) thaw()   { g.mu.Lock(); close(g.open); g.mu.Unlock() }
+
+func (g *gate) Add(ctx context.Context, w store.Write, now time.Time) error {
+	g.mu.Lock()
+	open := g.open
+	g.mu.Unlock()
+	<-open
+	return g.Store.Add(ctx, w, now)
+}
+
+// A sidecar frozen with a window read and unwritten, while another reads
+// the same partition and writes it all, counts nothing twice when it
+// wakes: its writes are refused by the positions the items record, or
+// recounted from the stream where the other wrote half of a span.
+func TestFrozenReaderCountsOnce(t *testing.T) {
+	e := setup(t)
+	want := map[string]int64{}
+	g := newGate(e.store(e.db.Endpoint))
+	a := e.start(t, g)
+	e.publish(t, 4000, 40, want)
+	e.exact(t, want)
+
+	g.freeze()
+	e.publish(t, 4000, 40, want) // a reads these, and cannot write them
+	testenv.Eventually(t, 30*time.Second, func() error {
+		if n := testenv.Metric(t, a.reg, "hotcount_ingest_events_total"); n != 8000 {
+			return fmt.Errorf("a read %v of 8000", n)
+		}
+		return nil
+	})
+	b := e.start(t, e.store(e.db.Endpoint))
+	e.publish(t, 4000, 40, want) // both read these
+	e.exact(t, want)
+
+	g.thaw()
+	e.publish(t, 2000, 40, want)
+	testenv.Eventually(t, 30*time.Second, func() error {
+		if n := testenv.MetricWith(t, a.reg, "hotcount_durable_writes_total", "outcome", "covered"); n == 0 {
+			return fmt.Errorf("a has had no write refused yet")
+		}
+		return nil
+	})
+	e.exact(t, want)
+	for _, s := range []sidecar{a, b} {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		if err := s.Final(ctx); err != nil {
+			t.Errorf("final flush: %v", err)
+		}
+		cancel()
+	}
+	e.exact(t, want)
+}
+
+// An item that holds the first part of a span (another reader wrote it)
+// refuses the whole span; the rest is counted again from the stream.
+func TestOverlapIsRecounted(t *testing.T) {
+	e := setup(t)
+	want := map[string]int64{}
+	e.publish(t, 10, 1, want) // topic-0 at sequences 1..10
+	info, err := e.js.Stream(context.Background(), "MENTIONS")
+	if err != nil {
+		t.Fatal(err)
+	}
+	epoch := info.CachedInfo().Created.UnixMicro()
+	st := e.store(e.db.Endpoint)
+	// Another reader wrote sequences 1..4.
+	if err := st.Add(context.Background(), store.Write{Counter: store.TotalOf("topic-0"), Delta: 4,
+		Span: &store.Span{Stream: "MENTIONS", Epoch: epoch, First: 1, Last: 4}}, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	s := e.start(t, st)
+	e.exact(t, want)
+	if n := testenv.Metric(t, s.reg, "hotcount_durable_recounts_total"); n != 1 {
+		t.Errorf("recounts: %v, want 1", n)
+	}
+}
+
+// A stream deleted and created again (an operator's mistake, a restore)
+// starts afresh: its mentions count, from its first sequence.
+func TestRecreatedStreamCountsAfresh(t *testing.T) {
+	e := setup(t)
+	want := map[string]int64{}
+	e.start(t, e.store(e.db.Endpoint))
+	e.publish(t, 2000, 20, want)
+	e.exact(t, want)
+	if err := e.js.DeleteStream(context.Background(), "MENTIONS"); err != nil {
+		t.Fatal(err)
+	}
+	e.createStream(t)
+	e.publish(t, 800, 20, want)
+	e.exact(t, want)
+}
+
+// Answers lost after DynamoDB applied the write (a reset, a 500, a hang,
+// a 200 cut short) are settled by the same condition when the write is
+// sent again.
+func TestLostAnswersCountOnce(t *testing.T) {
+	e := setup(t)
+	proxy := ddbfault.New(ddbfault.Config{Upstream: e.db.Endpoint})
+	proxy.SetHang(3 * time.Second)
+	proxy.LoseAnswers(0.2)
+	srv := httptest.NewServer(proxy)
+	t.Cleanup(srv.Close)
+	s := e.start(t, e.store(srv.URL))
+	want := map[string]int64{}
+	e.publish(t, 6000, 30, want)
+	e.exact(t, want)
+	if proxy.Stats().Lost() == 0 {
+		t.Fatal("no answer was lost: the test proves nothing")
+	}
+	if n := testenv.MetricWith(t, s.reg, "hotcount_durable_writes_total", "outcome", "in_doubt"); n == 0 {
+		t.Error("no write was in doubt")
+	}
+}

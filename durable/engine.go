@@ -1,0 +1,354 @@
+// Package durable is the durable modes' engine: mentions read from
+// JetStream partition streams and written to DynamoDB exactly once, by
+// stream position.
+//
+// The guarantee lives in the items, not in the broker's state. A reader
+// takes a partition stream in order, with no acknowledgements, from the
+// partition's checkpoint; the window adds up, per counter, the mentions it
+// read at stream sequences first..last; and a flush writes each counter as
+// one UpdateItem that adds the delta and records last, on the condition
+// that the item's recorded position for that stream is below first. A
+// write sent twice (a lost answer), or by two readers of one partition (a
+// frozen owner that woke up, a hand-over, a split network), is refused the
+// second time; a write refused half-way (the item already holds part of
+// the span) is counted again from the stream for the rest. The argument,
+// and what it assumes, is in docs/SEMANTICS.md ("Exactly once by stream
+// position").
+//
+// Ownership of partitions (fleet.Members) is for efficiency: one sidecar
+// writes a hot topic once per interval. Correctness does not depend on it.
+package durable
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+
+	"github.com/hotcount/hotcount/ingest"
+	"github.com/hotcount/hotcount/store"
+)
+
+// Config is the engine's part of the configuration.
+type Config struct {
+	// Stream is --stream: the one stream, or the partition streams'
+	// prefix (MENTIONS-<p>) when Partitions > 0.
+	Stream string
+	// Subject is --subject ("mentions.>").
+	Subject    string
+	Partitions int // 0: the one stream
+	// Bucket is the checkpoints' key-value bucket, Replicas its
+	// replication.
+	Bucket   string
+	Replicas int
+	// Interval is the flush interval; WriteTimeout bounds one write;
+	// Concurrency the writes in flight.
+	Interval     time.Duration
+	WriteTimeout time.Duration
+	Concurrency  int
+	// MaxCounters is how many counters the window may hold before the
+	// readers pause (the stream keeps the rest).
+	MaxCounters int
+	// Minutes and Hours turn the time buckets on.
+	Minutes, Hours bool
+	// Limits and DeadLetter are the ingest's checks of a message.
+	Limits     ingest.Limits
+	DeadLetter string
+}
+
+// Store is what the engine writes to: store.Write with a Span, applied
+// at most once whatever the number of times or readers that send it
+// (store.ErrCovered, *store.OverlapError).
+type Store interface {
+	Add(ctx context.Context, w store.Write, now time.Time) error
+}
+
+// Owner says which partitions this sidecar reads (fleet.Members).
+type Owner interface {
+	Owned(n int) []int
+	Changed() <-chan struct{}
+	Settled() bool
+}
+
+// Observer is told what each flush applied (the trend sketch, the hot
+// topics).
+type Observer interface {
+	Observe(written map[store.Counter]int64)
+}
+
+// Engine reads partition streams into its window and flushes it. Run owns
+// its readers and its flush loop.
+type Engine struct {
+	cfg       Config
+	js        jetstream.JetStream
+	st        Store
+	owner     Owner // nil: every partition
+	check     *ingest.Checker
+	prefix    string
+	observers []Observer
+	reader    Reader // nil: none
+	log       *zap.Logger
+	sampled   *zap.Logger
+	metrics   *Metrics
+	now       func() time.Time
+
+	win     *window
+	ckpt    *checkpoints
+	flushed broadcast
+
+	flushMu  sync.Mutex
+	doubt    map[key]job               // writes in doubt, sent again next flush (under flushMu)
+	advanced map[string]store.Position // checkpoints stored, per stream (under flushMu)
+
+	lastProgress atomic.Int64
+	failing      atomic.Bool
+	reading      atomic.Bool
+}
+
+// New returns an engine reading through nc into st. Nothing starts until
+// Run.
+func New(cfg Config, nc *nats.Conn, st Store, owner Owner, log *zap.Logger, m *Metrics, im *ingest.Metrics, now func() time.Time, observers ...Observer) (*Engine, error) {
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, err
+	}
+	prefix, err := ingest.Prefix(cfg.Subject)
+	if err != nil {
+		return nil, err
+	}
+	check, err := ingest.NewChecker(nc, ingest.Config{Subject: cfg.Subject, DeadLetterSubject: cfg.DeadLetter, Limits: cfg.Limits}, log, im)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.Bucket == "" {
+		cfg.Bucket = DefaultCheckpointBucket
+	}
+	if cfg.MaxCounters <= 0 {
+		cfg.MaxCounters = 1 << 20
+	}
+	log = log.Named("durable")
+	e := &Engine{cfg: cfg, js: js, st: st, owner: owner, check: check, prefix: prefix, observers: observers,
+		log: log, metrics: m, now: now, win: newWindow(), doubt: make(map[key]job), advanced: make(map[string]store.Position),
+		sampled: log.WithOptions(zap.WrapCore(func(c zapcore.Core) zapcore.Core {
+			return zapcore.NewSamplerWithOptions(c, time.Second, 1, 0)
+		}))}
+	e.lastProgress.Store(now().UnixNano())
+	return e, nil
+}
+
+// Run opens the checkpoints (waiting for JetStream as long as it takes,
+// and saying so), then reads the partitions this sidecar owns and flushes
+// every interval until ctx ends. It does not flush at the end: call Final.
+func (e *Engine) Run(ctx context.Context) error {
+	if err := e.open(ctx); err != nil {
+		return nil // ctx ended first
+	}
+	e.reading.Store(true)
+	defer e.reading.Store(false)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	wg.Go(func() { e.flushLoop(ctx) })
+	e.follow(ctx, &wg)
+	return nil
+}
+
+// open opens the checkpoint bucket, trying again until ctx ends: a new
+// cluster may take a while to create it.
+func (e *Engine) open(ctx context.Context) error {
+	for wait := 100 * time.Millisecond; ; wait = min(2*wait, 5*time.Second) {
+		octx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		c, err := openCheckpoints(octx, e.js, e.cfg.Bucket, e.cfg.Replicas)
+		cancel()
+		if err == nil {
+			e.ckpt = c
+			return nil
+		}
+		e.sampled.Warn("waiting for JetStream to open the checkpoint bucket", zap.Error(err))
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(wait):
+		}
+	}
+}
+
+// follow runs a reader for each partition this sidecar owns, starting and
+// stopping them as the owners change, until ctx ends.
+func (e *Engine) follow(ctx context.Context, wg *sync.WaitGroup) {
+	readers := make(map[int]context.CancelFunc)
+	defer func() {
+		for _, stop := range readers {
+			stop()
+		}
+	}()
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	for {
+		want := make(map[int]bool)
+		for _, p := range e.owned() {
+			want[p] = true
+		}
+		for p, stop := range readers {
+			if !want[p] {
+				stop()
+				delete(readers, p)
+				e.log.Info("partition released", zap.Int("partition", p))
+			}
+		}
+		for p := range want {
+			if readers[p] == nil {
+				rctx, stop := context.WithCancel(ctx)
+				readers[p] = stop
+				wg.Go(func() { e.read(rctx, p) })
+				e.log.Info("partition claimed", zap.Int("partition", p), zap.String("stream", e.streamName(p)))
+			}
+		}
+		e.metrics.partitions.Set(float64(len(readers)))
+		var changed <-chan struct{}
+		if e.owner != nil {
+			changed = e.owner.Changed()
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-changed:
+		case <-tick.C:
+		}
+	}
+}
+
+// owned are the partitions to read now.
+func (e *Engine) owned() []int {
+	n := max(e.cfg.Partitions, 1)
+	if e.owner == nil {
+		ps := make([]int, n)
+		for i := range ps {
+			ps[i] = i
+		}
+		return ps
+	}
+	if !e.owner.Settled() {
+		return nil
+	}
+	return e.owner.Owned(n)
+}
+
+// flushLoop flushes every interval (±10%) until ctx ends.
+func (e *Engine) flushLoop(ctx context.Context) {
+	for {
+		t := time.NewTimer(time.Duration(float64(e.cfg.Interval) * (0.9 + 0.2*rand.Float64())))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+		if err := e.Flush(context.WithoutCancel(ctx)); err != nil {
+			e.sampled.Warn("flush incomplete; what was not written waits for the next", zap.Error(err))
+		}
+	}
+}
+
+// Final flushes what the readers left, until everything is written or ctx
+// ends. What it cannot write is not lost: the checkpoint stays below it,
+// and the partition's next reader reads it again.
+func (e *Engine) Final(ctx context.Context) error {
+	for {
+		err := e.Flush(ctx)
+		if err == nil && e.win.size() == 0 {
+			return nil
+		}
+		if ctx.Err() != nil {
+			return err
+		}
+	}
+}
+
+// full says whether the window holds as many counters as it may.
+func (e *Engine) full() bool { return e.win.size() >= e.cfg.MaxCounters }
+
+// LastProgress is the time of the last flush that wrote something or had
+// nothing to write.
+func (e *Engine) LastProgress() time.Time { return time.Unix(0, e.lastProgress.Load()) }
+
+// Failing says whether the last flush had work and wrote none of it.
+func (e *Engine) Failing() bool { return e.failing.Load() }
+
+// Pending is topic's total read and not yet written by this sidecar.
+func (e *Engine) Pending(topic string) int64 { return e.win.pending(topic) }
+
+// Metrics counts what the engine does.
+type Metrics struct {
+	writes        *prometheus.CounterVec
+	recounts      prometheus.Counter
+	retentionLost prometheus.Counter
+	flushed       prometheus.Counter
+	checkpoint    *prometheus.GaugeVec
+	partitions    prometheus.Gauge
+}
+
+// NewMetrics registers the engine's metrics with reg.
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		writes: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "hotcount_durable_writes_total",
+			Help: "Positional writes by outcome: applied; covered (the item already held every position: another reader, or an earlier attempt, wrote them); overlap (the item held part of the span: the rest is recounted from the stream); in_doubt (a lost answer: sent again unchanged); failed (not applied: back to the window)."},
+			[]string{"outcome"}),
+		recounts: prometheus.NewCounter(prometheus.CounterOpts{Name: "hotcount_durable_recounts_total",
+			Help: "Counters counted again from the stream after an overlapping write (two readers of one partition)."}),
+		retentionLost: prometheus.NewCounter(prometheus.CounterOpts{Name: "hotcount_durable_retention_lost_total",
+			Help: "Stream messages dropped by the stream's limits before any reader counted them: lost. Expected 0."}),
+		flushed: prometheus.NewCounter(prometheus.CounterOpts{Name: "hotcount_durable_flushed_mentions_total",
+			Help: "Mentions this sidecar applied to the store."}),
+		checkpoint: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "hotcount_durable_checkpoint_sequence",
+			Help: "The last checkpoint this sidecar stored (a stream sequence)."}, nil),
+		partitions: prometheus.NewGauge(prometheus.GaugeOpts{Name: "hotcount_durable_partitions",
+			Help: "Partition streams this sidecar reads."}),
+	}
+	for _, o := range []string{"applied", "covered", "overlap", "in_doubt", "failed"} {
+		m.writes.WithLabelValues(o)
+	}
+	reg.MustRegister(m.writes, m.recounts, m.retentionLost, m.flushed, m.checkpoint, m.partitions)
+	return m
+}
+
+// Reader is told of each write as it lands (lookup.Service raises its
+// cached totals with it).
+type Reader interface {
+	Wrote(topic string, delta int64, sent, landed time.Time)
+}
+
+// TellWrites has r told of each total that lands. Call it before Run.
+func (e *Engine) TellWrites(r Reader) { e.reader = r }
+
+// Ready says whether the engine reads its partitions.
+func (e *Engine) Ready() error {
+	if !e.reading.Load() {
+		return errors.New("durable: not reading yet (waiting for JetStream)")
+	}
+	return nil
+}
+
+// Read calls read with topic's mentions read by this sidecar and not yet
+// sent to the store (include=pending). Writes on their way are left out:
+// a total gathered meanwhile may or may not hold them.
+func (e *Engine) Read(topic string, read func(pending func(gatheredAt time.Time) int64)) {
+	n := e.win.pending(topic)
+	read(func(time.Time) int64 { return n })
+}
+
+// EndBy is the shutdown's deadline for the final flush: the engine needs
+// none (what it does not write, the next reader reads again).
+func (e *Engine) EndBy(time.Time) {}
+
+// Writer names this writer in logs: the engine writes as no one in
+// particular (the items' positions, not a writer id, make writes
+// idempotent).
+func (e *Engine) Writer() string { return "positions" }

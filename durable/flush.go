@@ -1,0 +1,257 @@
+package durable
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/hotcount/hotcount/store"
+)
+
+// outcome is what became of one counter's write.
+type outcome uint8
+
+const (
+	applied outcome = iota // in the store now, by this write
+	covered                // in the store already: the item's position was at or past the write's last
+	inDoubt                // maybe applied (a lost answer): sent again unchanged next flush
+	failed                 // not applied: the entry goes back to the window
+)
+
+// job is one counter's write: its entry, and whether an earlier attempt
+// of exactly this write may have been applied.
+type job struct {
+	k     key
+	e     entry
+	retry bool
+}
+
+// result is a job's outcome, with the entry it ended with (a recount
+// narrows it).
+type result struct {
+	job
+	out outcome
+	err error
+}
+
+// Flush writes the window: one conditional write per counter, to the
+// counter's one item (shard 0), carrying the stream positions its delta
+// covers. Writes in doubt from the last flush go again unchanged, and a
+// counter's newer entry waits behind its write in doubt, so that no
+// later span of this process lands before an earlier one. What is not
+// written goes back to the window. Then each stream's checkpoint moves to
+// below the first sequence not yet in the store.
+func (e *Engine) Flush(ctx context.Context) error {
+	e.flushMu.Lock()
+	defer e.flushMu.Unlock()
+	d := e.win.drain()
+	jobs := make([]job, 0, len(d.counters)+len(e.doubt))
+	back := make(map[key]*entry)
+	for k, ent := range d.counters {
+		if _, waiting := e.doubt[k]; waiting {
+			back[k] = ent
+			continue
+		}
+		jobs = append(jobs, job{k: k, e: *ent})
+	}
+	for _, j := range e.doubt {
+		jobs = append(jobs, j)
+	}
+	results := e.sendAll(ctx, jobs)
+	var first error
+	var wrote, attempted int
+	observed := make(map[store.Counter]int64)
+	for _, r := range results {
+		delete(e.doubt, r.k)
+		attempted++
+		switch r.out {
+		case applied:
+			wrote++
+			observed[r.k.c] += r.e.delta
+		case covered:
+			wrote++
+		case inDoubt:
+			r.retry = true
+			e.doubt[r.k] = r.job
+		case failed:
+			if prev, ok := back[r.k]; ok {
+				prev.merge(r.e)
+			} else {
+				ent := r.e
+				back[r.k] = &ent
+			}
+			if first == nil {
+				first = r.err
+			}
+		}
+	}
+	e.win.giveBack(back)
+	e.observe(observed)
+	e.progress(attempted, wrote)
+	e.checkpoint(ctx, d.read, back)
+	e.flushed.fire()
+	if first != nil {
+		return first
+	}
+	if len(e.doubt) > 0 {
+		return errors.New("durable: writes in doubt, sent again next flush")
+	}
+	return nil
+}
+
+// sendAll sends the jobs, at most Concurrency at once, and returns their
+// results.
+func (e *Engine) sendAll(ctx context.Context, jobs []job) []result {
+	results := make([]result, len(jobs))
+	var g errgroup.Group
+	g.SetLimit(max(e.cfg.Concurrency, 1))
+	for i, j := range jobs {
+		g.Go(func() error {
+			results[i] = e.send(ctx, j)
+			return nil
+		})
+	}
+	_ = g.Wait() // the jobs return no errors: their results say
+	return results
+}
+
+// send writes one counter's entry. A write refused because the item
+// holds part of its span already (another reader wrote it, or an earlier
+// attempt of a narrower span) is recounted from the stream after the
+// item's position and sent again for the rest.
+func (e *Engine) send(ctx context.Context, j job) result {
+	for range 3 {
+		sent := e.now()
+		err := e.add(ctx, j)
+		var overlap *store.OverlapError
+		switch {
+		case err == nil:
+			e.metrics.writes.WithLabelValues("applied").Inc()
+			if e.reader != nil && j.k.c.Kind == store.Total {
+				e.reader.Wrote(j.k.c.Topic, j.e.delta, sent, e.now())
+			}
+			return result{job: j, out: applied}
+		case errors.Is(err, store.ErrCovered):
+			e.metrics.writes.WithLabelValues("covered").Inc()
+			return result{job: j, out: covered}
+		case errors.Is(err, store.ErrAmbiguous):
+			e.metrics.writes.WithLabelValues("in_doubt").Inc()
+			return result{job: j, out: inDoubt, err: err}
+		case !errors.As(err, &overlap):
+			e.metrics.writes.WithLabelValues("failed").Inc()
+			return result{job: j, out: failed, err: err}
+		}
+		e.metrics.writes.WithLabelValues("overlap").Inc()
+		rest, err := e.recount(ctx, j.k, overlap.Recorded.Seq+1, j.e.last)
+		if err != nil {
+			return result{job: j, out: failed, err: err}
+		}
+		if rest.delta == 0 {
+			return result{job: j, out: covered}
+		}
+		j = job{k: j.k, e: rest}
+	}
+	return result{job: j, out: failed, err: errors.New("durable: the item's position kept moving under the write")}
+}
+
+// add is one attempt of a job's write.
+func (e *Engine) add(ctx context.Context, j job) error {
+	wctx, cancel := context.WithTimeout(ctx, e.cfg.WriteTimeout)
+	defer cancel()
+	return e.st.Add(wctx, store.Write{
+		Counter: j.k.c,
+		Delta:   j.e.delta,
+		Retry:   j.retry,
+		Span:    &store.Span{Stream: j.k.s.name, Epoch: j.k.s.epoch, First: j.e.first, Last: j.e.last},
+	}, e.now())
+}
+
+// checkpoint moves each stream's checkpoint to the last sequence the
+// flush had read, or to just below the first sequence of an entry still
+// unwritten (back in the window, or in doubt), whichever is lower.
+func (e *Engine) checkpoint(ctx context.Context, read map[stream]uint64, back map[key]*entry) {
+	low := make(map[stream]uint64, len(read))
+	for s, n := range read {
+		low[s] = n
+	}
+	lower := func(k key, ent entry) {
+		if n, ok := low[k.s]; ok && ent.first-1 < n {
+			low[k.s] = ent.first - 1
+		}
+	}
+	for k, ent := range back {
+		lower(k, *ent)
+	}
+	for _, j := range e.doubt {
+		lower(j.k, j.e)
+	}
+	for s, n := range low {
+		p := store.Position{Epoch: s.epoch, Seq: n}
+		if !after(p, e.advanced[s.name]) {
+			continue
+		}
+		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		err := e.ckpt.advance(cctx, s.name, p)
+		cancel()
+		if err != nil {
+			e.sampled.Warn("checkpoint not stored; the next flush tries again", zap.String("stream", s.name), zap.Error(err))
+			continue
+		}
+		e.advanced[s.name] = p
+		e.metrics.checkpoint.WithLabelValues().Set(float64(n))
+	}
+}
+
+// observe tells the observers what was applied.
+func (e *Engine) observe(written map[store.Counter]int64) {
+	if len(written) == 0 {
+		return
+	}
+	for _, o := range e.observers {
+		o.Observe(written)
+	}
+	for c, d := range written {
+		if c.Kind == store.Total {
+			e.metrics.flushed.Add(float64(d))
+		}
+	}
+}
+
+// progress notes whether the flush moved on: it wrote something, or had
+// nothing to write.
+func (e *Engine) progress(attempted, wrote int) {
+	if wrote > 0 || attempted == 0 {
+		e.lastProgress.Store(e.now().UnixNano())
+		e.failing.Store(false)
+		return
+	}
+	e.failing.Store(true)
+}
+
+// broadcast wakes every waiter once per fire.
+type broadcast struct {
+	mu sync.Mutex
+	ch chan struct{}
+}
+
+func (b *broadcast) wait() <-chan struct{} {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.ch == nil {
+		b.ch = make(chan struct{})
+	}
+	return b.ch
+}
+
+func (b *broadcast) fire() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.ch != nil {
+		close(b.ch)
+		b.ch = nil
+	}
+}

@@ -1,0 +1,150 @@
+package durable
+
+import (
+	"sync"
+
+	"github.com/hotcount/hotcount/store"
+)
+
+// stream names one incarnation of a partition stream: its partition, its
+// name and its epoch (creation time, Unix microseconds). A stream deleted
+// and created again is another stream with the same name.
+type stream struct {
+	p     int
+	name  string
+	epoch int64
+}
+
+// key is one counter fed by one stream incarnation: a window keeps a
+// recreated stream's mentions apart from the old one's, since their
+// positions do not compare.
+type key struct {
+	s stream
+	c store.Counter
+}
+
+// entry is a counter's unwritten delta: the sum of the counter's mentions
+// at stream sequences first..last, every one of them (the reader hands
+// the window a partition in order, and a write that fails comes back
+// whole), so that a write of it can claim the item includes everything up
+// to last.
+type entry struct {
+	delta       int64
+	first, last uint64
+}
+
+// merge adds o, which covers other sequences of the same counter, to e.
+func (e *entry) merge(o entry) {
+	e.delta, _ = store.SatAdd(e.delta, o.delta)
+	e.first, e.last = min(e.first, o.first), max(e.last, o.last)
+}
+
+// window is what the readers have read and the flusher has not yet
+// written: per counter, its entry, and per stream, the last sequence
+// handed in (counted or not), which bounds the checkpoint. It is safe for
+// concurrent use; its lock is held only to add or to swap.
+type window struct {
+	mu       sync.Mutex
+	counters map[key]*entry
+	read     map[stream]uint64 // the last sequence handed in, per stream: kept across drains
+	mentions int64
+}
+
+func newWindow() *window {
+	return &window{counters: make(map[key]*entry), read: make(map[stream]uint64)}
+}
+
+// add counts delta at sequence seq of s into each of counters. A
+// sequence at or below what the window has already been handed of s is
+// ignored: the engine reads each sequence once.
+func (w *window) add(s stream, seq uint64, delta int64, counters ...store.Counter) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if seq <= w.read[s] {
+		return
+	}
+	w.read[s] = seq
+	for _, c := range counters {
+		w.put(key{s, c}, entry{delta: delta, first: seq, last: seq})
+	}
+	w.mentions, _ = store.SatAdd(w.mentions, delta)
+}
+
+// skip notes that seq of s was read and counts nothing (a rejected
+// message): the checkpoint may pass it.
+func (w *window) skip(s stream, seq uint64) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.read[s] = max(w.read[s], seq)
+}
+
+// resume is where a reader of s starts again in this process: after what
+// the window was handed, never before, so that a partition lost and won
+// back is not counted twice into entries not yet written.
+func (w *window) resume(s stream) uint64 {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.read[s]
+}
+
+// put merges e into k's entry; mu must be held.
+func (w *window) put(k key, e entry) {
+	if cur, ok := w.counters[k]; ok {
+		cur.merge(e)
+		return
+	}
+	w.counters[k] = &e
+}
+
+// drained is a window taken by the flusher: its counters and, per
+// stream, how far it had read when taken.
+type drained struct {
+	counters map[key]*entry
+	read     map[stream]uint64
+}
+
+// drain takes the window's counters.
+func (w *window) drain() drained {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	d := drained{counters: w.counters, read: make(map[stream]uint64, len(w.read))}
+	for s, n := range w.read {
+		d.read[s] = n
+	}
+	w.counters = make(map[key]*entry, len(d.counters))
+	w.mentions = 0
+	return d
+}
+
+// giveBack merges entries the flusher did not write into the window.
+func (w *window) giveBack(back map[key]*entry) {
+	if len(back) == 0 {
+		return
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for k, e := range back {
+		w.put(k, *e)
+	}
+}
+
+// pending is topic's unwritten total in the window: a look-up per
+// stream the window has read, a few.
+func (w *window) pending(topic string) int64 {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var n int64
+	for s := range w.read {
+		if e, ok := w.counters[key{s, store.TotalOf(topic)}]; ok {
+			n += e.delta
+		}
+	}
+	return n
+}
+
+// size is the window's counters.
+func (w *window) size() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return len(w.counters)
+}
