@@ -182,7 +182,7 @@ func clusterRun(b *testing.B, partitions int) {
 		b.Fatal(err)
 	}
 	sc := counterSidecar(b, urls, config.ModePartitioned, func(c *config.Config) { c.Partitions = partitions })
-	ownsAll(b, sc, partitions)
+	ownsAll(b, sc, partitions, "hotcount_ingest_partitions_owned")
 	cpu := newCPUMeter(srvs...)
 	publishAcked(b, nc, cpu)
 	reportCounted(b, sc, true, cpu)

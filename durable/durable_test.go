@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http/httptest"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -12,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 
 	"github.com/hotcount/hotcount/durable"
 	"github.com/hotcount/hotcount/ingest"
@@ -249,4 +251,78 @@ func TestLostAnswersCountOnce(t *testing.T) {
 	if n := testenv.MetricWith(t, s.reg, "hotcount_durable_writes_total", "outcome", "in_doubt"); n == 0 {
 		t.Error("no write was in doubt")
 	}
+}
+
+// A stream that deletes messages once delivered (interest or work-queue
+// retention) cannot be read again after a crash: the engine reads none of
+// it and says why, rather than count what it could lose.
+func TestRefusesAStreamThatForgets(t *testing.T) {
+	srv := testenv.NATS(t)
+	nc := testenv.Connect(t, srv.ClientURL())
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.CreateStream(context.Background(), jetstream.StreamConfig{Name: "MENTIONS", Subjects: []string{"mentions.>"}, Retention: jetstream.WorkQueuePolicy}); err != nil {
+		t.Fatal(err)
+	}
+	e := &env{nc: nc, js: js}
+	want := map[string]int64{}
+	e.publish(t, 10, 1, want)
+	logs := &lines{}
+	reg := prometheus.NewRegistry()
+	eng, err := durable.New(durable.Config{Stream: "MENTIONS", Subject: "mentions.>", Interval: 100 * time.Millisecond, WriteTimeout: time.Second,
+		Limits: ingest.Limits{MaxCount: 10, MaxTopicBytes: 256}}, nc, nil, nil, zap.New(logs), durable.NewMetrics(reg), ingest.NewMetrics(reg), time.Now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Go(func() { _ = eng.Run(ctx) })
+	defer func() { cancel(); wg.Wait() }()
+	testenv.Eventually(t, 10*time.Second, func() error {
+		if !logs.has("WorkQueue retention") {
+			return fmt.Errorf("no line says why")
+		}
+		return nil
+	})
+	if n := testenv.Metric(t, reg, "hotcount_ingest_events_total"); n != 0 {
+		t.Errorf("%v mentions read from a work-queue stream", n)
+	}
+}
+
+// lines is a zap core keeping the messages and errors it is given.
+type lines struct {
+	zapcore.LevelEnabler
+	mu  sync.Mutex
+	all []string
+}
+
+func (l *lines) Enabled(zapcore.Level) bool        { return true }
+func (l *lines) With([]zapcore.Field) zapcore.Core { return l }
+func (l *lines) Sync() error                       { return nil }
+func (l *lines) Check(e zapcore.Entry, ce *zapcore.CheckedEntry) *zapcore.CheckedEntry {
+	return ce.AddCore(e, l)
+}
+
+func (l *lines) Write(e zapcore.Entry, fs []zapcore.Field) error {
+	enc := zapcore.NewMapObjectEncoder()
+	for _, f := range fs {
+		f.AddTo(enc)
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.all = append(l.all, fmt.Sprint(e.Message, enc.Fields))
+	return nil
+}
+
+func (l *lines) has(s string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, line := range l.all {
+		if strings.Contains(line, s) {
+			return true
+		}
+	}
+	return false
 }

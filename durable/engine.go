@@ -266,8 +266,12 @@ func (e *Engine) Final(ctx context.Context) error {
 		if err == nil && e.win.size() == 0 {
 			return nil
 		}
-		if ctx.Err() != nil {
+		// A store that refuses at once is asked again at the flush
+		// interval, not in a loop.
+		select {
+		case <-ctx.Done():
 			return err
+		case <-time.After(min(e.cfg.Interval, 200*time.Millisecond)):
 		}
 	}
 }
@@ -290,6 +294,7 @@ type Metrics struct {
 	writes        *prometheus.CounterVec
 	recounts      prometheus.Counter
 	retentionLost prometheus.Counter
+	backwards     prometheus.Counter
 	flushed       prometheus.Counter
 	checkpoint    *prometheus.GaugeVec
 	partitions    prometheus.Gauge
@@ -305,6 +310,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Counters counted again from the stream after an overlapping write (two readers of one partition)."}),
 		retentionLost: prometheus.NewCounter(prometheus.CounterOpts{Name: "hotcount_durable_retention_lost_total",
 			Help: "Stream messages dropped by the stream's limits before any reader counted them: lost. Expected 0."}),
+		backwards: prometheus.NewCounter(prometheus.CounterOpts{Name: "hotcount_durable_backwards_total",
+			Help: "Readings refused because a stream's sequences went back below its checkpoint in the same epoch (a stream restored from a backup keeps its creation time): its new mentions would read as counted. Expected 0; see the log."}),
 		flushed: prometheus.NewCounter(prometheus.CounterOpts{Name: "hotcount_durable_flushed_mentions_total",
 			Help: "Mentions this sidecar applied to the store."}),
 		checkpoint: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "hotcount_durable_checkpoint_sequence",
@@ -315,7 +322,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	for _, o := range []string{"applied", "covered", "overlap", "in_doubt", "failed"} {
 		m.writes.WithLabelValues(o)
 	}
-	reg.MustRegister(m.writes, m.recounts, m.retentionLost, m.flushed, m.checkpoint, m.partitions)
+	reg.MustRegister(m.writes, m.recounts, m.retentionLost, m.backwards, m.flushed, m.checkpoint, m.partitions)
 	return m
 }
 

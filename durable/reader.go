@@ -84,7 +84,7 @@ func (e *Engine) readOnce(ctx context.Context, p int) error {
 	stop := context.AfterFunc(ctx, it.Stop)
 	defer stop()
 	defer it.Stop()
-	var delivered uint64
+	var delivered, last uint64 // the consumer's sequence, and the stream's
 	for {
 		if err := e.whilePaused(ctx); err != nil {
 			return err
@@ -101,7 +101,13 @@ func (e *Engine) readOnce(ctx context.Context, p int) error {
 			return errRestart // a message skipped: read again after what the window holds
 		}
 		delivered = md.Sequence.Consumer
-		e.take(s, md.Sequence.Stream, msg, md.Timestamp)
+		if seq := md.Sequence.Stream; last > 0 && seq > last+1 {
+			if err := e.jumped(ctx, st, s, last, seq); err != nil {
+				return err
+			}
+		}
+		last = md.Sequence.Stream
+		e.take(s, last, msg, md.Timestamp)
 	}
 }
 
@@ -115,26 +121,61 @@ func (e *Engine) start(ctx context.Context, p int) (stream, uint64, error) {
 		return stream{}, 0, err
 	}
 	info := st.CachedInfo()
-	s := stream{p: p, name: info.Config.Name, epoch: epochOf(info)}
-	next := e.win.resume(s) + 1
-	if next == 1 {
-		cp, _, err := e.ckpt.load(ctx, s.name)
-		if err != nil {
-			return stream{}, 0, err
-		}
-		if cp.Epoch == s.epoch {
-			next = cp.Seq + 1
-		}
+	if info.Config.Retention != jetstream.LimitsPolicy {
+		// Interest and work-queue streams delete a message once it is
+		// delivered: a reader that takes a partition over could not read
+		// again what the last one had not written.
+		return stream{}, 0, fmt.Errorf("stream %s has %s retention; the position engine reads mentions again after a crash or a hand-over and needs limits retention (hotcount stream create makes such streams)",
+			info.Config.Name, info.Config.Retention)
 	}
-	if first := info.State.FirstSeq; next < first && info.State.Msgs > 0 {
-		lost := first - next
-		e.metrics.retentionLost.Add(float64(lost))
-		e.log.Error("the stream dropped mentions before they were counted (its limits: max age, bytes or messages)",
-			zap.String("stream", s.name), zap.Uint64("from", next), zap.Uint64("to", first-1))
-		e.win.skip(s, first-1)
+	s := stream{p: p, name: info.Config.Name, epoch: epochOf(info)}
+	cp, _, err := e.ckpt.load(ctx, s.name)
+	if err != nil {
+		return stream{}, 0, err
+	}
+	if cp.Epoch == s.epoch && cp.Seq > info.State.LastSeq {
+		// A stream restored from a backup keeps its creation time while
+		// its sequences go back below what the items record: its new
+		// mentions would be refused as counted. Reading it would lose
+		// them silently; not reading it keeps them in the stream.
+		e.metrics.backwards.Inc()
+		return stream{}, 0, fmt.Errorf("stream %s's sequences went back (last %d, below the checkpoint %d in the same epoch): restored from a backup? Its new mentions would read as counted; not reading it (docs/SEMANTICS.md, \"A stream created again\")",
+			s.name, info.State.LastSeq, cp.Seq)
+	}
+	next := e.win.resume(s) + 1
+	if next == 1 && cp.Epoch == s.epoch {
+		next = cp.Seq + 1
+	}
+	if first := info.State.FirstSeq; next < first {
+		e.dropped(s, next, first)
 		next = first
 	}
 	return s, next, nil
+}
+
+// dropped counts and logs the mentions at from..to-1 of s, which the
+// stream dropped by its limits before any reader here read them, and
+// moves the window past them.
+func (e *Engine) dropped(s stream, from, to uint64) {
+	e.metrics.retentionLost.Add(float64(to - from))
+	e.log.Error("the stream dropped mentions before they were counted (its limits: max age, bytes or messages)",
+		zap.String("stream", s.name), zap.Uint64("from", from), zap.Uint64("to", to-1))
+	e.win.skip(s, to-1)
+}
+
+// jumped checks a jump of the stream sequence from last to seq in one
+// reading: messages the stream dropped under a reader that fell behind
+// (paused while the store was down) are counted as lost, not passed over
+// in silence.
+func (e *Engine) jumped(ctx context.Context, st jetstream.Stream, s stream, last, seq uint64) error {
+	info, err := st.Info(ctx)
+	if err != nil {
+		return err
+	}
+	if first := info.State.FirstSeq; first > last+1 {
+		e.dropped(s, last+1, min(first, seq))
+	}
+	return nil
 }
 
 // removeConsumer deletes a reading's consumer, briefly: one left behind

@@ -35,6 +35,9 @@ func (e *Engine) recount(ctx context.Context, k key, from, to uint64) (entry, er
 		FilterSubjects: []string{e.storedSubject(k.s.p, k.c.Topic)},
 		DeliverPolicy:  jetstream.DeliverByStartSequencePolicy,
 		OptStartSeq:    from,
+		// Gone soon after the recount: a hand-over may recount hundreds
+		// of counters.
+		InactiveThreshold: 5 * time.Second,
 	})
 	if err != nil {
 		return entry{}, fmt.Errorf("durable: recount %s: %w", k.s.name, err)
@@ -55,11 +58,11 @@ func (e *Engine) recount(ctx context.Context, k key, from, to uint64) (entry, er
 				return entry{}, fmt.Errorf("durable: recount %s: %w", k.s.name, err)
 			}
 			if md.Sequence.Stream > to {
-				return rest, nil
+				return e.still(ctx, st, k, rest)
 			}
 			rest.delta += e.counts(k.c, msg, md.Timestamp)
 			if md.NumPending == 0 {
-				return rest, nil
+				return e.still(ctx, st, k, rest)
 			}
 		}
 		if err := batch.Error(); err != nil {
@@ -88,4 +91,19 @@ func (e *Engine) counts(c store.Counter, msg jetstream.Msg, published time.Time)
 		}
 	}
 	return 0
+}
+
+// still returns rest if k's stream is still the one it was read from:
+// the ordered consumer makes a new consumer by the stream's name when it
+// loses one, so a stream deleted and created during a recount could have
+// given it the new stream's messages. Else the entry has nothing to add.
+func (e *Engine) still(ctx context.Context, st jetstream.Stream, k key, rest entry) (entry, error) {
+	info, err := st.Info(ctx)
+	if err != nil {
+		return entry{}, fmt.Errorf("durable: recount %s: %w", k.s.name, err)
+	}
+	if epochOf(info) != k.s.epoch {
+		return entry{first: rest.first, last: rest.last}, nil
+	}
+	return rest, nil
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"syscall"
 	"testing"
 	"time"
@@ -10,10 +11,13 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/hotcount/hotcount/ingest"
+	"github.com/hotcount/hotcount/internal/ddbfault"
 	"github.com/hotcount/hotcount/internal/testenv"
 	"github.com/hotcount/hotcount/loadgen"
 	"github.com/hotcount/hotcount/streams"
 )
+
+// The position engine (--durable-engine position) through the binary.
 
 // TestFrozenSidecarCountsOnce is the frozen sidecar of the position
 // issue, with the binary: two `hotcount run --durable-engine position`
@@ -135,4 +139,88 @@ func frozenRun(t *testing.T, mode string) {
 	if refused == 0 {
 		t.Error("the woken sidecar wrote nothing the other had written: the freeze held no window")
 	}
+}
+
+// TestSIGKILLPositionLosesNothing is TestSIGKILLLosesNothing with
+// --durable-engine position: five SIGKILLs at random moments of the
+// flushes, against a store slowed to 200 ms a call, each followed by a
+// new process that starts from the checkpoint. Whatever a killed process
+// had written, its successor's writes of the same mentions are refused
+// by position; whatever it had not, the successor reads again.
+func TestSIGKILLPositionLosesNothing(t *testing.T) {
+	ns := testenv.NATS(t)
+	nc := testenv.Connect(t, ns.ClientURL())
+	if _, err := ingest.EnsureStream(context.Background(), nc, "MENTIONS", "mentions.>", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	d := testenv.StartDynalite(t)
+	table := d.Table(t, "kills")
+	testenv.AWSEnv(t)
+	slow := ddbfault.New(ddbfault.Config{Upstream: d.Endpoint})
+	slow.SetLatency(200 * time.Millisecond)
+	endpoint, stop, err := slow.Serve("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop() //nolint:errcheck // test teardown
+	args := []string{"--nats-mode", "jetstream", "--durable-engine", "position", "--nats-url", ns.ClientURL(),
+		"--dynamodb-endpoint", endpoint, "--table", table, "--flush-interval", "300ms", "--log-level", "warn", "--windows", "1m,1h"}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	type result struct {
+		rep loadgen.Report
+		err error
+	}
+	sent := make(chan result, 1)
+	go func() {
+		rep, err := loadgen.Run(ctx, nc, loadgen.Config{Prefix: "mentions.", Topics: 100, Zipf: 1.2, Rate: 2_000, Messages: 40_000, Count: 1, Seed: 11, JetStream: true})
+		sent <- result{rep, err}
+	}()
+	rng := rand.New(rand.NewPCG(11, uint64(time.Now().UnixNano())))
+	cur := startChild(t, args...)
+	const kills = 5
+	for i := range kills {
+		testenv.Eventually(t, 30*time.Second, func() error {
+			if n := cur.metric(t, "hotcount_durable_flushed_mentions_total"); n == 0 {
+				return fmt.Errorf("nothing written yet (kill %d)", i+1)
+			}
+			return nil
+		})
+		// A random moment of the next flushes: the point of the test is
+		// the wait.
+		time.Sleep(time.Duration(rng.Int64N(int64(900 * time.Millisecond))))
+		if err := cur.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		cur.cmd.Wait() //nolint:errcheck // killed: its error says so
+		cur = startChild(t, args...)
+	}
+	r := <-sent
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	exact := func() error {
+		got, _ := d.Counts(t, table)
+		for topic, n := range r.rep.PerTopic {
+			if got[topic] > n {
+				t.Fatalf("%s: table %d, published %d: counted twice", topic, got[topic], n)
+			}
+			if got[topic] != n {
+				return fmt.Errorf("%s: table %d, published %d", topic, got[topic], n)
+			}
+		}
+		return nil
+	}
+	testenv.Eventually(t, 2*time.Minute, exact)
+	if err := cur.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if err := cur.cmd.Wait(); err != nil {
+		t.Fatalf("SIGTERM: %v\n%s", err, cur.logs)
+	}
+	if err := exact(); err != nil {
+		t.Fatal(err)
+	}
+	exactBuckets(t, d, table, r.rep.PerTopic)
+	t.Logf("%d SIGKILLs: %d mentions, every one once", kills, r.rep.Mentions)
 }
