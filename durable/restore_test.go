@@ -140,7 +140,7 @@ func TestRestoredStreamIsRefused(t *testing.T) {
 	if out, err := exec.Command("cp", "-a", filepath.Join(backup, "MENTIONS"), filepath.Dir(streamDir)).CombinedOutput(); err != nil {
 		t.Fatalf("cp: %v %s", err, out)
 	}
-	srv = restart(t, port, dir)
+	restart(t, port, dir) // the restored stream's server, stopped by the test's cleanup
 	testenv.Eventually(t, 10*time.Second, func() error {
 		if !nc.IsConnected() {
 			return fmt.Errorf("not connected")
