@@ -165,7 +165,7 @@ func (e *Engine) Run(ctx context.Context) error {
 func (e *Engine) open(ctx context.Context) error {
 	for wait := 100 * time.Millisecond; ; wait = min(2*wait, 5*time.Second) {
 		octx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		c, err := openCheckpoints(octx, e.js, e.cfg.Bucket, e.cfg.Replicas)
+		c, err := openCheckpoints(octx, e.js, e.cfg.Bucket, e.replicas(octx))
 		cancel()
 		if err == nil {
 			e.ckpt = c
@@ -178,6 +178,20 @@ func (e *Engine) open(ctx context.Context) error {
 		case <-time.After(wait):
 		}
 	}
+}
+
+// replicas is the checkpoint bucket's replication: Config.Replicas, else
+// as many as the first partition's stream has, so that the checkpoints
+// live through the loss of any node the mentions live through (one
+// replica while the stream is not there yet; a later start raises it).
+func (e *Engine) replicas(ctx context.Context) int {
+	if e.cfg.Replicas > 0 {
+		return e.cfg.Replicas
+	}
+	if st, err := e.js.Stream(ctx, e.streamName(0)); err == nil {
+		return st.CachedInfo().Config.Replicas
+	}
+	return 1
 }
 
 // follow runs a reader for each partition this sidecar owns, starting and
@@ -286,9 +300,6 @@ func (e *Engine) LastProgress() time.Time { return time.Unix(0, e.lastProgress.L
 // Failing says whether the last flush had work and wrote none of it.
 func (e *Engine) Failing() bool { return e.failing.Load() }
 
-// Pending is topic's total read and not yet written by this sidecar.
-func (e *Engine) Pending(topic string) int64 { return e.win.pending(topic) }
-
 // Metrics counts what the engine does.
 type Metrics struct {
 	writes        *prometheus.CounterVec
@@ -347,7 +358,7 @@ func (e *Engine) Ready() error {
 // sent to the store (include=pending). Writes on their way are left out:
 // a total gathered meanwhile may or may not hold them.
 func (e *Engine) Read(topic string, read func(pending func(gatheredAt time.Time) int64)) {
-	n := e.win.pending(topic)
+	n := e.win.pending(topic, store.Minute.Index(e.now()))
 	read(func(time.Time) int64 { return n })
 }
 

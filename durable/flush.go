@@ -49,6 +49,7 @@ func (e *Engine) Flush(ctx context.Context) error {
 	e.flushMu.Lock()
 	defer e.flushMu.Unlock()
 	d := e.win.drain()
+	d.counters = split(d.counters, e.cfg.Minutes, e.cfg.Hours)
 	jobs := make([]job, 0, len(d.counters)+len(e.doubt))
 	back := make(map[key]*entry)
 	for k, ent := range d.counters {

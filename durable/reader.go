@@ -14,7 +14,7 @@ import (
 )
 
 // pullBatch is how many messages a reader's pull asks for.
-const pullBatch = 500
+const pullBatch = 1000
 
 // errRestart ends a reading that must start again from what the window
 // holds: the consumer skipped a message, or the stream is not the one it
@@ -214,21 +214,35 @@ func (e *Engine) take(s stream, seq uint64, msg jetstream.Msg, published time.Ti
 		e.win.skip(s, seq)
 		return
 	}
-	e.win.add(s, seq, delta, e.counters(topic, at)...)
+	e.win.add(s, seq, delta, e.counter(topic, at))
 	e.check.Accepted(delta)
 }
 
-// counters are the counters a mention of topic at at counts in: its
-// total, and with time buckets on its minute and its hour.
-func (e *Engine) counters(topic string, at time.Time) []store.Counter {
-	cs := []store.Counter{store.TotalOf(topic)}
-	if e.cfg.Minutes {
-		cs = append(cs, store.BucketOf(topic, store.Minute, store.Minute.Index(at)))
+// counter is the window's counter of a mention of topic at at: its
+// total, or with time buckets on its Fresh counter of at's minute, which
+// the flush splits into the total and the buckets.
+func (e *Engine) counter(topic string, at time.Time) store.Counter {
+	if !e.cfg.Minutes && !e.cfg.Hours {
+		return store.TotalOf(topic)
 	}
-	if e.cfg.Hours {
-		cs = append(cs, store.BucketOf(topic, store.Hour, store.Hour.Index(at)))
+	return freshOf(topic, store.Minute.Index(at))
+}
+
+// countsIn says whether a mention of topic at at counts in c: its total,
+// its minute's bucket or its hour's, as they are on.
+func (e *Engine) countsIn(c store.Counter, topic string, at time.Time) bool {
+	if c.Topic != topic {
+		return false
 	}
-	return cs
+	switch c.Kind {
+	case store.Total:
+		return true
+	case store.MinuteBucket:
+		return e.cfg.Minutes && c.Index == store.Minute.Index(at)
+	case store.HourBucket:
+		return e.cfg.Hours && c.Index == store.Hour.Index(at)
+	}
+	return false
 }
 
 // streamName is partition p's stream: the one stream when not

@@ -82,15 +82,10 @@ func (e *Engine) counts(c store.Counter, msg jetstream.Msg, published time.Time)
 		subject = streams.Unstored(subject)
 	}
 	topic, delta, at, err := ingest.Judge(e.prefix, subject, msg.Data(), published, e.cfg.Limits)
-	if err != nil || topic != c.Topic {
+	if err != nil || !e.countsIn(c, topic, at) {
 		return 0
 	}
-	for _, in := range e.counters(topic, at) {
-		if in == c {
-			return delta
-		}
-	}
-	return 0
+	return delta
 }
 
 // still returns rest if k's stream is still the one it was read from:

@@ -54,19 +54,19 @@ func newWindow() *window {
 	return &window{counters: make(map[key]*entry), read: make(map[stream]uint64)}
 }
 
-// add counts delta at sequence seq of s into each of counters. A
-// sequence at or below what the window has already been handed of s is
-// ignored: the engine reads each sequence once.
-func (w *window) add(s stream, seq uint64, delta int64, counters ...store.Counter) {
+// add counts delta at sequence seq of s into counter c (a topic's
+// total, or with time buckets its Fresh counter of one minute, which the
+// flush splits: one map operation per mention). A sequence at or below
+// what the window has already been handed of s is ignored: the engine
+// reads each sequence once.
+func (w *window) add(s stream, seq uint64, delta int64, c store.Counter) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if seq <= w.read[s] {
 		return
 	}
 	w.read[s] = seq
-	for _, c := range counters {
-		w.put(key{s, c}, entry{delta: delta, first: seq, last: seq})
-	}
+	w.put(key{s, c}, entry{delta: delta, first: seq, last: seq})
 	w.mentions, _ = store.SatAdd(w.mentions, delta)
 }
 
@@ -128,18 +128,57 @@ func (w *window) giveBack(back map[key]*entry) {
 	}
 }
 
-// pending is topic's unwritten total in the window: a look-up per
-// stream the window has read, a few.
-func (w *window) pending(topic string) int64 {
+// pending is topic's unwritten total in the window (with buckets on, an
+// approximation: its Fresh counters of the current and the last minute,
+// where nearly all of a window's mentions are): a few look-ups per
+// stream the window has read, never a walk of the window.
+func (w *window) pending(topic string, minute int64) int64 {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	var n int64
 	for s := range w.read {
-		if e, ok := w.counters[key{s, store.TotalOf(topic)}]; ok {
-			n += e.delta
+		for _, c := range []store.Counter{store.TotalOf(topic), freshOf(topic, minute), freshOf(topic, minute-1)} {
+			if e, ok := w.counters[key{s, c}]; ok {
+				n += e.delta
+			}
 		}
 	}
 	return n
+}
+
+func freshOf(topic string, minute int64) store.Counter {
+	return store.Counter{Topic: topic, Kind: store.Fresh, Index: minute}
+}
+
+// split turns the Fresh counters of a drained window into the counters
+// they count in (store.Counter.Split): the topic's total, and its minute
+// and hour buckets as they are on. Each takes the Fresh counter's span;
+// one counter fed by several merges their spans, which stay a run of
+// the counter's mentions without a gap since the window holds all of them.
+func split(counters map[key]*entry, minutes, hours bool) map[key]*entry {
+	out := make(map[key]*entry, len(counters))
+	put := func(k key, e entry) {
+		if cur, ok := out[k]; ok {
+			cur.merge(e)
+			return
+		}
+		out[k] = &e
+	}
+	for k, e := range counters {
+		if k.c.Kind != store.Fresh {
+			put(k, *e)
+			continue
+		}
+		total, minute, hour := k.c.Split()
+		put(key{k.s, total}, *e)
+		if minutes {
+			put(key{k.s, minute}, *e)
+		}
+		if hours {
+			put(key{k.s, hour}, *e)
+		}
+	}
+	return out
 }
 
 // size is the window's counters.
