@@ -77,13 +77,20 @@ func exposedMetrics(t *testing.T) map[string]series {
 	if _, err := ingest.EnsureStream(context.Background(), testenv.Connect(t, ns.ClientURL()), cfg.Stream, cfg.Subject, time.Minute); err != nil {
 		t.Fatal(err)
 	}
-	sc := sidecartest.Run(t, cfg, nil)
-	families, err := sc.Registry().Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := sc.Stop(); err != nil {
-		t.Fatalf("sidecar: %v", err)
+	// Both durable engines, one after the other: each exposes metrics of
+	// its own (the journal's, the position engine's).
+	var families []*dto.MetricFamily
+	for _, engine := range []string{config.EngineJournal, config.EnginePosition} {
+		cfg.DurableEngine = engine
+		sc := sidecartest.Run(t, cfg, nil)
+		fs, err := sc.Registry().Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := sc.Stop(); err != nil {
+			t.Fatalf("sidecar: %v", err)
+		}
+		families = append(families, fs...)
 	}
 
 	out := map[string]series{}

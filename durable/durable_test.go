@@ -326,3 +326,37 @@ func (l *lines) has(s string) bool {
 	}
 	return false
 }
+
+// While the store takes no writes, the age of the oldest mention not in
+// it grows, beside the stream's max age (what an alert compares), and
+// falls back to 0 once everything is written.
+func TestRetentionGauges(t *testing.T) {
+	e := setup(t)
+	if _, err := e.js.UpdateStream(context.Background(), jetstream.StreamConfig{Name: "MENTIONS", Subjects: []string{"mentions.>"}, MaxAge: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	proxy := ddbfault.New(ddbfault.Config{Upstream: e.db.Endpoint})
+	srv := httptest.NewServer(proxy)
+	t.Cleanup(srv.Close)
+	proxy.SetWriteFailure(true)
+	s := e.start(t, e.store(srv.URL))
+	want := map[string]int64{}
+	e.publish(t, 100, 5, want)
+	testenv.Eventually(t, 20*time.Second, func() error {
+		if age := testenv.Metric(t, s.reg, "hotcount_durable_oldest_unwritten_seconds"); age < 0.5 {
+			return fmt.Errorf("oldest unwritten %vs", age)
+		}
+		return nil
+	})
+	if d := testenv.Metric(t, s.reg, "hotcount_durable_stream_max_age_seconds"); d != 3600 {
+		t.Errorf("stream max age %vs, want 3600", d)
+	}
+	proxy.SetWriteFailure(false)
+	e.exact(t, want)
+	testenv.Eventually(t, 20*time.Second, func() error {
+		if age := testenv.Metric(t, s.reg, "hotcount_durable_oldest_unwritten_seconds"); age != 0 {
+			return fmt.Errorf("oldest unwritten %vs with everything written", age)
+		}
+		return nil
+	})
+}

@@ -111,6 +111,11 @@ type Engine struct {
 	lastProgress atomic.Int64
 	failing      atomic.Bool
 	reading      atomic.Bool
+	// For the retention gauges: per stream name, the publication (Unix
+	// ns) of the last message read while more were pending (0: caught
+	// up), and the stream's max age.
+	unread sync.Map // string -> int64
+	ages   sync.Map // string -> time.Duration
 }
 
 // New returns an engine reading through nc into st. Nothing starts until
@@ -309,6 +314,8 @@ type Metrics struct {
 	flushed       prometheus.Counter
 	checkpoint    *prometheus.GaugeVec
 	partitions    prometheus.Gauge
+	oldest        prometheus.Gauge
+	maxAge        prometheus.Gauge
 }
 
 // NewMetrics registers the engine's metrics with reg.
@@ -329,11 +336,15 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "The last checkpoint this sidecar stored (a stream sequence)."}, nil),
 		partitions: prometheus.NewGauge(prometheus.GaugeOpts{Name: "hotcount_durable_partitions",
 			Help: "Partition streams this sidecar reads."}),
+		oldest: prometheus.NewGauge(prometheus.GaugeOpts{Name: "hotcount_durable_oldest_unwritten_seconds",
+			Help: "Age of the oldest mention this sidecar has read and not yet written, or not yet read while it is behind its streams (0: none): once it passes the streams' max age, the stream drops mentions before they are counted."}),
+		maxAge: prometheus.NewGauge(prometheus.GaugeOpts{Name: "hotcount_durable_stream_max_age_seconds",
+			Help: "The shortest max age of the streams this sidecar reads (0: none): what hotcount_durable_oldest_unwritten_seconds must stay well under."}),
 	}
 	for _, o := range []string{"applied", "covered", "overlap", "in_doubt", "failed"} {
 		m.writes.WithLabelValues(o)
 	}
-	reg.MustRegister(m.writes, m.recounts, m.retentionLost, m.backwards, m.flushed, m.checkpoint, m.partitions)
+	reg.MustRegister(m.writes, m.recounts, m.retentionLost, m.backwards, m.flushed, m.checkpoint, m.partitions, m.oldest, m.maxAge)
 	return m
 }
 

@@ -94,6 +94,7 @@ func (e *Engine) Flush(ctx context.Context) error {
 	e.observe(observed)
 	e.progress(attempted, wrote)
 	e.checkpoint(ctx, d.read, back)
+	e.retention(back)
 	e.flushed.fire()
 	if first != nil {
 		return first
@@ -154,6 +155,7 @@ func (e *Engine) send(ctx context.Context, j job) result {
 		if rest.delta == 0 {
 			return result{job: j, out: covered}
 		}
+		rest.since = j.e.since
 		j = job{k: j.k, e: rest}
 	}
 	return result{job: j, out: failed, err: errors.New("durable: the item's position kept moving under the write")}
@@ -205,6 +207,38 @@ func (e *Engine) checkpoint(ctx context.Context, read map[stream]uint64, back ma
 		e.advanced[s.name] = p
 		e.metrics.checkpoint.WithLabelValues().Set(float64(n))
 	}
+}
+
+// retention sets the retention gauges: the oldest mention not yet in the
+// store (unwritten, in doubt, or unread by a reader that is behind), and
+// the shortest max age of the streams read.
+func (e *Engine) retention(back map[key]*entry) {
+	oldest := int64(0)
+	older := func(since int64) {
+		if since > 0 && (oldest == 0 || since < oldest) {
+			oldest = since
+		}
+	}
+	for _, ent := range back {
+		older(ent.since)
+	}
+	for _, j := range e.doubt {
+		older(j.e.since)
+	}
+	e.unread.Range(func(_, v any) bool { older(v.(int64)); return true })
+	age := 0.0
+	if oldest > 0 {
+		age = max(e.now().Sub(time.Unix(0, oldest)).Seconds(), 0)
+	}
+	e.metrics.oldest.Set(age)
+	var shortest time.Duration
+	e.ages.Range(func(_, v any) bool {
+		if d := v.(time.Duration); d > 0 && (shortest == 0 || d < shortest) {
+			shortest = d
+		}
+		return true
+	})
+	e.metrics.maxAge.Set(shortest.Seconds())
 }
 
 // observe tells the observers what was applied.

@@ -29,6 +29,10 @@ func epochOf(info *jetstream.StreamInfo) int64 { return info.Created.UnixMicro()
 // Any trouble (NATS gone, the consumer lost, a gap, the stream recreated)
 // ends one reading; the next starts where the window says, after a pause.
 func (e *Engine) read(ctx context.Context, p int) {
+	defer func() { // not this sidecar's to report any more
+		e.unread.Delete(e.streamName(p))
+		e.ages.Delete(e.streamName(p))
+	}()
 	for wait := time.Duration(0); ; wait = min(2*wait+100*time.Millisecond, 5*time.Second) {
 		err := e.readOnce(ctx, p)
 		if ctx.Err() != nil {
@@ -108,6 +112,7 @@ func (e *Engine) readOnce(ctx context.Context, p int) error {
 		}
 		last = md.Sequence.Stream
 		e.take(s, last, msg, md.Timestamp)
+		e.behind(s, md.NumPending, md.Timestamp)
 	}
 }
 
@@ -129,6 +134,7 @@ func (e *Engine) start(ctx context.Context, p int) (stream, uint64, error) {
 			info.Config.Name, info.Config.Retention)
 	}
 	s := stream{p: p, name: info.Config.Name, epoch: epochOf(info)}
+	e.maxAge(s, info.Config.MaxAge)
 	cp, _, err := e.ckpt.load(ctx, s.name)
 	if err != nil {
 		return stream{}, 0, err
@@ -214,7 +220,7 @@ func (e *Engine) take(s stream, seq uint64, msg jetstream.Msg, published time.Ti
 		e.win.skip(s, seq)
 		return
 	}
-	e.win.add(s, seq, delta, e.counter(topic, at))
+	e.win.add(s, seq, delta, e.counter(topic, at), published)
 	e.check.Accepted(delta)
 }
 
@@ -266,3 +272,17 @@ func (e *Engine) storedSubject(p int, topic string) string {
 func (e *Engine) layout() streams.Layout {
 	return streams.Layout{Stream: e.cfg.Stream, Subject: e.cfg.Subject, Partitions: e.cfg.Partitions}
 }
+
+// behind notes how far a reader of s is behind its stream: while
+// messages are pending after the one it just read, the oldest unread
+// mention is no older than that one's publication.
+func (e *Engine) behind(s stream, pending uint64, published time.Time) {
+	var since int64
+	if pending > 0 {
+		since = published.UnixNano()
+	}
+	e.unread.Store(s.name, since)
+}
+
+// maxAge notes s's max age (0: none), for the retention gauge.
+func (e *Engine) maxAge(s stream, d time.Duration) { e.ages.Store(s.name, d) }

@@ -2,6 +2,7 @@ package durable
 
 import (
 	"sync"
+	"time"
 
 	"github.com/hotcount/hotcount/store"
 )
@@ -31,12 +32,16 @@ type key struct {
 type entry struct {
 	delta       int64
 	first, last uint64
+	since       int64 // the publication (Unix ns) of its oldest mention: how close the stream's max age is
 }
 
 // merge adds o, which covers other sequences of the same counter, to e.
 func (e *entry) merge(o entry) {
 	e.delta, _ = store.SatAdd(e.delta, o.delta)
 	e.first, e.last = min(e.first, o.first), max(e.last, o.last)
+	if e.since == 0 || o.since != 0 && o.since < e.since {
+		e.since = o.since // 0 is unknown (a recount's), not oldest
+	}
 }
 
 // window is what the readers have read and the flusher has not yet
@@ -59,14 +64,14 @@ func newWindow() *window {
 // flush splits: one map operation per mention). A sequence at or below
 // what the window has already been handed of s is ignored: the engine
 // reads each sequence once.
-func (w *window) add(s stream, seq uint64, delta int64, c store.Counter) {
+func (w *window) add(s stream, seq uint64, delta int64, c store.Counter, published time.Time) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if seq <= w.read[s] {
 		return
 	}
 	w.read[s] = seq
-	w.put(key{s, c}, entry{delta: delta, first: seq, last: seq})
+	w.put(key{s, c}, entry{delta: delta, first: seq, last: seq, since: published.UnixNano()})
 	w.mentions, _ = store.SatAdd(w.mentions, delta)
 }
 
