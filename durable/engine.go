@@ -59,6 +59,10 @@ type Config struct {
 	MaxCounters int
 	// Minutes and Hours turn the time buckets on.
 	Minutes, Hours bool
+	// JournalConsumer is the journal engine's durable consumer
+	// (--consumer): a stream without a checkpoint that has it was read by
+	// that engine, and is not read here until adopted (Adopt).
+	JournalConsumer string
 	// Limits and DeadLetter are the ingest's checks of a message.
 	Limits     ingest.Limits
 	DeadLetter string
@@ -311,6 +315,7 @@ type Metrics struct {
 	recounts      prometheus.Counter
 	retentionLost prometheus.Counter
 	backwards     prometheus.Counter
+	unadopted     prometheus.Counter
 	flushed       prometheus.Counter
 	checkpoint    *prometheus.GaugeVec
 	partitions    prometheus.Gauge
@@ -330,6 +335,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Stream messages dropped by the stream's limits before any reader counted them: lost. Expected 0."}),
 		backwards: prometheus.NewCounter(prometheus.CounterOpts{Name: "hotcount_durable_backwards_total",
 			Help: "Readings refused because a stream's sequences went back below its checkpoint in the same epoch (a stream restored from a backup keeps its creation time): its new mentions would read as counted. Expected 0; see the log."}),
+		unadopted: prometheus.NewCounter(prometheus.CounterOpts{Name: "hotcount_durable_unadopted_total",
+			Help: "Readings refused because a stream the journal engine read has no checkpoint yet: run hotcount stream adopt. See the log."}),
 		flushed: prometheus.NewCounter(prometheus.CounterOpts{Name: "hotcount_durable_flushed_mentions_total",
 			Help: "Mentions this sidecar applied to the store."}),
 		checkpoint: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "hotcount_durable_checkpoint_sequence",
@@ -344,7 +351,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	for _, o := range []string{"applied", "covered", "overlap", "in_doubt", "failed"} {
 		m.writes.WithLabelValues(o)
 	}
-	reg.MustRegister(m.writes, m.recounts, m.retentionLost, m.backwards, m.flushed, m.checkpoint, m.partitions, m.oldest, m.maxAge)
+	reg.MustRegister(m.writes, m.recounts, m.retentionLost, m.backwards, m.unadopted, m.flushed, m.checkpoint, m.partitions, m.oldest, m.maxAge)
 	return m
 }
 

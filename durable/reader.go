@@ -148,6 +148,11 @@ func (e *Engine) start(ctx context.Context, p int) (stream, uint64, error) {
 		return stream{}, 0, fmt.Errorf("stream %s's sequences went back (last %d, below the checkpoint %d in the same epoch): restored from a backup? Its new mentions would read as counted; not reading it (docs/SEMANTICS.md, \"A stream created again\")",
 			s.name, info.State.LastSeq, cp.Seq)
 	}
+	if cp == (store.Position{}) {
+		if err := e.notJournaled(ctx, st, s.name); err != nil {
+			return stream{}, 0, err
+		}
+	}
 	next := e.win.resume(s) + 1
 	if next == 1 && cp.Epoch == s.epoch {
 		next = cp.Seq + 1
@@ -286,3 +291,24 @@ func (e *Engine) behind(s stream, pending uint64, published time.Time) {
 
 // maxAge notes s's max age (0: none), for the retention gauge.
 func (e *Engine) maxAge(s stream, d time.Duration) { e.ages.Store(s.name, d) }
+
+// notJournaled refuses a stream with no checkpoint that the journal
+// engine (--durable-engine journal) has read: its mentions up to its
+// consumer's acknowledgement floor are counted, and reading it from the
+// start would count them again. `hotcount stream adopt` gives it a
+// checkpoint at that floor.
+func (e *Engine) notJournaled(ctx context.Context, st jetstream.Stream, name string) error {
+	if e.cfg.JournalConsumer == "" {
+		return nil
+	}
+	_, err := st.Consumer(ctx, e.cfg.JournalConsumer)
+	switch {
+	case errors.Is(err, jetstream.ErrConsumerNotFound):
+		return nil
+	case err != nil:
+		return err
+	}
+	e.metrics.unadopted.Inc()
+	return fmt.Errorf("stream %s has no checkpoint and the journal engine's consumer %q: its mentions up to that consumer's acknowledgements are counted, and reading it from the start would count them again. Stop the sidecars of --durable-engine journal, then run `hotcount stream adopt` (with the same --nats-mode, --stream and --partitions), which checkpoints each stream at its consumer's acknowledgement floor once the journal has settled",
+		name, e.cfg.JournalConsumer)
+}

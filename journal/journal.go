@@ -934,3 +934,42 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}
 	return m
 }
+
+// Unsettled counts bucket's entries not yet done: writes recorded whose
+// landing in the store is not yet known (their sidecar, or another's
+// replay, finishes them). A bucket that does not exist has none. `hotcount
+// stream adopt` hands a stream to the position engine only when it is 0.
+func Unsettled(ctx context.Context, js jetstream.JetStream, bucket string) (int, error) {
+	kv, err := js.KeyValue(ctx, bucket)
+	if errors.Is(err, jetstream.ErrBucketNotFound) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, err
+	}
+	keys, err := kv.Keys(ctx)
+	if errors.Is(err, jetstream.ErrNoKeysFound) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, err
+	}
+	open := 0
+	for _, k := range keys {
+		e, err := kv.Get(ctx, k)
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			continue // retired meanwhile
+		}
+		if err != nil {
+			return 0, err
+		}
+		var entry Entry
+		if err := json.Unmarshal(e.Value(), &entry); err != nil {
+			return 0, fmt.Errorf("journal: entry %s: %w", k, err)
+		}
+		if !entry.Done {
+			open++
+		}
+	}
+	return open, nil
+}

@@ -281,6 +281,8 @@ func (s *Sidecar) engine(p *parts, observers []flusher.Observer) error {
 		MaxCounters: cfg.MaxTopics, Minutes: minutes, Hours: hours,
 		Limits:     ingest.Limits{MaxCount: cfg.MaxCount, MaxTopicBytes: cfg.MaxTopicBytes, MaxLateness: cfg.Lateness()},
 		DeadLetter: cfg.DeadLetterSubject,
+		// A stream the journal engine read waits for hotcount stream adopt.
+		JournalConsumer: cfg.Consumer,
 	}
 	if cfg.NATSMode == config.ModePartitioned {
 		dcfg.Partitions = cfg.Partitions

@@ -9,10 +9,13 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
 
 	"github.com/hotcount/hotcount/config"
 	"github.com/hotcount/hotcount/journal"
 	"github.com/hotcount/hotcount/quarantine"
+	"github.com/hotcount/hotcount/store"
 	"github.com/hotcount/hotcount/streams"
 )
 
@@ -68,4 +71,27 @@ func QuarantineJournal(ctx context.Context, cfg config.Config, nc *nats.Conn) (q
 	return func(ctx context.Context, key, counter string) (bool, bool, error) {
 		return journal.Holds(ctx, kv, key, counter)
 	}, nil
+}
+
+// SettleJournal settles, by the journal's own rules, the entries that
+// stopped sidecars of --durable-engine journal left in it (`hotcount
+// stream adopt`): a journal opened under a fresh writer id replays them,
+// sending their writes again under their writers' identities, which the
+// items' marks apply at most once, and marks them done. A sidecar that
+// left the fleet (SIGTERM) is replayed at once; one that died, once its
+// heartbeat lapses (journal.Lease).
+func SettleJournal(ctx context.Context, cfg config.Config, nc *nats.Conn, st Store, log *zap.Logger) error {
+	var q quarantine.Store
+	if cfg.QuarantineAfter > 0 {
+		var err error
+		if q, err = OpenQuarantine(ctx, cfg, nc); err != nil {
+			return err
+		}
+	}
+	jr, err := openJournal(ctx, nc, cfg, store.NewWriterID(), st, func() quarantine.Store { return q }, log, prometheus.NewRegistry())
+	if err != nil {
+		return err
+	}
+	defer jr.Leave(context.WithoutCancel(ctx)) //nolint:errcheck // its heartbeat lapses anyway
+	return jr.Replay(ctx)
 }

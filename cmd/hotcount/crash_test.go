@@ -3,7 +3,6 @@ package main
 import (
 	"bufio"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -305,30 +304,5 @@ func openJournalEntries(nc *nats.Conn, bucket string) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	kv, err := js.KeyValue(ctx, bucket)
-	if err != nil {
-		return 0, err
-	}
-	keys, err := kv.Keys(ctx)
-	if errors.Is(err, jetstream.ErrNoKeysFound) {
-		return 0, nil
-	}
-	if err != nil {
-		return 0, err
-	}
-	open := 0
-	for _, k := range keys {
-		e, err := kv.Get(ctx, k)
-		if err != nil {
-			continue // retired meanwhile
-		}
-		var entry journal.Entry
-		if err := json.Unmarshal(e.Value(), &entry); err != nil {
-			return 0, err
-		}
-		if !entry.Done {
-			open++
-		}
-	}
-	return open, nil
+	return journal.Unsettled(ctx, js, bucket)
 }

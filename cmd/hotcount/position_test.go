@@ -371,3 +371,79 @@ func positionCluster(t *testing.T, mode string) {
 	}
 	t.Logf("%s: lost %s's leader and a reading sidecar: %d mentions stored, every one counted once", mode, first, total)
 }
+
+// TestStreamAdopt is the upgrade from --durable-engine journal: a
+// journal sidecar counts a stream and stops; a position sidecar started
+// on it reads nothing (a stream without a checkpoint that the journal's
+// consumer read would be counted again from its start) and says which
+// command to run; `hotcount stream adopt` checkpoints it at the
+// consumer's acknowledgement floor, and the position sidecar counts the
+// mentions after it, each once.
+func TestStreamAdopt(t *testing.T) {
+	ns := testenv.NATS(t)
+	nc := testenv.Connect(t, ns.ClientURL())
+	if _, err := ingest.EnsureStream(context.Background(), nc, "MENTIONS", "mentions.>", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	d := testenv.StartDynalite(t)
+	table := d.Table(t, "adopt")
+	testenv.AWSEnv(t)
+	args := []string{"--nats-mode", "jetstream", "--nats-url", ns.ClientURL(), "--dynamodb-endpoint", d.Endpoint, "--table", table,
+		"--flush-interval", "200ms", "--log-level", "warn"}
+	publish := func(n int64, seed uint64, want map[string]int64) {
+		rep, err := loadgen.Run(context.Background(), nc, loadgen.Config{Prefix: "mentions.", Topics: 20, Rate: 5_000, Messages: n, Count: 1, Seed: seed, JetStream: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for topic, n := range rep.PerTopic {
+			want[topic] += n
+		}
+	}
+	exact := func(want map[string]int64) func() error {
+		return func() error {
+			got, _ := d.Counts(t, table)
+			for topic, n := range want {
+				if got[topic] > n {
+					t.Fatalf("%s: table %d, published %d: counted twice", topic, got[topic], n)
+				}
+				if got[topic] != n {
+					return fmt.Errorf("%s: table %d, published %d", topic, got[topic], n)
+				}
+			}
+			return nil
+		}
+	}
+	want := map[string]int64{}
+	old := startChild(t, args...)
+	publish(3_000, 1, want)
+	testenv.Eventually(t, time.Minute, exact(want))
+	if err := old.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if err := old.cmd.Wait(); err != nil {
+		t.Fatalf("SIGTERM: %v\n%s", err, old.logs)
+	}
+
+	cur := startChild(t, append(args, "--durable-engine", "position")...)
+	testenv.Eventually(t, 30*time.Second, func() error {
+		if n := cur.metric(t, "hotcount_durable_unadopted_total"); n == 0 {
+			return fmt.Errorf("the journal's stream is not refused yet")
+		}
+		return nil
+	})
+	if n := cur.metric(t, "hotcount_ingest_events_total"); n != 0 {
+		t.Fatalf("%v mentions read from a stream the journal engine counted", n)
+	}
+	var out strings.Builder
+	if err := dispatch(context.Background(), []string{"stream", "adopt", "--nats-mode", "jetstream", "--nats-url", ns.ClientURL(), "--table", table, "--dynamodb-endpoint", d.Endpoint}, nil, &out, &out); err != nil {
+		t.Fatalf("hotcount stream adopt: %v\n%s", err, out.String())
+	}
+	if !strings.Contains(out.String(), "MENTIONS: checkpoint at 3000") {
+		t.Errorf("hotcount stream adopt said:\n%s", out.String())
+	}
+	publish(2_000, 2, want)
+	testenv.Eventually(t, time.Minute, exact(want))
+	if n := cur.metric(t, "hotcount_ingest_events_total"); n != 2_000 {
+		t.Errorf("the position sidecar read %v mentions, want the 2,000 after the checkpoint", n)
+	}
+}

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"maps"
@@ -16,7 +17,10 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/hotcount/hotcount/config"
+	"github.com/hotcount/hotcount/durable"
 	"github.com/hotcount/hotcount/ingest"
+	"github.com/hotcount/hotcount/journal"
+	"github.com/hotcount/hotcount/sidecar"
 	"github.com/hotcount/hotcount/streams"
 )
 
@@ -228,4 +232,94 @@ func cmdStreamStatus(ctx context.Context, args, environ []string, stdout, stderr
 		return fmt.Errorf("%d of %d partition streams missing: run `hotcount stream create --nats-mode partitioned --partitions %d`", missing, len(ps), cfg.Partitions)
 	}
 	return nil
+}
+
+// cmdStreamAdopt hands the streams the journal engine (--durable-engine
+// journal) has read to the position engine: each gets a checkpoint at its
+// journal consumer's acknowledgement floor, below which every mention is
+// counted. It refuses while the journal holds entries not yet settled or
+// a consumer has messages delivered and not acknowledged: those counts
+// are not in the store yet, and a checkpoint past them would lose them.
+// Stop the journal sidecars first, and run no journal sidecar on the
+// streams after.
+func cmdStreamAdopt(ctx context.Context, args, environ []string, stdout, stderr io.Writer) error {
+	cfg := config.Default()
+	fs := cfg.FlagSet("hotcount stream adopt", func(s string) bool {
+		return natsSettings(s) || s == "consumer" || s == "quarantine-after" || s == "region" || s == "regions" || quarantineSettings(s)
+	})
+	if err := parse(&cfg, fs, args, environ, stderr); err != nil {
+		return err
+	}
+	if !cfg.Durable() {
+		return usageError{fmt.Errorf("--nats-mode %s has no stream to adopt: jetstream or partitioned", cfg.NATSMode)}
+	}
+	nc, err := connect(cfg, "hotcount-stream-adopt")
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	bucket, names := journal.DefaultBucket, []string{cfg.Stream}
+	if cfg.NATSMode == config.ModePartitioned {
+		bucket, names = journal.PartitionsBucket, names[:0]
+		for p := range cfg.Partitions {
+			names = append(names, layoutOf(cfg).Name(p))
+		}
+	}
+	// The entries stopped journal sidecars left are settled first, by
+	// the journal's rules; what it cannot settle (the store refuses) is
+	// reported below.
+	st, err := openShardsStore(ctx, cfg, stderr)
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	log, err := newLogger(cfg, stderr)
+	if err != nil {
+		return err
+	}
+	if err := sidecar.SettleJournal(ctx, cfg, nc, st, log); err != nil {
+		return fmt.Errorf("settle the journal: %w", err)
+	}
+	if open, err := journal.Unsettled(ctx, js, bucket); err != nil {
+		return fmt.Errorf("journal %s: %w", bucket, err)
+	} else if open > 0 {
+		return fmt.Errorf("the journal holds %d entries not yet settled (the store refused their writes, or their sidecar died less than %s ago and its lease holds them): run again", open, journal.Lease)
+	}
+	for _, name := range names {
+		floor, err := ackFloor(ctx, js, name, cfg.Consumer)
+		if err != nil {
+			return err
+		}
+		if err := durable.Adopt(ctx, js, name, "", floor); err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "%s: checkpoint at %d\n", name, floor)
+	}
+	fmt.Fprintln(stdout, "run the sidecars with --durable-engine position; run none with --durable-engine journal on these streams again")
+	return nil
+}
+
+// ackFloor is the stream sequence below which consumer has every message
+// acknowledged, refused while it has messages delivered and not
+// acknowledged. A stream without the consumer was never read by the
+// journal engine: 0.
+func ackFloor(ctx context.Context, js jetstream.JetStream, stream, consumer string) (uint64, error) {
+	c, err := js.Consumer(ctx, stream, consumer)
+	if errors.Is(err, jetstream.ErrConsumerNotFound) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("%s consumer %s: %w", stream, consumer, err)
+	}
+	info := c.CachedInfo()
+	if info.NumAckPending > 0 {
+		return 0, fmt.Errorf("%s: consumer %s has %d messages delivered and not acknowledged: stop the journal sidecars and let the messages come back (--ack-wait), then run again", stream, consumer, info.NumAckPending)
+	}
+	return info.AckFloor.Stream, nil
 }
