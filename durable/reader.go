@@ -13,8 +13,12 @@ import (
 	"github.com/hotcount/hotcount/streams"
 )
 
-// pullBatch is how many messages a reader's pull asks for.
-const pullBatch = 1000
+// pullBatch is how many messages a reader's pull asks for, and
+// pullExpiry how long a pull waits (its heartbeats come every half).
+const (
+	pullBatch  = 1000
+	pullExpiry = 5 * time.Second
+)
 
 // errRestart ends a reading that must start again from what the window
 // holds: the consumer skipped a message, or the stream is not the one it
@@ -81,7 +85,10 @@ func (e *Engine) readOnce(ctx context.Context, p int) error {
 	} else if epochOf(info) != s.epoch {
 		return errRestart
 	}
-	it, err := cons.Messages(jetstream.PullMaxMessages(pullBatch))
+	// A short expiry brings heartbeats every 2.5 s: a consumer lost with
+	// its server (a restart, a node gone) is noticed in seconds, where the
+	// default (30 s) stalled reading for half a minute.
+	it, err := cons.Messages(jetstream.PullMaxMessages(pullBatch), jetstream.PullExpiry(pullExpiry))
 	if err != nil {
 		return err
 	}
