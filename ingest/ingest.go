@@ -240,6 +240,13 @@ func (s *Subscriber) Run(ctx context.Context) error {
 	if err := sub.SetPendingLimits(pendingMsgs, pendingBytes); err != nil {
 		return fmt.Errorf("ingest: set pending limits: %w", err)
 	}
+	// The server has the subscription once a round trip has gone through
+	// after it: readiness and the log line wait for that, since a mention
+	// published before finds no interest and is gone (core NATS). A slow
+	// server only delays them.
+	if err := s.nc.FlushTimeout(5 * time.Second); err != nil {
+		s.log.Warn("the server has not confirmed the subscription yet", zap.Error(err))
+	}
 	s.sub.Store(sub)
 	s.log.Info("subscribed", zap.String("subject", s.cfg.Subject), zap.String("queue", s.cfg.QueueGroup))
 

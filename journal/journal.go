@@ -973,3 +973,21 @@ func Unsettled(ctx context.Context, js jetstream.JetStream, bucket string) (int,
 	}
 	return open, nil
 }
+
+// Writers lists the writers whose heartbeat is live in bucket (the
+// writers bucket): journal sidecars running, or stopped by SIGKILL less
+// than Lease ago. A bucket that does not exist has none.
+func Writers(ctx context.Context, js jetstream.JetStream, bucket string) ([]string, error) {
+	kv, err := js.KeyValue(ctx, bucket)
+	if errors.Is(err, jetstream.ErrBucketNotFound) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	keys, err := kv.Keys(ctx)
+	if errors.Is(err, jetstream.ErrNoKeysFound) {
+		return nil, nil
+	}
+	return keys, err
+}

@@ -286,20 +286,33 @@ func cmdStreamAdopt(ctx context.Context, args, environ []string, stdout, stderr 
 	if err := sidecar.SettleJournal(ctx, cfg, nc, st, log); err != nil {
 		return fmt.Errorf("settle the journal: %w", err)
 	}
+	// No journal sidecar may run: one would go on counting past the
+	// checkpoint (twice), or record entries that nobody settles once it
+	// stops.
+	if live, err := journal.Writers(ctx, js, journal.DefaultWritersBucket); err != nil {
+		return fmt.Errorf("journal writers: %w", err)
+	} else if len(live) > 0 {
+		return fmt.Errorf("%d journal sidecars are running (writers %s), or were killed less than %s ago: stop them (SIGTERM), then run again", len(live), strings.Join(live, ", "), journal.Lease)
+	}
+	// The floors first, then the journal: an entry is recorded before
+	// its messages are acknowledged, so every message at or below a floor
+	// read now has its entry in the journal read after.
+	floors := make([]uint64, len(names))
+	for i, name := range names {
+		if floors[i], err = ackFloor(ctx, js, name, cfg.Consumer); err != nil {
+			return err
+		}
+	}
 	if open, err := journal.Unsettled(ctx, js, bucket); err != nil {
 		return fmt.Errorf("journal %s: %w", bucket, err)
 	} else if open > 0 {
-		return fmt.Errorf("the journal holds %d entries not yet settled (the store refused their writes, or their sidecar died less than %s ago and its lease holds them): run again", open, journal.Lease)
+		return fmt.Errorf("the journal holds %d entries not yet settled (the store refused their writes): run again", open)
 	}
-	for _, name := range names {
-		floor, err := ackFloor(ctx, js, name, cfg.Consumer)
-		if err != nil {
+	for i, name := range names {
+		if err := durable.Adopt(ctx, js, name, "", floors[i]); err != nil {
 			return err
 		}
-		if err := durable.Adopt(ctx, js, name, "", floor); err != nil {
-			return err
-		}
-		fmt.Fprintf(stdout, "%s: checkpoint at %d\n", name, floor)
+		fmt.Fprintf(stdout, "%s: checkpoint at %d\n", name, floors[i])
 	}
 	fmt.Fprintln(stdout, "run the sidecars with --durable-engine position; run none with --durable-engine journal on these streams again")
 	return nil
@@ -319,7 +332,12 @@ func ackFloor(ctx context.Context, js jetstream.JetStream, stream, consumer stri
 	}
 	info := c.CachedInfo()
 	if info.NumAckPending > 0 {
-		return 0, fmt.Errorf("%s: consumer %s has %d messages delivered and not acknowledged: stop the journal sidecars and let the messages come back (--ack-wait), then run again", stream, consumer, info.NumAckPending)
+		// The server keeps them pending until a puller takes them again
+		// (a journal sidecar killed, or stopped while the store was down).
+		return 0, fmt.Errorf("%s: consumer %s has %d messages delivered and not acknowledged: start one journal sidecar until the consumer has none, stop it with SIGTERM, then run again", stream, consumer, info.NumAckPending)
 	}
-	return info.AckFloor.Stream, nil
+	// Nothing unacknowledged: every message delivered is acknowledged,
+	// and the last delivered is the floor (the engine's guard compares
+	// its checkpoint with the same number).
+	return info.Delivered.Stream, nil
 }
