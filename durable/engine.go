@@ -317,7 +317,7 @@ type Metrics struct {
 	backwards     prometheus.Counter
 	unadopted     prometheus.Counter
 	flushed       prometheus.Counter
-	checkpoint    *prometheus.GaugeVec
+	checkpoint    prometheus.Gauge
 	partitions    prometheus.Gauge
 	oldest        prometheus.Gauge
 	maxAge        prometheus.Gauge
@@ -339,8 +339,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Readings refused because a stream the journal engine read has no checkpoint yet: run hotcount stream adopt. See the log."}),
 		flushed: prometheus.NewCounter(prometheus.CounterOpts{Name: "hotcount_durable_flushed_mentions_total",
 			Help: "Mentions this sidecar applied to the store."}),
-		checkpoint: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "hotcount_durable_checkpoint_sequence",
-			Help: "The last checkpoint this sidecar stored (a stream sequence)."}, nil),
+		checkpoint: prometheus.NewGauge(prometheus.GaugeOpts{Name: "hotcount_durable_checkpoint_sequence",
+			Help: "The last checkpoint this sidecar stored (a stream sequence)."}),
 		partitions: prometheus.NewGauge(prometheus.GaugeOpts{Name: "hotcount_durable_partitions",
 			Help: "Partition streams this sidecar reads."}),
 		oldest: prometheus.NewGauge(prometheus.GaugeOpts{Name: "hotcount_durable_oldest_unwritten_seconds",

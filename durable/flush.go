@@ -205,7 +205,7 @@ func (e *Engine) checkpoint(ctx context.Context, read map[stream]uint64, back ma
 			continue
 		}
 		e.advanced[s.name] = p
-		e.metrics.checkpoint.WithLabelValues().Set(float64(n))
+		e.metrics.checkpoint.Set(float64(n))
 	}
 }
 

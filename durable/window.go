@@ -52,7 +52,6 @@ type window struct {
 	mu       sync.Mutex
 	counters map[key]*entry
 	read     map[stream]uint64 // the last sequence handed in, per stream: kept across drains
-	mentions int64
 }
 
 func newWindow() *window {
@@ -72,7 +71,6 @@ func (w *window) add(s stream, seq uint64, delta int64, c store.Counter, publish
 	}
 	w.read[s] = seq
 	w.put(key{s, c}, entry{delta: delta, first: seq, last: seq, since: published.UnixNano()})
-	w.mentions, _ = store.SatAdd(w.mentions, delta)
 }
 
 // skip notes that seq of s was read and counts nothing (a rejected
@@ -117,7 +115,6 @@ func (w *window) drain() drained {
 		d.read[s] = n
 	}
 	w.counters = make(map[key]*entry, len(d.counters))
-	w.mentions = 0
 	return d
 }
 

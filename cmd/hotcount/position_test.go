@@ -110,20 +110,7 @@ func frozenRun(t *testing.T, mode string) {
 	if r.err != nil {
 		t.Fatal(r.err)
 	}
-	exact := func() error {
-		got, _ := d.Counts(t, table)
-		for topic, n := range got {
-			if n > r.rep.PerTopic[topic] {
-				t.Fatalf("%s: table %d, published %d: counted twice", topic, n, r.rep.PerTopic[topic])
-			}
-		}
-		for topic, n := range r.rep.PerTopic {
-			if got[topic] != n {
-				return fmt.Errorf("%s: table %d, published %d", topic, got[topic], n)
-			}
-		}
-		return nil
-	}
+	exact := tableHolds(t, d, table, r.rep.PerTopic)
 	testenv.Eventually(t, 60*time.Second, exact)
 	refused := frozen.metric(t, `hotcount_durable_writes_total{outcome="covered"}`) +
 		frozen.metric(t, `hotcount_durable_writes_total{outcome="overlap"}`)
@@ -212,18 +199,7 @@ func TestSIGKILLPositionLosesNothing(t *testing.T) {
 	if r.err != nil {
 		t.Fatal(r.err)
 	}
-	exact := func() error {
-		got, _ := d.Counts(t, table)
-		for topic, n := range r.rep.PerTopic {
-			if got[topic] > n {
-				t.Fatalf("%s: table %d, published %d: counted twice", topic, got[topic], n)
-			}
-			if got[topic] != n {
-				return fmt.Errorf("%s: table %d, published %d", topic, got[topic], n)
-			}
-		}
-		return nil
-	}
+	exact := tableHolds(t, d, table, r.rep.PerTopic)
 	testenv.Eventually(t, 2*time.Minute, exact)
 	if err := cur.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
@@ -333,20 +309,7 @@ func positionCluster(t *testing.T, mode string) {
 			t.Errorf("topic %s: the streams stored %d, the producer was acknowledged %d", topic, stored[topic], n)
 		}
 	}
-	exact := func() error {
-		got, _ := d.Counts(t, table)
-		for topic, n := range got {
-			if n > stored[topic] {
-				t.Fatalf("topic %s: table %d, the streams stored %d: counted twice", topic, n, stored[topic])
-			}
-		}
-		for topic, n := range stored {
-			if got[topic] != n {
-				return fmt.Errorf("topic %s: table %d, the streams stored %d", topic, got[topic], n)
-			}
-		}
-		return nil
-	}
+	exact := tableHolds(t, d, table, stored)
 	if err := testenv.Poll(2*time.Minute, exact); err != nil {
 		var logs strings.Builder
 		for i, c := range fleet {
@@ -399,20 +362,7 @@ func TestStreamAdopt(t *testing.T) {
 			want[topic] += n
 		}
 	}
-	exact := func(want map[string]int64) func() error {
-		return func() error {
-			got, _ := d.Counts(t, table)
-			for topic, n := range want {
-				if got[topic] > n {
-					t.Fatalf("%s: table %d, published %d: counted twice", topic, got[topic], n)
-				}
-				if got[topic] != n {
-					return fmt.Errorf("%s: table %d, published %d", topic, got[topic], n)
-				}
-			}
-			return nil
-		}
-	}
+	exact := func(want map[string]int64) func() error { return tableHolds(t, d, table, want) }
 	want := map[string]int64{}
 	old := startChild(t, args...)
 	publish(3_000, 1, want)
@@ -445,5 +395,25 @@ func TestStreamAdopt(t *testing.T) {
 	testenv.Eventually(t, time.Minute, exact(want))
 	if n := cur.metric(t, "hotcount_ingest_events_total"); n != 2_000 {
 		t.Errorf("the position sidecar read %v mentions, want the 2,000 after the checkpoint", n)
+	}
+}
+
+// tableHolds returns a check that table holds exactly want, topic by
+// topic: it fails the test at once on a topic that holds more (a
+// mention counted twice), and reports what is still missing.
+func tableHolds(t *testing.T, d *testenv.Dynalite, table string, want map[string]int64) func() error {
+	return func() error {
+		got, _ := d.Counts(t, table)
+		for topic, n := range got {
+			if n > want[topic] {
+				t.Fatalf("%s: table %d, want %d: counted twice", topic, n, want[topic])
+			}
+		}
+		for topic, n := range want {
+			if got[topic] != n {
+				return fmt.Errorf("%s: table %d, want %d", topic, got[topic], n)
+			}
+		}
+		return nil
 	}
 }
