@@ -85,7 +85,7 @@ func probeServer(t *testing.T, path string) {
 	if _, err := streams.Ensure(ctx, js, l, streams.Options{MaxAge: time.Hour, MaxBytes: 64 << 20, Duplicates: time.Minute}); err != nil {
 		t.Fatal(err)
 	}
-	if err := streams.Probe(ctx, js, l); err != nil {
+	if _, err := streams.Probe(ctx, js, l); err != nil {
 		t.Fatalf("%s: %v", path, err)
 	}
 }

@@ -2,10 +2,13 @@ package durable
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/zap"
 
 	"github.com/hotcount/hotcount/ingest"
 	"github.com/hotcount/hotcount/store"
@@ -42,17 +45,16 @@ func (e *Engine) recount(ctx context.Context, k key, from, to uint64) (entry, er
 	if err != nil {
 		return entry{}, fmt.Errorf("durable: recount %s: %w", k.s.name, err)
 	}
-	if cons.CachedInfo().NumPending == 0 {
-		return rest, nil
-	}
+	// The recount ends at to, a mention of this counter the reader read,
+	// never where the consumer's server runs out: on a replica that is
+	// behind (a leader elected a moment ago), running out early would
+	// claim mentions it never saw.
 	for {
 		batch, err := cons.Fetch(pullBatch, jetstream.FetchMaxWait(5*time.Second))
 		if err != nil {
 			return entry{}, fmt.Errorf("durable: recount %s: %w", k.s.name, err)
 		}
-		n := 0
 		for msg := range batch.Messages() {
-			n++
 			md, err := msg.Metadata()
 			if err != nil {
 				return entry{}, fmt.Errorf("durable: recount %s: %w", k.s.name, err)
@@ -61,15 +63,15 @@ func (e *Engine) recount(ctx context.Context, k key, from, to uint64) (entry, er
 				return e.still(ctx, st, k, rest)
 			}
 			rest.delta += e.counts(k.c, msg, md.Timestamp)
-			if md.NumPending == 0 {
+			if md.Sequence.Stream == to {
 				return e.still(ctx, st, k, rest)
 			}
 		}
-		if err := batch.Error(); err != nil {
+		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) {
 			return entry{}, fmt.Errorf("durable: recount %s: %w", k.s.name, err)
 		}
-		if n == 0 {
-			return entry{}, fmt.Errorf("durable: recount %s: the stream delivered nothing up to %d", k.s.name, to)
+		if ctx.Err() != nil {
+			return e.gone(st, k, rest, to)
 		}
 	}
 }
@@ -100,5 +102,22 @@ func (e *Engine) still(ctx context.Context, st jetstream.Stream, k key, rest ent
 	if epochOf(info) != k.s.epoch {
 		return entry{first: rest.first, last: rest.last}, nil
 	}
+	return rest, nil
+}
+
+// gone ends a recount that did not reach to in time: a replica far
+// behind, which the next flush tries again, or a stream whose limits
+// dropped to before the recount read it, which no flush would get past:
+// the rest of the span is lost, and counted and logged as such.
+func (e *Engine) gone(st jetstream.Stream, k key, rest entry, to uint64) (entry, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	info, err := st.Info(ctx)
+	if err != nil || info.State.FirstSeq <= to {
+		return entry{}, fmt.Errorf("durable: recount %s: the stream delivered nothing up to %d in time", k.s.name, to)
+	}
+	e.metrics.retentionLost.Inc() // at least the mention at to; how many more of the span, nothing says
+	e.log.Error("the stream dropped mentions before a recount read them (its limits: max age, bytes or messages)",
+		zap.String("stream", k.s.name), zap.String("topic", k.c.Topic), zap.Uint64("from", rest.first), zap.Uint64("to", to))
 	return rest, nil
 }

@@ -55,10 +55,12 @@ func TestRetentionLossIsCounted(t *testing.T) {
 	})
 	s := e.start(t, e.store(e.db.Endpoint))
 	testenv.Eventually(t, 10*time.Second, func() error { return s.Ready() })
-	time.Sleep(time.Second) // the reader has started (start() ran)
-	if n := testenv.Metric(t, s.reg, "hotcount_durable_retention_lost_total"); n != 10 {
-		t.Errorf("10 mentions aged out before any reader read them; hotcount_durable_retention_lost_total = %v", n)
-	}
+	testenv.Eventually(t, 10*time.Second, func() error { // the reader starts, and says what it found
+		if n := testenv.Metric(t, s.reg, "hotcount_durable_retention_lost_total"); n != 10 {
+			return fmt.Errorf("10 mentions aged out before any reader read them; hotcount_durable_retention_lost_total = %v", n)
+		}
+		return nil
+	})
 }
 
 // A stream restored from a backup keeps its creation time (nats-server

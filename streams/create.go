@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -191,12 +192,15 @@ const probes = 16
 // ProbeHeader to subjects of Subject and checks which stream stored each.
 // The error names the missing piece: the mapping (nothing stored the probe,
 // or a stream of Subject itself did) or its partition count (the probe
-// landed in another partition). The probes are deleted afterwards.
-func Probe(ctx context.Context, js jetstream.JetStream, l Layout) error {
+// landed in another partition). The probes are deleted afterwards; the
+// answer is their sequences, per stream, which the deletions leave as
+// holes (Probed).
+func Probe(ctx context.Context, js jetstream.JetStream, l Layout) (Probed, error) {
 	prefix := strings.TrimSuffix(l.Subject, ">")
 	from, to := l.Mapping()
 	fix := fmt.Sprintf("the NATS server must map %q to %q in the producers' account (deploy/nats/hotcount.conf)", from, to)
 	var landed []*jetstream.PubAck
+	probed := Probed{}
 	defer func() { unprobe(context.WithoutCancel(ctx), js, landed) }()
 	for i := range probes {
 		subject := fmt.Sprintf("%shotcount-probe.%d", prefix, i)
@@ -210,18 +214,37 @@ func Probe(ctx context.Context, js jetstream.JetStream, l Layout) error {
 		var apiErr *jetstream.APIError
 		switch {
 		case errors.Is(err, jetstream.ErrNoStreamResponse), errors.Is(err, nats.ErrNoResponders):
-			return fail(ErrMisrouted, "streams: a probe published to %s was stored by no stream: %s", subject, fix)
+			return nil, fail(ErrMisrouted, "streams: a probe published to %s was stored by no stream: %s", subject, fix)
 		case errors.As(err, &apiErr):
-			return fail(ErrMisrouted, "streams: a probe published to %s reached a stream other than %s, partition %d of %d (%v): %s", subject, l.Name(want), want, l.Partitions, err, fix)
+			return nil, fail(ErrMisrouted, "streams: a probe published to %s reached a stream other than %s, partition %d of %d (%v): %s", subject, l.Name(want), want, l.Partitions, err, fix)
 		case err != nil:
-			return fmt.Errorf("streams: probe %s: %w", subject, err)
+			return nil, fmt.Errorf("streams: probe %s: %w", subject, err)
 		}
 		landed = append(landed, ack)
+		probed[ack.Stream] = append(probed[ack.Stream], ack.Sequence)
 		if ack.Stream != l.Name(want) {
-			return fail(ErrMisrouted, "streams: a probe published to %s was stored by stream %s, not %s (partition %d of %d): %s", subject, ack.Stream, l.Name(want), want, l.Partitions, fix)
+			return nil, fail(ErrMisrouted, "streams: a probe published to %s was stored by stream %s, not %s (partition %d of %d): %s", subject, ack.Stream, l.Name(want), want, l.Partitions, fix)
 		}
 	}
-	return nil
+	return probed, nil
+}
+
+// Probed is the sequences of Probe's messages, per stream.
+type Probed map[string][]uint64
+
+// Front is how far the probes of stream make up its front: the n such
+// that every one of the sequences 1..n is a probe's and n+1 is not. A
+// stream whose first message is at n+1 lost nothing before it.
+func (p Probed) Front(stream string) uint64 {
+	seqs := slices.Sorted(slices.Values(p[stream]))
+	var n uint64
+	for _, s := range seqs {
+		if s != n+1 {
+			break
+		}
+		n = s
+	}
+	return n
 }
 
 // unprobe deletes the probes, so that neither the sidecars nor an audit

@@ -73,7 +73,7 @@ func TestProbe(t *testing.T) {
 		if _, err := streams.Ensure(ctx, js, layout, opts); err != nil {
 			t.Fatal(err)
 		}
-		if err := streams.Probe(ctx, js, layout); err != nil {
+		if _, err := streams.Probe(ctx, js, layout); err != nil {
 			t.Fatal(err)
 		}
 		if err := streams.Check(ctx, js, layout); err != nil {
@@ -103,7 +103,7 @@ func TestProbe(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		err = streams.Probe(ctx, js, layout)
+		_, err = streams.Probe(ctx, js, layout)
 		if !errors.Is(err, streams.ErrMisrouted) {
 			t.Fatalf("probe without the mapping: %v, want ErrMisrouted", err)
 		}
@@ -121,7 +121,7 @@ func TestProbe(t *testing.T) {
 		if _, err := streams.Ensure(ctx, js, layout, opts); err != nil {
 			t.Fatal(err)
 		}
-		if err := streams.Probe(ctx, js, layout); !errors.Is(err, streams.ErrMisrouted) {
+		if _, err := streams.Probe(ctx, js, layout); !errors.Is(err, streams.ErrMisrouted) {
 			t.Fatalf("probe against a mapping into 4 partitions: %v, want ErrMisrouted", err)
 		}
 	})

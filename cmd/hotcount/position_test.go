@@ -275,6 +275,21 @@ func positionCluster(t *testing.T, mode string) {
 
 	prod := produce(t, nc)
 	prod.flowing(0, 2_000, "before the faults")
+	testenv.Eventually(t, time.Minute, func() error { // every partition is being read, from its start
+		var n float64
+		for _, c := range fleet {
+			n += c.metric(t, "hotcount_durable_flushed_mentions_total")
+		}
+		if n < 1_000 {
+			return fmt.Errorf("the fleet has written %v mentions", n)
+		}
+		return nil
+	})
+	for i, c := range fleet { // stream create's probes, deleted at the streams' front, are no loss
+		if n := c.metric(t, "hotcount_durable_retention_lost_total"); n != 0 {
+			t.Errorf("sidecar %d: hotcount_durable_retention_lost_total %v with nothing lost\n%s", i, n, c.logs)
+		}
+	}
 	s, err := js.Stream(ctx, first)
 	if err != nil {
 		t.Fatal(err)

@@ -145,7 +145,11 @@ func createPartitioned(ctx context.Context, nc *nats.Conn, cfg config.Config, f 
 	if legacy, err := streams.Legacy(ctx, js, l); err == nil && legacy != "" {
 		fmt.Fprintf(stdout, "note: stream %s is the previous release's partitioned layout (%s); see deploy/README.md, \"Moving to partition streams\"\n", l.Stream, legacy)
 	}
-	if err := streams.Probe(ctx, js, l); err != nil {
+	probed, err := streams.Probe(ctx, js, l)
+	if err != nil {
+		return err
+	}
+	if err := checkpointProbes(ctx, js, l, probed); err != nil {
 		return err
 	}
 	from, to := l.Mapping()
@@ -158,6 +162,31 @@ func createPartitioned(ctx context.Context, nc *nats.Conn, cfg config.Config, f 
 		fmt.Fprintf(stdout, "warning: leaders not spread (%v); run stream create again to spread them\n", err)
 	}
 	fmt.Fprintf(stdout, "leaders: %s\nrun the sidecars with --nats-mode partitioned --partitions %d\n", formatLeaders(leaders), l.Partitions)
+	return nil
+}
+
+// checkpointProbes checkpoints each partition stream whose front is only
+// the probes just deleted at the last of them: the position engine, which
+// counts a stream's front that is gone before it was read as mentions
+// lost to retention, then knows that nothing was lost there.
+func checkpointProbes(ctx context.Context, js jetstream.JetStream, l streams.Layout, probed streams.Probed) error {
+	for p := range l.Partitions {
+		name := l.Name(p)
+		front := probed.Front(name)
+		if front == 0 {
+			continue
+		}
+		st, err := js.Stream(ctx, name)
+		if err != nil {
+			return err
+		}
+		if st.CachedInfo().State.FirstSeq != front+1 {
+			continue // a mention came first, or a probe is still there: nothing to say
+		}
+		if err := durable.Adopt(ctx, js, name, "", front); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 

@@ -1,0 +1,82 @@
+package durable
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+
+	"github.com/hotcount/hotcount/ingest"
+	"github.com/hotcount/hotcount/internal/testenv"
+	"github.com/hotcount/hotcount/store"
+)
+
+// TestRecountReadsThroughItsSpan: a recount of a span ending at to reads
+// until it has seen to, even when the server it reads from has run out
+// before (a replica a moment behind the one the reader read, just after
+// a failover). Ending where the server runs out would claim mentions it
+// never counted: the loss TestPositionClusterLosesNothing met once.
+func TestRecountReadsThroughItsSpan(t *testing.T) {
+	srv := testenv.NATS(t)
+	nc := testenv.Connect(t, srv.ClientURL())
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	st, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "MENTIONS", Subjects: []string{"mentions.>"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	publish := func(n int) {
+		for range n {
+			if _, err := js.Publish(ctx, "mentions.a", []byte(`{"count":1}`)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	publish(3) // sequences 1..3 are there; 4 and 5, which the span ends with, not yet
+	reg := prometheus.NewRegistry()
+	e, err := New(Config{Stream: "MENTIONS", Subject: "mentions.>", Limits: ingest.Limits{MaxCount: 1000, MaxTopicBytes: 256}},
+		nc, nil, nil, zap.NewNop(), NewMetrics(reg), ingest.NewMetrics(reg), time.Now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := key{s: stream{name: "MENTIONS", epoch: epochOf(st.CachedInfo())}, c: store.TotalOf("a")}
+	type answer struct {
+		rest entry
+		err  error
+	}
+	done := make(chan answer, 1)
+	go func() {
+		rest, err := e.recount(ctx, k, 1, 5)
+		done <- answer{rest, err}
+	}()
+	testenv.Eventually(t, 10*time.Second, func() error { // the recount's consumer is reading
+		info, err := st.Info(ctx)
+		if err != nil {
+			return err
+		}
+		if info.State.Consumers == 0 {
+			return fmt.Errorf("no consumer yet")
+		}
+		return nil
+	})
+	select {
+	case a := <-done:
+		t.Fatalf("the recount ended at the server's last sequence, 3, before its span's end, 5: %+v, %v", a.rest, a.err)
+	default:
+	}
+	publish(2)
+	a := <-done
+	if a.err != nil {
+		t.Fatal(a.err)
+	}
+	if a.rest.delta != 5 || a.rest.first != 1 || a.rest.last != 5 {
+		t.Errorf("recount of 1..5: %+v, want 5 mentions at 1..5", a.rest)
+	}
+}
