@@ -636,7 +636,7 @@ func BenchmarkCounters(b *testing.B) {
 			b.Fatal(err)
 		}
 		sc := counterSidecar(b, srv.URL, config.ModeJetStream, atDefaults, positional)
-		ownsAll(b, sc, 1, "hotcount_durable_partitions")
+		ownsAll(b, sc, 1, "hotcount_ingest_partitions_owned")
 		cpu := newCPUMeter(srv)
 		publishAcked(b, nc, cpu)
 		reportCounted(b, sc, false, cpu)
@@ -652,7 +652,7 @@ func BenchmarkCounters(b *testing.B) {
 			b.Fatal(err)
 		}
 		sc := counterSidecar(b, srv.URL, config.ModePartitioned, atDefaults, positional)
-		ownsAll(b, sc, config.DefaultPartitions, "hotcount_durable_partitions")
+		ownsAll(b, sc, config.DefaultPartitions, "hotcount_ingest_partitions_owned")
 		cpu := newCPUMeter(srv)
 		publishAcked(b, nc, cpu)
 		reportCounted(b, sc, false, cpu)
@@ -804,7 +804,7 @@ func counterSidecar(b *testing.B, url, mode string, tune ...func(*config.Config)
 func reportCounted(b *testing.B, sc *sidecar.Sidecar, durable bool, cpu *cpuMeter) { // durable: with acknowledgements to wait for
 	flushed := func() float64 {
 		// The flusher's, or the position engine's (which has no acks).
-		for _, name := range []string{"hotcount_flusher_flushed_mentions_total", "hotcount_durable_flushed_mentions_total"} {
+		for _, name := range []string{"hotcount_flusher_flushed_mentions_total", "hotcount_flusher_flushed_mentions_total"} {
 			if v, err := testenv.MetricValue(sc.Registry(), name, "", ""); err == nil {
 				return v
 			}

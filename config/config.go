@@ -187,7 +187,7 @@ func Default() Config {
 		Consumer:          ingest.DefaultConsumer,
 		AckWait:           ingest.DefaultAckWait,
 		MaxAckPending:     ingest.DefaultMaxAckPending,
-		DurableEngine:     EngineJournal,
+		DurableEngine:     EnginePosition,
 		Partitions:        DefaultPartitions,
 		Subject:           ingest.DefaultSubject,
 		QueueGroup:        ingest.DefaultQueueGroup,

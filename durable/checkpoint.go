@@ -1,11 +1,14 @@
 package durable
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -16,22 +19,55 @@ import (
 // partitions' checkpoints.
 const DefaultCheckpointBucket = "hotcount_checkpoints"
 
-// checkpoints keeps, per partition stream, the sequence below which every
-// mention is in the store: a reader that takes a partition over starts
-// after it. It is a hint for speed, not the truth about what is counted
-// (the items' positions are): one too low costs a re-read that the items'
-// conditions refuse, and it only ever moves forward, so one claimed by a
-// sidecar that froze and woke up cannot move it back.
+// checkpoints keeps, per partition stream, its record: the sequence
+// below which every mention is in the store or held in the record (the
+// quarantine: writes the store refused for good), and those held entries.
+// A reader that takes a partition over starts after the sequence and
+// sends its held counters' mentions to the record too. The sequence is a
+// hint for speed, not the truth about what is counted (the items'
+// positions are): one too low costs a re-read that the items' conditions
+// refuse, and it only ever moves forward, so one claimed by a sidecar
+// that froze and woke up cannot move it back. Sequence and held entries
+// change together, by compare-and-set on one key: a reader that sees a
+// sequence sees every entry held below it.
 type checkpoints struct {
 	kv jetstream.KeyValue
 }
+
+// record is one stream's checkpoint.
+type record struct {
+	store.Position
+	// held are the quarantined counters of the stream, by counter name:
+	// each holds every mention of its counter at sequences first..last.
+	held map[string]heldEntry
+}
+
+// heldEntry is a counter's mentions that the store refused for good
+// (store.Denied) for Config.QuarantineAfter: all of them at sequences
+// First..Last of the record's stream, kept until a write takes them.
+type heldEntry struct {
+	Topic  string     `json:"topic"`
+	Kind   store.Kind `json:"kind"`
+	Index  int64      `json:"index,omitempty"`
+	Delta  int64      `json:"delta"`
+	First  uint64     `json:"first"`
+	Last   uint64     `json:"last"`
+	Reason string     `json:"reason"`
+	Since  time.Time  `json:"since"`
+}
+
+func (h heldEntry) counter() store.Counter {
+	return store.Counter{Topic: h.Topic, Kind: h.Kind, Index: h.Index}
+}
+
+func (h heldEntry) entry() entry { return entry{delta: h.Delta, first: h.First, last: h.Last} }
 
 // openCheckpoints opens (creating if absent) the bucket. Replicas is the
 // bucket's replication in a cluster (1 outside one).
 func openCheckpoints(ctx context.Context, js jetstream.JetStream, bucket string, replicas int) (*checkpoints, error) {
 	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
 		Bucket:      bucket,
-		Description: "hotcount: per partition stream, the sequence below which every mention is in the store",
+		Description: "hotcount: per partition stream, the sequence below which every mention is in the store or held here",
 		History:     1,
 		Replicas:    max(replicas, 1),
 	})
@@ -41,35 +77,38 @@ func openCheckpoints(ctx context.Context, js jetstream.JetStream, bucket string,
 	return &checkpoints{kv: kv}, nil
 }
 
-// load returns stream's checkpoint: zero when it has none.
-func (c *checkpoints) load(ctx context.Context, name string) (store.Position, uint64, error) {
+// load returns stream's record: zero when it has none.
+func (c *checkpoints) load(ctx context.Context, name string) (record, uint64, error) {
 	e, err := c.kv.Get(ctx, name)
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
-		return store.Position{}, 0, nil
+		return record{}, 0, nil
 	}
 	if err != nil {
-		return store.Position{}, 0, fmt.Errorf("durable: checkpoint of %s: %w", name, err)
+		return record{}, 0, fmt.Errorf("durable: checkpoint of %s: %w", name, err)
 	}
-	p, err := parsePosition(string(e.Value()))
+	r, err := parseRecord(e.Value())
 	if err != nil {
-		return store.Position{}, 0, fmt.Errorf("durable: checkpoint of %s: %w", name, err)
+		return record{}, 0, fmt.Errorf("durable: checkpoint of %s: %w", name, err)
 	}
-	return p, e.Revision(), nil
+	return r, e.Revision(), nil
 }
 
-// advance moves stream's checkpoint to p if p is past it (a newer epoch,
-// or a higher sequence in the same one). Two sidecars advancing at once
-// are settled by the bucket's compare-and-set: the loser reads again.
-func (c *checkpoints) advance(ctx context.Context, name string, p store.Position) error {
+// update changes stream's record by change, which returns false to leave
+// it as it is. Two sidecars changing it at once are settled by the
+// bucket's compare-and-set: the loser reads again and changes that.
+func (c *checkpoints) update(ctx context.Context, name string, change func(*record) (bool, error)) error {
 	for range 5 {
 		cur, rev, err := c.load(ctx, name)
 		if err != nil {
 			return err
 		}
-		if !after(p, cur) {
-			return nil
+		if ok, err := change(&cur); err != nil || !ok {
+			return err
 		}
-		v := []byte(formatPosition(p))
+		v, err := formatRecord(cur)
+		if err != nil {
+			return err
+		}
 		if rev == 0 {
 			_, err = c.kv.Create(ctx, name, v)
 		} else {
@@ -80,6 +119,21 @@ func (c *checkpoints) advance(ctx context.Context, name string, p store.Position
 		}
 	}
 	return fmt.Errorf("durable: checkpoint of %s: changed under every try", name)
+}
+
+// advance moves stream's checkpoint to p if p is past it (a newer epoch,
+// or a higher sequence in the same one).
+func (c *checkpoints) advance(ctx context.Context, name string, p store.Position) error {
+	return c.update(ctx, name, func(r *record) (bool, error) {
+		if !after(p, r.Position) {
+			return false, nil
+		}
+		if p.Epoch != r.Epoch {
+			r.held = nil // the stream they were read from is gone
+		}
+		r.Position = p
+		return true, nil
+	})
 }
 
 // isWrongSequence says whether err is a compare-and-set that lost.
@@ -93,6 +147,35 @@ func isWrongSequence(err error) bool {
 // sequence.
 func after(a, b store.Position) bool {
 	return a.Epoch > b.Epoch || a.Epoch == b.Epoch && a.Seq > b.Seq
+}
+
+// formatRecord is a record as the bucket keeps it: "<epoch>:<sequence>",
+// then, when counters are held, a line of their JSON.
+func formatRecord(r record) ([]byte, error) {
+	v := []byte(formatPosition(r.Position))
+	if len(r.held) == 0 {
+		return v, nil
+	}
+	held, err := json.Marshal(r.held)
+	if err != nil {
+		return nil, err
+	}
+	return append(append(v, '\n'), held...), nil
+}
+
+func parseRecord(v []byte) (record, error) {
+	first, rest, _ := bytes.Cut(v, []byte{'\n'})
+	p, err := parsePosition(string(first))
+	if err != nil {
+		return record{}, err
+	}
+	r := record{Position: p}
+	if len(rest) > 0 {
+		if err := json.Unmarshal(rest, &r.held); err != nil {
+			return record{}, fmt.Errorf("held counters: %w", err)
+		}
+	}
+	return r, nil
 }
 
 func formatPosition(p store.Position) string {

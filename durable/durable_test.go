@@ -68,19 +68,32 @@ type sidecar struct {
 
 func (e *env) start(t *testing.T, st durable.Store) sidecar {
 	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	s := e.run(t, ctx, st, nil)
+	t.Cleanup(cancel) // before run's wait, which the test's end runs first
+	return s
+}
+
+// run starts an engine on st, with the tests' settings as tune changes
+// them, that stops when ctx ends; the test waits for it at its end.
+func (e *env) run(t *testing.T, ctx context.Context, st durable.Store, tune func(*durable.Config)) sidecar {
+	t.Helper()
 	reg := prometheus.NewRegistry()
-	eng, err := durable.New(durable.Config{
+	cfg := durable.Config{
 		Stream: "MENTIONS", Subject: "mentions.>",
 		Interval: 100 * time.Millisecond, WriteTimeout: 2 * time.Second, Concurrency: 16,
 		Limits: ingest.Limits{MaxCount: 1000, MaxTopicBytes: 256},
-	}, e.nc, st, nil, zap.NewNop(), durable.NewMetrics(reg), ingest.NewMetrics(reg), time.Now)
+	}
+	if tune != nil {
+		tune(&cfg)
+	}
+	eng, err := durable.New(cfg, e.nc, st, nil, zap.NewNop(), durable.NewMetrics(reg), ingest.NewMetrics(reg), time.Now)
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	wg.Go(func() { _ = eng.Run(ctx) })
-	t.Cleanup(func() { cancel(); wg.Wait() })
+	done := make(chan struct{})
+	go func() { defer close(done); _ = eng.Run(ctx) }()
+	t.Cleanup(func() { <-done })
 	return sidecar{eng, reg}
 }
 

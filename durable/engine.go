@@ -66,6 +66,10 @@ type Config struct {
 	// Limits and DeadLetter are the ingest's checks of a message.
 	Limits     ingest.Limits
 	DeadLetter string
+	// QuarantineAfter is how long a counter's writes may be refused for
+	// good (store.Denied) before its mentions are held in its stream's
+	// checkpoint record, out of the window's way (0: never).
+	QuarantineAfter time.Duration
 }
 
 // Store is what the engine writes to: store.Write with a Span, applied
@@ -111,6 +115,9 @@ type Engine struct {
 	flushMu  sync.Mutex
 	doubt    map[key]job               // writes in doubt, sent again next flush (under flushMu)
 	advanced map[string]store.Position // checkpoints stored, per stream (under flushMu)
+	denied   map[key]time.Time         // since when each counter's writes are refused for good (under flushMu)
+	replayed time.Time                 // the last replay of the held counters (under flushMu)
+	held     heldSet
 
 	lastProgress atomic.Int64
 	failing      atomic.Bool
@@ -146,6 +153,7 @@ func New(cfg Config, nc *nats.Conn, st Store, owner Owner, log *zap.Logger, m *M
 	log = log.Named("durable")
 	e := &Engine{cfg: cfg, js: js, st: st, owner: owner, check: check, prefix: prefix, observers: observers,
 		log: log, metrics: m, now: now, win: newWindow(), doubt: make(map[key]job), advanced: make(map[string]store.Position),
+		denied: make(map[key]time.Time), held: heldSet{keys: make(map[key]bool)},
 		sampled: log.WithOptions(zap.WrapCore(func(c zapcore.Core) zapcore.Core {
 			return zapcore.NewSamplerWithOptions(c, time.Second, 1, 0)
 		}))}
@@ -234,7 +242,7 @@ func (e *Engine) follow(ctx context.Context, wg *sync.WaitGroup) {
 				e.log.Info("partition claimed", zap.Int("partition", p), zap.String("stream", e.streamName(p)))
 			}
 		}
-		e.metrics.partitions.Set(float64(len(readers)))
+		e.check.Partitions(max(e.cfg.Partitions, 1), len(readers))
 		var changed <-chan struct{}
 		if e.owner != nil {
 			changed = e.owner.Changed()
@@ -316,11 +324,21 @@ type Metrics struct {
 	retentionLost prometheus.Counter
 	backwards     prometheus.Counter
 	unadopted     prometheus.Counter
-	flushed       prometheus.Counter
 	checkpoint    prometheus.Gauge
-	partitions    prometheus.Gauge
 	oldest        prometheus.Gauge
 	maxAge        prometheus.Gauge
+	// The write stage's metrics, under the names the flusher gives them
+	// in core mode: dashboards and alerts (HotcountFlushStale,
+	// HotcountWritesInDoubt) read one set whatever the mode.
+	flushes     *prometheus.CounterVec
+	duration    prometheus.Histogram
+	flushed     prometheus.Counter
+	requeued    prometheus.Counter
+	lastSuccess prometheus.Gauge
+	pending     prometheus.Gauge
+	// The quarantine's, under the flusher's names too.
+	quarantined         prometheus.Counter
+	quarantinedMentions prometheus.Counter
 }
 
 // NewMetrics registers the engine's metrics with reg.
@@ -337,21 +355,36 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Readings refused because a stream's sequences went back below its checkpoint in the same epoch (a stream restored from a backup keeps its creation time): its new mentions would read as counted. Expected 0; see the log."}),
 		unadopted: prometheus.NewCounter(prometheus.CounterOpts{Name: "hotcount_durable_unadopted_total",
 			Help: "Readings refused because a stream the journal engine read has no checkpoint yet: run hotcount stream adopt. See the log."}),
-		flushed: prometheus.NewCounter(prometheus.CounterOpts{Name: "hotcount_durable_flushed_mentions_total",
-			Help: "Mentions this sidecar applied to the store."}),
 		checkpoint: prometheus.NewGauge(prometheus.GaugeOpts{Name: "hotcount_durable_checkpoint_sequence",
 			Help: "The last checkpoint this sidecar stored (a stream sequence)."}),
-		partitions: prometheus.NewGauge(prometheus.GaugeOpts{Name: "hotcount_durable_partitions",
-			Help: "Partition streams this sidecar reads."}),
 		oldest: prometheus.NewGauge(prometheus.GaugeOpts{Name: "hotcount_durable_oldest_unwritten_seconds",
 			Help: "Age of the oldest mention this sidecar has read and not yet written, or not yet read while it is behind its streams (0: none): once it passes the streams' max age, the stream drops mentions before they are counted."}),
 		maxAge: prometheus.NewGauge(prometheus.GaugeOpts{Name: "hotcount_durable_stream_max_age_seconds",
 			Help: "The shortest max age of the streams this sidecar reads (0: none): what hotcount_durable_oldest_unwritten_seconds must stay well under."}),
+		flushes: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "hotcount_flusher_flushes_total",
+			Help: "Flushes, by result: ok (everything written) or error (some deltas kept for the next flush)."}, []string{"result"}),
+		duration: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "hotcount_flusher_flush_seconds",
+			Help: "Time one flush took.", Buckets: prometheus.ExponentialBuckets(0.001, 4, 8)}),
+		flushed: prometheus.NewCounter(prometheus.CounterOpts{Name: "hotcount_flusher_flushed_mentions_total",
+			Help: "Mentions written to the store: the deltas of the topic totals this sidecar applied."}),
+		requeued: prometheus.NewCounter(prometheus.CounterOpts{Name: "hotcount_flusher_requeued_mentions_total",
+			Help: "Mentions whose write failed and went back to the window."}),
+		lastSuccess: prometheus.NewGauge(prometheus.GaugeOpts{Name: "hotcount_flusher_last_success_timestamp_seconds",
+			Help: "Time of the last flush that wrote everything it had."}),
+		pending: prometheus.NewGauge(prometheus.GaugeOpts{Name: "hotcount_flusher_pending_writes",
+			Help: "Writes in doubt (no answer), sent again unchanged each flush; their counters' newer deltas wait."}),
 	}
 	for _, o := range []string{"applied", "covered", "overlap", "in_doubt", "failed"} {
 		m.writes.WithLabelValues(o)
 	}
-	reg.MustRegister(m.writes, m.recounts, m.retentionLost, m.backwards, m.unadopted, m.flushed, m.checkpoint, m.partitions, m.oldest, m.maxAge)
+	m.quarantined = prometheus.NewCounter(prometheus.CounterOpts{Name: "hotcount_flusher_quarantined_writes_total",
+		Help: "Counters whose writes the store refused for good for --quarantine-after, held in their stream's checkpoint record until it takes them."})
+	m.quarantinedMentions = prometheus.NewCounter(prometheus.CounterOpts{Name: "hotcount_flusher_quarantined_mentions_total",
+		Help: "Mentions of topic totals held so (a bucket's repeat its total's): missing from the table until the store takes them."})
+	m.flushes.WithLabelValues("ok")
+	m.flushes.WithLabelValues("error")
+	reg.MustRegister(m.writes, m.recounts, m.retentionLost, m.backwards, m.unadopted, m.checkpoint, m.oldest, m.maxAge,
+		m.flushes, m.duration, m.flushed, m.requeued, m.lastSuccess, m.pending, m.quarantined, m.quarantinedMentions)
 	return m
 }
 

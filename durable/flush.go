@@ -28,6 +28,8 @@ type job struct {
 	k     key
 	e     entry
 	retry bool
+	// replay is the held entry this job writes (nil: a window's entry).
+	replay *heldEntry
 }
 
 // result is a job's outcome, with the entry it ended with (a recount
@@ -42,19 +44,32 @@ type result struct {
 // counter's one item (shard 0), carrying the stream positions its delta
 // covers. Writes in doubt from the last flush go again unchanged, and a
 // counter's newer entry waits behind its write in doubt, so that no
-// later span of this process lands before an earlier one. What is not
-// written goes back to the window. Then each stream's checkpoint moves to
-// below the first sequence not yet in the store.
+// later span of this process lands before an earlier one. Held counters'
+// entries go to their record, and every replayInterval the held entries
+// are tried again. What is not written goes back to the window. Then each
+// stream's record moves past what is in the store or held.
 func (e *Engine) Flush(ctx context.Context) error {
 	e.flushMu.Lock()
 	defer e.flushMu.Unlock()
+	start := e.now()
 	d := e.win.drain()
 	d.counters = split(d.counters, e.cfg.Minutes, e.cfg.Hours)
 	jobs := make([]job, 0, len(d.counters)+len(e.doubt))
 	back := make(map[key]*entry)
+	ch := make(map[stream]*changes)
+	changesOf := func(s stream) *changes {
+		if ch[s] == nil {
+			ch[s] = &changes{hold: make(map[key]*entry), reasons: make(map[key]string), released: make(map[store.Counter]heldEntry)}
+		}
+		return ch[s]
+	}
 	for k, ent := range d.counters {
 		if _, waiting := e.doubt[k]; waiting {
 			back[k] = ent
+			continue
+		}
+		if e.held.has(k) {
+			changesOf(k.s).hold[k] = ent
 			continue
 		}
 		jobs = append(jobs, job{k: k, e: *ent})
@@ -62,23 +77,39 @@ func (e *Engine) Flush(ctx context.Context) error {
 	for _, j := range e.doubt {
 		jobs = append(jobs, j)
 	}
+	jobs = append(jobs, e.replays(ctx)...)
 	results := e.sendAll(ctx, jobs)
 	var first error
 	var wrote, attempted int
 	observed := make(map[store.Counter]int64)
 	for _, r := range results {
+		if r.replay != nil {
+			if r.out == applied || r.out == covered {
+				changesOf(r.k.s).released[r.k.c] = *r.replay
+				observed[r.k.c] += r.e.delta * b2i(r.out == applied)
+			}
+			continue // else it stays held, and is tried again
+		}
 		delete(e.doubt, r.k)
 		attempted++
 		switch r.out {
 		case applied:
 			wrote++
 			observed[r.k.c] += r.e.delta
+			delete(e.denied, r.k)
 		case covered:
 			wrote++
+			delete(e.denied, r.k)
 		case inDoubt:
 			r.retry = true
 			e.doubt[r.k] = r.job
 		case failed:
+			if e.refused(r.k, r.err) {
+				c := changesOf(r.k.s)
+				ent := r.e
+				c.hold[r.k], c.reasons[r.k] = &ent, r.err.Error()
+				continue
+			}
 			if prev, ok := back[r.k]; ok {
 				prev.merge(r.e)
 			} else {
@@ -88,21 +119,37 @@ func (e *Engine) Flush(ctx context.Context) error {
 			if first == nil {
 				first = r.err
 			}
+			if r.k.c.Kind == store.Total {
+				e.metrics.requeued.Add(float64(r.e.delta))
+			}
 		}
 	}
-	e.win.giveBack(back)
 	e.observe(observed)
 	e.progress(attempted, wrote)
-	e.checkpoint(ctx, d.read, back)
+	e.checkpoint(ctx, d.read, back, ch)
+	e.win.giveBack(back)
 	e.retention(back)
 	e.flushed.fire()
-	if first != nil {
-		return first
+	e.metrics.pending.Set(float64(len(e.doubt)))
+	e.metrics.duration.Observe(e.now().Sub(start).Seconds())
+	err := first
+	if err == nil && len(e.doubt) > 0 {
+		err = errors.New("durable: writes in doubt, sent again next flush")
 	}
-	if len(e.doubt) > 0 {
-		return errors.New("durable: writes in doubt, sent again next flush")
+	if err != nil {
+		e.metrics.flushes.WithLabelValues("error").Inc()
+		return err
 	}
+	e.metrics.flushes.WithLabelValues("ok").Inc()
+	e.metrics.lastSuccess.Set(float64(e.now().UnixNano()) / 1e9)
 	return nil
+}
+
+func b2i(b bool) int64 {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // sendAll sends the jobs, at most Concurrency at once, and returns their
@@ -173,10 +220,21 @@ func (e *Engine) add(ctx context.Context, j job) error {
 	}, e.now())
 }
 
-// checkpoint moves each stream's checkpoint to the last sequence the
+// checkpoint moves each stream's record: its sequence to the last the
 // flush had read, or to just below the first sequence of an entry still
-// unwritten (back in the window, or in doubt), whichever is lower.
-func (e *Engine) checkpoint(ctx context.Context, read map[stream]uint64, back map[key]*entry) {
+// unwritten (back in the window, or in doubt), whichever is lower; its
+// held counters as the flush held and released them, in the same
+// compare-and-set. An entry that could not be held goes back (into back,
+// which the caller returns to the window) and holds the sequence.
+func (e *Engine) checkpoint(ctx context.Context, read map[stream]uint64, back map[key]*entry, ch map[stream]*changes) {
+	for s, c := range ch { // what cannot be held lowers the sequence below
+		if _, ok := read[s]; !ok {
+			for k, ent := range c.hold {
+				back[k] = ent
+			}
+			c.hold = nil
+		}
+	}
 	low := make(map[stream]uint64, len(read))
 	for s, n := range read {
 		low[s] = n
@@ -194,18 +252,79 @@ func (e *Engine) checkpoint(ctx context.Context, read map[stream]uint64, back ma
 	}
 	for s, n := range low {
 		p := store.Position{Epoch: s.epoch, Seq: n}
-		if !after(p, e.advanced[s.name]) {
+		c := ch[s]
+		if !after(p, e.advanced[s.name]) && c == nil {
 			continue
 		}
-		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		err := e.ckpt.advance(cctx, s.name, p)
+		var kept map[key]*entry
+		stored := p
+		cctx, cancel := context.WithTimeout(ctx, 30*time.Second) // a hold may recount
+		err := e.ckpt.update(cctx, s.name, func(r *record) (bool, error) {
+			if r.Epoch > s.epoch {
+				return false, nil // a newer stream's: nothing of this one counts there
+			}
+			if r.Epoch < s.epoch {
+				*r = record{Position: store.Position{Epoch: s.epoch}}
+			}
+			stored = p
+			if c != nil {
+				kept = e.apply(cctx, r, *c)
+				for _, ent := range kept { // not held: the sequence stays below it
+					stored.Seq = min(stored.Seq, ent.first-1)
+				}
+			}
+			if after(stored, r.Position) {
+				r.Position = stored
+			}
+			return true, nil
+		})
 		cancel()
 		if err != nil {
 			e.sampled.Warn("checkpoint not stored; the next flush tries again", zap.String("stream", s.name), zap.Error(err))
+			if c != nil {
+				for k, ent := range c.hold {
+					back[k] = ent
+				}
+			}
 			continue
 		}
-		e.advanced[s.name] = p
-		e.metrics.checkpoint.Set(float64(n))
+		e.settled(s, c, kept, back)
+		if after(stored, e.advanced[s.name]) {
+			e.advanced[s.name] = stored
+			e.metrics.checkpoint.Set(float64(stored.Seq))
+		}
+	}
+}
+
+// settled notes a stored record's changes: held counters are held here
+// from now on (their next entries go to the record), released ones are
+// not, and entries the record could not take go back to the window.
+func (e *Engine) settled(s stream, c *changes, kept map[key]*entry, back map[key]*entry) {
+	if c == nil {
+		return
+	}
+	for counter := range c.released {
+		e.held.set(key{s, counter}, false)
+		e.log.Info("a held counter is in the store now", zap.String("stream", s.name), zap.String("counter", counter.Name()))
+	}
+	for k, ent := range c.hold {
+		if _, ok := kept[k]; ok {
+			back[k] = ent
+			continue
+		}
+		e.held.set(k, true)
+		if k.c.Kind == store.Total {
+			e.metrics.quarantinedMentions.Add(float64(ent.delta))
+		}
+		reason, refused := c.reasons[k]
+		if !refused {
+			continue // a held counter's later mentions, held with it
+		}
+		delete(e.denied, k)
+		e.metrics.quarantined.Inc()
+		e.log.Error("writes refused for good: the counter's mentions are held in its stream's checkpoint, and written once the store takes them",
+			zap.String("stream", s.name), zap.String("counter", k.c.Name()), zap.Uint64("first", ent.first), zap.Uint64("last", ent.last),
+			zap.String("reason", reason))
 	}
 }
 

@@ -157,9 +157,10 @@ func (e *Engine) start(ctx context.Context, p int) (stream, uint64, error) {
 		return stream{}, 0, fmt.Errorf("stream %s's sequences went back (last %d, below the checkpoint %d in the same epoch): restored from a backup? Its new mentions would read as counted; not reading it (docs/SEMANTICS.md, \"A stream created again\")",
 			s.name, info.State.LastSeq, cp.Seq)
 	}
-	if err := e.notJournaled(ctx, st, s, cp); err != nil {
+	if err := e.notJournaled(ctx, st, s, cp.Position); err != nil {
 		return stream{}, 0, err
 	}
+	e.adopt(s, cp)
 	next := e.win.resume(s) + 1
 	if next == 1 && cp.Epoch == s.epoch {
 		next = cp.Seq + 1

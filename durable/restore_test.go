@@ -16,11 +16,7 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/prometheus/client_golang/prometheus"
-	"go.uber.org/zap"
 
-	"github.com/hotcount/hotcount/durable"
-	"github.com/hotcount/hotcount/ingest"
 	"github.com/hotcount/hotcount/internal/embeddednats"
 
 	"github.com/hotcount/hotcount/internal/testenv"
@@ -121,7 +117,7 @@ func TestRestoredStreamIsRefused(t *testing.T) {
 	})
 
 	ctx, cancel := context.WithCancel(context.Background())
-	s := e.startCtx(t, ctx)
+	s := e.run(t, ctx, e.store(e.db.Endpoint), nil)
 	e.publish(t, 50, 1, want) // sequences 51..100
 	e.exact(t, want)
 	testenv.Eventually(t, 10*time.Second, func() error {
@@ -172,24 +168,6 @@ func TestRestoredStreamIsRefused(t *testing.T) {
 	if got["topic-0"] != 100 {
 		t.Errorf("topic-0: %d, want the 100 counted before the restore", got["topic-0"])
 	}
-}
-
-// startCtx is start with a sidecar that stops when ctx ends.
-func (e *env) startCtx(t *testing.T, ctx context.Context) sidecar {
-	t.Helper()
-	reg := prometheus.NewRegistry()
-	eng, err := durable.New(durable.Config{
-		Stream: "MENTIONS", Subject: "mentions.>",
-		Interval: 100 * time.Millisecond, WriteTimeout: 2 * time.Second, Concurrency: 16,
-		Limits: ingest.Limits{MaxCount: 1000, MaxTopicBytes: 256},
-	}, e.nc, e.store(e.db.Endpoint), nil, zap.NewNop(), durable.NewMetrics(reg), ingest.NewMetrics(reg), time.Now)
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan struct{})
-	go func() { defer close(done); _ = eng.Run(ctx) }()
-	t.Cleanup(func() { <-done })
-	return sidecar{eng, reg}
 }
 
 // restart starts a server again on port and dir (the one before it has

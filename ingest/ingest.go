@@ -560,3 +560,10 @@ func (k *Checker) Check(subject string, data []byte, hdr nats.Header, published 
 
 // Accepted counts an accepted message of delta mentions.
 func (k *Checker) Accepted(delta int64) { k.c.accepted(delta) }
+
+// Partitions sets the partition gauges: of partitions in all (the one
+// stream of jetstream mode is one), owned are read by this sidecar.
+func (k *Checker) Partitions(partitions, owned int) {
+	k.c.metrics.configured.Set(float64(partitions))
+	k.c.metrics.partitions.Set(float64(owned))
+}

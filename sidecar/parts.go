@@ -283,6 +283,7 @@ func (s *Sidecar) engine(p *parts, observers []flusher.Observer) error {
 		DeadLetter: cfg.DeadLetterSubject,
 		// A stream the journal engine read waits for hotcount stream adopt.
 		JournalConsumer: cfg.Consumer,
+		QuarantineAfter: cfg.QuarantineAfter,
 	}
 	if cfg.NATSMode == config.ModePartitioned {
 		dcfg.Partitions = cfg.Partitions

@@ -187,7 +187,7 @@ func TestSIGKILLLosesNothing(t *testing.T) {
 	}
 	defer stop() //nolint:errcheck // test teardown
 	args := []string{"--nats-mode", "jetstream", "--nats-url", ns.ClientURL(), "--dynamodb-endpoint", endpoint,
-		"--table", table, "--flush-interval", "300ms", "--flush-timeout", "1s", "--ack-wait", "10s", "--log-level", "warn",
+		"--table", table, "--flush-interval", "300ms", "--flush-timeout", "1s", "--ack-wait", "10s", "--log-level", "warn", "--durable-engine", "journal",
 		"--windows", "1m,1h"} // time buckets on: their counts must survive the kills too
 
 	ctx, cancel := context.WithCancel(context.Background())

@@ -84,7 +84,7 @@ func frozenRun(t *testing.T, mode string) {
 	var frozen, other *child
 	testenv.Eventually(t, 60*time.Second, func() error {
 		for i, c := range kids {
-			if c.metric(t, "hotcount_durable_partitions") > 0 && c.metric(t, "hotcount_durable_flushed_mentions_total") > 0 {
+			if c.metric(t, "hotcount_ingest_partitions_owned") > 0 && c.metric(t, "hotcount_flusher_flushed_mentions_total") > 0 {
 				frozen, other = c, kids[1-i]
 				return nil
 			}
@@ -95,7 +95,7 @@ func frozenRun(t *testing.T, mode string) {
 		t.Fatal(err)
 	}
 	testenv.Eventually(t, 30*time.Second, func() error {
-		if n := other.metric(t, "hotcount_durable_partitions"); n != float64(l.Partitions) {
+		if n := other.metric(t, "hotcount_ingest_partitions_owned"); n != float64(l.Partitions) {
 			return fmt.Errorf("the other reads %v of %d partitions", n, l.Partitions)
 		}
 		return nil
@@ -264,7 +264,7 @@ func positionCluster(t *testing.T, mode string) {
 	reading := func() error {
 		var n float64
 		for _, c := range fleet {
-			n += c.metric(t, "hotcount_durable_partitions")
+			n += c.metric(t, "hotcount_ingest_partitions_owned")
 		}
 		if want := max(layout.Partitions, 1); n != float64(want) {
 			return fmt.Errorf("the fleet reads %v of %d partitions", n, want)
@@ -278,7 +278,7 @@ func positionCluster(t *testing.T, mode string) {
 	testenv.Eventually(t, time.Minute, func() error { // every partition is being read, from its start
 		var n float64
 		for _, c := range fleet {
-			n += c.metric(t, "hotcount_durable_flushed_mentions_total")
+			n += c.metric(t, "hotcount_flusher_flushed_mentions_total")
 		}
 		if n < 1_000 {
 			return fmt.Errorf("the fleet has written %v mentions", n)
@@ -301,7 +301,7 @@ func positionCluster(t *testing.T, mode string) {
 	node := cl.Node(info.Cluster.Leader)
 	victim := -1
 	for i, c := range fleet {
-		if c.metric(t, "hotcount_durable_partitions") > 0 {
+		if c.metric(t, "hotcount_ingest_partitions_owned") > 0 {
 			victim = i
 		}
 	}
@@ -379,7 +379,7 @@ func TestStreamAdopt(t *testing.T) {
 	}
 	exact := func(want map[string]int64) func() error { return tableHolds(t, d, table, want) }
 	want := map[string]int64{}
-	old := startChild(t, args...)
+	old := startChild(t, append(args, "--durable-engine", "journal")...)
 	publish(3_000, 1, want)
 	testenv.Eventually(t, time.Minute, exact(want))
 	if err := old.cmd.Process.Signal(syscall.SIGTERM); err != nil {

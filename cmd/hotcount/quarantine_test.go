@@ -53,7 +53,7 @@ func TestQuarantinePoisonTopic(t *testing.T) {
 	}
 	defer stop() //nolint:errcheck // test teardown
 	proxy.Deny(ddbfault.Denial{Keys: ddbfault.TopicKeys("poison"), Status: 403, Type: "AccessDeniedException"})
-	settings := []string{"--nats-mode", "jetstream", "--nats-url", ns.ClientURL(), "--dynamodb-endpoint", endpoint, "--table", table}
+	settings := []string{"--nats-mode", "jetstream", "--durable-engine", "journal", "--nats-url", ns.ClientURL(), "--dynamodb-endpoint", endpoint, "--table", table}
 	c := startChild(t, append(settings, "--flush-interval", "100ms", "--quarantine-after", "3s", "--windows", "1m,1h", "--log-level", "warn")...)
 
 	ctx := context.Background()

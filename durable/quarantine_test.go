@@ -1,0 +1,72 @@
+package durable_test
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/hotcount/hotcount/durable"
+	"github.com/hotcount/hotcount/internal/testenv"
+	"github.com/hotcount/hotcount/store"
+)
+
+// denier refuses for good (store.ErrDenied, as an IAM condition on some
+// keys does) every write of one topic while on.
+type denier struct {
+	durable.Store
+	topic string
+	on    atomic.Bool
+}
+
+func (d *denier) Add(ctx context.Context, w store.Write, now time.Time) error {
+	if d.on.Load() && w.Counter.Topic == d.topic {
+		return fmt.Errorf("AccessDeniedException on %s: %w", d.topic, store.ErrDenied)
+	}
+	return d.Store.Add(ctx, w, now)
+}
+
+// A counter the store refuses for good is held in its stream's checkpoint
+// record: the other topics are written, the checkpoint passes it (it
+// holds back neither the stream's retention nor a restart), and a sidecar
+// that starts from that checkpoint, whose store takes the counter, writes
+// what is held and what it reads after it: exact, nothing lost between
+// the held span and its own (it sends its mentions of the held counter to
+// the record, not to the item, which would then claim the held ones).
+func TestRefusedCounterIsHeldThenWritten(t *testing.T) {
+	e := setup(t)
+	want := map[string]int64{}
+	d := &denier{Store: e.store(e.db.Endpoint), topic: "topic-0"}
+	d.on.Store(true)
+	ctx, stop := context.WithCancel(context.Background())
+	quarantine := func(c *durable.Config) { c.QuarantineAfter = 300 * time.Millisecond }
+	a := e.run(t, ctx, d, quarantine)
+	e.publish(t, 1_000, 10, want) // sequences 1..1000, 100 of topic-0
+	others := make(map[string]int64)
+	for topic, n := range want {
+		if topic != d.topic {
+			others[topic] = n
+		}
+	}
+	e.exact(t, others)
+	testenv.Eventually(t, 30*time.Second, func() error {
+		if n := testenv.Metric(t, a.reg, "hotcount_durable_checkpoint_sequence"); n != 1_000 {
+			return fmt.Errorf("checkpoint at %v, want 1000: past the held counter", n)
+		}
+		return nil
+	})
+	if n := testenv.Metric(t, a.reg, "hotcount_flusher_quarantined_mentions_total"); n != 100 {
+		t.Errorf("hotcount_flusher_quarantined_mentions_total %v, want topic-0's 100", n)
+	}
+	stop()
+
+	bctx, stopB := context.WithCancel(context.Background())
+	b := e.run(t, bctx, e.store(e.db.Endpoint), quarantine)
+	t.Cleanup(stopB)
+	e.publish(t, 500, 10, want) // sequences 1001..1500, 50 more of topic-0
+	e.exact(t, want)
+	if n := testenv.Metric(t, b.reg, "hotcount_flusher_quarantined_writes_total"); n != 0 {
+		t.Errorf("the second sidecar held %v counters, with a store that takes them", n)
+	}
+}
