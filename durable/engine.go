@@ -102,7 +102,7 @@ type Engine struct {
 	check     *ingest.Checker
 	prefix    string
 	observers []Observer
-	reader    Reader // nil: none
+	view      view
 	log       *zap.Logger
 	sampled   *zap.Logger
 	metrics   *Metrics
@@ -395,7 +395,7 @@ type Reader interface {
 }
 
 // TellWrites has r told of each total that lands. Call it before Run.
-func (e *Engine) TellWrites(r Reader) { e.reader = r }
+func (e *Engine) TellWrites(r Reader) { e.view.reader = r }
 
 // Ready says whether the engine reads its partitions.
 func (e *Engine) Ready() error {
@@ -405,13 +405,17 @@ func (e *Engine) Ready() error {
 	return nil
 }
 
-// Read calls read with topic's mentions read by this sidecar and not yet
-// sent to the store (include=pending). Writes on their way are left out:
-// a total gathered meanwhile may or may not hold them.
+// Read calls read with topic's mentions read by this sidecar and not in
+// the reader's totals: in the window, held by a flush, or in writes on
+// their way or in doubt, as a total gathered at gatheredAt can hold them
+// (the view).
 func (e *Engine) Read(topic string, read func(pending func(gatheredAt time.Time) int64)) {
-	n := e.win.pending(topic, store.Minute.Index(e.now()))
-	read(func(time.Time) int64 { return n })
+	e.view.read(topic, func() int64 { return e.win.pending(topic, store.Minute.Index(e.now())) }, read)
 }
+
+// Sending says whether a write of topic's total is on its way to the
+// store: a total read now may or may not include it (lookup.Writer).
+func (e *Engine) Sending(topic string) bool { return e.view.onItsWay(topic) }
 
 // EndBy is the shutdown's deadline for the final flush: the engine needs
 // none (what it does not write, the next reader reads again).

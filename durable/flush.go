@@ -52,7 +52,8 @@ func (e *Engine) Flush(ctx context.Context) error {
 	e.flushMu.Lock()
 	defer e.flushMu.Unlock()
 	start := e.now()
-	d := e.win.drain()
+	var d drained
+	e.view.take(func() map[key]*entry { d = e.win.drain(); return d.counters })
 	d.counters = split(d.counters, e.cfg.Minutes, e.cfg.Hours)
 	jobs := make([]job, 0, len(d.counters)+len(e.doubt))
 	back := make(map[key]*entry)
@@ -127,7 +128,7 @@ func (e *Engine) Flush(ctx context.Context) error {
 	e.observe(observed)
 	e.progress(attempted, wrote)
 	e.checkpoint(ctx, d.read, back, ch)
-	e.win.giveBack(back)
+	e.view.settle(func() { e.win.giveBack(back) })
 	e.retention(back)
 	e.flushed.fire()
 	e.metrics.pending.Set(float64(len(e.doubt)))
@@ -175,36 +176,41 @@ func (e *Engine) sendAll(ctx context.Context, jobs []job) []result {
 func (e *Engine) send(ctx context.Context, j job) result {
 	for range 3 {
 		sent := e.now()
+		e.view.sending(j, sent)
 		err := e.add(ctx, j)
 		var overlap *store.OverlapError
 		switch {
 		case err == nil:
 			e.metrics.writes.WithLabelValues("applied").Inc()
-			if e.reader != nil && j.k.c.Kind == store.Total {
-				e.reader.Wrote(j.k.c.Topic, j.e.delta, sent, e.now())
-			}
+			e.view.answered(j, applied, sent, e.now())
 			return result{job: j, out: applied}
 		case errors.Is(err, store.ErrCovered):
 			e.metrics.writes.WithLabelValues("covered").Inc()
+			e.view.answered(j, covered, sent, e.now())
 			return result{job: j, out: covered}
 		case errors.Is(err, store.ErrAmbiguous):
 			e.metrics.writes.WithLabelValues("in_doubt").Inc()
+			e.view.answered(j, inDoubt, sent, e.now())
 			return result{job: j, out: inDoubt, err: err}
 		case !errors.As(err, &overlap):
 			e.metrics.writes.WithLabelValues("failed").Inc()
+			e.view.answered(j, failed, sent, e.now())
 			return result{job: j, out: failed, err: err}
 		}
 		e.metrics.writes.WithLabelValues("overlap").Inc()
 		rest, err := e.recount(ctx, j.k, overlap.Recorded.Seq+1, j.e.last)
 		if err != nil {
+			e.view.answered(j, failed, sent, e.now())
 			return result{job: j, out: failed, err: err}
 		}
 		if rest.delta == 0 {
+			e.view.answered(j, covered, sent, e.now())
 			return result{job: j, out: covered}
 		}
 		rest.since = j.e.since
-		j = job{k: j.k, e: rest}
+		j = job{k: j.k, e: rest, replay: j.replay}
 	}
+	e.view.answered(j, failed, time.Time{}, e.now())
 	return result{job: j, out: failed, err: errors.New("durable: the item's position kept moving under the write")}
 }
 

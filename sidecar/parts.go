@@ -297,6 +297,7 @@ func (s *Sidecar) engine(p *parts, observers []flusher.Observer) error {
 		return err
 	}
 	eng.TellWrites(p.lk)
+	p.lk.WatchWrites(eng)
 	p.eng, p.out, p.sub = eng, eng, eng
 	p.runs = append(p.runs, eng.Run)
 	return nil
