@@ -101,6 +101,9 @@ func (e *Engine) Flush(ctx context.Context) error {
 		case covered:
 			wrote++
 			delete(e.denied, r.k)
+			if r.retry { // in doubt, found in the store: that was this write
+				observed[r.k.c] += r.e.delta
+			}
 		case inDoubt:
 			r.retry = true
 			e.doubt[r.k] = r.job

@@ -84,7 +84,7 @@ func (e *Engine) counts(c store.Counter, msg jetstream.Msg, published time.Time)
 		subject = streams.Unstored(subject)
 	}
 	topic, delta, at, err := ingest.Judge(e.prefix, subject, msg.Data(), published, e.cfg.Limits)
-	if err != nil || !e.countsIn(c, topic, at) {
+	if err != nil || ingest.Probe(msg.Headers()) || !e.countsIn(c, topic, at) {
 		return 0
 	}
 	return delta

@@ -548,6 +548,9 @@ func NewChecker(nc *nats.Conn, cfg Config, log *zap.Logger, m *Metrics) (*Checke
 // published), or ok false after rejecting it: the judgement is Judge's, a
 // function of the message and its stream timestamp alone.
 func (k *Checker) Check(subject string, data []byte, hdr nats.Header, published time.Time) (topic string, delta int64, at time.Time, ok bool) {
+	if Probe(hdr) {
+		return "", 0, time.Time{}, false // no mention, and no error either
+	}
 	topic, delta, at, reason := k.c.check(subject, data, hdr, published)
 	if reason != "" {
 		return "", 0, time.Time{}, false
@@ -557,6 +560,10 @@ func (k *Checker) Check(subject string, data []byte, hdr nats.Header, published 
 	}
 	return topic, delta, at, true
 }
+
+// Probe says whether a message with headers hdr is a probe (hotcount
+// stream create's, hotcount load's): read, never counted.
+func Probe(hdr nats.Header) bool { return hdr.Get(streams.ProbeHeader) != "" }
 
 // Accepted counts an accepted message of delta mentions.
 func (k *Checker) Accepted(delta int64) { k.c.accepted(delta) }

@@ -36,6 +36,14 @@ func partitionsIdle(t *testing.T, url string, cfg config.Config, timeout time.Du
 	if err != nil {
 		t.Fatal(err)
 	}
+	if cfg.Positional() {
+		names := make([]string, cfg.Partitions)
+		for p := range names {
+			names[p] = streams.Layout{Stream: cfg.Stream, Partitions: cfg.Partitions}.Name(p)
+		}
+		testenv.Checkpointed(t, url, names, timeout)
+		return
+	}
 	testenv.Eventually(t, timeout, func() error {
 		for p := range cfg.Partitions {
 			c, err := js.Consumer(context.Background(), streams.Layout{Stream: cfg.Stream, Partitions: cfg.Partitions}.Name(p), cfg.Consumer)

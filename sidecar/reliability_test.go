@@ -477,6 +477,7 @@ func TestReliabilityShutdownStoreDownJetStream(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			e := newFaultEnv(t, &ddbfault.Config{}, func(c *config.Config) {
 				c.NATSMode = config.ModeJetStream
+				c.DurableEngine = config.EngineJournal // its journal, replayed
 				c.FlushInterval = time.Hour
 				c.DrainTimeout = time.Second
 				c.ShutdownTimeout = 3 * time.Second
@@ -502,7 +503,7 @@ func TestReliabilityShutdownStoreDownJetStream(t *testing.T) {
 				}
 				return nil
 			})
-			consumerIdle(t, e.nats)
+			consumerIdle(t, e)
 			if err := second.stop(); err != nil {
 				t.Fatal(err)
 			}

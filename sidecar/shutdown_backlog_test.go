@@ -73,6 +73,7 @@ func TestSIGTERMWithBacklogJetStream(t *testing.T) {
 	e := newFaultEnv(t, &ddbfault.Config{}, func(c *config.Config) {
 		backlogConfig(c)
 		c.NATSMode = config.ModeJetStream
+		c.DurableEngine = config.EngineJournal // its acknowledgements and journal at shutdown
 		// Room for the whole backlog, and a window of it below half
 		// (aggregator.WithMaxHeld): it is held until SIGTERM, not flushed.
 		c.MaxAckPending = 4 * backlogTopics
@@ -101,7 +102,7 @@ func TestSIGTERMWithBacklogJetStream(t *testing.T) {
 	// The first left the journal at exit: the second replays its entries
 	// at its next look (journal.ReplayEvery).
 	inTable(t, e, rep.Mentions, 3*journal.ReplayEvery)
-	consumerIdle(t, e.nats)
+	consumerIdle(t, e)
 	delivered := testenv.Metric(t, second.sc.Registry(), "hotcount_ingest_events_total")
 	if err := second.stop(); err != nil {
 		t.Fatal(err)

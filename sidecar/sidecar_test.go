@@ -265,8 +265,16 @@ func TestOutageLosesNothing(t *testing.T) {
 	}
 }
 
-func consumerIdle(t *testing.T, url string) {
-	testenv.ConsumerIdle(t, url, "MENTIONS", "hotcount", 30*time.Second)
+// consumerIdle waits until e's sidecars have written every mention
+// the stream stores: the consumer idle with the journal engine, the
+// checkpoint at the stream's end with the position engine.
+func consumerIdle(t *testing.T, e *env) {
+	t.Helper()
+	if e.cfg.Positional() {
+		testenv.Checkpointed(t, e.nats, []string{e.cfg.Stream}, 30*time.Second)
+		return
+	}
+	testenv.ConsumerIdle(t, e.nats, e.cfg.Stream, e.cfg.Consumer, 30*time.Second)
 }
 
 // TestJetStreamConservation: in JetStream mode every published mention is
@@ -278,7 +286,7 @@ func TestJetStreamConservation(t *testing.T) {
 	})
 	ones := publish(t, e.nats, loadgen.Config{Prefix: "mentions.", Topics: 200, Zipf: 1.3, Messages: 20_000, Count: 1, Seed: 6, JetStream: true})
 	fives := publish(t, e.nats, loadgen.Config{Prefix: "mentions.", Topics: 20, Messages: 1_000, Count: 5, Seed: 7, JetStream: true})
-	consumerIdle(t, e.nats)
+	consumerIdle(t, e)
 	if err := e.stop(); err != nil {
 		t.Fatalf("shutdown: %v", err)
 	}
@@ -309,8 +317,8 @@ func TestJetStreamSurvivesNATSRestart(t *testing.T) {
 	})
 	first := publish(t, e.nats, loadgen.Config{Prefix: "mentions.", Topics: 50, Messages: 10_000, Count: 1, Seed: 8, JetStream: true})
 	testenv.Eventually(t, 10*time.Second, func() error {
-		if h := testenv.Metric(t, e.sc.Registry(), "hotcount_aggregator_held_messages"); h == 0 {
-			return errors.New("no message held yet")
+		if h := testenv.Metric(t, e.sc.Registry(), "hotcount_ingest_events_total"); h == 0 {
+			return errors.New("no message read yet")
 		}
 		return nil
 	})
@@ -320,7 +328,7 @@ func TestJetStreamSurvivesNATSRestart(t *testing.T) {
 	e.ns = testenv.RestartNATS(t, e.ns)
 	testenv.Subscribed(t, e.sc.AdminAddr(), 20*time.Second)
 	second := publish(t, e.nats, loadgen.Config{Prefix: "mentions.", Topics: 50, Messages: 10_000, Count: 1, Seed: 9, JetStream: true})
-	consumerIdle(t, e.nats)
+	consumerIdle(t, e)
 	if err := e.stop(); err != nil {
 		t.Fatalf("shutdown: %v", err)
 	}
@@ -394,7 +402,7 @@ func TestHostileInput(t *testing.T) {
 		must(err)
 		valid++
 	}
-	consumerIdle(t, e.nats)
+	consumerIdle(t, e)
 	must(e.probe("/readyz"))
 
 	reasons := map[string]int{}

@@ -43,6 +43,7 @@ func TestSIGTERMDuringStartReturns(t *testing.T) {
 	cfg := config.Default()
 	cfg.NATSURL = ns.ClientURL()
 	cfg.NATSMode = config.ModeJetStream
+	cfg.DurableEngine = config.EngineJournal // the journal opens at start; the position engine starts without JetStream and waits in the background
 	cfg.Store = config.StoreBolt
 	cfg.DataDir = t.TempDir()
 	cfg.HTTPAddr, cfg.AdminAddr = "127.0.0.1:0", "127.0.0.1:0"

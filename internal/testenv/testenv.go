@@ -457,6 +457,43 @@ func ConsumerIdle(t testing.TB, url, stream, consumer string, timeout time.Durat
 	})
 }
 
+// Checkpointed waits until every stream in streams has a position
+// engine checkpoint (in its bucket, hotcount_checkpoints) at its last
+// sequence, in its epoch: every mention it stores is in the store (or
+// held in the checkpoint). It is ConsumerIdle for --durable-engine
+// position.
+func Checkpointed(t testing.TB, url string, streams []string, timeout time.Duration) {
+	t.Helper()
+	js, err := jetstream.New(Connect(t, url))
+	if err != nil {
+		t.Fatal(err)
+	}
+	Eventually(t, timeout, func() error {
+		ctx := context.Background()
+		kv, err := js.KeyValue(ctx, "hotcount_checkpoints")
+		if err != nil {
+			return err
+		}
+		for _, name := range streams {
+			st, err := js.Stream(ctx, name)
+			if err != nil {
+				return err
+			}
+			info := st.CachedInfo()
+			e, err := kv.Get(ctx, name)
+			if err != nil {
+				return fmt.Errorf("%s: checkpoint: %w", name, err)
+			}
+			first, _, _ := strings.Cut(string(e.Value()), "\n")
+			want := fmt.Sprintf("%d:%d", info.Created.UnixMicro(), info.State.LastSeq)
+			if first != want {
+				return fmt.Errorf("%s: checkpoint %s, want %s", name, first, want)
+			}
+		}
+		return nil
+	})
+}
+
 // Clock is a settable time for code that takes a clock: pass Now, move it
 // with Add. It is safe for concurrent use.
 type Clock struct {
