@@ -2,9 +2,14 @@ package durable
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/zap"
 
 	"github.com/hotcount/hotcount/store"
@@ -202,4 +207,45 @@ func (e *Engine) join(ctx context.Context, k key, cur heldEntry, ent entry) (hel
 	}
 	cur.Delta, cur.First, cur.Last = sum, min(cur.First, ent.first), max(cur.Last, ent.last)
 	return cur, nil
+}
+
+// Held is one counter held in a stream's checkpoint record, for
+// `hotcount quarantine list`.
+type Held struct {
+	Stream  string    `json:"stream"`
+	Counter string    `json:"counter"` // store.Counter.Name
+	Topic   string    `json:"topic"`
+	Delta   int64     `json:"delta"`
+	First   uint64    `json:"first"`
+	Last    uint64    `json:"last"`
+	Reason  string    `json:"reason"`
+	Since   time.Time `json:"since"`
+}
+
+// HeldIn lists the counters held in the checkpoint records of streams
+// (bucket "": the default), by stream.
+func HeldIn(ctx context.Context, js jetstream.JetStream, bucket string, streams []string) ([]Held, error) {
+	if bucket == "" {
+		bucket = DefaultCheckpointBucket
+	}
+	kv, err := js.KeyValue(ctx, bucket)
+	if errors.Is(err, jetstream.ErrBucketNotFound) {
+		return nil, nil // no engine has run: nothing held
+	}
+	if err != nil {
+		return nil, fmt.Errorf("durable: checkpoint bucket %s: %w", bucket, err)
+	}
+	c := &checkpoints{kv: kv}
+	var out []Held
+	for _, name := range streams {
+		r, _, err := c.load(ctx, name)
+		if err != nil {
+			return nil, err
+		}
+		for _, h := range slices.SortedFunc(maps.Values(r.held), func(a, b heldEntry) int { return a.Since.Compare(b.Since) }) {
+			out = append(out, Held{Stream: name, Counter: h.counter().Name(), Topic: h.Topic, Delta: h.Delta,
+				First: h.First, Last: h.Last, Reason: h.Reason, Since: h.Since})
+		}
+	}
+	return out, nil
 }

@@ -9,9 +9,11 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spf13/pflag"
 
 	"github.com/hotcount/hotcount/config"
+	"github.com/hotcount/hotcount/durable"
 	"github.com/hotcount/hotcount/quarantine"
 	"github.com/hotcount/hotcount/sidecar"
 	"github.com/hotcount/hotcount/store"
@@ -57,9 +59,12 @@ func openQuarantine(ctx context.Context, name string, args, environ []string, st
 }
 
 // cmdQuarantineList prints the writes held in the quarantine, and why.
+// With the position engine it lists the counters held in the streams'
+// checkpoint records first (which the sidecars replay themselves), then
+// what the journal engine left in its quarantine.
 func cmdQuarantineList(ctx context.Context, args, environ []string, stdout, stderr io.Writer) error {
 	var asJSON bool
-	_, q, _, done, err := openQuarantine(ctx, "hotcount quarantine list", args, environ, stderr, func(fs *pflag.FlagSet) {
+	cfg, q, _, done, err := openQuarantine(ctx, "hotcount quarantine list", args, environ, stderr, func(fs *pflag.FlagSet) {
 		fs.BoolVar(&asJSON, "json", false, "print the entries as JSON")
 	})
 	if err != nil {
@@ -68,6 +73,10 @@ func cmdQuarantineList(ctx context.Context, args, environ []string, stdout, stde
 	defer done()
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
+	held, err := heldCounters(ctx, cfg)
+	if err != nil {
+		return err
+	}
 	es, err := q.List(ctx)
 	if err != nil {
 		return err
@@ -76,10 +85,30 @@ func cmdQuarantineList(ctx context.Context, args, environ []string, stdout, stde
 		if es == nil {
 			es = []quarantine.Entry{}
 		}
+		if cfg.Positional() {
+			return json.NewEncoder(stdout).Encode(struct {
+				Held    []durable.Held     `json:"held"`
+				Entries []quarantine.Entry `json:"entries"`
+			}{append([]durable.Held{}, held...), es})
+		}
 		return json.NewEncoder(stdout).Encode(es)
 	}
+	if len(held) > 0 {
+		tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "STREAM\tTOPIC\tCOUNTER\tDELTA\tSEQUENCES\tREFUSED SINCE\tREASON")
+		for _, h := range held {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d..%d\t%s\t%s\n", h.Stream, h.Topic, counterKind(h.Counter), h.Delta, h.First, h.Last,
+				h.Since.UTC().Format(time.RFC3339), h.Reason)
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "%d counters held in the streams' checkpoints; the sidecars write them by position every 10 s once the store takes them\n", len(held))
+	}
 	if len(es) == 0 {
-		fmt.Fprintln(stdout, "the quarantine is empty")
+		if len(held) == 0 {
+			fmt.Fprintln(stdout, "the quarantine is empty")
+		}
 		return nil
 	}
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
@@ -97,6 +126,33 @@ func cmdQuarantineList(ctx context.Context, args, environ []string, stdout, stde
 	}
 	fmt.Fprintf(stdout, "%d writes held, %d mentions in topic totals; `hotcount quarantine replay` writes them once the store takes them\n", len(es), mentions)
 	return nil
+}
+
+// heldCounters lists the counters the position engine holds in the
+// checkpoints of the settings' streams (none in core mode or with the
+// journal engine).
+func heldCounters(ctx context.Context, cfg config.Config) ([]durable.Held, error) {
+	if !cfg.Positional() {
+		return nil, nil
+	}
+	nc, err := connect(cfg, "hotcount-quarantine")
+	if err != nil {
+		return nil, err
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, err
+	}
+	names := []string{cfg.Stream}
+	if cfg.NATSMode == config.ModePartitioned {
+		l := layoutOf(cfg)
+		names = names[:0]
+		for p := range l.Partitions {
+			names = append(names, l.Name(p))
+		}
+	}
+	return durable.HeldIn(ctx, js, "", names)
 }
 
 // counterKind names a counter for people: total, or the bucket and its

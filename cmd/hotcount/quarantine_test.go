@@ -21,6 +21,7 @@ import (
 	"github.com/hotcount/hotcount/loadgen"
 	"github.com/hotcount/hotcount/quarantine"
 	"github.com/hotcount/hotcount/store"
+	"github.com/hotcount/hotcount/streams"
 )
 
 // TestQuarantinePoisonTopic is issue 27's scenario in JetStream mode, with
@@ -232,5 +233,84 @@ func TestQuarantinePoisonTopic(t *testing.T) {
 	listed := strings.Join(strings.Fields(out.String()), " ")
 	if err == nil || !strings.Contains(listed, fmt.Sprintf("poison total - %d %d +5", poison, poison+5)) {
 		t.Fatalf("hotcount audit after poison's shard 0 gained 5 = %v, want that difference listed:\n%s", err, out.String())
+	}
+}
+
+// TestQuarantinePositionEngine is the same poison topic with the position
+// engine, the default: refused for --quarantine-after, its mentions are
+// held in the stream's checkpoint record (the others written, the
+// checkpoint past it), `hotcount quarantine list` shows them, and once the
+// store takes the topic the sidecar writes them itself, once: the table
+// ends with every mention the stream stores, buckets included.
+func TestQuarantinePositionEngine(t *testing.T) {
+	ns := testenv.NATS(t)
+	nc := testenv.Connect(t, ns.ClientURL())
+	if _, err := ingest.EnsureStream(context.Background(), nc, "MENTIONS", "mentions.>", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	d := testenv.StartDynalite(t)
+	table := d.Table(t, "quarantine")
+	testenv.AWSEnv(t)
+	proxy := ddbfault.New(ddbfault.Config{Upstream: d.Endpoint})
+	endpoint, stop, err := proxy.Serve("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop() //nolint:errcheck // test teardown
+	proxy.Deny(ddbfault.Denial{Keys: ddbfault.TopicKeys("poison"), Status: 403, Type: "AccessDeniedException"})
+	settings := []string{"--nats-mode", "jetstream", "--nats-url", ns.ClientURL(), "--dynamodb-endpoint", endpoint, "--table", table}
+	c := startChild(t, append(settings, "--flush-interval", "100ms", "--quarantine-after", "2s", "--windows", "1m,1h", "--log-level", "warn")...)
+
+	ctx := context.Background()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]int64{}
+	publish := func(seed uint64) {
+		rep, err := loadgen.Run(ctx, nc, loadgen.Config{Prefix: "mentions.", Topics: 20, Messages: 2_000, Count: 1, Seed: seed, JetStream: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for topic, n := range rep.PerTopic {
+			want[topic] += n
+		}
+		for range 100 {
+			if _, err := js.Publish(ctx, "mentions.poison", []byte(`{"count":1}`)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	publish(1)
+	testenv.Eventually(t, time.Minute, func() error {
+		if n := c.metric(t, "hotcount_flusher_quarantined_mentions_total"); n < 100 {
+			return fmt.Errorf("held %v of poison's 100 mentions", n)
+		}
+		return nil
+	})
+	testenv.Checkpointed(t, ns.ClientURL(), []string{"MENTIONS"}, time.Minute) // past the held topic
+	var out bytes.Buffer
+	if err := dispatch(ctx, append([]string{"quarantine", "list"}, settings...), nil, &out, &out); err != nil || !strings.Contains(out.String(), "AccessDeniedException") {
+		t.Fatalf("quarantine list = %v:\n%s", err, out.String())
+	}
+	t.Logf("quarantine list:\n%s", out.String())
+	got, _ := d.Counts(t, table)
+	if got["poison"] != 0 {
+		t.Fatalf("poison = %d in the table while its writes are refused", got["poison"])
+	}
+
+	proxy.Allow()
+	publish(2)
+	stored := storedMentions(t, js, streams.Layout{Stream: "MENTIONS", Subject: "mentions.>"})
+	testenv.Eventually(t, time.Minute, tableHolds(t, d, table, stored))
+	buckets, _ := d.Buckets(t, table)
+	var minutes int64
+	for b, n := range buckets {
+		if b.G == store.Minute && b.Topic == "poison" {
+			minutes += n
+		}
+	}
+	if minutes != stored["poison"] {
+		t.Errorf("poison's minute buckets hold %d, want %d", minutes, stored["poison"])
 	}
 }
