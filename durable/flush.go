@@ -114,12 +114,7 @@ func (e *Engine) Flush(ctx context.Context) error {
 				c.hold[r.k], c.reasons[r.k] = &ent, r.err.Error()
 				continue
 			}
-			if prev, ok := back[r.k]; ok {
-				prev.merge(r.e)
-			} else {
-				ent := r.e
-				back[r.k] = &ent
-			}
+			giveBackTo(back, r.k, &r.e)
 			if first == nil {
 				first = r.err
 			}
@@ -147,6 +142,18 @@ func (e *Engine) Flush(ctx context.Context) error {
 	e.metrics.flushes.WithLabelValues("ok").Inc()
 	e.metrics.lastSuccess.Set(float64(e.now().UnixNano()) / 1e9)
 	return nil
+}
+
+// giveBackTo merges ent into k's entry in back: two spans of one counter
+// (a newer one waiting behind a write in doubt, and that write's) never
+// replace each other.
+func giveBackTo(back map[key]*entry, k key, ent *entry) {
+	if prev, ok := back[k]; ok {
+		prev.merge(*ent)
+		return
+	}
+	cp := *ent
+	back[k] = &cp
 }
 
 func b2i(b bool) int64 {
@@ -239,7 +246,7 @@ func (e *Engine) checkpoint(ctx context.Context, read map[stream]uint64, back ma
 	for s, c := range ch { // what cannot be held lowers the sequence below
 		if _, ok := read[s]; !ok {
 			for k, ent := range c.hold {
-				back[k] = ent
+				giveBackTo(back, k, ent)
 			}
 			c.hold = nil
 		}
@@ -259,6 +266,11 @@ func (e *Engine) checkpoint(ctx context.Context, read map[stream]uint64, back ma
 	for _, j := range e.doubt {
 		lower(j.k, j.e)
 	}
+	for s := range ch { // a replay of a stream not read here yet moves no sequence
+		if _, ok := low[s]; !ok {
+			low[s] = 0
+		}
+	}
 	for s, n := range low {
 		p := store.Position{Epoch: s.epoch, Seq: n}
 		c := ch[s]
@@ -266,10 +278,14 @@ func (e *Engine) checkpoint(ctx context.Context, read map[stream]uint64, back ma
 			continue
 		}
 		var kept map[key]*entry
-		stored := p
-		cctx, cancel := context.WithTimeout(ctx, 30*time.Second) // a hold may recount
+		stored, stale := p, false
+		timeout := 2 * time.Second
+		if c != nil && len(c.hold) > 0 {
+			timeout = 30 * time.Second // a hold may recount
+		}
+		cctx, cancel := context.WithTimeout(ctx, timeout)
 		err := e.ckpt.update(cctx, s.name, func(r *record) (bool, error) {
-			if r.Epoch > s.epoch {
+			if stale = r.Epoch > s.epoch; stale {
 				return false, nil // a newer stream's: nothing of this one counts there
 			}
 			if r.Epoch < s.epoch {
@@ -292,7 +308,15 @@ func (e *Engine) checkpoint(ctx context.Context, read map[stream]uint64, back ma
 			e.sampled.Warn("checkpoint not stored; the next flush tries again", zap.String("stream", s.name), zap.Error(err))
 			if c != nil {
 				for k, ent := range c.hold {
-					back[k] = ent
+					giveBackTo(back, k, ent)
+				}
+			}
+			continue
+		}
+		if stale { // the stream was created again: what it held went with it
+			if c != nil {
+				for k := range c.hold {
+					e.held.set(k, false)
 				}
 			}
 			continue
@@ -318,7 +342,7 @@ func (e *Engine) settled(s stream, c *changes, kept map[key]*entry, back map[key
 	}
 	for k, ent := range c.hold {
 		if _, ok := kept[k]; ok {
-			back[k] = ent
+			giveBackTo(back, k, ent)
 			continue
 		}
 		e.held.set(k, true)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -30,9 +31,23 @@ import (
 // ("Writes the store refuses").
 
 // maxHeld bounds the held counters of one stream: the record is one
-// key-value entry, well under a megabyte. Past it a refused counter stays
-// in the window and holds the checkpoint, as with no quarantine.
-const maxHeld = 1000
+// key-value entry, at most about 700 KB at the bound (a 256-byte topic
+// twice and a reason cut to maxReason each), under NATS's default
+// 1 MB payload. Past it a refused counter stays in the window and holds
+// the checkpoint, as with no quarantine.
+const (
+	maxHeld   = 1000
+	maxReason = 120
+)
+
+// brief is a refusal's reason cut to its last maxReason bytes, where an
+// AWS error says what it is ("api error AccessDeniedException: ...").
+func brief(reason string) string {
+	if len(reason) <= maxReason {
+		return reason
+	}
+	return "..." + strings.ToValidUTF8(reason[len(reason)-maxReason+3:], "")
+}
 
 // replayInterval is how often the held counters are tried again.
 const replayInterval = 10 * time.Second
@@ -144,7 +159,7 @@ func (e *Engine) apply(ctx context.Context, r *record, c changes) (kept map[key]
 		r.held = make(map[string]heldEntry)
 	}
 	for counter, sent := range c.released {
-		if r.held[counter.Name()] == sent {
+		if cur, ok := r.held[counter.Name()]; ok && cur.First == sent.First && cur.Last == sent.Last && cur.Delta == sent.Delta {
 			delete(r.held, counter.Name())
 		}
 	}
@@ -158,7 +173,7 @@ func (e *Engine) apply(ctx context.Context, r *record, c changes) (kept map[key]
 		}
 		if !ok {
 			r.held[name] = heldEntry{Topic: k.c.Topic, Kind: k.c.Kind, Index: k.c.Index, Delta: ent.delta, First: ent.first, Last: ent.last,
-				Reason: c.reasons[k], Since: e.now()}
+				Reason: brief(c.reasons[k]), Since: e.now().UTC()}
 			continue
 		}
 		next, err := e.join(ctx, k, cur, *ent)

@@ -34,6 +34,15 @@ func (e *Engine) recount(ctx context.Context, k key, from, to uint64) (entry, er
 	if epochOf(st.CachedInfo()) != k.s.epoch {
 		return rest, nil
 	}
+	if first := st.CachedInfo().State.FirstSeq; first > from {
+		// The stream's limits dropped the front of the span before this
+		// recount: the counter's mentions there are lost. How many of the
+		// dropped messages were its, nothing says: the metric takes them
+		// all, an upper bound.
+		e.metrics.retentionLost.Add(float64(min(first, to+1) - from))
+		e.log.Error("the stream dropped mentions before a recount read them (its limits: max age, bytes or messages)",
+			zap.String("stream", k.s.name), zap.String("topic", k.c.Topic), zap.Uint64("from", from), zap.Uint64("to", min(first-1, to)))
+	}
 	cons, err := st.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
 		FilterSubjects: []string{e.storedSubject(k.s.p, k.c.Topic)},
 		DeliverPolicy:  jetstream.DeliverByStartSequencePolicy,
@@ -106,15 +115,20 @@ func (e *Engine) still(ctx context.Context, st jetstream.Stream, k key, rest ent
 }
 
 // gone ends a recount that did not reach to in time: a replica far
-// behind, which the next flush tries again, or a stream whose limits
-// dropped to before the recount read it, which no flush would get past:
+// behind, which the next flush tries again, or a stream that dropped or
+// deleted to before the recount read it, which no flush would get past:
 // the rest of the span is lost, and counted and logged as such.
 func (e *Engine) gone(st jetstream.Stream, k key, rest entry, to uint64) (entry, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	info, err := st.Info(ctx)
-	if err != nil || info.State.FirstSeq <= to {
+	if err != nil {
 		return entry{}, fmt.Errorf("durable: recount %s: the stream delivered nothing up to %d in time", k.s.name, to)
+	}
+	if info.State.FirstSeq <= to { // to may have been deleted from the middle (nats stream rmm, a per-subject limit)
+		if _, err := st.GetMsg(ctx, to); !errors.Is(err, jetstream.ErrMsgNotFound) {
+			return entry{}, fmt.Errorf("durable: recount %s: the stream delivered nothing up to %d in time", k.s.name, to)
+		}
 	}
 	e.metrics.retentionLost.Inc() // at least the mention at to; how many more of the span, nothing says
 	e.log.Error("the stream dropped mentions before a recount read them (its limits: max age, bytes or messages)",

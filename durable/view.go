@@ -32,6 +32,7 @@ type sending struct {
 	at       time.Time
 	delta    int64
 	onItsWay bool
+	back     bool // refused: its entry is the window's again at the flush's end (settle)
 }
 
 // take runs the drain under the view's lock and makes the totals it
@@ -90,22 +91,33 @@ func (v *view) answered(j job, out outcome, sent, now time.Time) {
 				v.reader.Wrote(topic, j.e.delta, d.at, now)
 			}
 		default:
-			d.onItsWay = false
+			d.onItsWay, d.back = false, out == failed
 			v.doubt[topic] = d
 		}
 		return
 	}
+	// A write in doubt that overlapped another reader's is sent on as a
+	// new write of its rest (send): its answer settles the doubt too.
+	d, doubted := v.doubt[topic]
 	switch out {
 	case applied:
 		v.sent[topic] = sending{at: sent}
+		delete(v.doubt, topic)
 		if v.reader != nil {
 			v.reader.Wrote(topic, j.e.delta, sent, now)
 		}
+	case covered:
+		delete(v.sent, topic)
+		delete(v.doubt, topic)
 	case inDoubt:
 		v.sent[topic] = sending{at: sent}
 		v.doubt[topic] = sending{at: sent, delta: j.e.delta}
 	default:
 		delete(v.sent, topic)
+		if doubted {
+			d.onItsWay, d.back = false, true
+			v.doubt[topic] = d
+		}
 	}
 }
 
@@ -116,6 +128,11 @@ func (v *view) settle(giveBack func()) {
 	defer v.mu.Unlock()
 	giveBack()
 	v.inflight, v.sent = nil, nil
+	for topic, d := range v.doubt {
+		if d.back {
+			delete(v.doubt, topic)
+		}
+	}
 }
 
 // read calls read with topic's pending count: window holds what the

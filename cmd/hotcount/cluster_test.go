@@ -28,7 +28,8 @@ import (
 // sets it up: a 3-node NATS cluster with partitioned mode's mapping (the
 // one deploy/nats/hotcount.conf ships, deploy/nats_test.go holds it to
 // it), `hotcount stream create --partitions 16 --replicas 3`, four
-// `hotcount run --nats-mode partitioned` processes and a producer on
+// `hotcount run --nats-mode partitioned --durable-engine journal` processes (the
+// journal engine's run; TestPositionClusterLosesNothing is the default's) and a producer on
 // package client publishing plain mentions.<topic>. The leaders are
 // spread; the hottest topic is written about once per flush interval for
 // the whole fleet. Mid-stream one NATS node goes (partition 0's stream
@@ -82,7 +83,7 @@ func clusterRun(t *testing.T, lose string) {
 		t.Fatal(err)
 	}
 	defer stop() //nolint:errcheck // test teardown
-	args := []string{"--nats-mode", "partitioned", "--partitions", strconv.Itoa(partitions), "--nats-url", cl.URLs(),
+	args := []string{"--nats-mode", "partitioned", "--durable-engine", "journal", "--partitions", strconv.Itoa(partitions), "--nats-url", cl.URLs(),
 		"--dynamodb-endpoint", endpoint, "--table", table, "--flush-interval", "300ms", "--flush-timeout", "1s",
 		"--ack-wait", "10s", "--log-level", "warn"}
 	var fleet []*child

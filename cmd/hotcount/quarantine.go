@@ -20,10 +20,11 @@ import (
 )
 
 // quarantineSettings are what `hotcount quarantine` reads: where the
-// quarantine is (the mode, NATS or --data-dir), and for replay the store.
+// quarantine is (the mode and engine, NATS or --data-dir), and for replay
+// the store.
 func quarantineSettings(s string) bool {
 	switch s {
-	case "nats-mode", "stream", "partitions", "data-dir", "store", "table", "dynamodb-endpoint":
+	case "nats-mode", "durable-engine", "stream", "partitions", "data-dir", "store", "table", "dynamodb-endpoint":
 		return true
 	}
 	return natsSettings(s)
