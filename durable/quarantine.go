@@ -240,27 +240,56 @@ type Held struct {
 // HeldIn lists the counters held in the checkpoint records of streams
 // (bucket "": the default), by stream.
 func HeldIn(ctx context.Context, js jetstream.JetStream, bucket string, streams []string) ([]Held, error) {
+	var out []Held
+	err := records(ctx, js, bucket, streams, func(name string, r record) {
+		for _, h := range slices.SortedFunc(maps.Values(r.held), func(a, b heldEntry) int { return a.Since.Compare(b.Since) }) {
+			out = append(out, Held{Stream: name, Counter: h.counter().Name(), Topic: h.Topic, Delta: h.Delta,
+				First: h.First, Last: h.Last, Reason: h.Reason, Since: h.Since})
+		}
+	})
+	return out, err
+}
+
+// Checkpoint is a stream's checkpoint record as `hotcount stream status`
+// shows it: its epoch and sequence (0, 0: none) and its held counters.
+type Checkpoint struct {
+	Epoch int64  `json:"epoch"`
+	Seq   uint64 `json:"sequence"`
+	Held  int    `json:"held"`
+}
+
+// CheckpointsOf reads the checkpoint records of streams (bucket "": the
+// default).
+func CheckpointsOf(ctx context.Context, js jetstream.JetStream, bucket string, streams []string) (map[string]Checkpoint, error) {
+	out := make(map[string]Checkpoint, len(streams))
+	err := records(ctx, js, bucket, streams, func(name string, r record) {
+		out[name] = Checkpoint{Epoch: r.Epoch, Seq: r.Seq, Held: len(r.held)}
+	})
+	return out, err
+}
+
+// records calls each with the record of every stream in streams that has
+// one; a bucket not there yet holds none.
+func records(ctx context.Context, js jetstream.JetStream, bucket string, streams []string, each func(string, record)) error {
 	if bucket == "" {
 		bucket = DefaultCheckpointBucket
 	}
 	kv, err := js.KeyValue(ctx, bucket)
 	if errors.Is(err, jetstream.ErrBucketNotFound) {
-		return nil, nil // no engine has run: nothing held
+		return nil // no engine has run
 	}
 	if err != nil {
-		return nil, fmt.Errorf("durable: checkpoint bucket %s: %w", bucket, err)
+		return fmt.Errorf("durable: checkpoint bucket %s: %w", bucket, err)
 	}
 	c := &checkpoints{kv: kv}
-	var out []Held
 	for _, name := range streams {
-		r, _, err := c.load(ctx, name)
+		r, rev, err := c.load(ctx, name)
 		if err != nil {
-			return nil, err
+			return err
 		}
-		for _, h := range slices.SortedFunc(maps.Values(r.held), func(a, b heldEntry) int { return a.Since.Compare(b.Since) }) {
-			out = append(out, Held{Stream: name, Counter: h.counter().Name(), Topic: h.Topic, Delta: h.Delta,
-				First: h.First, Last: h.Last, Reason: h.Reason, Since: h.Since})
+		if rev > 0 {
+			each(name, r)
 		}
 	}
-	return out, nil
+	return nil
 }

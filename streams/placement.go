@@ -23,6 +23,11 @@ type Partition struct {
 	Behind   []string `json:"behind,omitempty"`   // replicas offline or catching up: no leader for now
 	Msgs     uint64   `json:"messages"`
 	Bytes    uint64   `json:"bytes"`
+	// Epoch is the stream's creation time (Unix µs), its identity beside
+	// its name; FirstSeq and LastSeq its sequences now.
+	Epoch    int64  `json:"epoch"`
+	FirstSeq uint64 `json:"first_sequence"`
+	LastSeq  uint64 `json:"last_sequence"`
 	// Of the sidecars' consumer; both 0 when it does not exist yet.
 	Pending    uint64 `json:"pending"`     // stored, not yet delivered
 	AckPending int    `json:"ack_pending"` // delivered, not yet acknowledged
@@ -61,6 +66,7 @@ func status(ctx context.Context, js jetstream.JetStream, consumer string, out *P
 	}
 	info := s.CachedInfo()
 	out.Msgs, out.Bytes = info.State.Msgs, info.State.Bytes
+	out.Epoch, out.FirstSeq, out.LastSeq = info.Created.UnixMicro(), info.State.FirstSeq, info.State.LastSeq
 	if ci := info.Cluster; ci != nil {
 		out.Leader = ci.Leader
 		for _, r := range ci.Replicas {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 	"strconv"
@@ -342,6 +343,31 @@ func positionCluster(t *testing.T, mode string) {
 	}
 	if err := exact(); err != nil {
 		t.Fatal(err)
+	}
+	if mode == "partitioned" { // stream status sees every partition checkpointed at its end
+		testenv.Eventually(t, 30*time.Second, func() error {
+			out.Reset()
+			if err := dispatch(ctx, []string{"stream", "status", "--json", "--nats-url", cl.URLs(), "--partitions", strconv.Itoa(layout.Partitions)}, nil, &out, &out); err != nil {
+				return fmt.Errorf("stream status: %v\n%s", err, out.String())
+			}
+			var ps []struct {
+				Stream     string `json:"stream"`
+				LastSeq    uint64 `json:"last_sequence"`
+				Unwritten  uint64 `json:"unwritten"`
+				Checkpoint *struct {
+					Seq uint64 `json:"sequence"`
+				} `json:"checkpoint"`
+			}
+			if err := json.Unmarshal([]byte(out.String()), &ps); err != nil {
+				return fmt.Errorf("stream status --json: %v\n%s", err, out.String())
+			}
+			for _, p := range ps {
+				if p.Checkpoint == nil || p.Checkpoint.Seq != p.LastSeq || p.Unwritten != 0 {
+					return fmt.Errorf("%s: checkpoint %+v, %d unwritten, last sequence %d", p.Stream, p.Checkpoint, p.Unwritten, p.LastSeq)
+				}
+			}
+			return nil
+		})
 	}
 	var total int64
 	for _, n := range stored {

@@ -12,6 +12,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/hotcount/hotcount/ingest"
@@ -35,26 +36,8 @@ import (
 // held ones, and every topic's total and buckets are exactly what was
 // published; a second replay writes nothing.
 func TestQuarantinePoisonTopic(t *testing.T) {
-	ns := testenv.NATS(t)
-	nc := testenv.Connect(t, ns.ClientURL())
-	if _, err := ingest.EnsureStream(context.Background(), nc, "MENTIONS", "mentions.>", time.Minute); err != nil {
-		t.Fatal(err)
-	}
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	d := testenv.StartDynalite(t)
-	table := d.Table(t, "quarantine")
-	testenv.AWSEnv(t)
-	proxy := ddbfault.New(ddbfault.Config{Upstream: d.Endpoint})
-	endpoint, stop, err := proxy.Serve("127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer stop() //nolint:errcheck // test teardown
-	proxy.Deny(ddbfault.Denial{Keys: ddbfault.TopicKeys("poison"), Status: 403, Type: "AccessDeniedException"})
-	settings := []string{"--nats-mode", "jetstream", "--durable-engine", "journal", "--nats-url", ns.ClientURL(), "--dynamodb-endpoint", endpoint, "--table", table}
+	p := poisonedSetup(t, "journal")
+	url, nc, js, d, table, proxy, settings := p.url, p.nc, p.js, p.d, p.table, p.proxy, p.settings
 	c := startChild(t, append(settings, "--flush-interval", "100ms", "--quarantine-after", "3s", "--windows", "1m,1h", "--log-level", "warn")...)
 
 	ctx := context.Background()
@@ -127,7 +110,7 @@ func TestQuarantinePoisonTopic(t *testing.T) {
 	if err := <-published; err != nil {
 		t.Fatal(err)
 	}
-	testenv.ConsumerIdle(t, ns.ClientURL(), "MENTIONS", "hotcount", 30*time.Second)
+	testenv.ConsumerIdle(t, url, "MENTIONS", "hotcount", 30*time.Second)
 	var out bytes.Buffer
 	if err := dispatch(ctx, append([]string{"quarantine", "list", "--json"}, settings...), nil, &out, &out); err != nil {
 		t.Fatalf("quarantine list: %v\n%s", err, out.String())
@@ -186,7 +169,7 @@ func TestQuarantinePoisonTopic(t *testing.T) {
 	if err := dispatch(ctx, append([]string{"quarantine", "replay"}, settings...), nil, &out, &out); err != nil || !strings.Contains(out.String(), "written: 0 writes") {
 		t.Fatalf("second replay = %v:\n%s", err, out.String())
 	}
-	testenv.ConsumerIdle(t, ns.ClientURL(), "MENTIONS", "hotcount", 30*time.Second)
+	testenv.ConsumerIdle(t, url, "MENTIONS", "hotcount", 30*time.Second)
 	all := map[string]int64{"poison": poison}
 	for topic, n := range others {
 		all[topic] = n
@@ -229,7 +212,7 @@ func TestQuarantinePoisonTopic(t *testing.T) {
 		t.Fatal(err)
 	}
 	out.Reset()
-	err = dispatch(ctx, audit, nil, &out, &out)
+	err := dispatch(ctx, audit, nil, &out, &out)
 	listed := strings.Join(strings.Fields(out.String()), " ")
 	if err == nil || !strings.Contains(listed, fmt.Sprintf("poison total - %d %d +5", poison, poison+5)) {
 		t.Fatalf("hotcount audit after poison's shard 0 gained 5 = %v, want that difference listed:\n%s", err, out.String())
@@ -243,29 +226,10 @@ func TestQuarantinePoisonTopic(t *testing.T) {
 // store takes the topic the sidecar writes them itself, once: the table
 // ends with every mention the stream stores, buckets included.
 func TestQuarantinePositionEngine(t *testing.T) {
-	ns := testenv.NATS(t)
-	nc := testenv.Connect(t, ns.ClientURL())
-	if _, err := ingest.EnsureStream(context.Background(), nc, "MENTIONS", "mentions.>", time.Minute); err != nil {
-		t.Fatal(err)
-	}
-	d := testenv.StartDynalite(t)
-	table := d.Table(t, "quarantine")
-	testenv.AWSEnv(t)
-	proxy := ddbfault.New(ddbfault.Config{Upstream: d.Endpoint})
-	endpoint, stop, err := proxy.Serve("127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer stop() //nolint:errcheck // test teardown
-	proxy.Deny(ddbfault.Denial{Keys: ddbfault.TopicKeys("poison"), Status: 403, Type: "AccessDeniedException"})
-	settings := []string{"--nats-mode", "jetstream", "--nats-url", ns.ClientURL(), "--dynamodb-endpoint", endpoint, "--table", table}
+	p := poisonedSetup(t, "position")
+	url, nc, js, d, table, proxy, settings := p.url, p.nc, p.js, p.d, p.table, p.proxy, p.settings
 	c := startChild(t, append(settings, "--flush-interval", "100ms", "--quarantine-after", "2s", "--windows", "1m,1h", "--log-level", "warn")...)
-
 	ctx := context.Background()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
 	want := map[string]int64{}
 	publish := func(seed uint64) {
 		rep, err := loadgen.Run(ctx, nc, loadgen.Config{Prefix: "mentions.", Topics: 20, Messages: 2_000, Count: 1, Seed: seed, JetStream: true})
@@ -288,7 +252,7 @@ func TestQuarantinePositionEngine(t *testing.T) {
 		}
 		return nil
 	})
-	testenv.Checkpointed(t, ns.ClientURL(), []string{"MENTIONS"}, time.Minute) // past the held topic
+	testenv.Checkpointed(t, url, []string{"MENTIONS"}, time.Minute) // past the held topic
 	var out bytes.Buffer
 	if err := dispatch(ctx, append([]string{"quarantine", "list"}, settings...), nil, &out, &out); err != nil || !strings.Contains(out.String(), "AccessDeniedException") {
 		t.Fatalf("quarantine list = %v:\n%s", err, out.String())
@@ -313,4 +277,43 @@ func TestQuarantinePositionEngine(t *testing.T) {
 	if minutes != stored["poison"] {
 		t.Errorf("poison's minute buckets hold %d, want %d", minutes, stored["poison"])
 	}
+}
+
+// poisoned is a jetstream-mode setup, the stream created, whose store
+// refuses every write of the topic poison for good (an IAM condition:
+// 403 AccessDeniedException) through a fault proxy; settings are the
+// sidecar's and the commands' settings for engine.
+type poisoned struct {
+	url      string
+	nc       *nats.Conn
+	js       jetstream.JetStream
+	d        *testenv.Dynalite
+	table    string
+	proxy    *ddbfault.Proxy
+	settings []string
+}
+
+func poisonedSetup(t *testing.T, engine string) poisoned {
+	t.Helper()
+	ns := testenv.NATS(t)
+	p := poisoned{url: ns.ClientURL(), nc: testenv.Connect(t, ns.ClientURL())}
+	if _, err := ingest.EnsureStream(context.Background(), p.nc, "MENTIONS", "mentions.>", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	var err error
+	if p.js, err = jetstream.New(p.nc); err != nil {
+		t.Fatal(err)
+	}
+	p.d = testenv.StartDynalite(t)
+	p.table = p.d.Table(t, "quarantine")
+	testenv.AWSEnv(t)
+	p.proxy = ddbfault.New(ddbfault.Config{Upstream: p.d.Endpoint})
+	endpoint, stop, err := p.proxy.Serve("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = stop() })
+	p.proxy.Deny(ddbfault.Denial{Keys: ddbfault.TopicKeys("poison"), Status: 403, Type: "AccessDeniedException"})
+	p.settings = []string{"--nats-mode", "jetstream", "--durable-engine", engine, "--nats-url", p.url, "--dynamodb-endpoint", endpoint, "--table", p.table}
+	return p
 }

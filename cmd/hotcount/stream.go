@@ -8,6 +8,7 @@ import (
 	"io"
 	"maps"
 	"slices"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -235,25 +236,37 @@ func cmdStreamStatus(ctx context.Context, args, environ []string, stdout, stderr
 	if err != nil {
 		return err
 	}
+	parts, err := withCheckpoints(ctx, js, ps)
+	if err != nil {
+		return err
+	}
 	if *asJSON {
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
-		return enc.Encode(ps)
+		return enc.Encode(parts)
 	}
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "PARTITION\tSTREAM\tLEADER\tREPLICAS\tMESSAGES\tBYTES\tPENDING\tUNACKED")
+	fmt.Fprintln(tw, "PARTITION\tSTREAM\tLEADER\tREPLICAS\tMESSAGES\tBYTES\tCHECKPOINT\tUNWRITTEN\tOLDEST UNWRITTEN\tHELD\tPENDING\tUNACKED")
 	missing := 0
-	for _, p := range ps {
+	for _, p := range parts {
 		if p.Missing {
 			missing++
-			fmt.Fprintf(tw, "%d\t%s\t(missing)\t\t\t\t\t\n", p.P, p.Stream)
+			fmt.Fprintf(tw, "%d\t%s\t(missing)\t\t\t\t\t\t\t\t\t\n", p.P, p.Stream)
 			continue
 		}
 		replicas := strings.Join(p.Replicas, ",")
 		if len(p.Behind) > 0 {
 			replicas += " (behind: " + strings.Join(p.Behind, ",") + ")"
 		}
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%d\t%d\t%d\t%d\n", p.P, p.Stream, p.Leader, replicas, p.Msgs, p.Bytes, p.Pending, p.AckPending)
+		checkpoint, oldest := "none", "-"
+		if p.Checkpoint != nil {
+			checkpoint = strconv.FormatUint(p.Checkpoint.Seq, 10)
+		}
+		if p.OldestUnwritten > 0 {
+			oldest = p.OldestUnwritten.Round(time.Second).String()
+		}
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%d\t%d\t%s\t%d\t%s\t%d\t%d\t%d\n", p.P, p.Stream, p.Leader, replicas, p.Msgs, p.Bytes,
+			checkpoint, p.Unwritten, oldest, p.Held(), p.Pending, p.AckPending)
 	}
 	tw.Flush()
 	fmt.Fprintf(stdout, "leaders: %s\n", formatLeaders(streams.Leaders(ps)))
@@ -261,6 +274,61 @@ func cmdStreamStatus(ctx context.Context, args, environ []string, stdout, stderr
 		return fmt.Errorf("%d of %d partition streams missing: run `hotcount stream create --nats-mode partitioned --partitions %d`", missing, len(ps), cfg.Partitions)
 	}
 	return nil
+}
+
+// partitionStatus is a partition stream's status with its position
+// engine checkpoint: the messages past it (not yet in the store, or
+// written and not yet checkpointed), and how old the first of them is,
+// which the stream's max age must stay well above.
+type partitionStatus struct {
+	streams.Partition
+	Checkpoint      *durable.Checkpoint `json:"checkpoint,omitempty"` // nil: none in the stream's epoch
+	Unwritten       uint64              `json:"unwritten"`
+	OldestUnwritten time.Duration       `json:"oldest_unwritten_ns"`
+}
+
+// Held is the counters held in the checkpoint record.
+func (p partitionStatus) Held() int {
+	if p.Checkpoint == nil {
+		return 0
+	}
+	return p.Checkpoint.Held
+}
+
+// withCheckpoints adds each partition's checkpoint record to ps.
+func withCheckpoints(ctx context.Context, js jetstream.JetStream, ps []streams.Partition) ([]partitionStatus, error) {
+	names := make([]string, len(ps))
+	for i, p := range ps {
+		names[i] = p.Stream
+	}
+	cps, err := durable.CheckpointsOf(ctx, js, "", names)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]partitionStatus, len(ps))
+	for i, p := range ps {
+		out[i].Partition = p
+		if p.Missing {
+			continue
+		}
+		from := p.FirstSeq
+		if cp, ok := cps[p.Stream]; ok && cp.Epoch == p.Epoch {
+			out[i].Checkpoint = &cp
+			from = max(from, cp.Seq+1)
+		}
+		if p.LastSeq < from || p.Msgs == 0 {
+			continue
+		}
+		out[i].Unwritten = p.LastSeq - from + 1
+		st, err := js.Stream(ctx, p.Stream)
+		if err != nil {
+			return nil, err
+		}
+		if m, err := st.GetMsg(ctx, from); err == nil {
+			out[i].OldestUnwritten = time.Since(m.Time)
+		}
+	}
+	return out, nil
 }
 
 // cmdStreamAdopt hands the streams the journal engine (--durable-engine

@@ -80,3 +80,44 @@ func TestRecountReadsThroughItsSpan(t *testing.T) {
 		t.Errorf("recount of 1..5: %+v, want 5 mentions at 1..5", a.rest)
 	}
 }
+
+// refuser refuses every write for good, as an IAM condition would.
+type refuser struct{}
+
+func (refuser) Add(context.Context, store.Write, time.Time) error {
+	return fmt.Errorf("AccessDeniedException: %w", store.ErrDenied)
+}
+
+// TestRefusedSpanMergesWithTheNewer: a write in doubt whose retry is
+// refused for good goes to the quarantine; when the record cannot take it
+// (here NATS is gone), it goes back to the window, merged with the newer
+// span of the same counter that waited behind it, never in its place:
+// the reader will not read the newer span's sequences again.
+func TestRefusedSpanMergesWithTheNewer(t *testing.T) {
+	srv := testenv.NATS(t)
+	nc := testenv.Connect(t, srv.ClientURL())
+	reg := prometheus.NewRegistry()
+	e, err := New(Config{Stream: "MENTIONS", Subject: "mentions.>", WriteTimeout: time.Second, Concurrency: 1, QuarantineAfter: time.Second,
+		Limits: ingest.Limits{MaxCount: 1000, MaxTopicBytes: 256}}, nc, refuser{}, nil, zap.NewNop(), NewMetrics(reg), ingest.NewMetrics(reg), time.Now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := e.open(ctx); err != nil {
+		t.Fatal(err)
+	}
+	s := stream{name: "MENTIONS", epoch: 1}
+	k := key{s: s, c: store.TotalOf("a")}
+	e.doubt[k] = job{k: k, e: entry{delta: 10, first: 1, last: 10}, retry: true} // sent, answer lost
+	e.denied[k] = time.Now().Add(-time.Hour)                                     // refused for good since long
+	for seq := uint64(11); seq <= 20; seq++ {
+		e.win.add(s, seq, 1, k.c, time.Now()) // the newer span, waiting behind the doubt
+	}
+	nc.Close() // the record cannot be stored
+	_ = e.Flush(ctx)
+	d := e.win.drain()
+	got, ok := d.counters[k]
+	if !ok || got.delta != 20 || got.first != 1 || got.last != 20 {
+		t.Fatalf("the window holds %+v for the counter, want both spans, 20 mentions at 1..20", got)
+	}
+}
