@@ -54,23 +54,52 @@ func (e *Engine) Flush(ctx context.Context) error {
 	start := e.now()
 	var d drained
 	e.view.take(func() map[key]*entry { d = e.win.drain(); return d.counters })
-	d.counters = split(d.counters, e.cfg.Minutes, e.cfg.Hours)
-	jobs := make([]job, 0, len(d.counters)+len(e.doubt))
-	back := make(map[key]*entry)
-	ch := make(map[stream]*changes)
-	changesOf := func(s stream) *changes {
-		if ch[s] == nil {
-			ch[s] = &changes{hold: make(map[key]*entry), reasons: make(map[key]string), released: make(map[store.Counter]heldEntry)}
-		}
-		return ch[s]
+	rd := newRound()
+	e.tally(rd, e.sendAll(ctx, e.plan(ctx, rd, split(d.counters, e.cfg.Minutes, e.cfg.Hours))))
+	e.observe(rd.observed)
+	e.progress(rd.attempted, rd.wrote)
+	e.checkpoint(ctx, d.read, rd.back, rd.changes)
+	e.view.settle(func() { e.win.giveBack(rd.back) })
+	e.retention(rd.back)
+	e.flushed.fire()
+	return e.finish(start, rd.first)
+}
+
+// round is one flush's bookkeeping: what goes back to the window, what
+// changes in each stream's record, what the observers are told, and how
+// the writes went.
+type round struct {
+	back             map[key]*entry
+	changes          map[stream]*changes
+	observed         map[store.Counter]int64
+	first            error // the first failure
+	wrote, attempted int
+}
+
+func newRound() *round {
+	return &round{back: make(map[key]*entry), changes: make(map[stream]*changes), observed: make(map[store.Counter]int64)}
+}
+
+// of is the changes to s's record.
+func (rd *round) of(s stream) *changes {
+	if rd.changes[s] == nil {
+		rd.changes[s] = &changes{hold: make(map[key]*entry), reasons: make(map[key]string), released: make(map[store.Counter]heldEntry)}
 	}
-	for k, ent := range d.counters {
+	return rd.changes[s]
+}
+
+// plan is the flush's writes: each counter's entry, unless it waits
+// behind its write in doubt (back to the window) or is held (to its
+// record); the writes in doubt again; and the held entries' replays.
+func (e *Engine) plan(ctx context.Context, rd *round, counters map[key]*entry) []job {
+	jobs := make([]job, 0, len(counters)+len(e.doubt))
+	for k, ent := range counters {
 		if _, waiting := e.doubt[k]; waiting {
-			back[k] = ent
+			rd.back[k] = ent
 			continue
 		}
 		if e.held.has(k) {
-			changesOf(k.s).hold[k] = ent
+			rd.of(k.s).hold[k] = ent
 			continue
 		}
 		jobs = append(jobs, job{k: k, e: *ent})
@@ -78,60 +107,63 @@ func (e *Engine) Flush(ctx context.Context) error {
 	for _, j := range e.doubt {
 		jobs = append(jobs, j)
 	}
-	jobs = append(jobs, e.replays(ctx)...)
-	results := e.sendAll(ctx, jobs)
-	var first error
-	var wrote, attempted int
-	observed := make(map[store.Counter]int64)
+	return append(jobs, e.replays(ctx)...)
+}
+
+// tally takes the writes' results: applied or covered, done; in doubt,
+// sent again next flush; failed, back to the window, or to the record
+// once refused for good for QuarantineAfter. A replay done is released
+// from its record; one not done stays held.
+func (e *Engine) tally(rd *round, results []result) {
 	for _, r := range results {
 		if r.replay != nil {
 			if r.out == applied || r.out == covered {
-				changesOf(r.k.s).released[r.k.c] = *r.replay
-				observed[r.k.c] += r.e.delta * b2i(r.out == applied)
+				rd.of(r.k.s).released[r.k.c] = *r.replay
 			}
-			continue // else it stays held, and is tried again
+			if r.out == applied {
+				rd.observed[r.k.c] += r.e.delta
+			}
+			continue
 		}
 		delete(e.doubt, r.k)
-		attempted++
+		rd.attempted++
 		switch r.out {
 		case applied:
-			wrote++
-			observed[r.k.c] += r.e.delta
+			rd.wrote++
+			rd.observed[r.k.c] += r.e.delta
 			delete(e.denied, r.k)
 		case covered:
-			wrote++
+			rd.wrote++
 			delete(e.denied, r.k)
 			if r.retry { // in doubt, found in the store: that was this write
-				observed[r.k.c] += r.e.delta
+				rd.observed[r.k.c] += r.e.delta
 			}
 		case inDoubt:
 			r.retry = true
 			e.doubt[r.k] = r.job
 		case failed:
 			if e.refused(r.k, r.err) {
-				c := changesOf(r.k.s)
+				c := rd.of(r.k.s)
 				ent := r.e
 				c.hold[r.k], c.reasons[r.k] = &ent, r.err.Error()
 				continue
 			}
-			giveBackTo(back, r.k, &r.e)
-			if first == nil {
-				first = r.err
+			giveBackTo(rd.back, r.k, &r.e)
+			if rd.first == nil {
+				rd.first = r.err
 			}
 			if r.k.c.Kind == store.Total {
 				e.metrics.requeued.Add(float64(r.e.delta))
 			}
 		}
 	}
-	e.observe(observed)
-	e.progress(attempted, wrote)
-	e.checkpoint(ctx, d.read, back, ch)
-	e.view.settle(func() { e.win.giveBack(back) })
-	e.retention(back)
-	e.flushed.fire()
+}
+
+// finish sets the flush's metrics and returns its error: the first
+// failure, or writes left in doubt.
+func (e *Engine) finish(start time.Time, err error) error {
 	e.metrics.pending.Set(float64(len(e.doubt)))
 	e.metrics.duration.Observe(e.now().Sub(start).Seconds())
-	err := first
 	if err == nil && len(e.doubt) > 0 {
 		err = errors.New("durable: writes in doubt, sent again next flush")
 	}
@@ -154,13 +186,6 @@ func giveBackTo(back map[key]*entry, k key, ent *entry) {
 	}
 	cp := *ent
 	back[k] = &cp
-}
-
-func b2i(b bool) int64 {
-	if b {
-		return 1
-	}
-	return 0
 }
 
 // sendAll sends the jobs, at most Concurrency at once, and returns their
@@ -251,6 +276,19 @@ func (e *Engine) checkpoint(ctx context.Context, read map[stream]uint64, back ma
 			c.hold = nil
 		}
 	}
+	for s, n := range e.lows(read, back, ch) {
+		p := store.Position{Epoch: s.epoch, Seq: n}
+		if c := ch[s]; after(p, e.advanced[s.name]) || c != nil {
+			e.storeRecord(ctx, s, p, c, back)
+		}
+	}
+}
+
+// lows is, per stream, the sequence its checkpoint may move to: the last
+// the flush had read, or just below the first sequence of an entry still
+// unwritten (back, or in doubt), whichever is lower; 0 (no move) for a
+// stream not read here whose record changes (a replay).
+func (e *Engine) lows(read map[stream]uint64, back map[key]*entry, ch map[stream]*changes) map[stream]uint64 {
 	low := make(map[stream]uint64, len(read))
 	for s, n := range read {
 		low[s] = n
@@ -266,61 +304,60 @@ func (e *Engine) checkpoint(ctx context.Context, read map[stream]uint64, back ma
 	for _, j := range e.doubt {
 		lower(j.k, j.e)
 	}
-	for s := range ch { // a replay of a stream not read here yet moves no sequence
+	for s := range ch {
 		if _, ok := low[s]; !ok {
 			low[s] = 0
 		}
 	}
-	for s, n := range low {
-		p := store.Position{Epoch: s.epoch, Seq: n}
-		c := ch[s]
-		if !after(p, e.advanced[s.name]) && c == nil {
-			continue
+	return low
+}
+
+// storeRecord moves s's record to p and applies c (nil: none) to its held
+// counters, in one compare-and-set; what it could not hold goes into back
+// and keeps the sequence below it.
+func (e *Engine) storeRecord(ctx context.Context, s stream, p store.Position, c *changes, back map[key]*entry) {
+	var kept map[key]*entry
+	stored, stale := p, false
+	timeout := 2 * time.Second
+	if c != nil && len(c.hold) > 0 {
+		timeout = 30 * time.Second // a hold may recount
+	}
+	cctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	err := e.ckpt.update(cctx, s.name, func(r *record) (bool, error) {
+		if stale = r.Epoch > s.epoch; stale {
+			return false, nil // a newer stream's: nothing of this one counts there
 		}
-		var kept map[key]*entry
-		stored, stale := p, false
-		timeout := 2 * time.Second
-		if c != nil && len(c.hold) > 0 {
-			timeout = 30 * time.Second // a hold may recount
+		if r.Epoch < s.epoch {
+			*r = record{Position: store.Position{Epoch: s.epoch}}
 		}
-		cctx, cancel := context.WithTimeout(ctx, timeout)
-		err := e.ckpt.update(cctx, s.name, func(r *record) (bool, error) {
-			if stale = r.Epoch > s.epoch; stale {
-				return false, nil // a newer stream's: nothing of this one counts there
+		stored = p
+		if c != nil {
+			kept = e.apply(cctx, r, *c)
+			for _, ent := range kept { // not held: the sequence stays below it
+				stored.Seq = min(stored.Seq, ent.first-1)
 			}
-			if r.Epoch < s.epoch {
-				*r = record{Position: store.Position{Epoch: s.epoch}}
-			}
-			stored = p
-			if c != nil {
-				kept = e.apply(cctx, r, *c)
-				for _, ent := range kept { // not held: the sequence stays below it
-					stored.Seq = min(stored.Seq, ent.first-1)
-				}
-			}
-			if after(stored, r.Position) {
-				r.Position = stored
-			}
-			return true, nil
-		})
-		cancel()
-		if err != nil {
-			e.sampled.Warn("checkpoint not stored; the next flush tries again", zap.String("stream", s.name), zap.Error(err))
-			if c != nil {
-				for k, ent := range c.hold {
-					giveBackTo(back, k, ent)
-				}
-			}
-			continue
 		}
-		if stale { // the stream was created again: what it held went with it
-			if c != nil {
-				for k := range c.hold {
-					e.held.set(k, false)
-				}
-			}
-			continue
+		if after(stored, r.Position) {
+			r.Position = stored
 		}
+		return true, nil
+	})
+	switch {
+	case err != nil:
+		e.sampled.Warn("checkpoint not stored; the next flush tries again", zap.String("stream", s.name), zap.Error(err))
+		if c != nil {
+			for k, ent := range c.hold {
+				giveBackTo(back, k, ent)
+			}
+		}
+	case stale: // the stream was created again: what it held went with it
+		if c != nil {
+			for k := range c.hold {
+				e.held.set(k, false)
+			}
+		}
+	default:
 		e.settled(s, c, kept, back)
 		if after(stored, e.advanced[s.name]) {
 			e.advanced[s.name] = stored

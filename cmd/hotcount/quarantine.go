@@ -31,20 +31,19 @@ func quarantineSettings(s string) bool {
 }
 
 // openQuarantine parses the settings and opens the quarantine they name,
-// and the journal a replay consults (nil in core mode); close ends its
-// NATS connection, if any.
-func openQuarantine(ctx context.Context, name string, args, environ []string, stderr io.Writer, more func(*pflag.FlagSet)) (cfg config.Config, q quarantine.Store, j quarantine.Journal, close func(), err error) {
+// and the journal a replay consults, on NATS connection nc (all nil in
+// core mode); close ends the connection, if any.
+func openQuarantine(ctx context.Context, name string, args, environ []string, stderr io.Writer, more func(*pflag.FlagSet)) (cfg config.Config, q quarantine.Store, j quarantine.Journal, nc *nats.Conn, close func(), err error) {
 	cfg = config.Default()
 	fs := cfg.FlagSet(name, quarantineSettings)
 	more(fs)
 	if err := parse(&cfg, fs, args, environ, stderr); err != nil {
-		return cfg, nil, nil, nil, err
+		return cfg, nil, nil, nil, nil, err
 	}
-	var nc *nats.Conn
 	close = func() {}
 	if cfg.Durable() {
 		if nc, err = connect(cfg, "hotcount-quarantine"); err != nil {
-			return cfg, nil, nil, nil, err
+			return cfg, nil, nil, nil, nil, err
 		}
 		close = nc.Close
 	}
@@ -54,9 +53,9 @@ func openQuarantine(ctx context.Context, name string, args, environ []string, st
 	}
 	if err != nil {
 		close()
-		return cfg, nil, nil, nil, err
+		return cfg, nil, nil, nil, nil, err
 	}
-	return cfg, q, j, close, nil
+	return cfg, q, j, nc, close, nil
 }
 
 // cmdQuarantineList prints the writes held in the quarantine, and why.
@@ -65,7 +64,7 @@ func openQuarantine(ctx context.Context, name string, args, environ []string, st
 // what the journal engine left in its quarantine.
 func cmdQuarantineList(ctx context.Context, args, environ []string, stdout, stderr io.Writer) error {
 	var asJSON bool
-	cfg, q, _, done, err := openQuarantine(ctx, "hotcount quarantine list", args, environ, stderr, func(fs *pflag.FlagSet) {
+	cfg, q, _, nc, done, err := openQuarantine(ctx, "hotcount quarantine list", args, environ, stderr, func(fs *pflag.FlagSet) {
 		fs.BoolVar(&asJSON, "json", false, "print the entries as JSON")
 	})
 	if err != nil {
@@ -74,7 +73,7 @@ func cmdQuarantineList(ctx context.Context, args, environ []string, stdout, stde
 	defer done()
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	held, err := heldCounters(ctx, cfg)
+	held, err := heldCounters(ctx, cfg, nc)
 	if err != nil {
 		return err
 	}
@@ -130,30 +129,17 @@ func cmdQuarantineList(ctx context.Context, args, environ []string, stdout, stde
 }
 
 // heldCounters lists the counters the position engine holds in the
-// checkpoints of the settings' streams (none in core mode or with the
-// journal engine).
-func heldCounters(ctx context.Context, cfg config.Config) ([]durable.Held, error) {
+// checkpoints of the settings' streams, through nc (none in core mode or
+// with the journal engine).
+func heldCounters(ctx context.Context, cfg config.Config, nc *nats.Conn) ([]durable.Held, error) {
 	if !cfg.Positional() {
 		return nil, nil
 	}
-	nc, err := connect(cfg, "hotcount-quarantine")
-	if err != nil {
-		return nil, err
-	}
-	defer nc.Close()
 	js, err := jetstream.New(nc)
 	if err != nil {
 		return nil, err
 	}
-	names := []string{cfg.Stream}
-	if cfg.NATSMode == config.ModePartitioned {
-		l := layoutOf(cfg)
-		names = names[:0]
-		for p := range l.Partitions {
-			names = append(names, l.Name(p))
-		}
-	}
-	return durable.HeldIn(ctx, js, "", names)
+	return durable.HeldIn(ctx, js, "", streamNames(cfg))
 }
 
 // counterKind names a counter for people: total, or the bucket and its
@@ -174,7 +160,7 @@ func counterKind(name string) string {
 // exactly once, and removes those written.
 func cmdQuarantineReplay(ctx context.Context, args, environ []string, stdout, stderr io.Writer) error {
 	var asJSON bool
-	cfg, q, j, done, err := openQuarantine(ctx, "hotcount quarantine replay", args, environ, stderr, func(fs *pflag.FlagSet) {
+	cfg, q, j, _, done, err := openQuarantine(ctx, "hotcount quarantine replay", args, environ, stderr, func(fs *pflag.FlagSet) {
 		fs.BoolVar(&asJSON, "json", false, "print what was written and what is left as JSON")
 	})
 	if err != nil {

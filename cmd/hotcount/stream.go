@@ -191,6 +191,20 @@ func checkpointProbes(ctx context.Context, js jetstream.JetStream, l streams.Lay
 	return nil
 }
 
+// streamNames are the durable streams the settings name: the partition
+// streams in partitioned mode, else the one stream.
+func streamNames(cfg config.Config) []string {
+	if cfg.NATSMode != config.ModePartitioned {
+		return []string{cfg.Stream}
+	}
+	l := layoutOf(cfg)
+	names := make([]string, l.Partitions)
+	for p := range names {
+		names[p] = l.Name(p)
+	}
+	return names
+}
+
 // layoutOf is the partition streams' layout the settings give.
 func layoutOf(cfg config.Config) streams.Layout {
 	return streams.Layout{Stream: cfg.Stream, Subject: cfg.Subject, Partitions: cfg.Partitions}
@@ -361,12 +375,9 @@ func cmdStreamAdopt(ctx context.Context, args, environ []string, stdout, stderr 
 	}
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	bucket, names := journal.DefaultBucket, []string{cfg.Stream}
+	bucket, names := journal.DefaultBucket, streamNames(cfg)
 	if cfg.NATSMode == config.ModePartitioned {
-		bucket, names = journal.PartitionsBucket, names[:0]
-		for p := range cfg.Partitions {
-			names = append(names, layoutOf(cfg).Name(p))
-		}
+		bucket = journal.PartitionsBucket
 	}
 	// The entries stopped journal sidecars left are settled first, by
 	// the journal's rules; what it cannot settle (the store refuses) is
