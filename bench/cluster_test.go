@@ -185,7 +185,7 @@ func clusterRun(b *testing.B, partitions int) {
 	ownsAll(b, sc, partitions, "hotcount_ingest_partitions_owned")
 	cpu := newCPUMeter(srvs...)
 	publishAcked(b, nc, cpu)
-	reportCounted(b, sc, true, cpu)
+	reportCounted(b, sc, cpu)
 	b.ReportMetric(float64(maxLeaders(spread)), "max-leaders-per-server")
 	if cpu.noServer == nil {
 		b.ReportMetric((cpu.server+cpu.process).Seconds()/b.Elapsed().Seconds(), "cores-busy")

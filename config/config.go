@@ -89,12 +89,19 @@ type Config struct {
 	NATSTLSCert   string
 	NATSTLSKey    string
 	Stream        string
-	Consumer      string
+	// Consumer is the durable consumer the previous engine (the journal)
+	// read with: `hotcount stream adopt` and the engine's start-up check
+	// look for it.
+	Consumer string
+	// AckWait and MaxAckPending are read by nothing since the durable
+	// modes send no acknowledgements: accepted so that an old
+	// configuration still starts.
 	AckWait       time.Duration
 	MaxAckPending int
-	// DurableEngine is how the durable modes count exactly once:
-	// EngineJournal (acknowledgements, the journal, writer marks) or
-	// EnginePosition (package durable: stream positions in the items).
+	// DurableEngine is how the durable modes count exactly once; the one
+	// engine left is EnginePosition (package durable: stream positions in
+	// the items). The setting stays so that a configuration pinned to the
+	// removed journal engine fails with what to run.
 	DurableEngine     string
 	Partitions        int
 	Subject           string
@@ -332,10 +339,10 @@ var settings = []setting{
 	{name: "nats-tls-cert", usage: "client certificate file for NATS mutual TLS (with --nats-tls-key)", bind: str(func(c *Config) *string { return &c.NATSTLSCert })},
 	{name: "nats-tls-key", usage: "client key file for NATS mutual TLS (with --nats-tls-cert)", bind: str(func(c *Config) *string { return &c.NATSTLSKey })},
 	{name: "stream", usage: "JetStream stream of mentions (jetstream mode)", bind: str(func(c *Config) *string { return &c.Stream })},
-	{name: "consumer", usage: "durable pull consumer shared by the sidecars (jetstream mode)", bind: str(func(c *Config) *string { return &c.Consumer })},
-	{name: "ack-wait", usage: "how long JetStream waits for an ack before redelivering; held messages are kept alive every third of it", bind: dur(func(c *Config) *time.Duration { return &c.AckWait })},
-	{name: "max-ack-pending", usage: "messages delivered and not yet acknowledged, per consumer: for all sidecars together in jetstream mode, per partition in partitioned mode (so a hot topic's partition takes up to this many per flush interval): the buffer bound of the durable modes", bind: integer(func(c *Config) *int { return &c.MaxAckPending })},
-	{name: "durable-engine", usage: "how the durable modes count exactly once: position (each item records the last stream sequence it includes, writes apply only past it, partitions are read without acknowledgements from a checkpoint; docs/SEMANTICS.md) or journal (the previous engine: acknowledgements per message, a journal of writes in flight, writer marks; kept for a rollback)", bind: str(func(c *Config) *string { return &c.DurableEngine })},
+	{name: "consumer", usage: "the durable consumer the previous release's journal engine read the stream with: hotcount stream adopt checkpoints at its acknowledgement floor, and a sidecar refuses a stream it read past the checkpoint", bind: str(func(c *Config) *string { return &c.Consumer })},
+	{name: "ack-wait", usage: "not read any more (the durable modes send no acknowledgements); accepted so that an old configuration starts", bind: dur(func(c *Config) *time.Duration { return &c.AckWait })},
+	{name: "max-ack-pending", usage: "not read any more (the durable modes send no acknowledgements); accepted so that an old configuration starts", bind: integer(func(c *Config) *int { return &c.MaxAckPending })},
+	{name: "durable-engine", usage: "how the durable modes count exactly once: position, the one engine (each item records the last stream sequence it includes, writes apply only past it, partitions are read without acknowledgements from a checkpoint; docs/SEMANTICS.md); journal, the previous release's engine, is refused with what to run", bind: str(func(c *Config) *string { return &c.DurableEngine })},
 	{name: "partitions", usage: "partitioned mode: partition streams, one per partition (hotcount stream create sets them up, the NATS server's mapping routes into them); at least the fleet's size", bind: integer(func(c *Config) *int { return &c.Partitions })},
 	{name: "subject", usage: "subject of mentions, <prefix>.>: the sidecar subscribes to it, load publishes to <prefix>.<topic>; the topic is what follows the prefix", bind: str(func(c *Config) *string { return &c.Subject })},
 	{name: "queue-group", usage: "NATS queue group shared by the sidecars", bind: str(func(c *Config) *string { return &c.QueueGroup })},
@@ -766,15 +773,12 @@ func (c *Config) checkNATSMode(p *problems) {
 		if !jsName.MatchString(c.Consumer) {
 			p.bad("consumer", "%q is not a JetStream name (letters, digits, - and _)", c.Consumer)
 		}
-		// A held message is kept alive every AckWait/3, and a flush may
-		// hold it for up to flush-timeout + the write timeout before it
-		// comes back to be kept alive: AckWait must cover both.
-		if minWait := (c.FlushTimeout + c.WriteTimeout) * 3 / 2; c.AckWait < minWait {
-			p.bad("ack-wait", "%s is shorter than 1.5 × (flush-timeout + write-timeout) = %s: held messages would be redelivered and counted twice", c.AckWait, minWait)
-		}
-		p.intIn("max-ack-pending", int64(c.MaxAckPending), 1, 10_000_000)
-		if c.DurableEngine != EngineJournal && c.DurableEngine != EnginePosition {
-			p.bad("durable-engine", "%q is neither %s nor %s", c.DurableEngine, EngineJournal, EnginePosition)
+		switch c.DurableEngine {
+		case EnginePosition:
+		case "journal":
+			p.bad("durable-engine", "the journal engine is gone: run the sidecars with position (the default), after `hotcount stream adopt` on streams the journal read (docs/SEMANTICS.md, \"Upgrading from the journal\")")
+		default:
+			p.bad("durable-engine", "%q is not %s", c.DurableEngine, EnginePosition)
 		}
 		if c.NATSMode == ModePartitioned {
 			p.intIn("partitions", int64(c.Partitions), 1, 1024)
@@ -1140,15 +1144,8 @@ func overlap(a, b string) bool {
 	return ha == hb || every(ha) || every(hb) || (loopbackHost(ha) && loopbackHost(hb))
 }
 
-// The durable engines (--durable-engine).
-const (
-	EngineJournal  = "journal"
-	EnginePosition = "position"
-)
-
-// Positional says whether the durable modes count by stream position
-// (package durable) rather than by the journal.
-func (c Config) Positional() bool { return c.Durable() && c.DurableEngine == EnginePosition }
+// EnginePosition is the durable engine (--durable-engine).
+const EnginePosition = "position"
 
 // Durable says whether mentions come from a JetStream stream and are
 // acknowledged after their write (jetstream and partitioned modes), as

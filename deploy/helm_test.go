@@ -1031,7 +1031,6 @@ func TestHelmRejects(t *testing.T) {
 		{"stale shorter than the cache", chartDir, "hotcount: {cacheTtl: 10s, cacheStale: 5s}", []string{"hotcount.cacheStale", "cacheTtl"}},
 		{"open sidecar", chartDir, "standalone: {enabled: false}\nhotcount: {http: ':8080'}", []string{"hotcount.http", "httpTokenFile"}},
 		{"no time for the final flush", chartDir, "hotcount: {shutdownTimeout: 5s, drainTimeout: 5s}", []string{"hotcount.shutdownTimeout", "drainTimeout"}},
-		{"short ack wait", chartDir, "hotcount: {natsMode: jetstream, ackWait: 10s}", []string{"hotcount.ackWait", "counted twice"}},
 		{"setup without a memory limit", chartDir, "setup: {resources: {limits: {memory: null}}}", []string{"/setup/resources/limits", "memory"}},
 		{"lookup from every namespace", chartDir, "networkPolicy: {lookupFrom: [{namespaceSelector: {}}]}", []string{"networkPolicy.lookupFrom[0]", "everyone"}},
 		{"lookup from every pod", chartDir, "networkPolicy: {lookupFrom: [{podSelector: {}}]}", []string{"networkPolicy.lookupFrom[0]", "everyone"}},
@@ -1093,11 +1092,6 @@ func TestHelmCrossChecks(t *testing.T) {
 		{"hotcount: {shutdownTimeout: 20s, drainTimeout: 19s}", "shutdownTimeout"},
 		{"hotcount: {shutdownTimeout: 20s, drainTimeout: 18s}", ""},
 		{"hotcount: {shutdownTimeout: 1m, drainTimeout: 1m}", "shutdownTimeout"},
-		{"hotcount: {natsMode: jetstream, ackWait: 14s}", "ackWait"},
-		{"hotcount: {natsMode: partitioned, partitions: 4, ackWait: 15s}", ""},
-		{"hotcount: {natsMode: jetstream, flushTimeout: 10s, ackWait: 20s}", "ackWait"},
-		{"hotcount: {natsMode: jetstream, writeTimeout: 1m, ackWait: 1m38s}", ""},
-		{"hotcount: {natsMode: core, ackWait: 1s}", ""},
 	} {
 		t.Run(c.vals, func(t *testing.T) {
 			v, err := common.ReadValues([]byte(c.vals))

@@ -58,9 +58,9 @@ var targetLabels = map[string]bool{
 // names and, for each, the values seen.
 type series map[string]map[string]bool
 
-// exposedMetrics starts a real sidecar (JetStream mode, which registers
-// every metric: the journal and the shared totals too; the embedded store;
-// an in-process NATS server) and gathers its registry: the names /metrics
+// exposedMetrics starts real sidecars (core mode, then JetStream mode:
+// between them they register every metric; the embedded store; an
+// in-process NATS server) and gathers their registries: the names /metrics
 // serves, with the histogram and summary suffixes Prometheus stores, and
 // the labels of each. Every labelled metric of hotcount is pre-initialised
 // with all its label values, so the values are complete.
@@ -77,11 +77,12 @@ func exposedMetrics(t *testing.T) map[string]series {
 	if _, err := ingest.EnsureStream(context.Background(), testenv.Connect(t, ns.ClientURL()), cfg.Stream, cfg.Subject, time.Minute); err != nil {
 		t.Fatal(err)
 	}
-	// Both durable engines, one after the other: each exposes metrics of
-	// its own (the journal's, the position engine's).
+	// Both kinds of write stage, one after the other: each exposes
+	// metrics of its own (core mode's aggregator and flusher, the durable
+	// engine's).
 	var families []*dto.MetricFamily
-	for _, engine := range []string{config.EngineJournal, config.EnginePosition} {
-		cfg.DurableEngine = engine
+	for _, mode := range []string{config.ModeCore, config.ModeJetStream} {
+		cfg.NATSMode = mode
 		sc := sidecartest.Run(t, cfg, nil)
 		fs, err := sc.Registry().Gather()
 		if err != nil {

@@ -67,7 +67,7 @@ func startRegions(t *testing.T, em *globaltable.Emulator, table string, owned bo
 		if _, err := ingest.EnsureStream(context.Background(), testenv.Connect(t, cfg.NATSURL), cfg.Stream, cfg.Subject, time.Minute); err != nil {
 			t.Fatal(err)
 		}
-		r := &region{name: name, nats: cfg.NATSURL, position: cfg.Positional()}
+		r := &region{name: name, nats: cfg.NATSURL, position: cfg.Durable()}
 		for range 2 {
 			c := cfg
 			c.DataDir = t.TempDir()

@@ -36,7 +36,7 @@ func partitionsIdle(t *testing.T, url string, cfg config.Config, timeout time.Du
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cfg.Positional() {
+	if cfg.Durable() {
 		names := make([]string, cfg.Partitions)
 		for p := range names {
 			names[p] = streams.Layout{Stream: cfg.Stream, Partitions: cfg.Partitions}.Name(p)

@@ -2,16 +2,13 @@ package sidecar
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net/http"
 	"path/filepath"
 	"runtime/debug"
 	"time"
 
-	"github.com/cenkalti/backoff/v5"
 	"github.com/nats-io/nats.go"
-	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
 	"github.com/hotcount/hotcount/aggregator"
@@ -22,9 +19,7 @@ import (
 	"github.com/hotcount/hotcount/flusher"
 	"github.com/hotcount/hotcount/heavyhitters"
 	"github.com/hotcount/hotcount/ingest"
-	"github.com/hotcount/hotcount/journal"
 	"github.com/hotcount/hotcount/lookup"
-	"github.com/hotcount/hotcount/quarantine"
 	"github.com/hotcount/hotcount/shardcount"
 	"github.com/hotcount/hotcount/spill"
 	"github.com/hotcount/hotcount/store"
@@ -42,10 +37,9 @@ type parts struct {
 	book    *shardcount.Book
 	lk      *lookup.Service
 	tr      *trend.Service
-	fl      *flusher.Flusher // nil with --durable-engine position
-	eng     *durable.Engine  // --durable-engine position only
+	fl      *flusher.Flusher // core mode
+	eng     *durable.Engine  // the durable modes
 	out     writeStage       // fl or eng
-	jr      *journal.Journal // durable modes only
 	members *fleet.Members   // partitioned mode only; run by Run, not in runs or services
 	sub     source
 	// api is the lookup API's handler, without its token check; con is
@@ -135,11 +129,6 @@ func (s *Sidecar) buffer(_ context.Context, p *parts) error {
 	if minutes, hours := cfg.Buckets(); minutes || hours {
 		opts = append(opts, aggregator.WithBuckets(s.clock))
 	}
-	if cfg.Durable() {
-		// Half the consumer's bound: a flush starts, and its messages are
-		// acknowledged, well before the server would stop delivering.
-		opts = append(opts, aggregator.WithMaxHeld(cfg.MaxAckPending/2))
-	}
 	p.agg = aggregator.New(cfg.MaxTopics, s.reg, opts...)
 	return nil
 }
@@ -201,7 +190,7 @@ func (s *Sidecar) readers(_ context.Context, p *parts) error {
 }
 
 // writeStage is what the sidecar runs and stops of the stage that writes:
-// the flusher, or with --durable-engine position the durable engine.
+// the flusher (core mode), or the durable engine (the durable modes).
 type writeStage interface {
 	EndBy(time.Time)
 	Final(context.Context) error
@@ -210,9 +199,9 @@ type writeStage interface {
 	Read(topic string, read func(pending func(gatheredAt time.Time) int64))
 }
 
-// writers builds the flusher and, in the durable modes, the journal it
-// records its writes in; or with --durable-engine position the durable
-// engine, which reads the streams itself.
+// writers builds the stage that writes: in the durable modes the durable
+// engine, which reads the streams itself; in core mode the flusher, which
+// writes what the subscription buffers.
 func (s *Sidecar) writers(ctx context.Context, p *parts) error {
 	cfg := s.cfg
 	minutes, hours := cfg.Buckets()
@@ -220,27 +209,13 @@ func (s *Sidecar) writers(ctx context.Context, p *parts) error {
 	if minutes {
 		observers = append(observers, p.tr) // marks the fleet's history, then feeds the sketch
 	}
-	if cfg.Positional() {
+	if cfg.Durable() {
 		return s.engine(p, observers)
 	}
 	opts := []flusher.Option{flusher.WithObserver(observers...), flusher.WithShards(p.book), flusher.WithReader(p.lk)}
-	var keepAlive time.Duration
-	// The journal first: it waits for JetStream, which the quarantine's
-	// bucket needs too. Its replays, which release quarantined writes,
-	// run only once the pipeline does, with q set.
-	var q quarantine.Store
-	if cfg.Durable() {
-		jr, err := openJournal(ctx, p.nc, cfg, p.writer, p.st, func() quarantine.Store { return q }, s.log, s.reg)
-		if err != nil {
-			return err
-		}
-		p.jr = jr
-		opts = append(opts, flusher.WithJournal(jr))
-		keepAlive = cfg.AckWait / 3 // as the ingest keeps the buffer alive
-	}
 	if cfg.QuarantineAfter > 0 {
-		var err error
-		if q, err = OpenQuarantine(ctx, cfg, p.nc); err != nil {
+		q, err := OpenQuarantine(ctx, cfg, p.nc)
+		if err != nil {
 			return err
 		}
 		opts = append(opts, flusher.WithQuarantine(q))
@@ -252,7 +227,6 @@ func (s *Sidecar) writers(ctx context.Context, p *parts) error {
 		Concurrency:  cfg.FlushWrites(),
 		WriteTimeout: cfg.WriteTimeout,
 		Writer:       p.writer,
-		KeepAlive:    keepAlive,
 		Minutes:      minutes,
 		Hours:        hours,
 
@@ -261,9 +235,6 @@ func (s *Sidecar) writers(ctx context.Context, p *parts) error {
 	p.out = p.fl
 	p.lk.WatchWrites(p.fl)
 	p.runs = append(p.runs, func(ctx context.Context) error { return p.fl.RunWithin(ctx, p.limit) })
-	if p.jr != nil {
-		p.runs = append(p.runs, p.jr.Run, p.jr.Watch)
-	}
 	return nil
 }
 
@@ -303,34 +274,25 @@ func (s *Sidecar) engine(p *parts, observers []flusher.Observer) error {
 	return nil
 }
 
-// ingest builds what takes mentions from NATS into the window, and in
-// partitioned mode the fleet that divides the stream's partitions among
-// the sidecars it sees alive.
+// ingest builds what takes mentions from NATS into the window in core
+// mode (the durable engine reads its streams itself).
 func (s *Sidecar) ingest(_ context.Context, p *parts) error {
-	cfg := s.cfg
 	if p.eng != nil {
-		return nil // the engine reads the streams
+		return nil
 	}
-	if cfg.NATSMode == config.ModePartitioned {
-		p.members = fleet.NewMembers(p.nc, fleet.DefaultMembersSubject, p.writer, cfg.Stream+"/"+cfg.Consumer, fleet.DefaultInterval, s.log)
-	}
-	sub, err := newSource(cfg, p.nc, p.agg, p.fl, p.members, s.log, p.im)
+	cfg := s.cfg
+	sub, err := ingest.NewSubscriber(p.nc, ingest.Config{
+		Subject:           cfg.Subject,
+		QueueGroup:        cfg.QueueGroup,
+		DeadLetterSubject: cfg.DeadLetterSubject,
+		DrainTimeout:      cfg.DrainTimeout,
+		Limits:            ingest.Limits{MaxCount: cfg.MaxCount, MaxTopicBytes: cfg.MaxTopicBytes, MaxLateness: cfg.Lateness()},
+	}, p.agg, s.log, p.im)
 	if err != nil {
 		return err
 	}
-	run := sub.Run
-	if js, ok := sub.(*ingest.JetStreamConsumer); ok {
-		if p.jr != nil {
-			js.SetJournal(p.jr)
-		}
-		// Its drain and unpins wait on NATS: cut off at the final
-		// flush's deadline too. (The core subscription's drain is
-		// bounded by --drain-timeout alone, which config keeps under
-		// that deadline.)
-		run = func(ctx context.Context) error { return js.RunWithin(ctx, p.limit) }
-	}
 	p.sub = sub
-	p.runs = append([]func(context.Context) error{run}, p.runs...)
+	p.runs = append([]func(context.Context) error{sub.Run}, p.runs...)
 	return nil
 }
 
@@ -347,78 +309,10 @@ func (s *Sidecar) views(_ context.Context, p *parts) error {
 	return nil
 }
 
-// openJournal opens the JetStream journal, retrying until NATS answers or
-// ctx ends.
-// A replay of a dead writer's entry releases the writes it marks as the
-// quarantine's in quarantined() (nil: quarantine off, and there are none
-// to meet but those an earlier run with it on left, which the replay then
-// refuses).
-func openJournal(ctx context.Context, nc *nats.Conn, cfg config.Config, writer string, st Store, quarantined func() quarantine.Store, log *zap.Logger, reg prometheus.Registerer) (*journal.Journal, error) {
-	m := journal.NewMetrics(reg)
-	jcfg := journal.Config{Bucket: journal.DefaultBucket, WritersBucket: journal.DefaultWritersBucket, Stream: cfg.Stream, Consumer: cfg.Consumer}
-	jcfg.Release = func(ctx context.Context, writer string, seq int64) error {
-		q := quarantined()
-		if q == nil {
-			return errors.New("sidecar: a journaled write is quarantined, and --quarantine-after 0 leaves this sidecar no quarantine to release it in")
-		}
-		return quarantine.Release(ctx, q, quarantine.Entry{Writer: writer, Seq: seq}.Key())
-	}
-	jcfg.QuarantineAfter = cfg.QuarantineAfter
-	if d, ok := st.(*store.DynamoDB); ok {
-		jcfg.Region = d.Regions.Own // its entries say which items they wrote
-	}
-	jcfg.Hold = func(ctx context.Context, e quarantine.Entry) error {
-		q := quarantined()
-		if q == nil {
-			return errors.New("sidecar: no quarantine (--quarantine-after 0)")
-		}
-		return q.Put(ctx, e)
-	}
-	if cfg.NATSMode == config.ModePartitioned {
-		jcfg.Partitions, jcfg.Bucket = cfg.Partitions, journal.PartitionsBucket
-	}
-	b := backoff.NewExponentialBackOff()
-	b.InitialInterval, b.MaxInterval = 100*time.Millisecond, 5*time.Second
-	jr, err := backoff.Retry(ctx, func() (*journal.Journal, error) {
-		octx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		defer cancel()
-		jr, err := journal.Open(octx, nc, jcfg, writer, st, log, m)
-		if err != nil && ctx.Err() == nil {
-			log.Warn("cannot open the journal; retrying", zap.Error(err))
-		}
-		return jr, err
-	}, backoff.WithBackOff(b), backoff.WithMaxElapsedTime(0))
-	if err != nil {
-		return nil, fmt.Errorf("sidecar: open the journal: %w", err)
-	}
-	return jr, nil
-}
-
-// source is the ingest, core or JetStream.
+// source is what reads mentions: the core subscription, or the durable
+// engine.
 type source interface {
 	Run(ctx context.Context) error
 	Ready() error
 }
 
-func newSource(cfg config.Config, nc *nats.Conn, agg *aggregator.Aggregator, fl *flusher.Flusher, members *fleet.Members, log *zap.Logger, m *ingest.Metrics) (source, error) {
-	icfg := ingest.Config{
-		Subject:           cfg.Subject,
-		QueueGroup:        cfg.QueueGroup,
-		DeadLetterSubject: cfg.DeadLetterSubject,
-		DrainTimeout:      cfg.DrainTimeout,
-		Limits:            ingest.Limits{MaxCount: cfg.MaxCount, MaxTopicBytes: cfg.MaxTopicBytes, MaxLateness: cfg.Lateness()},
-	}
-	if cfg.Durable() {
-		jcfg := ingest.JetStreamConfig{
-			Stream:        cfg.Stream,
-			Consumer:      cfg.Consumer,
-			AckWait:       cfg.AckWait,
-			MaxAckPending: cfg.MaxAckPending,
-		}
-		if members != nil {
-			jcfg.Partitions, jcfg.Owner = cfg.Partitions, members
-		}
-		return ingest.NewJetStreamConsumer(nc, icfg, jcfg, agg, func() bool { return fl.Failing() || agg.OverBudget() }, log, m)
-	}
-	return ingest.NewSubscriber(nc, icfg, agg, log, m)
-}

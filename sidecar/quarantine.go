@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/cenkalti/backoff/v5"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
@@ -95,3 +96,50 @@ func SettleJournal(ctx context.Context, cfg config.Config, nc *nats.Conn, st Sto
 	defer jr.Leave(context.WithoutCancel(ctx)) //nolint:errcheck // its heartbeat lapses anyway
 	return jr.Replay(ctx)
 }
+// openJournal opens the JetStream journal, retrying until NATS answers or
+// ctx ends.
+// A replay of a dead writer's entry releases the writes it marks as the
+// quarantine's in quarantined() (nil: quarantine off, and there are none
+// to meet but those an earlier run with it on left, which the replay then
+// refuses).
+func openJournal(ctx context.Context, nc *nats.Conn, cfg config.Config, writer string, st Store, quarantined func() quarantine.Store, log *zap.Logger, reg prometheus.Registerer) (*journal.Journal, error) {
+	m := journal.NewMetrics(reg)
+	jcfg := journal.Config{Bucket: journal.DefaultBucket, WritersBucket: journal.DefaultWritersBucket, Stream: cfg.Stream, Consumer: cfg.Consumer}
+	jcfg.Release = func(ctx context.Context, writer string, seq int64) error {
+		q := quarantined()
+		if q == nil {
+			return errors.New("sidecar: a journaled write is quarantined, and --quarantine-after 0 leaves this sidecar no quarantine to release it in")
+		}
+		return quarantine.Release(ctx, q, quarantine.Entry{Writer: writer, Seq: seq}.Key())
+	}
+	jcfg.QuarantineAfter = cfg.QuarantineAfter
+	if d, ok := st.(*store.DynamoDB); ok {
+		jcfg.Region = d.Regions.Own // its entries say which items they wrote
+	}
+	jcfg.Hold = func(ctx context.Context, e quarantine.Entry) error {
+		q := quarantined()
+		if q == nil {
+			return errors.New("sidecar: no quarantine (--quarantine-after 0)")
+		}
+		return q.Put(ctx, e)
+	}
+	if cfg.NATSMode == config.ModePartitioned {
+		jcfg.Partitions, jcfg.Bucket = cfg.Partitions, journal.PartitionsBucket
+	}
+	b := backoff.NewExponentialBackOff()
+	b.InitialInterval, b.MaxInterval = 100*time.Millisecond, 5*time.Second
+	jr, err := backoff.Retry(ctx, func() (*journal.Journal, error) {
+		octx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		jr, err := journal.Open(octx, nc, jcfg, writer, st, log, m)
+		if err != nil && ctx.Err() == nil {
+			log.Warn("cannot open the journal; retrying", zap.Error(err))
+		}
+		return jr, err
+	}, backoff.WithBackOff(b), backoff.WithMaxElapsedTime(0))
+	if err != nil {
+		return nil, fmt.Errorf("sidecar: open the journal: %w", err)
+	}
+	return jr, nil
+}
+

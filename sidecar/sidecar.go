@@ -177,8 +177,7 @@ func tableRegions(ctx context.Context, cfg config.Config, client *dynamodb.Clien
 // down within --shutdown-timeout: stop taking messages and drain the NATS
 // subscription (at most --drain-timeout), stop the flush loop, leave the
 // fleet (partitioned mode), flush what is buffered (retrying until the
-// budget's end less a reserve), leave the journal, send the
-// acknowledgements, close NATS, stop the HTTP listeners, then the lookup's
+// budget's end less a reserve), send what is published, close NATS, stop the HTTP listeners, then the lookup's
 // background work. The lookup API keeps answering until the final flush
 // is done.
 func (s *Sidecar) Run(ctx context.Context) error {
@@ -296,17 +295,11 @@ func runMembers(sctx context.Context, members *fleet.Members, services *errgroup
 
 // afterFinal are the phases of the shutdown after the final flush.
 func (s *Sidecar) afterFinal(p *parts, l *listeners) []phase {
-	var after []phase
-	if p.jr != nil {
-		// No more writes from this writer: what it leaves in the journal
-		// is replayed by the others now rather than after its lease.
-		after = append(after, phase{"leaving the journal", p.jr.Leave})
+	return []phase{
+		// Publishes are asynchronous (dead letters, the fleet's summaries):
+		// make sure they have left before the connection closes.
+		{"flushing publishes to NATS", p.nc.FlushWithContext},
+		{"closing NATS", func(context.Context) error { p.nc.Close(); return nil }},
+		{"stopping the HTTP listeners", l.shutdown},
 	}
-	return append(after,
-		// Acknowledgements are asynchronous publishes: make sure they have
-		// left before the connection closes, or their messages come back.
-		phase{"flushing acknowledgements to NATS", p.nc.FlushWithContext},
-		phase{"closing NATS", func(context.Context) error { p.nc.Close(); return nil }},
-		phase{"stopping the HTTP listeners", l.shutdown},
-	)
 }

@@ -270,7 +270,7 @@ func TestOutageLosesNothing(t *testing.T) {
 // checkpoint at the stream's end with the position engine.
 func consumerIdle(t *testing.T, e *env) {
 	t.Helper()
-	if e.cfg.Positional() {
+	if e.cfg.Durable() {
 		testenv.Checkpointed(t, e.nats, []string{e.cfg.Stream}, 30*time.Second)
 		return
 	}

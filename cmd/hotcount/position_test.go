@@ -12,6 +12,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -19,6 +22,7 @@ import (
 	"github.com/hotcount/hotcount/internal/ddbfault"
 	"github.com/hotcount/hotcount/internal/testenv"
 	"github.com/hotcount/hotcount/loadgen"
+	"github.com/hotcount/hotcount/store"
 	"github.com/hotcount/hotcount/streams"
 )
 
@@ -376,13 +380,15 @@ func positionCluster(t *testing.T, mode string) {
 	t.Logf("%s: lost %s's leader and a reading sidecar: %d mentions stored, every one counted once", mode, first, total)
 }
 
-// TestStreamAdopt is the upgrade from --durable-engine journal: a
-// journal sidecar counts a stream and stops; a position sidecar started
-// on it reads nothing (a stream without a checkpoint that the journal's
-// consumer read would be counted again from its start) and says which
-// command to run; `hotcount stream adopt` checkpoints it at the
-// consumer's acknowledgement floor, and the position sidecar counts the
-// mentions after it, each once.
+// TestStreamAdopt is the upgrade from the previous release's journal
+// engine: that release counted a stream through a durable consumer,
+// acknowledging each message once its count was written, and stopped
+// (previousRelease leaves that state: the consumer's floor, the counts in
+// the table). A sidecar started on the stream reads nothing (a stream
+// without a checkpoint that the journal's consumer read would be counted
+// again from its start) and says which command to run; `hotcount stream
+// adopt` checkpoints it at the consumer's acknowledgement floor, and the
+// sidecar counts the mentions after it, each once.
 func TestStreamAdopt(t *testing.T) {
 	ns := testenv.NATS(t)
 	nc := testenv.Connect(t, ns.ClientURL())
@@ -405,17 +411,11 @@ func TestStreamAdopt(t *testing.T) {
 	}
 	exact := func(want map[string]int64) func() error { return tableHolds(t, d, table, want) }
 	want := map[string]int64{}
-	old := startChild(t, append(args, "--durable-engine", "journal")...)
 	publish(3_000, 1, want)
+	previousRelease(t, nc, d, table, "MENTIONS", 3_000)
 	testenv.Eventually(t, time.Minute, exact(want))
-	if err := old.cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
-	if err := old.cmd.Wait(); err != nil {
-		t.Fatalf("SIGTERM: %v\n%s", err, old.logs)
-	}
 
-	cur := startChild(t, append(args, "--durable-engine", "position")...)
+	cur := startChild(t, args...)
 	testenv.Eventually(t, 30*time.Second, func() error {
 		if n := cur.metric(t, "hotcount_durable_unadopted_total"); n == 0 {
 			return fmt.Errorf("the journal's stream is not refused yet")
@@ -424,6 +424,9 @@ func TestStreamAdopt(t *testing.T) {
 	})
 	if n := cur.metric(t, "hotcount_ingest_events_total"); n != 0 {
 		t.Fatalf("%v mentions read from a stream the journal engine counted", n)
+	}
+	if !strings.Contains(cur.logs.String(), "hotcount stream adopt") {
+		t.Errorf("the refusal does not name the command to run:\n%s", cur.logs)
 	}
 	var out strings.Builder
 	if err := dispatch(context.Background(), []string{"stream", "adopt", "--nats-mode", "jetstream", "--nats-url", ns.ClientURL(), "--table", table, "--dynamodb-endpoint", d.Endpoint}, nil, &out, &out); err != nil {
@@ -436,6 +439,50 @@ func TestStreamAdopt(t *testing.T) {
 	testenv.Eventually(t, time.Minute, exact(want))
 	if n := cur.metric(t, "hotcount_ingest_events_total"); n != 2_000 {
 		t.Errorf("the position sidecar read %v mentions, want the 2,000 after the checkpoint", n)
+	}
+}
+
+// previousRelease leaves stream and table as a stopped sidecar of the
+// previous release (the journal engine) did: its durable consumer
+// (hotcount, explicit acknowledgements) has read the first n messages,
+// each acknowledged once its count was added to the topic's shard 0.
+// Each message counts 1 (loadgen's empty payloads).
+func previousRelease(t *testing.T, nc *nats.Conn, d *testenv.Dynalite, table, stream string, n int) {
+	t.Helper()
+	ctx := context.Background()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cons, err := js.CreateOrUpdateConsumer(ctx, stream, jetstream.ConsumerConfig{Durable: "hotcount", AckPolicy: jetstream.AckExplicitPolicy})
+	if err != nil {
+		t.Fatal(err)
+	}
+	db := d.Client()
+	for read := 0; read < n; {
+		batch, err := cons.Fetch(min(n-read, 500), jetstream.FetchMaxWait(5*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for m := range batch.Messages() {
+			topic := strings.TrimPrefix(m.Subject(), "mentions.")
+			if _, err := db.UpdateItem(ctx, &dynamodb.UpdateItemInput{
+				TableName:                 &table,
+				Key:                       map[string]types.AttributeValue{store.AttrPK: &types.AttributeValueMemberS{Value: store.ShardKey(topic, 0)}},
+				UpdateExpression:          aws.String("ADD #c :one"),
+				ExpressionAttributeNames:  map[string]string{"#c": store.AttrCount},
+				ExpressionAttributeValues: map[string]types.AttributeValue{":one": &types.AttributeValueMemberN{Value: "1"}},
+			}); err != nil {
+				t.Fatal(err)
+			}
+			if err := m.DoubleAck(ctx); err != nil {
+				t.Fatal(err)
+			}
+			read++
+		}
+		if err := batch.Error(); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
 

@@ -59,9 +59,9 @@ func openQuarantine(ctx context.Context, name string, args, environ []string, st
 }
 
 // cmdQuarantineList prints the writes held in the quarantine, and why.
-// With the position engine it lists the counters held in the streams'
+// In the durable modes it lists the counters held in the streams'
 // checkpoint records first (which the sidecars replay themselves), then
-// what the journal engine left in its quarantine.
+// what the previous release's journal engine left in its quarantine.
 func cmdQuarantineList(ctx context.Context, args, environ []string, stdout, stderr io.Writer) error {
 	var asJSON bool
 	cfg, q, _, nc, done, err := openQuarantine(ctx, "hotcount quarantine list", args, environ, stderr, func(fs *pflag.FlagSet) {
@@ -85,7 +85,7 @@ func cmdQuarantineList(ctx context.Context, args, environ []string, stdout, stde
 		if es == nil {
 			es = []quarantine.Entry{}
 		}
-		if cfg.Positional() {
+		if cfg.Durable() {
 			return json.NewEncoder(stdout).Encode(struct {
 				Held    []durable.Held     `json:"held"`
 				Entries []quarantine.Entry `json:"entries"`
@@ -128,11 +128,10 @@ func cmdQuarantineList(ctx context.Context, args, environ []string, stdout, stde
 	return nil
 }
 
-// heldCounters lists the counters the position engine holds in the
-// checkpoints of the settings' streams, through nc (none in core mode or
-// with the journal engine).
+// heldCounters lists the counters the durable engine holds in the
+// checkpoints of the settings' streams, through nc (none in core mode).
 func heldCounters(ctx context.Context, cfg config.Config, nc *nats.Conn) ([]durable.Held, error) {
-	if !cfg.Positional() {
+	if !cfg.Durable() {
 		return nil, nil
 	}
 	js, err := jetstream.New(nc)

@@ -135,7 +135,7 @@ hotcount.effectiveSettings: the settings, with hotcount's own defaults for
 those the cross-field checks read and the values do not give.
 */}}
 {{- define "hotcount.effectiveSettings" -}}
-{{- $defaults := dict "HOTCOUNT_NATS_MODE" "core" "HOTCOUNT_ADMIN" ":9091" "HOTCOUNT_ACK_WAIT" "30s" "HOTCOUNT_FLUSH_TIMEOUT" "5s" "HOTCOUNT_WRITE_TIMEOUT" "5s" "HOTCOUNT_CACHE_TTL" "1s" "HOTCOUNT_CACHE_STALE" "0" "HOTCOUNT_DRAIN_TIMEOUT" "5s" "HOTCOUNT_SHUTDOWN_TIMEOUT" "25s" "HOTCOUNT_HTTP_TOKEN_FILE" "" "HOTCOUNT_HTTP_PUBLIC" "false" }}
+{{- $defaults := dict "HOTCOUNT_NATS_MODE" "core" "HOTCOUNT_ADMIN" ":9091" "HOTCOUNT_FLUSH_TIMEOUT" "5s" "HOTCOUNT_WRITE_TIMEOUT" "5s" "HOTCOUNT_CACHE_TTL" "1s" "HOTCOUNT_CACHE_STALE" "0" "HOTCOUNT_DRAIN_TIMEOUT" "5s" "HOTCOUNT_SHUTDOWN_TIMEOUT" "25s" "HOTCOUNT_HTTP_TOKEN_FILE" "" "HOTCOUNT_HTTP_PUBLIC" "false" }}
 {{- merge (include "hotcount.settings" . | fromYaml) $defaults | toYaml }}
 {{- end }}
 
@@ -185,12 +185,6 @@ refused at render with the key named, rather than by hotcount at start
 {{- $shutdown := include "hotcount.seconds" $s.HOTCOUNT_SHUTDOWN_TIMEOUT | float64 }}
 {{- if le (subf $shutdown (minf (divf $shutdown 10) 1)) (include "hotcount.seconds" $s.HOTCOUNT_DRAIN_TIMEOUT | float64) }}
 {{- fail (printf "hotcount.shutdownTimeout: %s leaves no time for the final flush after hotcount.drainTimeout %s (and the reserve of a tenth, at most 1 s): make it longer" $s.HOTCOUNT_SHUTDOWN_TIMEOUT $s.HOTCOUNT_DRAIN_TIMEOUT) }}
-{{- end }}
-{{- if has $s.HOTCOUNT_NATS_MODE (list "jetstream" "partitioned") }}
-{{- $minWait := mulf 1.5 (addf (include "hotcount.seconds" $s.HOTCOUNT_FLUSH_TIMEOUT | float64) (include "hotcount.seconds" $s.HOTCOUNT_WRITE_TIMEOUT | float64)) }}
-{{- if lt (include "hotcount.seconds" $s.HOTCOUNT_ACK_WAIT | float64) $minWait }}
-{{- fail (printf "hotcount.ackWait: %s is shorter than 1.5 × (hotcount.flushTimeout %s + hotcount.writeTimeout %s): held messages would be redelivered and counted twice" $s.HOTCOUNT_ACK_WAIT $s.HOTCOUNT_FLUSH_TIMEOUT $s.HOTCOUNT_WRITE_TIMEOUT) }}
-{{- end }}
 {{- end }}
 {{- if .Values.standalone.enabled }}
 {{- include "hotcount.checkGracePeriod" (list . .Values.terminationGracePeriodSeconds "terminationGracePeriodSeconds") }}
