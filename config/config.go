@@ -80,15 +80,15 @@ const (
 
 // Config is every setting of the sidecar.
 type Config struct {
-	NATSURL       string
-	NATSMode      string
-	NATSCreds     string
-	NATSNKey      string
-	NATSToken     string
-	NATSTLSCA     string
-	NATSTLSCert   string
-	NATSTLSKey    string
-	Stream        string
+	NATSURL     string
+	NATSMode    string
+	NATSCreds   string
+	NATSNKey    string
+	NATSToken   string
+	NATSTLSCA   string
+	NATSTLSCert string
+	NATSTLSKey  string
+	Stream      string
 	// Consumer is the durable consumer the previous engine (the journal)
 	// read with: `hotcount stream adopt` and the engine's start-up check
 	// look for it.

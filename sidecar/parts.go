@@ -315,4 +315,3 @@ type source interface {
 	Run(ctx context.Context) error
 	Ready() error
 }
-

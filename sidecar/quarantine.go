@@ -96,6 +96,7 @@ func SettleJournal(ctx context.Context, cfg config.Config, nc *nats.Conn, st Sto
 	defer jr.Leave(context.WithoutCancel(ctx)) //nolint:errcheck // its heartbeat lapses anyway
 	return jr.Replay(ctx)
 }
+
 // openJournal opens the JetStream journal, retrying until NATS answers or
 // ctx ends.
 // A replay of a dead writer's entry releases the writes it marks as the
@@ -142,4 +143,3 @@ func openJournal(ctx context.Context, nc *nats.Conn, cfg config.Config, writer s
 	}
 	return jr, nil
 }
-

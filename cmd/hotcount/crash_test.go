@@ -14,7 +14,6 @@ import (
 	"testing"
 	"time"
 
-
 	"github.com/hotcount/hotcount/internal/testenv"
 	"github.com/hotcount/hotcount/store"
 )
@@ -172,4 +171,3 @@ func exactBuckets(t *testing.T, d *testenv.Dynalite, table string, want map[stri
 		}
 	}
 }
-
