@@ -11,8 +11,9 @@
 // (Report.Notes): totals need the whole stream since the table began; a
 // bucket needs every mention that could land in it (a mention's "at" may
 // be up to --max-lateness before its publication); a counter some of
-// whose mentions are still in flight (not yet acknowledged by the
-// sidecars, or published during the audit) is left out and counted.
+// whose mentions are still in flight (past its stream's checkpoint, or
+// published during the audit) is left out and counted, as is one the
+// sidecars hold out of the table (its writes refused).
 //
 // Memory is bounded: Run holds at most Config.MaxCounters counters at
 // once. When the stream has more, it reads the stream again for each share
@@ -82,10 +83,20 @@ type Stream struct {
 	// (or core) mode's, whose sidecars' consumer takes only subjects
 	// under the prefix: other messages are skipped, not rejected.
 	Partitioned bool
-	// Consumer is the sidecars' durable consumer on it ("" in core mode,
-	// where they do not consume it): its acknowledgement floor tells
-	// which mentions may not be in the table yet.
-	Consumer string
+	// Durable says the durable sidecars read it (jetstream and
+	// partitioned modes): its checkpoint (Config.Checkpoints) tells which
+	// mentions may not be in the table yet. In core mode nothing tells.
+	Durable bool
+}
+
+// Checkpoints are the durable sidecars' checkpoint records (package
+// durable): for the stream named, as it was created, the sequence at and
+// below which every mention is in the table, and the counters held out
+// of the table (the store refused their writes) with mentions at or
+// below it. A stream created again after its record was written has no
+// checkpoint yet: 0.
+type Checkpoints interface {
+	Checkpoint(ctx context.Context, stream string, created time.Time) (seq uint64, held []store.Counter, err error)
 }
 
 // Config is what an audit reads and how.
@@ -93,6 +104,9 @@ type Config struct {
 	// Streams are the streams of mentions: one in core and jetstream
 	// modes, every partition stream in partitioned mode. Required.
 	Streams []Stream
+	// Checkpoints reads the checkpoints of the Durable streams; required
+	// when one is.
+	Checkpoints Checkpoints
 	// Prefix is the topic prefix of the subject ("mentions.":
 	// ingest.Prefix of --subject). Required.
 	Prefix string
@@ -168,10 +182,13 @@ type Report struct {
 	Totals  Check `json:"totals"`
 	Buckets Check `json:"buckets"`
 	// InFlight are the counters not compared because some of their
-	// mentions were in flight: not yet acknowledged by the sidecars'
-	// consumer when the table was read, published during the audit, or
-	// changing in the table while it was read.
+	// mentions were in flight: past the stream's checkpoint when the
+	// table was read, published during the audit, or changing in the
+	// table while it was read. Held are those not compared because the
+	// sidecars hold their mentions out of the table (the store refuses
+	// their writes: `hotcount quarantine list`).
 	InFlight int64 `json:"inFlight"`
+	Held     int64 `json:"held,omitempty"`
 	// Notes say, in sentences, what was not checked and why.
 	Notes []string `json:"notes"`
 	// Differences are the counters that differ (at most MaxListed), by
@@ -241,6 +258,8 @@ func (cfg *Config) validate() error {
 		return fmt.Errorf("audit: until %s is not after since %s", cfg.Until.Format(time.RFC3339), cfg.Since.Format(time.RFC3339))
 	case cfg.MaxCounters < 0:
 		return fmt.Errorf("audit: max counters %d is negative", cfg.MaxCounters)
+	case cfg.Checkpoints == nil && slices.ContainsFunc(cfg.Streams, func(s Stream) bool { return s.Durable }):
+		return errors.New("audit: a durable stream and no checkpoints to read")
 	}
 	if cfg.MaxCounters == 0 {
 		cfg.MaxCounters = DefaultMaxCounters
@@ -413,7 +432,7 @@ func (a *auditor) summarize() {
 			r.Buckets.Expired, a.cfg.Retention.Of(store.Minute), a.cfg.Retention.Of(store.Hour))
 	}
 	if r.InFlight > 0 {
-		a.note("%d counters not checked: mentions of them were in flight (not yet acknowledged by the sidecars when the table was read, published during the audit, or written while it read them); run the audit again once the sidecars have caught up", r.InFlight)
+		a.note("%d counters not checked: mentions of them were in flight (past their stream's checkpoint when the table was read, published during the audit, or written while it read them); run the audit again once the sidecars have caught up", r.InFlight)
 	}
 	a.note("counters of topics the stream does not mention, and buckets in which it has none, are not read (that would take a scan of the table)")
 	if r.Unlisted > 0 {

@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/hotcount/hotcount/audit"
+	"github.com/hotcount/hotcount/durable"
 	"github.com/hotcount/hotcount/ingest"
 	"github.com/hotcount/hotcount/internal/testenv"
 	"github.com/hotcount/hotcount/store"
@@ -385,7 +386,9 @@ func TestAuditPartitioned(t *testing.T) {
 		want[c] += n
 	}
 	e.write(t, want, mixShards)
-	cfg := config(audit.Stream{Name: l.Name(0), Partitioned: true, Consumer: "hotcount"}, audit.Stream{Name: l.Name(1), Partitioned: true, Consumer: "hotcount"})
+	cfg := config(audit.Stream{Name: l.Name(0), Partitioned: true, Durable: true}, audit.Stream{Name: l.Name(1), Partitioned: true, Durable: true})
+	cfg.Checkpoints = durable.NewCheckpoints(e.js, "")
+	e.checkpointAll(t, l.Name(0), l.Name(1)) // the sidecars have written everything
 
 	r := run(t, e, cfg)
 	for _, s := range r.Streams {
@@ -404,41 +407,80 @@ func TestAuditPartitioned(t *testing.T) {
 	}
 }
 
-// TestAuditInFlight: mentions the sidecars' consumer has not acknowledged
-// may not be in the table yet: their counters are in flight, not
-// differences; once acknowledged they are compared.
+// TestAuditInFlight: mentions past their stream's checkpoint (package
+// durable's record: below it, every mention is in the table) may not be
+// in the table yet: their counters are in flight, not differences; once
+// the checkpoint is past them they are compared.
 func TestAuditInFlight(t *testing.T) {
 	e := newEnv(t, nil)
 	ctx := ctxOf(t)
 	if _, err := ingest.EnsureStream(ctx, e.nc, "MENTIONS", "mentions.>", time.Minute); err != nil {
 		t.Fatal(err)
 	}
-	want := e.publish(t, []msg{{topic: "a"}, {topic: "b", payload: `{"count":3}`}})
-	cons, err := e.js.CreateOrUpdateConsumer(ctx, "MENTIONS", jetstream.ConsumerConfig{
-		Durable: "hotcount", AckPolicy: jetstream.AckExplicitPolicy, FilterSubject: "mentions.>",
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := config(audit.Stream{Name: "MENTIONS", Consumer: "hotcount"})
-	// Nothing written, nothing acknowledged.
+	e.publish(t, []msg{{topic: "a"}, {topic: "b", payload: `{"count":3}`}})
+	cfg := config(audit.Stream{Name: "MENTIONS", Durable: true})
+	cfg.Checkpoints = durable.NewCheckpoints(e.js, "")
+	// Nothing written, no checkpoint.
 	r := run(t, e, cfg)
 	if r.Differ() != 0 || r.InFlight != 6 || r.Totals.Compared+r.Buckets.Compared != 0 {
-		t.Errorf("unacknowledged: %d differ, %d in flight, %d compared; want 0, 6, 0", r.Differ(), r.InFlight, r.Totals.Compared+r.Buckets.Compared)
+		t.Errorf("no checkpoint: %d differ, %d in flight, %d compared; want 0, 6, 0", r.Differ(), r.InFlight, r.Totals.Compared+r.Buckets.Compared)
 	}
-	// Acknowledged, and still not in the table: that is a loss.
-	batch, err := cons.Fetch(len(want))
-	if err != nil {
+	// The first mention checkpointed: a's counters are compared (and
+	// missing from the table: that is a loss), b's still in flight.
+	if err := durable.Adopt(ctx, e.js, "MENTIONS", "", 1); err != nil {
 		t.Fatal(err)
 	}
-	for m := range batch.Messages() {
-		if err := m.DoubleAck(ctx); err != nil {
-			t.Fatal(err)
-		}
+	r = run(t, e, cfg)
+	if r.Differ() != 3 || r.InFlight != 3 {
+		t.Errorf("checkpoint at 1: %d differ, %d in flight; want 3 and 3", r.Differ(), r.InFlight)
 	}
+	// Checkpointed past both, and still not in the table.
+	e.checkpointAll(t, "MENTIONS")
 	r = run(t, e, cfg)
 	if r.Differ() != 6 || r.InFlight != 0 {
-		t.Errorf("acknowledged: %d differ, %d in flight; want 6 and 0", r.Differ(), r.InFlight)
+		t.Errorf("checkpointed: %d differ, %d in flight; want 6 and 0", r.Differ(), r.InFlight)
+	}
+}
+
+// TestAuditCheckpointOfAnEarlierStream: a checkpoint recorded for a
+// stream since deleted and created again says nothing of the new one:
+// its mentions are in flight until the sidecars checkpoint it.
+func TestAuditCheckpointOfAnEarlierStream(t *testing.T) {
+	e := newEnv(t, nil)
+	ctx := ctxOf(t)
+	if _, err := ingest.EnsureStream(ctx, e.nc, "MENTIONS", "mentions.>", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	e.publish(t, []msg{{topic: "a"}, {topic: "a"}})
+	e.checkpointAll(t, "MENTIONS")
+	if err := e.js.DeleteStream(ctx, "MENTIONS"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ingest.EnsureStream(ctx, e.nc, "MENTIONS", "mentions.>", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	e.publish(t, []msg{{topic: "a"}})
+	cfg := config(audit.Stream{Name: "MENTIONS", Durable: true})
+	cfg.Checkpoints = durable.NewCheckpoints(e.js, "")
+	r := run(t, e, cfg)
+	if r.Differ() != 0 || r.InFlight != 3 {
+		t.Errorf("%d differ, %d in flight; want 0 and 3 (a's total and buckets)", r.Differ(), r.InFlight)
+	}
+}
+
+// checkpointAll records, for each stream named, a checkpoint at its last
+// sequence, as the durable sidecars do once they have written it all.
+func (e *env) checkpointAll(t *testing.T, names ...string) {
+	t.Helper()
+	ctx := ctxOf(t)
+	for _, name := range names {
+		st, err := e.js.Stream(ctx, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := durable.Adopt(ctx, e.js, name, "", st.CachedInfo().State.LastSeq); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
 

@@ -2,13 +2,11 @@ package audit
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"math"
 	"slices"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
 	"golang.org/x/time/rate"
 
 	"github.com/hotcount/hotcount/ingest"
@@ -54,11 +52,11 @@ func (a *auditor) compare(ctx context.Context, p *pass) error {
 	a.report.Topics += int64(len(p.topics))
 	// What the sidecars had acknowledged before the table is read: a
 	// mention after that may not be in the table yet.
-	floors, err := a.floors(ctx)
+	floors, held, err := a.floors(ctx)
 	if err != nil {
 		return err
 	}
-	want := a.comparable(p, floors)
+	want := a.comparable(p, floors, held)
 	if len(want) == 0 {
 		return nil
 	}
@@ -101,9 +99,9 @@ func (a *auditor) takeStats(p *pass) {
 
 // comparable is the pass's counters the table can be held to: totals only
 // when the pass read the whole history, buckets the pass read whole and
-// not expired, and none with a mention past the sidecars' ack floors.
-// What it leaves out is counted in the report.
-func (a *auditor) comparable(p *pass, floors []uint64) []store.Counter {
+// not expired, and none with a mention past its stream's checkpoint, nor
+// one the sidecars hold. What it leaves out is counted in the report.
+func (a *auditor) comparable(p *pass, floors []uint64, held map[store.Counter]bool) []store.Counter {
 	r := &a.report
 	totals := p.totals && len(p.unread) == 0
 	now := a.cfg.Now()
@@ -122,6 +120,10 @@ func (a *auditor) comparable(p *pass, floors []uint64) []store.Counter {
 				continue
 			}
 		}
+		if held[c] {
+			r.Held++
+			continue
+		}
 		if part, seq := streams.Split(cl.last); seq > floors[part] {
 			r.InFlight++
 			continue
@@ -132,8 +134,8 @@ func (a *auditor) comparable(p *pass, floors []uint64) []store.Counter {
 }
 
 // settle takes out of differ the counters in flight after all: mentions
-// published during the audit may have reached the table, and a write
-// journaled and acknowledged may land a moment after, so a counter either
+// published during the audit may have reached the table while it was
+// read, so a counter either
 // touches (it grew in the stream, or its table count moved on a second
 // read) is in flight, not wrong.
 func (a *auditor) settle(ctx context.Context, p *pass, differ []store.Counter, got map[store.Counter]int64, shards map[string]int) (kept []store.Counter, flown map[store.Counter]bool, err error) {
@@ -207,35 +209,28 @@ func (p *pass) partial(a *auditor, g store.Granularity, i int64) bool {
 	return false
 }
 
-// floors are, per stream, the last sequence up to which the sidecars'
-// consumer has acknowledged every message (all of them where it is not
-// known: core mode, or no consumer).
-func (a *auditor) floors(ctx context.Context) ([]uint64, error) {
+// floors are, per stream, the last sequence up to which every mention is
+// in the table (all of them where nothing tells: core mode), and the
+// counters the sidecars hold out of it.
+func (a *auditor) floors(ctx context.Context) ([]uint64, map[store.Counter]bool, error) {
 	out := make([]uint64, len(a.streams))
+	held := make(map[store.Counter]bool)
 	for i, s := range a.streams {
 		out[i] = math.MaxUint64
-		if s.Consumer == "" {
+		if !s.Durable {
 			a.note("core mode: the sidecars do not consume the stream, so mentions still in their buffers cannot be told apart: a count of the last flush interval may differ")
 			continue
 		}
-		c, err := a.js.Consumer(ctx, s.Name, s.Consumer)
-		if errors.Is(err, jetstream.ErrConsumerNotFound) {
-			a.note("stream %s has no consumer %s: no sidecar consumed it, and its mentions are compared as if they had been", s.Name, s.Consumer)
-			continue
-		}
+		seq, hs, err := a.cfg.Checkpoints.Checkpoint(ctx, s.Name, s.info.Created)
 		if err != nil {
-			return nil, fmt.Errorf("audit: consumer %s of stream %s: %w", s.Consumer, s.Name, err)
+			return nil, nil, fmt.Errorf("audit: checkpoint of stream %s: %w", s.Name, err)
 		}
-		info, err := c.Info(ctx)
-		if err != nil {
-			return nil, fmt.Errorf("audit: consumer %s of stream %s: %w", s.Consumer, s.Name, err)
-		}
-		out[i] = info.AckFloor.Stream
-		if info.NumAckPending == 0 {
-			out[i] = max(out[i], info.Delivered.Stream)
+		out[i] = seq
+		for _, c := range hs {
+			held[c] = true
 		}
 	}
-	return out, nil
+	return out, held, nil
 }
 
 // readTable reads counters from the table, strongly consistent, paced:

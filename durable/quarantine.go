@@ -293,3 +293,32 @@ func records(ctx context.Context, js jetstream.JetStream, bucket string, streams
 	}
 	return nil
 }
+
+// Checkpoints reads the streams' checkpoint records for `hotcount audit`
+// (audit.Checkpoints).
+type Checkpoints struct {
+	js     jetstream.JetStream
+	bucket string
+}
+
+// NewCheckpoints reads the records in bucket ("": the default) through js.
+func NewCheckpoints(js jetstream.JetStream, bucket string) *Checkpoints {
+	return &Checkpoints{js: js, bucket: bucket}
+}
+
+// Checkpoint is stream's checkpoint, the sequence at and below which
+// every mention is in the items or held, and the counters held, if its
+// record is of the stream created at created; a record of an earlier
+// stream of the same name says nothing of this one: 0.
+func (c *Checkpoints) Checkpoint(ctx context.Context, stream string, created time.Time) (seq uint64, held []store.Counter, err error) {
+	err = records(ctx, c.js, c.bucket, []string{stream}, func(_ string, r record) {
+		if r.Epoch != created.UnixMicro() { // as epochOf
+			return
+		}
+		seq = r.Seq
+		for _, h := range r.held {
+			held = append(held, h.counter())
+		}
+	})
+	return seq, held, err
+}

@@ -17,6 +17,7 @@ import (
 
 	"github.com/hotcount/hotcount/audit"
 	"github.com/hotcount/hotcount/config"
+	"github.com/hotcount/hotcount/durable"
 	"github.com/hotcount/hotcount/ingest"
 	"github.com/hotcount/hotcount/sidecar"
 	"github.com/hotcount/hotcount/store"
@@ -26,7 +27,7 @@ const auditHelp = `Usage: hotcount audit [flags]
 
 Recounts the mention stream and compares it with the DynamoDB table: are
 these numbers right? It reads the stream's retained history with ordered
-consumers (no durable state; the sidecars' consumer is not touched), judges
+consumers (no durable state; the sidecars' readers are not touched), judges
 every message as the sidecars do in the durable modes (topic rules,
 payload, "at" against the message's stream timestamp and --max-lateness),
 counts each topic's total and, as --windows has them, its minute and hour
@@ -40,8 +41,10 @@ It compares only what it can prove: totals when it read every mention the
 stream ever held (nothing aged out past --max-age, no --since or --until);
 a bucket when no mention that could land in it was left unread (a mention's
 "at" may be up to --max-lateness before its publication) and it is not
-past its retention; and neither for a counter with mentions in flight (not
-yet acknowledged by the sidecars, or published during the audit). The
+past its retention; and neither for a counter with mentions in flight
+(past its stream's checkpoint, below which the sidecars have every mention
+in the table, or published during the audit), nor for one the sidecars
+hold out of the table (hotcount quarantine list). The
 summary says what it skipped and why. Exit 1 when a counter differs.
 
 Memory is bounded: it holds at most --max-counters counters at once. A
@@ -63,7 +66,7 @@ type auditFlags struct {
 // auditSettings are the settings audit reads.
 func auditSettings(s string) bool {
 	switch s {
-	case "stream", "nats-mode", "durable-engine", "partitions", "consumer", "table", "dynamodb-endpoint", "shards",
+	case "stream", "nats-mode", "durable-engine", "partitions", "table", "dynamodb-endpoint", "shards",
 		"max-count", "max-topic-bytes", "max-lateness", "windows", "minute-retention", "hour-retention":
 		return true
 	}
@@ -123,6 +126,7 @@ func cmdAudit(ctx context.Context, args, environ []string, stdout, stderr io.Wri
 		d.Regions.All = nil
 	}
 	defer table.Close()
+	acfg.Checkpoints = durable.NewCheckpoints(js, "")
 	rep, err := audit.Run(ctx, js, table, acfg)
 	if err != nil {
 		return err
@@ -204,10 +208,10 @@ func auditConfig(cfg config.Config, f auditFlags, now time.Time) (audit.Config, 
 	case config.ModePartitioned:
 		l := layoutOf(cfg)
 		for p := range l.Partitions {
-			acfg.Streams = append(acfg.Streams, audit.Stream{Name: l.Name(p), Partitioned: true, Consumer: cfg.Consumer})
+			acfg.Streams = append(acfg.Streams, audit.Stream{Name: l.Name(p), Partitioned: true, Durable: true})
 		}
 	case config.ModeJetStream:
-		acfg.Streams = []audit.Stream{{Name: cfg.Stream, Consumer: cfg.Consumer}}
+		acfg.Streams = []audit.Stream{{Name: cfg.Stream, Durable: true}}
 	default: // core: the sidecars do not consume the stream
 		acfg.Streams = []audit.Stream{{Name: cfg.Stream}}
 	}
@@ -279,6 +283,9 @@ func printAudit(w io.Writer, r audit.Report, cfg config.Config) {
 	}
 	if r.InFlight > 0 {
 		fmt.Fprintf(w, "in flight: %d counters not checked\n", r.InFlight)
+	}
+	if r.Held > 0 {
+		fmt.Fprintf(w, "held: %d counters not checked, their writes refused (hotcount quarantine list)\n", r.Held)
 	}
 	if r.Totals.Compared+r.Buckets.Compared == 0 {
 		fmt.Fprintln(w, "nothing was checked")

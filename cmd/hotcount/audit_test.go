@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/hotcount/hotcount/durable"
 	"github.com/hotcount/hotcount/ingest"
 	"github.com/hotcount/hotcount/internal/testenv"
 	"github.com/hotcount/hotcount/store"
@@ -58,6 +59,12 @@ func TestAuditCommand(t *testing.T) {
 		if err := st.Add(ctx, testenv.W(w.topic, int(w.shard), w.delta), time.Now()); err != nil {
 			t.Fatal(err)
 		}
+	}
+
+	// The sidecars have written all of it: the stream's checkpoint is at
+	// its end.
+	if err := durable.Adopt(ctx, js, "MENTIONS", "", 5); err != nil {
+		t.Fatal(err)
 	}
 
 	audit := func(extra ...string) (string, string, int) {
