@@ -162,7 +162,7 @@ func clusterRun(b *testing.B, partitions int) {
 	leaders := func() map[string]int {
 		var load map[string]int
 		testenv.Eventually(b, time.Minute, func() error {
-			ps, err := streams.Status(ctx, js, l, "")
+			ps, err := streams.Status(ctx, js, l.Names())
 			if err != nil {
 				return err
 			}

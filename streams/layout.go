@@ -36,6 +36,15 @@ type Layout struct {
 // Name is partition p's stream: "MENTIONS-3".
 func (l Layout) Name(p int) string { return l.Stream + "-" + strconv.Itoa(p) }
 
+// Names are the partition streams' names, partition p's at p.
+func (l Layout) Names() []string {
+	out := make([]string, l.Partitions)
+	for p := range out {
+		out[p] = l.Name(p)
+	}
+	return out
+}
+
 // Stored is the subject partition p's stream takes, the mapping's
 // destination for the topics of p: "3.mentions.>". A message of it is
 // the producer's subject with the partition number put first.

@@ -13,8 +13,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// Partition is where one partition stream lives and how far its consumer
-// is, as `hotcount stream status` shows it.
+// Partition is where one partition stream lives and what it holds, as
+// `hotcount stream status` shows it.
 type Partition struct {
 	P        int      `json:"partition"`
 	Stream   string   `json:"stream"`
@@ -28,19 +28,16 @@ type Partition struct {
 	Epoch    int64  `json:"epoch"`
 	FirstSeq uint64 `json:"first_sequence"`
 	LastSeq  uint64 `json:"last_sequence"`
-	// Of the sidecars' consumer; both 0 when it does not exist yet.
-	Pending    uint64 `json:"pending"`     // stored, not yet delivered
-	AckPending int    `json:"ack_pending"` // delivered, not yet acknowledged
-	Missing    bool   `json:"missing,omitempty"`
+	Missing  bool   `json:"missing,omitempty"`
 }
 
-// Status reads every partition stream's placement and state, and its
-// consumer's progress (consumer is --consumer; "": placement only).
-func Status(ctx context.Context, js jetstream.JetStream, l Layout, consumer string) ([]Partition, error) {
-	out := make([]Partition, l.Partitions)
-	for p := range l.Partitions {
-		out[p] = Partition{P: p, Stream: l.Name(p)}
-		if err := status(ctx, js, consumer, &out[p]); err != nil {
+// Status reads the placement and state of the streams named, partition
+// p's at names[p] (jetstream mode's one stream is partition 0).
+func Status(ctx context.Context, js jetstream.JetStream, names []string) ([]Partition, error) {
+	out := make([]Partition, len(names))
+	for p, name := range names {
+		out[p] = Partition{P: p, Stream: name}
+		if err := status(ctx, js, &out[p]); err != nil {
 			return nil, err
 		}
 	}
@@ -53,7 +50,7 @@ func Status(ctx context.Context, js jetstream.JetStream, l Layout, consumer stri
 const requestTimeout = 5 * time.Second
 
 // status fills one partition's Partition.
-func status(ctx context.Context, js jetstream.JetStream, consumer string, out *Partition) error {
+func status(ctx context.Context, js jetstream.JetStream, out *Partition) error {
 	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
 	defer cancel()
 	s, err := js.Stream(ctx, out.Stream)
@@ -77,17 +74,6 @@ func status(ctx context.Context, js jetstream.JetStream, consumer string, out *P
 			out.Replicas = append(out.Replicas, r.Name)
 		}
 	}
-	if consumer == "" {
-		return nil
-	}
-	c, err := s.Consumer(ctx, consumer)
-	if errors.Is(err, jetstream.ErrConsumerNotFound) {
-		return nil
-	}
-	if err != nil {
-		return fmt.Errorf("streams: %s consumer %s: %w", out.Stream, consumer, err)
-	}
-	out.Pending, out.AckPending = c.CachedInfo().NumPending, c.CachedInfo().NumAckPending
 	return nil
 }
 
@@ -111,7 +97,7 @@ func Leaders(ps []Partition) map[string]int {
 // timeout for each new leader.
 func Spread(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, l Layout, timeout time.Duration) (map[string]int, error) {
 	for round := 0; ; round++ {
-		ps, err := Status(ctx, js, l, "")
+		ps, err := Status(ctx, js, l.Names())
 		if err != nil {
 			return nil, err
 		}

@@ -80,7 +80,7 @@ func TestProbe(t *testing.T) {
 			t.Fatal(err)
 		}
 		// The probes are gone again.
-		ps, err := streams.Status(ctx, js, layout, "")
+		ps, err := streams.Status(ctx, js, layout.Names())
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -193,7 +193,7 @@ func TestSpread(t *testing.T) {
 	o.Replicas = 3
 	testenv.Eventually(t, time.Minute, func() error { _, err := streams.Ensure(ctx, js, layout, o); return err })
 	// Crowd the leaders onto one server first, as a node's restart does.
-	ps, err := streams.Status(ctx, js, layout, "")
+	ps, err := streams.Status(ctx, js, layout.Names())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -205,7 +205,7 @@ func TestSpread(t *testing.T) {
 		}
 	}
 	testenv.Eventually(t, time.Minute, func() error {
-		ps, err := streams.Status(ctx, js, layout, "")
+		ps, err := streams.Status(ctx, js, layout.Names())
 		if err != nil {
 			return err
 		}
@@ -218,7 +218,7 @@ func TestSpread(t *testing.T) {
 	if _, err := streams.Spread(ctx, nc, js, layout, 10*time.Second); err != nil {
 		t.Fatal(err)
 	}
-	ps, err = streams.Status(ctx, js, layout, "")
+	ps, err = streams.Status(ctx, js, layout.Names())
 	if err != nil {
 		t.Fatal(err)
 	}

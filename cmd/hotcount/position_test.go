@@ -348,10 +348,14 @@ func positionCluster(t *testing.T, mode string) {
 	if err := exact(); err != nil {
 		t.Fatal(err)
 	}
-	if mode == "partitioned" { // stream status sees every partition checkpointed at its end
+	{ // stream status sees every stream checkpointed at its end
+		status := []string{"stream", "status", "--json", "--nats-url", cl.URLs(), "--nats-mode", mode}
+		if mode == "partitioned" {
+			status = append(status, "--partitions", strconv.Itoa(layout.Partitions))
+		}
 		testenv.Eventually(t, 30*time.Second, func() error {
 			out.Reset()
-			if err := dispatch(ctx, []string{"stream", "status", "--json", "--nats-url", cl.URLs(), "--partitions", strconv.Itoa(layout.Partitions)}, nil, &out, &out); err != nil {
+			if err := dispatch(ctx, status, nil, &out, &out); err != nil {
 				return fmt.Errorf("stream status: %v\n%s", err, out.String())
 			}
 			var ps []struct {

@@ -197,12 +197,7 @@ func streamNames(cfg config.Config) []string {
 	if cfg.NATSMode != config.ModePartitioned {
 		return []string{cfg.Stream}
 	}
-	l := layoutOf(cfg)
-	names := make([]string, l.Partitions)
-	for p := range names {
-		names[p] = l.Name(p)
-	}
-	return names
+	return layoutOf(cfg).Names()
 }
 
 // layoutOf is the partition streams' layout the settings give.
@@ -222,14 +217,14 @@ func formatLeaders(leaders map[string]int) string {
 	return strings.Join(parts, ", ")
 }
 
-// cmdStreamStatus shows where the partition streams live and how far the
-// sidecars' consumers are: one line per partition, then the leaders per
-// server.
+// cmdStreamStatus shows where the streams live (the partition streams,
+// or jetstream mode's one stream) and how far the sidecars have written
+// each: one line per stream, then the leaders per server.
 func cmdStreamStatus(ctx context.Context, args, environ []string, stdout, stderr io.Writer) error {
 	cfg := config.Default()
 	cfg.NATSMode = config.ModePartitioned
 	fs := cfg.FlagSet("hotcount stream status", func(s string) bool {
-		return natsSettings(s) || s == "stream" || s == "partitions" || s == "consumer"
+		return natsSettings(s) || s == "stream" || s == "nats-mode" || s == "partitions"
 	})
 	asJSON := fs.Bool("json", false, "print the partitions as JSON")
 	if err := parse(&cfg, fs, args, environ, stderr); err != nil {
@@ -246,7 +241,10 @@ func cmdStreamStatus(ctx context.Context, args, environ []string, stdout, stderr
 	}
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	ps, err := streams.Status(ctx, js, layoutOf(cfg), cfg.Consumer)
+	if !cfg.Durable() {
+		return usageError{fmt.Errorf("--nats-mode %s reads no stream: jetstream or partitioned", cfg.NATSMode)}
+	}
+	ps, err := streams.Status(ctx, js, streamNames(cfg))
 	if err != nil {
 		return err
 	}
@@ -260,12 +258,12 @@ func cmdStreamStatus(ctx context.Context, args, environ []string, stdout, stderr
 		return enc.Encode(parts)
 	}
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "PARTITION\tSTREAM\tLEADER\tREPLICAS\tMESSAGES\tBYTES\tCHECKPOINT\tUNWRITTEN\tOLDEST UNWRITTEN\tHELD\tPENDING\tUNACKED")
+	fmt.Fprintln(tw, "PARTITION\tSTREAM\tLEADER\tREPLICAS\tMESSAGES\tBYTES\tCHECKPOINT\tUNWRITTEN\tOLDEST UNWRITTEN\tHELD")
 	missing := 0
 	for _, p := range parts {
 		if p.Missing {
 			missing++
-			fmt.Fprintf(tw, "%d\t%s\t(missing)\t\t\t\t\t\t\t\t\t\n", p.P, p.Stream)
+			fmt.Fprintf(tw, "%d\t%s\t(missing)\t\t\t\t\t\t\t\n", p.P, p.Stream)
 			continue
 		}
 		replicas := strings.Join(p.Replicas, ",")
@@ -279,12 +277,15 @@ func cmdStreamStatus(ctx context.Context, args, environ []string, stdout, stderr
 		if p.OldestUnwritten > 0 {
 			oldest = p.OldestUnwritten.Round(time.Second).String()
 		}
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%d\t%d\t%s\t%d\t%s\t%d\t%d\t%d\n", p.P, p.Stream, p.Leader, replicas, p.Msgs, p.Bytes,
-			checkpoint, p.Unwritten, oldest, p.Held(), p.Pending, p.AckPending)
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%d\t%d\t%s\t%d\t%s\t%d\n", p.P, p.Stream, p.Leader, replicas, p.Msgs, p.Bytes,
+			checkpoint, p.Unwritten, oldest, p.Held())
 	}
 	tw.Flush()
 	fmt.Fprintf(stdout, "leaders: %s\n", formatLeaders(streams.Leaders(ps)))
 	if missing > 0 {
+		if cfg.NATSMode == config.ModeJetStream {
+			return fmt.Errorf("stream %s missing: run `hotcount stream create --nats-mode jetstream`", cfg.Stream)
+		}
 		return fmt.Errorf("%d of %d partition streams missing: run `hotcount stream create --nats-mode partitioned --partitions %d`", missing, len(ps), cfg.Partitions)
 	}
 	return nil
