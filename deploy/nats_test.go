@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"flag"
 	"os"
 	"path/filepath"
 	"testing"
@@ -24,7 +25,19 @@ import (
 // producers' mentions into the partition streams of the default settings,
 // as `hotcount stream create`'s probe checks it.
 func TestNATSConfigRoutesPartitions(t *testing.T) {
-	t.Run("hotcount.conf", func(t *testing.T) { probeServer(t, "nats/hotcount.conf") })
+	t.Run("hotcount.conf", func(t *testing.T) {
+		// As its comment says to run it: nats-server -c hotcount.conf
+		// -sd DIR -p PORT -m PORT, flags parsed as the binary parses them.
+		fs := flag.NewFlagSet("nats-server", flag.ContinueOnError)
+		opts, err := server.ConfigureOptions(fs, []string{"-c", "nats/hotcount.conf", "-sd", t.TempDir(), "-a", "127.0.0.1", "-p", "-1", "-m", "0"}, nil, nil, nil)
+		if err != nil {
+			t.Fatalf("nats-server -c nats/hotcount.conf -sd DIR: %v", err)
+		}
+		if !opts.JetStream {
+			t.Fatal("the configuration leaves JetStream off")
+		}
+		probeWith(t, "nats/hotcount.conf", opts)
+	})
 	t.Run("helm-values.yaml", func(t *testing.T) {
 		b, err := os.ReadFile("nats/helm-values.yaml")
 		if err != nil {
@@ -65,6 +78,12 @@ func probeServer(t *testing.T, path string) {
 	}
 	opts.Host, opts.Port, opts.HTTPPort = "127.0.0.1", -1, 0
 	opts.JetStream, opts.StoreDir = true, t.TempDir()
+	probeWith(t, path, opts)
+}
+
+// probeWith starts a NATS server with opts (read from the file at path)
+// and probes it as probeServer does.
+func probeWith(t *testing.T, path string, opts *server.Options) {
 	opts.NoSigs, opts.NoLog = true, true
 	ns, err := server.NewServer(opts)
 	if err != nil {

@@ -398,7 +398,7 @@ func (h *handler) shards(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	o, err := h.parse(r)
-	if err == nil && (o.pending || len(o.topics) > 0) {
+	if err == nil && (o.pending || len(o.topics) > 0 || o.window != "") {
 		err = errors.New("the shards endpoint takes only consistency")
 	}
 	if err != nil {

@@ -88,6 +88,7 @@ func TestOpenAPILookupHandler(t *testing.T) {
 		{full, "/v1/topics/x?cnsistency=strong", nil, 400, false},
 		{full, "/v1/topics/x?topic=y", nil, 400, false},
 		{full, "/v1/topics/x/shards?include=pending", nil, 400, false},
+		{full, "/v1/topics/x/shards?window=5m", nil, 400, false}, // it reads no bucket: refused, not ignored
 		// Not served by a bare handler.
 		{bare, "/v1/hot", nil, 404, false},
 		{bare, "/v1/trending", nil, 404, false},

@@ -186,8 +186,11 @@ func (s *Service) Window(ctx context.Context, topic, window string) (Count, erro
 	if err != nil {
 		return Count{}, err
 	}
+	// "24h" and "1d" share a cache entry (the canonical form), and each
+	// caller is answered with the window it asked for.
+	asked := window
 	window = FormatWindow(d)
-	return cached(ctx, s, "count", s.counts, topic+"\x00"+window, func(c *Count) *Served { return &c.Served }, func() (Count, error) {
+	c, err := cached(ctx, s, "count", s.counts, topic+"\x00"+window, func(c *Count) *Served { return &c.Served }, func() (Count, error) {
 		now := s.now()
 		sp, err := s.cfg.plan(d, now)
 		if err != nil {
@@ -203,6 +206,8 @@ func (s *Service) Window(ctx context.Context, topic, window string) (Count, erro
 		}
 		return c, nil
 	})
+	c.Window = asked
+	return c, err
 }
 
 // cached answers from c, or loads the answer (one load per key at a
@@ -241,8 +246,9 @@ func (s *Service) SeriesOf(ctx context.Context, topic, window, step string) (Ser
 	if err != nil {
 		return Series{}, err
 	}
+	asked, askedStep := window, step // answered as asked, cached as canonical (see Window)
 	window, step = FormatWindow(d), FormatWindow(st)
-	return cached(ctx, s, "series", s.series, topic+"\x00"+window+"\x00"+step, func(sr *Series) *Served { return &sr.Served }, func() (Series, error) {
+	sr, err := cached(ctx, s, "series", s.series, topic+"\x00"+window+"\x00"+step, func(sr *Series) *Served { return &sr.Served }, func() (Series, error) {
 		var g store.Granularity
 		switch {
 		case s.cfg.Hours && st%time.Hour == 0 && (d > s.cfg.minuteSpan() || !s.cfg.Minutes):
@@ -289,6 +295,8 @@ func (s *Service) SeriesOf(ctx context.Context, topic, window, step string) (Ser
 		}
 		return sr, nil
 	})
+	sr.Window, sr.Step = asked, askedStep
+	return sr, err
 }
 
 // read sums topic's buckets of each span over its shards: out[k][i] is

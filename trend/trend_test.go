@@ -175,6 +175,28 @@ func TestBadWindows(t *testing.T) {
 	}
 }
 
+// TestWindowAnsweredAsAsked: a window asked as 24h is answered as 24h,
+// and as 1d as 1d, from one cache entry; a series' step likewise.
+func TestWindowAnsweredAsAsked(t *testing.T) {
+	st := openBolt(t)
+	reg := prometheus.NewRegistry()
+	s := New(Config{Minutes: true, Hours: true, CacheTTL: time.Minute, CacheSize: 10}, st, reg, time.Now)
+	ctx := context.Background()
+	for _, w := range []string{"24h", "1d", "24h", "1440m"} {
+		c, err := s.Window(ctx, "golang", w)
+		if err != nil || c.Window != w {
+			t.Errorf("window %s answered %q (%v)", w, c.Window, err)
+		}
+	}
+	if n := testenv.MetricWith(t, reg, "hotcount_trend_reads_total", "source", "store"); n != 1 {
+		t.Errorf("%v store reads for one window asked four ways, want 1", n)
+	}
+	sr, err := s.SeriesOf(ctx, "golang", "60m", "60m")
+	if err != nil || sr.Window != "60m" || sr.Step != "60m" {
+		t.Errorf("series 60m by 60m answered window %q step %q (%v)", sr.Window, sr.Step, err)
+	}
+}
+
 // TestNewTopicsInAnOldFleet: three hours of steady topics, then 40 topics
 // never seen before with 50 mentions each in the last five minutes. The
 // fleet's history is old, so the new topics have a baseline of 0 and are

@@ -84,9 +84,11 @@ func (s *Service) Trending(ctx context.Context, window string, limit int) (Trend
 	case d > MaxTrendWindow:
 		return Trending{}, badRequest("window %s is longer than trending's %s", FormatWindow(d), FormatWindow(MaxTrendWindow))
 	}
-	return cached(ctx, s, "trending", s.trends, FormatWindow(d)+"\x00"+strconv.Itoa(limit), func(t *Trending) *Served { return &t.Served }, func() (Trending, error) {
+	t, err := cached(ctx, s, "trending", s.trends, FormatWindow(d)+"\x00"+strconv.Itoa(limit), func(t *Trending) *Served { return &t.Served }, func() (Trending, error) {
 		return s.trending(ctx, d, limit)
 	})
+	t.Window = window // answered as asked, cached as canonical (see Window)
+	return t, err
 }
 
 // trending reads the list that Trending caches: the candidates' buckets
