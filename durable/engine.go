@@ -350,7 +350,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		recounts: prometheus.NewCounter(prometheus.CounterOpts{Name: "hotcount_durable_recounts_total",
 			Help: "Counters counted again from the stream after an overlapping write (two readers of one partition)."}),
 		retentionLost: prometheus.NewCounter(prometheus.CounterOpts{Name: "hotcount_durable_retention_lost_total",
-			Help: "Stream messages dropped by the stream's limits before any reader counted them: lost. Expected 0."}),
+			Help: "Stream messages dropped before any reader counted them (by the stream's limits, or with the stream, deleted while a recount of them was due): lost. Expected 0."}),
 		backwards: prometheus.NewCounter(prometheus.CounterOpts{Name: "hotcount_durable_backwards_total",
 			Help: "Readings refused because a stream's sequences went back below its checkpoint in the same epoch (a stream restored from a backup keeps its creation time): its new mentions would read as counted. Expected 0; see the log."}),
 		unadopted: prometheus.NewCounter(prometheus.CounterOpts{Name: "hotcount_durable_unadopted_total",

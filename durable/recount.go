@@ -20,8 +20,9 @@ import (
 // readers whose spans overlap (a frozen reader that woke up, a hand-over),
 // where the item holds the first part of a span and the rest must be
 // counted exactly. It reads only the topic's subject. A stream that is not
-// the one the entry was read from any more (recreated) has nothing to
-// add: its mentions went with it.
+// the one the entry was read from any more (deleted and created again)
+// has nothing to add: the rest of the span went with it, counted as lost
+// and logged.
 func (e *Engine) recount(ctx context.Context, k key, from, to uint64) (entry, error) {
 	e.metrics.recounts.Inc()
 	rest := entry{first: from, last: to}
@@ -32,6 +33,11 @@ func (e *Engine) recount(ctx context.Context, k key, from, to uint64) (entry, er
 		return entry{}, fmt.Errorf("durable: recount %s: %w", k.s.name, err)
 	}
 	if epochOf(st.CachedInfo()) != k.s.epoch {
+		// How many of the span's messages were this counter's, nothing
+		// can say any more: the metric takes them all, an upper bound.
+		e.metrics.retentionLost.Add(float64(to - from + 1))
+		e.log.Error("the stream was deleted and created again before a recount read mentions of it: they went with it",
+			zap.String("stream", k.s.name), zap.String("topic", k.c.Topic), zap.Uint64("from", from), zap.Uint64("to", to))
 		return rest, nil
 	}
 	if first := st.CachedInfo().State.FirstSeq; first > from {

@@ -79,8 +79,8 @@ func decodeItem(v []byte) (count, updatedAt int64, err error) {
 // A shard item may carry, after its count and updatedAt, the exactly-once
 // bookkeeping that DynamoDB keeps in attributes: the floor (int64), then
 // each writer's mark as a length-prefixed id and an int64 seq, then, after
-// the byte boltPositions, each stream's position as a length-prefixed name,
-// an int64 epoch and a uint64 seq. Items written before marks existed are
+// the byte boltPositions, each stream creation's position as a
+// length-prefixed slot (stream.epoch), an int64 epoch and a uint64 seq. Items written before marks existed are
 // 16 bytes and read as having none; items written before positions existed
 // end with their marks and read as having none.
 type boltShard struct {
@@ -89,9 +89,10 @@ type boltShard struct {
 	positions               []streamPosition
 }
 
-// streamPosition is one stream's position on a bolt item.
+// streamPosition is one stream creation's position on a bolt item: slot
+// is its stream.epoch (position.go's slot).
 type streamPosition struct {
-	stream string
+	slot string
 	Position
 }
 
@@ -146,8 +147,8 @@ func (s boltShard) encode() []byte {
 	}
 	v = append(v, boltPositions)
 	for _, p := range s.positions {
-		v = append(v, byte(len(p.stream)))
-		v = append(v, p.stream...)
+		v = append(v, byte(len(p.slot)))
+		v = append(v, p.slot...)
 		v = binary.BigEndian.AppendUint64(v, uint64(p.Epoch))
 		v = binary.BigEndian.AppendUint64(v, p.Seq)
 	}
@@ -163,7 +164,7 @@ func decodePositions(rest []byte) ([]streamPosition, error) {
 		if len(rest) < 1+n+16 {
 			return nil, errors.New("positions cut short")
 		}
-		out = append(out, streamPosition{stream: string(rest[1 : 1+n]), Position: Position{
+		out = append(out, streamPosition{slot: string(rest[1 : 1+n]), Position: Position{
 			Epoch: int64(binary.BigEndian.Uint64(rest[1+n:])),
 			Seq:   binary.BigEndian.Uint64(rest[1+n+8:]),
 		}})
@@ -172,22 +173,22 @@ func decodePositions(rest []byte) ([]streamPosition, error) {
 	return out, nil
 }
 
-// record is what decides a span write of stream on the item.
-func (s boltShard) record(stream string) recorded {
+// record is what decides a span write of slot (stream.epoch) on the item.
+func (s boltShard) record(slot string) recorded {
 	r := recorded{count: s.count}
-	if i := slices.IndexFunc(s.positions, func(p streamPosition) bool { return p.stream == stream }); i >= 0 {
+	if i := slices.IndexFunc(s.positions, func(p streamPosition) bool { return p.slot == slot }); i >= 0 {
 		r.pos, r.has = s.positions[i].Position, true
 	}
 	return r
 }
 
-// setPosition records p as stream's position.
-func (s *boltShard) setPosition(stream string, p Position) {
-	if i := slices.IndexFunc(s.positions, func(q streamPosition) bool { return q.stream == stream }); i >= 0 {
+// setPosition records p as slot's position (stream.epoch).
+func (s *boltShard) setPosition(slot string, p Position) {
+	if i := slices.IndexFunc(s.positions, func(q streamPosition) bool { return q.slot == slot }); i >= 0 {
 		s.positions[i].Position = p
 		return
 	}
-	s.positions = append(s.positions, streamPosition{stream: stream, Position: p})
+	s.positions = append(s.positions, streamPosition{slot: slot, Position: p})
 }
 
 // Add applies one idempotent increment atomically, with the same marks and
@@ -273,7 +274,7 @@ func (b *Bolt) addSpan(w Write, now time.Time) error {
 		if err != nil {
 			return err
 		}
-		r := s.record(w.Span.Stream)
+		r := s.record(slot(w.Span.Stream, w.Span.Epoch))
 		if v := judge(*w.Span, w.Delta, r); v != applies {
 			// Reported aside, not as the function's error: a refusal
 			// changes nothing and must not make the group run again.
@@ -282,7 +283,7 @@ func (b *Bolt) addSpan(w Write, now time.Time) error {
 		}
 		s.count += w.Delta
 		s.updatedAt = UnixMilli(now)
-		s.setPosition(w.Span.Stream, Position{Epoch: w.Span.Epoch, Seq: w.Span.Last})
+		s.setPosition(slot(w.Span.Stream, w.Span.Epoch), Position{Epoch: w.Span.Epoch, Seq: w.Span.Last})
 		return bk.Put([]byte(key), s.encode())
 	})
 	if err != nil {
@@ -299,15 +300,15 @@ func (b *Bolt) addSpan(w Write, now time.Time) error {
 	return refused
 }
 
-// Position reads the position the item key records for stream; has is
-// false when it records none.
-func (b *Bolt) Position(ctx context.Context, key, stream string) (p Position, has bool, err error) {
+// Position reads the position the item key records for stream as created
+// at epoch; has is false when it records none.
+func (b *Bolt) Position(ctx context.Context, key, stream string, epoch int64) (p Position, has bool, err error) {
 	if err := checkStream(stream); err != nil {
 		return Position{}, false, fmt.Errorf("store: position of %s: %w", key, err)
 	}
 	err = b.db.View(func(tx *bolt.Tx) error {
 		s, err := decodeShard(tx.Bucket(boltBucket).Get([]byte(key)))
-		r := s.record(stream)
+		r := s.record(slot(stream, epoch))
 		p, has = r.pos, r.has
 		return err
 	})

@@ -31,11 +31,11 @@ var (
 	DecodePosition = decodePosition
 )
 
-// RefusalPosition decodes what a span write's refusal carries: stream's
-// position (has: one is recorded), the count, and whether it carried the
-// item at all.
-func RefusalPosition(cond *types.ConditionalCheckFailedException, stream string) (p Position, has bool, count int64, returned bool, err error) {
-	r, returned, err := refusalRecord(cond, stream)
+// RefusalPosition decodes what a span write's refusal carries: the
+// position of stream as created at epoch (has: one is recorded), the
+// count, and whether it carried the item at all.
+func RefusalPosition(cond *types.ConditionalCheckFailedException, stream string, epoch int64) (p Position, has bool, count int64, returned bool, err error) {
+	r, returned, err := refusalRecord(cond, PositionAttr(stream, epoch))
 	return r.pos, r.has, r.count, returned, err
 }
 

@@ -17,9 +17,10 @@ import (
 // Exactly-once by stream position, beside the writer marks (write.go). A
 // write that carries a Span says which stream positions its delta counts:
 // the mentions of one counter at sequences First..Last of one partition
-// stream. The item records, per stream, the last position it includes,
-// p_<stream> = Epoch*10^20 + Seq, and the write is conditional on that
-// position being below First:
+// stream. The item records, per stream and epoch (one creation of the
+// stream), the last position it includes, p_<stream>.<epoch> =
+// Epoch*10^20 + Seq, and the write is conditional on that position being
+// below First:
 //
 //	ADD #count :delta SET #updatedAt = :now, #p = :last
 //	IF attribute_not_exists(#p) OR #p < :first
@@ -27,12 +28,17 @@ import (
 // A write sent again, by anyone (a retry, a replay, another consumer of the
 // same stream after a rebalance), is refused once the item includes its
 // positions, however long ago it was applied: positions need no trimming,
-// unlike marks, and the item holds one attribute per stream, not per
-// writer. One number orders (epoch, seq): Seq < 10^20 (MaxUint64 is about
-// 1.8*10^19), so Epoch*10^20 + Seq grows with Epoch first, then Seq. An
-// epoch below 10^18 keeps it within DynamoDB's 38 digits.
+// unlike marks, and the item holds one attribute per stream creation, not
+// per writer. A stream deleted and created again (a new epoch) gets an
+// attribute of its own, so that its writes and the old creation's never
+// judge each other: a write of the old stream still in flight when the
+// new one's land applies, or not, against the old stream's position
+// alone, and neither is lost. One number orders (epoch, seq): Seq < 10^20
+// (MaxUint64 is about 1.8*10^19), so Epoch*10^20 + Seq grows with Epoch
+// first, then Seq. An epoch below 10^18 keeps it within DynamoDB's 38
+// digits.
 
-// PositionPrefix starts a stream's position attribute, p_<stream>.
+// PositionPrefix starts a stream's position attribute, p_<stream>.<epoch>.
 const PositionPrefix = "p_"
 
 // maxStreamLen bounds a stream's name: it is part of an attribute name
@@ -52,11 +58,11 @@ const spanAttempts = 3
 type Span struct {
 	// Stream is the partition stream's name, e.g. "MENTIONS-3", of
 	// [A-Za-z0-9_-]; the item keeps its position in attribute
-	// PositionPrefix+Stream.
+	// PositionAttr(Stream, Epoch).
 	Stream string
 	// Epoch is the stream's creation time in Unix microseconds: a stream
-	// deleted and created again starts afresh, above every position of
-	// the old one.
+	// deleted and created again starts afresh, in an attribute of its
+	// own.
 	Epoch int64
 	// First and Last are stream sequences, 1 <= First <= Last.
 	First, Last uint64
@@ -70,9 +76,8 @@ type Position struct {
 }
 
 // ErrCovered marks a span write refused because the item already includes
-// every position of it (its recorded position is at or past Last in the
-// same epoch, or in a newer epoch): nothing was applied, and nothing needs
-// to be. A retry whose first attempt was applied ends so too.
+// every position of it (its recorded position is at or past Last): nothing
+// was applied, and nothing needs to be. A retry whose first attempt was applied ends so too.
 var ErrCovered = errors.New("store: the item already includes every position of the write")
 
 // OverlapError is a span write refused because the item includes its
@@ -91,8 +96,14 @@ func (e *OverlapError) Error() string {
 		e.Key, e.Span.Stream, e.Span.Epoch, e.Recorded.Seq, e.Span.First, e.Span.Last, e.Recorded.Seq)
 }
 
-// PositionAttr is the attribute that holds stream's position.
-func PositionAttr(stream string) string { return PositionPrefix + stream }
+// PositionAttr is the attribute that holds the position of stream as it
+// was created at epoch.
+func PositionAttr(stream string, epoch int64) string { return PositionPrefix + slot(stream, epoch) }
+
+// slot names one creation of a stream, stream.epoch: where an item keeps
+// its position (the attribute's name in DynamoDB, the name in a bolt
+// item). A stream's name has no dot.
+func slot(stream string, epoch int64) string { return stream + "." + strconv.FormatInt(epoch, 10) }
 
 // check refuses a span no item could record: the caller's mistake, which
 // no retry changes (ErrDenied).
@@ -257,7 +268,7 @@ func (d *DynamoDB) sendSpan(ctx context.Context, w Write, in *dynamodb.UpdateIte
 			return d.addFailed(w, err, *doubt)
 		}
 		d.answered()
-		r, err := d.spanRecord(ctx, d.key(w), w.Span.Stream, cond)
+		r, err := d.spanRecord(ctx, d.key(w), PositionAttr(w.Span.Stream, w.Span.Epoch), cond)
 		if err != nil {
 			return err
 		}
@@ -281,7 +292,7 @@ func (d *DynamoDB) spanInput(w Write, now time.Time) *dynamodb.UpdateItemInput {
 	names := map[string]string{
 		"#count":     AttrCount,
 		"#updatedAt": AttrUpdatedAt,
-		"#p":         PositionAttr(s.Stream),
+		"#p":         PositionAttr(s.Stream, s.Epoch),
 	}
 	values := map[string]types.AttributeValue{
 		":delta": number(w.Delta),
@@ -319,21 +330,21 @@ func number(v int64) *types.AttributeValueMemberN {
 
 // spanRecord reads what refused a span write: the item DynamoDB returned
 // with the refusal, or else a strongly consistent read of it.
-func (d *DynamoDB) spanRecord(ctx context.Context, key, stream string, cond *types.ConditionalCheckFailedException) (recorded, error) {
-	r, returned, err := refusalRecord(cond, stream)
+func (d *DynamoDB) spanRecord(ctx context.Context, key, attr string, cond *types.ConditionalCheckFailedException) (recorded, error) {
+	r, returned, err := refusalRecord(cond, attr)
 	if err != nil {
 		return r, fmt.Errorf("store: item %s: %w", key, err)
 	}
 	if returned {
 		return r, nil
 	}
-	item, err := d.readPosition(ctx, key, stream, true)
+	item, err := d.readPosition(ctx, key, attr, true)
 	if err != nil {
 		// %v: whatever the read's error (a throttle), an earlier attempt
 		// of the write may be in the item: it stays in doubt.
 		return r, fmt.Errorf("%w: store: read %s after a refused write: %v", ErrAmbiguous, key, err)
 	}
-	if r, err = recordedIn(item, stream); err != nil {
+	if r, err = recordedIn(item, attr); err != nil {
 		return r, fmt.Errorf("store: item %s: %w", key, err)
 	}
 	return r, nil
@@ -342,29 +353,28 @@ func (d *DynamoDB) spanRecord(ctx context.Context, key, stream string, cond *typ
 // refusalRecord decodes the record of stream from the item a refusal
 // carries (ReturnValuesOnConditionCheckFailure); returned is false when it
 // carries none.
-func refusalRecord(cond *types.ConditionalCheckFailedException, stream string) (r recorded, returned bool, err error) {
+func refusalRecord(cond *types.ConditionalCheckFailedException, attr string) (r recorded, returned bool, err error) {
 	if cond == nil || cond.Item == nil {
 		return recorded{}, false, nil
 	}
-	r, err = recordedIn(cond.Item, stream)
+	r, err = recordedIn(cond.Item, attr)
 	return r, true, err
 }
 
 // recordedIn decodes the record of stream from an item's attributes.
-func recordedIn(item map[string]types.AttributeValue, stream string) (recorded, error) {
+func recordedIn(item map[string]types.AttributeValue, attr string) (recorded, error) {
 	var r recorded
 	var err error
 	if r.count, err = numberAttr(item, AttrCount); err != nil {
 		return r, err
 	}
-	r.pos, r.has, err = positionAttr(item, stream)
+	r.pos, r.has, err = positionAttr(item, attr)
 	return r, err
 }
 
-// positionAttr decodes stream's position attribute; has is false when the
-// item has none.
-func positionAttr(item map[string]types.AttributeValue, stream string) (p Position, has bool, err error) {
-	name := PositionAttr(stream)
+// positionAttr decodes the position attribute name (PositionAttr); has is
+// false when the item has none.
+func positionAttr(item map[string]types.AttributeValue, name string) (p Position, has bool, err error) {
 	av, ok := item[name]
 	if !ok {
 		return Position{}, false, nil
@@ -379,15 +389,16 @@ func positionAttr(item map[string]types.AttributeValue, stream string) (p Positi
 	return p, true, nil
 }
 
-// readPosition reads the count and stream's position of the item key.
-func (d *DynamoDB) readPosition(ctx context.Context, key, stream string, consistent bool) (map[string]types.AttributeValue, error) {
+// readPosition reads the count and the position attribute attr of the
+// item key.
+func (d *DynamoDB) readPosition(ctx context.Context, key, attr string, consistent bool) (map[string]types.AttributeValue, error) {
 	d.metrics.reads.Inc()
 	out, err := d.client.GetItem(ctx, &dynamodb.GetItemInput{
 		TableName:                &d.table,
 		Key:                      map[string]types.AttributeValue{AttrPK: &types.AttributeValueMemberS{Value: key}},
 		ConsistentRead:           aws.Bool(consistent),
 		ProjectionExpression:     aws.String("#p, #count"),
-		ExpressionAttributeNames: map[string]string{"#p": PositionAttr(stream), "#count": AttrCount},
+		ExpressionAttributeNames: map[string]string{"#p": attr, "#count": AttrCount},
 	})
 	if err != nil {
 		err = classify(err)
@@ -400,18 +411,20 @@ func (d *DynamoDB) readPosition(ctx context.Context, key, stream string, consist
 }
 
 // Position reads (strongly consistent) the position the item key records
-// for stream; has is false when it records none. key is a Write's Key: in
-// this store's own Region when it has one, as writes are.
-func (d *DynamoDB) Position(ctx context.Context, key, stream string) (p Position, has bool, err error) {
+// for stream as created at epoch; has is false when it records none. key
+// is a Write's Key: in this store's own Region when it has one, as writes
+// are.
+func (d *DynamoDB) Position(ctx context.Context, key, stream string, epoch int64) (p Position, has bool, err error) {
 	if err := checkStream(stream); err != nil {
 		return Position{}, false, fmt.Errorf("store: position of %s: %w", key, err)
 	}
 	key = InRegion(key, d.Regions.Own)
-	item, err := d.readPosition(ctx, key, stream, true)
+	attr := PositionAttr(stream, epoch)
+	item, err := d.readPosition(ctx, key, attr, true)
 	if err != nil {
 		return Position{}, false, fmt.Errorf("store: read position of %s: %w", key, err)
 	}
-	if p, has, err = positionAttr(item, stream); err != nil {
+	if p, has, err = positionAttr(item, attr); err != nil {
 		return Position{}, false, fmt.Errorf("store: item %s: %w", key, err)
 	}
 	return p, has, nil

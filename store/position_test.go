@@ -93,26 +93,29 @@ func TestPositionDecodingForms(t *testing.T) {
 func TestRefusalPosition(t *testing.T) {
 	pos := store.Position{Epoch: epoch1, Seq: 12}
 	item := map[string]types.AttributeValue{
-		store.AttrPK:                       &types.AttributeValueMemberS{Value: "TREND#golang#0"},
-		store.AttrCount:                    &types.AttributeValueMemberN{Value: "41"},
-		store.PositionAttr("MENTIONS-3"):   &types.AttributeValueMemberN{Value: store.EncodePosition(pos)},
-		store.PositionAttr("MENTIONS-30"):  &types.AttributeValueMemberN{Value: store.EncodePosition(store.Position{Epoch: epoch2, Seq: 1})},
-		store.MarkPrefix + "abcdefgh":      &types.AttributeValueMemberN{Value: "1796198815543000"},
-		store.PositionAttr("NOT-A-NUMBER"): &types.AttributeValueMemberS{Value: "12"},
+		store.AttrPK:                               &types.AttributeValueMemberS{Value: "TREND#golang#0"},
+		store.AttrCount:                            &types.AttributeValueMemberN{Value: "41"},
+		store.PositionAttr("MENTIONS-3", epoch1):   &types.AttributeValueMemberN{Value: store.EncodePosition(pos)},
+		store.PositionAttr("MENTIONS-30", epoch2):  &types.AttributeValueMemberN{Value: store.EncodePosition(store.Position{Epoch: epoch2, Seq: 1})},
+		store.MarkPrefix + "abcdefgh":              &types.AttributeValueMemberN{Value: "1796198815543000"},
+		store.PositionAttr("NOT-A-NUMBER", epoch1): &types.AttributeValueMemberS{Value: "12"},
 	}
 	cond := &types.ConditionalCheckFailedException{Message: aws.String("The conditional request failed"), Item: item}
 
-	p, has, count, returned, err := store.RefusalPosition(cond, "MENTIONS-3")
+	p, has, count, returned, err := store.RefusalPosition(cond, "MENTIONS-3", epoch1)
 	if err != nil || !returned || !has || p != pos || count != 41 {
 		t.Errorf("RefusalPosition = %+v, has %v, count %d, returned %v, %v; want %+v, true, 41, true", p, has, count, returned, err, pos)
 	}
-	if p, has, _, returned, err := store.RefusalPosition(cond, "MENTIONS-4"); err != nil || !returned || has {
+	if p, has, _, returned, err := store.RefusalPosition(cond, "MENTIONS-4", epoch1); err != nil || !returned || has {
 		t.Errorf("another stream: %+v, has %v, returned %v, %v; want no position", p, has, returned, err)
 	}
-	if _, _, _, _, err := store.RefusalPosition(cond, "NOT-A-NUMBER"); err == nil || !strings.Contains(err.Error(), "not a number") {
+	if p, has, _, _, err := store.RefusalPosition(cond, "MENTIONS-3", epoch2); err != nil || has {
+		t.Errorf("another creation of the stream: %+v, has %v, %v; want no position", p, has, err)
+	}
+	if _, _, _, _, err := store.RefusalPosition(cond, "NOT-A-NUMBER", epoch1); err == nil || !strings.Contains(err.Error(), "not a number") {
 		t.Errorf("a position of the wrong type: %v, want an error", err)
 	}
-	if _, _, _, returned, err := store.RefusalPosition(&types.ConditionalCheckFailedException{}, "MENTIONS-3"); returned || err != nil {
+	if _, _, _, returned, err := store.RefusalPosition(&types.ConditionalCheckFailedException{}, "MENTIONS-3", epoch1); returned || err != nil {
 		t.Errorf("a refusal without its item: returned %v, %v; want false (read it)", returned, err)
 	}
 }
@@ -121,7 +124,7 @@ func TestRefusalPosition(t *testing.T) {
 type spanStore interface {
 	Add(ctx context.Context, w store.Write, now time.Time) error
 	Gather(ctx context.Context, topic string, n int, consistent bool) ([]store.Shard, error)
-	Position(ctx context.Context, key, stream string) (store.Position, bool, error)
+	Position(ctx context.Context, key, stream string, epoch int64) (store.Position, bool, error)
 }
 
 // spanHarness is one store under test, its metrics, the size of one of
@@ -239,7 +242,7 @@ func TestSpanWrites(t *testing.T) {
 			}
 			position := func(stream string, want store.Position) {
 				t.Helper()
-				got, has, err := h.st.Position(ctx, key, stream)
+				got, has, err := h.st.Position(ctx, key, stream, want.Epoch)
 				if err != nil || !has || got != want {
 					t.Errorf("Position(%s) = %+v, %v, %v; want %+v", stream, got, has, err, want)
 				}
@@ -291,13 +294,18 @@ func TestSpanWrites(t *testing.T) {
 				t.Errorf("count %d, want 11", got)
 			}
 
-			// The stream created again: its new epoch applies from 1; the
-			// old epoch's writes are covered.
+			// The stream created again: its new epoch applies from 1, and
+			// the old one's writes still in flight apply against the old
+			// creation's position, once: neither judges the other.
 			if err := add(spanWrite("spans", 7, "MENTIONS-3", epoch2, 1, 3)); err != nil {
 				t.Fatalf("write of a newer epoch: %v", err)
 			}
 			position("MENTIONS-3", store.Position{Epoch: epoch2, Seq: 3})
-			covered(spanWrite("spans", 1, "MENTIONS-3", epoch1, 22, 30), 18)
+			if err := add(spanWrite("spans", 1, "MENTIONS-3", epoch1, 22, 30)); err != nil {
+				t.Fatalf("the old creation's write after the new one's: %v", err)
+			}
+			position("MENTIONS-3", store.Position{Epoch: epoch1, Seq: 30})
+			covered(spanWrite("spans", 1, "MENTIONS-3", epoch1, 22, 30), 19)
 
 			// Another stream on the same item keeps its own position.
 			if err := add(spanWrite("spans", 6, "MENTIONS-30", epoch1, 1, 4)); err != nil {
@@ -305,16 +313,16 @@ func TestSpanWrites(t *testing.T) {
 			}
 			position("MENTIONS-30", store.Position{Epoch: epoch1, Seq: 4})
 			position("MENTIONS-3", store.Position{Epoch: epoch2, Seq: 3})
-			covered(spanWrite("spans", 1, "MENTIONS-30", epoch1, 2, 4), 24)
+			covered(spanWrite("spans", 1, "MENTIONS-30", epoch1, 2, 4), 25)
 			if err := add(spanWrite("spans", 1, "MENTIONS-3", epoch2, 4, 5)); err != nil {
 				t.Fatalf("the first stream after the second: %v", err)
 			}
 			position("MENTIONS-30", store.Position{Epoch: epoch1, Seq: 4})
-			if _, has, err := h.st.Position(ctx, key, "MENTIONS-4"); has || err != nil {
+			if _, has, err := h.st.Position(ctx, key, "MENTIONS-4", epoch1); has || err != nil {
 				t.Errorf("Position of a stream never written: has %v, %v", has, err)
 			}
-			if got := count(); got != 25 {
-				t.Errorf("count %d, want 25", got)
+			if got := count(); got != 26 {
+				t.Errorf("count %d, want 26", got)
 			}
 
 			// Whether a refusal cost a read: only where the endpoint
@@ -368,7 +376,7 @@ func TestSpanRefusedForGood(t *testing.T) {
 			if !errors.Is(err, store.ErrOverflow) {
 				t.Fatalf("increment past int64 = %v, want ErrOverflow", err)
 			}
-			if p, _, err := h.st.Position(ctx, store.ShardKey("full", 0), "MENTIONS-1"); err != nil || p.Seq != 1 {
+			if p, _, err := h.st.Position(ctx, store.ShardKey("full", 0), "MENTIONS-1", epoch1); err != nil || p.Seq != 1 {
 				t.Errorf("position %+v (%v) after the overflow, want seq 1", p, err)
 			}
 			if err := h.st.Add(ctx, spanWrite("full", math.MaxInt64-2, "MENTIONS-1", epoch1, 2, 2), time.Now()); err != nil {
@@ -442,7 +450,7 @@ func TestSpanBesideMarks(t *testing.T) {
 			if err != nil || got[0].Count != 9 {
 				t.Errorf("count %v (%v), want 9", got, err)
 			}
-			if p, has, err := h.st.Position(ctx, store.ShardKey("both", 0), "MENTIONS-1"); err != nil || !has || p.Seq != 5 {
+			if p, has, err := h.st.Position(ctx, store.ShardKey("both", 0), "MENTIONS-1", epoch1); err != nil || !has || p.Seq != 5 {
 				t.Errorf("position %+v, %v, %v after a marked write; want seq 5", p, has, err)
 			}
 		})
@@ -538,7 +546,7 @@ func TestBoltSpanOnOlderItems(t *testing.T) {
 		if err != nil || got[0].Count != 9 {
 			t.Errorf("%s: count %v (%v), want 9", topic, got, err)
 		}
-		if p, has, err := b.Position(ctx, store.ShardKey(topic, 0), "MENTIONS-1"); err != nil || !has || p.Seq != 3 {
+		if p, has, err := b.Position(ctx, store.ShardKey(topic, 0), "MENTIONS-1", epoch1); err != nil || !has || p.Seq != 3 {
 			t.Errorf("%s: position %+v, %v, %v; want seq 3", topic, p, has, err)
 		}
 	}
