@@ -213,9 +213,12 @@ func TestChaosCountsOnce(t *testing.T) {
 	totalsAt := time.Now()
 	// Counted means the buckets too, which can lag the totals by seconds
 	// (a bucket's write in doubt, or recounted, while its total's
-	// landed), and every stream checkpointed at its end: what a stream
-	// deleted holds unwritten goes with it (docs/SEMANTICS.md, "A stream
-	// created again").
+	// landed), and every stream checkpointed at its end. The old
+	// creation's writes still in flight would land all the same (their
+	// own positions), but one that must be recounted cannot be once its
+	// stream is gone: what a deleted stream holds unwritten may go with
+	// it (docs/SEMANTICS.md, "A stream created again"), and this test
+	// holds the fleet to zero loss.
 	if err := testenv.Poll(30*time.Second, bucketsHold(t, d, table, first.rep.PerTopic)); err != nil {
 		t.Fatalf("first load: the totals exact, not the buckets: %v\n%s", err, items(t, d, table, first.rep.PerTopic))
 	}
