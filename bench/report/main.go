@@ -165,11 +165,11 @@ func run(in, out string) error {
 // targets are the issues' targets for the ratios, by top benchmark name,
 // hotcount's variant and the baseline.
 var targets = map[string]float64{
-	"BenchmarkIngest hotcount bare":                             0.9,
-	"BenchmarkFlush hotcount bare-conditional":                  0.9,
-	"BenchmarkFlush hotcount-cold bare-conditional":             0.8,
-	"BenchmarkLookupHTTP hotcount bare":                         0.9,
-	"BenchmarkJetStream hotcount bare":                          0.9,
+	"BenchmarkIngest hotcount bare":                              0.9,
+	"BenchmarkFlush hotcount bare-conditional":                   0.9,
+	"BenchmarkFlush hotcount-cold bare-conditional":              0.8,
+	"BenchmarkLookupHTTP hotcount bare":                          0.9,
+	"BenchmarkJetStream hotcount bare":                           0.9,
 	"BenchmarkCounters hotcount-jetstream jetstream-counters":    1.0,
 	"BenchmarkCounters hotcount-partitioned jetstream-counters":  1.0,
 	"BenchmarkCounters hotcount-jetstream bare-consumer-noack":   0.9,
