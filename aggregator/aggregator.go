@@ -1,11 +1,8 @@
 // Package aggregator coalesces mentions in memory: per topic, one running
 // delta for the current window. The flusher drains the window and writes one
 // increment per topic, which is how a million mentions a second become a few
-// thousand store writes.
-//
-// In JetStream mode a window also holds, per topic, the messages whose counts
-// make up the topic's delta, so that each message is acknowledged exactly
-// when its topic's write has succeeded, and not before.
+// thousand store writes. It is core mode's buffer: the durable modes keep
+// their own window (package durable).
 //
 // A window's deltas are a Deltas (deltas.go): a map from topic to delta in
 // about half a Go map's memory, since a store outage leaves millions of
@@ -66,63 +63,27 @@ type Spiller interface {
 type Option func(*Aggregator)
 
 // WithBuckets has every mention counted in its topic's minute counter:
-// Add's at the time now gives (its arrival), AddAt's and AddAcked's at the
-// time they are given (the message's "at", or its publication; now when
-// zero).
+// Add's at the time now gives (its arrival), AddAt's at the time it is
+// given (the message's "at"; now when zero).
 func WithBuckets(now func() time.Time) Option {
 	return func(a *Aggregator) { a.now = now }
 }
 
 // WithBudget bounds the window's memory to about maxBytes (topic names plus
 // TopicOverhead each). Past it, Full is signalled so that the flusher
-// drains early, and (core mode, spill not nil) a window the flusher hands
-// back unwritten goes to spill, to come back once the store writes again.
-// A window that cannot be spilled because the disk budget is exhausted is
+// drains early, and (spill not nil) a window the flusher hands back
+// unwritten goes to spill, to come back once the store writes again. A
+// window that cannot be spilled because the disk budget is exhausted is
 // shed: counted in hotcount_aggregator_shed_mentions_total and logged.
-// In JetStream mode there is no spill: OverBudget tells the ingest to stop
-// fetching, and the stream keeps the rest.
 func WithBudget(maxBytes int64, spill Spiller, log *zap.Logger) Option {
 	return func(a *Aggregator) {
 		a.maxBytes, a.spill, a.log = maxBytes, spill, log
 	}
 }
 
-// WithMaxHeld signals Full once the window holds n durable messages, so
-// that the flusher drains early: their acknowledgement need not wait out
-// the flush interval when the window is already large, and the consumer's
-// bound on unacknowledged messages (--max-ack-pending, at which the server
-// stops delivering) is not reached while a window waits. 0: no bound.
-func WithMaxHeld(n int) Option {
-	return func(a *Aggregator) { a.maxHeld = n }
-}
-
-// Acker is a durable message waiting for its delta to be stored. A
-// jetstream.Msg is one.
-type Acker interface {
-	// Ack tells the server the message is done with.
-	Ack() error
-	// Nak asks the server to redeliver the message now.
-	Nak() error
-	// InProgress resets the server's redelivery timer.
-	InProgress() error
-}
-
-// Message is a held durable message, the topic its count went to, and its
-// stream sequence (which the journal records).
-type Message struct {
-	Topic string
-	Msg   Acker
-	Seq   int64
-}
-
-// Window is a drained window: the per-topic deltas and, in JetStream mode,
-// the messages behind them in the order they arrived, which is the stream's
-// order: acknowledging in that order lets the server's ack floor move
-// forward in one piece instead of tracking a scatter of acknowledged
-// messages. The receiver owns both.
+// Window is a drained window: the per-topic deltas. The receiver owns it.
 type Window struct {
 	Deltas *Deltas
-	Acks   []Message
 }
 
 // Len is the number of topics in w.
@@ -167,7 +128,6 @@ func countsMentions(name string) bool {
 type Aggregator struct {
 	maxTopics int
 	maxBytes  int64 // 0: no budget
-	maxHeld   int   // 0: no bound on the durable messages a window holds
 	spill     Spiller
 	log       *zap.Logger
 	full      chan struct{} // capacity 1: "the window reached maxTopics"
@@ -252,15 +212,11 @@ func New(maxTopics int, reg prometheus.Registerer, opts ...Option) *Aggregator {
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "hotcount_aggregator_buffered_topics",
 			Help: "Distinct topics in the current window, not yet flushed.",
-		}, func() float64 { n, _, _ := a.Stats(); return float64(n) }),
+		}, func() float64 { n, _ := a.Stats(); return float64(n) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "hotcount_aggregator_buffered_mentions",
 			Help: "Mentions in the current window, not yet flushed.",
-		}, func() float64 { _, n, _ := a.Stats(); return float64(n) }),
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: "hotcount_aggregator_held_messages",
-			Help: "JetStream messages held unacknowledged in the current window.",
-		}, func() float64 { _, _, n := a.Stats(); return float64(n) }),
+		}, func() float64 { _, n := a.Stats(); return float64(n) }),
 	)
 	return a
 }
@@ -288,18 +244,6 @@ func (a *Aggregator) Add(topic string, delta int64) {
 func (a *Aggregator) AddAt(topic string, delta int64, at time.Time) {
 	a.mu.Lock()
 	full := a.add(topic, delta, at) && a.atBound()
-	a.mu.Unlock()
-	a.signal(full)
-}
-
-// AddAcked is Add for a durable message published at at (or whose "at"
-// says so): m is acknowledged by the flusher once topic's delta, m's count
-// included, is in the store.
-func (a *Aggregator) AddAcked(topic string, delta int64, m Acker, seq int64, at time.Time) {
-	a.mu.Lock()
-	grew := a.add(topic, delta, at)
-	a.cur.Acks = append(a.cur.Acks, Message{Topic: topic, Msg: m, Seq: seq})
-	full := (grew || a.maxHeld > 0 && len(a.cur.Acks) >= a.maxHeld) && a.atBound()
 	a.mu.Unlock()
 	a.signal(full)
 }
@@ -374,21 +318,10 @@ func (a *Aggregator) addCounter(name string, delta int64, mentions bool) (added 
 	return delta, isNew
 }
 
-// OverBudget reports whether the window is past its memory budget.
-func (a *Aggregator) OverBudget() bool {
-	if a.maxBytes == 0 {
-		return false
-	}
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return a.bytes > a.maxBytes
-}
-
 // atBound reports whether the window reached its topic bound or its memory
 // budget; mu must be held.
 func (a *Aggregator) atBound() bool {
-	return a.cur.Deltas.Len()-a.buckets >= a.maxTopics || a.maxBytes > 0 && a.bytes > a.maxBytes ||
-		a.maxHeld > 0 && len(a.cur.Acks) >= a.maxHeld
+	return a.cur.Deltas.Len()-a.buckets >= a.maxTopics || a.maxBytes > 0 && a.bytes > a.maxBytes
 }
 
 // signal tells the flusher, if full, without blocking.
@@ -424,9 +357,6 @@ func (a *Aggregator) Drain() Window {
 	// Size the next window like the last one (busy topics come back), but
 	// not a huge one: a long tail leaves it behind at once.
 	a.cur = Window{Deltas: NewDeltas(min(w.Deltas.Len(), 1<<16))}
-	if len(w.Acks) > 0 {
-		a.cur.Acks = make([]Message, 0, len(w.Acks))
-	}
 	drained := w.Deltas.Len() - a.buckets // topics' counters, as Merge counts them
 	a.total, a.bytes, a.buckets, a.fresh = 0, 0, 0, freshIndex{}
 	if a.drained > 0 {
@@ -522,11 +452,11 @@ func windowBytes(deltas *Deltas) int64 {
 
 // Merge adds a window back into the current one: the flusher returns what
 // it could not write, so a store failure delays mentions but never loses
-// them, and their messages stay unacknowledged. The larger of the two maps
-// takes the smaller, so that a large failed window is not copied.
+// them. The larger of the two maps takes the smaller, so that a large
+// failed window is not copied.
 //
-// Past the memory budget, with a spill and no held messages (core mode),
-// the whole window then goes to disk.
+// Past the memory budget, with a spill, the whole window then goes to
+// disk.
 func (a *Aggregator) Merge(w Window) {
 	// Every name of w is read here, before the lock: w is the caller's
 	// until Merge takes it, and a window that comes back after an outage
@@ -549,11 +479,6 @@ func (a *Aggregator) Merge(w Window) {
 			a.addNamed(name, d)
 		}
 	}
-	// The merged-back messages are older than those that arrived since:
-	// they go first, to keep the window in stream order.
-	if len(w.Acks) > 0 {
-		a.cur.Acks = append(w.Acks, a.cur.Acks...)
-	}
 	// No Full signal here: a window that failed to flush must wait for the
 	// next interval, not be retried at once against a failing store.
 	var out *Deltas
@@ -562,7 +487,7 @@ func (a *Aggregator) Merge(w Window) {
 	if back {
 		a.carrying = false
 	}
-	if a.spill != nil && len(a.cur.Acks) == 0 && (back || a.maxBytes > 0 && a.bytes > a.maxBytes) {
+	if a.spill != nil && (back || a.maxBytes > 0 && a.bytes > a.maxBytes) {
 		out, mentions = a.cur.Deltas, a.total
 		a.cur.Deltas = NewDeltas(0)
 		a.total, a.bytes, a.buckets, a.fresh = 0, 0, 0, freshIndex{}
@@ -576,12 +501,11 @@ func (a *Aggregator) Merge(w Window) {
 // Persist moves the window to the spill folder, whatever its size, and
 // stops Drain from taking segments back: at the shutdown deadline, what
 // the store did not take waits on disk for the next process on the folder
-// rather than being lost. It does nothing without a spill or with held
-// messages (JetStream mode keeps them in the stream), and returns the
-// mentions it kept.
+// rather than being lost. It does nothing without a spill, and returns
+// the mentions it kept.
 func (a *Aggregator) Persist() (int64, error) {
 	a.mu.Lock()
-	if a.spill == nil || len(a.cur.Acks) > 0 {
+	if a.spill == nil {
 		a.mu.Unlock()
 		return 0, nil
 	}
@@ -651,18 +575,6 @@ func split(deltas *Deltas, limit int64) []*Deltas {
 		size += cost
 	}
 	return append(out, cur)
-}
-
-// Held returns the messages held in the current window (a copy), for the
-// ingest to keep them from being redelivered while they wait.
-func (a *Aggregator) Held() []Acker {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	out := make([]Acker, len(a.cur.Acks))
-	for i, m := range a.cur.Acks {
-		out[i] = m.Msg
-	}
-	return out
 }
 
 // Pending returns topic's delta in the current window: accepted by this
@@ -793,12 +705,12 @@ func (a *Aggregator) addNamed(name string, delta int64) {
 	}
 }
 
-// Stats returns the number of topics, the sum of the deltas and the number
-// of held messages in the current window.
-func (a *Aggregator) Stats() (topics int, mentions int64, held int) {
+// Stats returns the number of topics and the sum of the deltas in the
+// current window.
+func (a *Aggregator) Stats() (topics int, mentions int64) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	return a.cur.Deltas.Len() - a.buckets, a.total, len(a.cur.Acks)
+	return a.cur.Deltas.Len() - a.buckets, a.total
 }
 
 // Full is signalled (without blocking the sender) when the window reaches

@@ -24,7 +24,7 @@ func TestAddDrainMerge(t *testing.T) {
 	if p := a.Pending("golang"); p != 5 {
 		t.Errorf("Pending(golang) = %d, want 5", p)
 	}
-	if n, m, _ := a.Stats(); n != 2 || m != 7 {
+	if n, m := a.Stats(); n != 2 || m != 7 {
 		t.Errorf("Stats = %d topics, %d mentions; want 2, 7", n, m)
 	}
 	w := a.Drain().Deltas.Map()
@@ -60,30 +60,6 @@ func TestFullSignalsOnceAtBound(t *testing.T) {
 	a.Add("d", 1) // past the bound: accepted, never dropped
 	if w := a.Drain(); w.Len() != 4 {
 		t.Errorf("window holds %d topics, want 4: the bound is soft", w.Len())
-	}
-}
-
-// TestFullAtHeldMessages: a window holding WithMaxHeld's count of durable
-// messages signals Full, whatever its topics, so that their
-// acknowledgement need not wait out the interval.
-func TestFullAtHeldMessages(t *testing.T) {
-	a := aggregator.New(1000, prometheus.NewRegistry(), aggregator.WithMaxHeld(3))
-	a.AddAcked("golang", 1, &msg{}, 1, time.Time{})
-	a.AddAcked("golang", 1, &msg{}, 2, time.Time{})
-	a.Add("rust", 5) // core mentions hold no message
-	select {
-	case <-a.Full():
-		t.Fatal("Full signalled at 2 held messages, bound 3")
-	default:
-	}
-	a.AddAcked("golang", 1, &msg{}, 3, time.Time{})
-	select {
-	case <-a.Full():
-	default:
-		t.Fatal("Full not signalled at 3 held messages")
-	}
-	if w := a.Drain(); len(w.Acks) != 3 {
-		t.Errorf("drained %d messages, want 3", len(w.Acks))
 	}
 }
 
@@ -135,42 +111,6 @@ func TestConcurrentAddsAndDrains(t *testing.T) {
 	}
 }
 
-// msg is a durable message that records what was done to it.
-type msg struct{ acked, naked, progressed int }
-
-func (m *msg) Ack() error        { m.acked++; return nil }
-func (m *msg) Nak() error        { m.naked++; return nil }
-func (m *msg) InProgress() error { m.progressed++; return nil }
-
-// TestAckedMessagesTravelWithTheirTopic: a window carries its messages in
-// arrival order with their topics; a merged-back window brings them back
-// ahead of newer ones; Held lists them.
-func TestAckedMessagesTravelWithTheirTopic(t *testing.T) {
-	a := aggregator.New(100, prometheus.NewRegistry())
-	m1, m2, m3 := &msg{}, &msg{}, &msg{}
-	a.AddAcked("golang", 1, m1, 1, time.Time{})
-	a.AddAcked("golang", 5, m2, 2, time.Time{})
-	a.AddAcked("rust", 2, m3, 3, time.Time{})
-	a.Add("core", 1) // a core-mode mention next to them has no message
-	if _, _, held := a.Stats(); held != 3 {
-		t.Errorf("held = %d, want 3", held)
-	}
-	w := a.Drain()
-	want := []aggregator.Message{{Topic: "golang", Msg: m1, Seq: 1}, {Topic: "golang", Msg: m2, Seq: 2}, {Topic: "rust", Msg: m3, Seq: 3}}
-	if len(w.Acks) != 3 || w.Acks[0] != want[0] || w.Acks[1] != want[1] || w.Acks[2] != want[2] || w.Deltas.Map()["golang"] != 6 {
-		t.Fatalf("window = %+v, want messages %v in arrival order", w, want)
-	}
-	if len(a.Held()) != 0 {
-		t.Error("messages still held after Drain")
-	}
-	m4 := &msg{}
-	a.AddAcked("zig", 1, m4, 4, time.Time{})
-	a.Merge(aggregator.Window{Deltas: aggregator.DeltasOf(map[string]int64{"rust": 2}), Acks: []aggregator.Message{{Topic: "rust", Msg: m3}}})
-	if h := a.Held(); len(h) != 2 || h[0] != m3 || h[1] != m4 {
-		t.Errorf("Held after Merge = %v, want [m3 m4]: merged-back messages first", h)
-	}
-}
-
 // TestAddDoesNotAllocate pins the hot path: adding to a topic already in
 // the window allocates nothing.
 func TestAddDoesNotAllocate(t *testing.T) {
@@ -192,14 +132,14 @@ func TestMinuteCounters(t *testing.T) {
 	a.Add("rust", 1)
 	clk.Add(time.Minute)
 	a.Add("golang", 3)
-	a.AddAcked("golang", 4, nil, 1, clk.Now().Add(-2*time.Minute)) // published two minutes ago
+	a.AddAt("golang", 4, clk.Now().Add(-2*time.Minute)) // its "at" two minutes ago
 	if n := testing.AllocsPerRun(1000, func() { a.Add("golang", 1) }); n != 0 {
 		t.Errorf("Add of a known minute counter allocates %v times, want 0", n)
 	}
 	if p := a.Pending("golang"); p != 2+3+4+1001 {
 		t.Errorf("Pending(golang) = %d, want %d", p, 2+3+4+1001)
 	}
-	topics, mentions, _ := a.Stats()
+	topics, mentions := a.Stats()
 	if topics != 4 || mentions != 2+1+3+4+1001 {
 		t.Errorf("Stats = %d counters, %d mentions; want 4 (golang's three minutes and rust's) and %d", topics, mentions, 2+1+3+4+1001)
 	}

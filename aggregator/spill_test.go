@@ -131,7 +131,7 @@ func TestShedWhenDiskFull(t *testing.T) {
 	if n := testenv.Metric(t, reg, "hotcount_aggregator_shed_mentions_total"); n != 40 {
 		t.Errorf("shed %v mentions, want 40", n)
 	}
-	if n, _, _ := a.Stats(); n != 0 {
+	if n, _ := a.Stats(); n != 0 {
 		t.Errorf("%d topics still in memory after shedding", n)
 	}
 }

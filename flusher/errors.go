@@ -21,16 +21,15 @@ var ErrFlushDeadline = errors.New("flush deadline passed")
 // IncompleteError is a flush that left counters for the next one: they
 // are back in the buffer, and the next flush (or Final) writes them.
 type IncompleteError struct {
-	// UnwrittenCounters counters were neither written nor journaled:
-	// they are back in the buffer with their Kept mentions. Counters is
-	// how many the flush had to write, journaled ones aside (with a
-	// journal every counter is journaled or back, and Counters is 0).
+	// UnwrittenCounters counters were not written: they are back in the
+	// buffer with their Kept mentions. Counters is how many the flush had
+	// to write.
 	UnwrittenCounters, Counters int
 	Kept                        int64
-	// Pending writes are in doubt or journaled (the ledger's).
+	// Pending writes are in doubt (the ledger's).
 	Pending int
-	// Held counters waited behind pending writes (in doubt or
-	// journaled); Untried were not tried because the store is down.
+	// Held counters waited behind writes in doubt; Untried were not tried
+	// because the store is down.
 	Held, Untried int
 	// Err is why: a write's error, HeldError, ErrStoreDown or
 	// ErrFlushDeadline.
@@ -38,19 +37,18 @@ type IncompleteError struct {
 }
 
 func (e *IncompleteError) Error() string {
-	return fmt.Sprintf("flusher: %d of %d counters not written (%d mentions kept), %d writes pending (in doubt or journaled), %d counters held back, %d not tried (the store is down): %v",
+	return fmt.Sprintf("flusher: %d of %d counters not written (%d mentions kept), %d writes in doubt, %d counters held back, %d not tried (the store is down): %v",
 		e.UnwrittenCounters, e.Counters, e.Kept, e.Pending, e.Held, e.Untried, e.Err)
 }
 
 func (e *IncompleteError) Unwrap() error { return e.Err }
 
 // HeldError is the cause of a flush that wrote everything it tried but
-// held Counters back behind pending writes (in doubt, or journaled and not
-// yet in the store).
+// held Counters back behind writes in doubt.
 type HeldError struct{ Counters int }
 
 func (e *HeldError) Error() string {
-	return fmt.Sprintf("%d counters waited behind pending writes (in doubt or journaled)", e.Counters)
+	return fmt.Sprintf("%d counters waited behind writes in doubt", e.Counters)
 }
 
 // ProbedError is a flush after an outage whose probe of Probed counters
@@ -70,19 +68,17 @@ type ShutdownError struct {
 	// Mentions over Counters counters (topics' totals and their minutes
 	// not yet split) were unwritten, and Buckets increments of time
 	// buckets (their mentions are in a total).
-	Mentions   int64
-	Counters   int
-	Buckets    int64
-	Doubt      int64 // mentions in writes in doubt (core mode: each may or may not be in)
-	Journaled  int64 // mentions left in the journal for replay (JetStream mode)
-	HandedBack int   // messages handed back for redelivery
-	Spilled    int64 // mentions kept in the spill folder for the next start
-	Err        error // the last flush's error
+	Mentions int64
+	Counters int
+	Buckets  int64
+	Doubt    int64 // mentions in writes in doubt: each may or may not be in
+	Spilled  int64 // mentions kept in the spill folder for the next start
+	Err      error // the last flush's error
 }
 
 func (e *ShutdownError) Error() string {
-	return fmt.Sprintf("flusher: shutdown deadline passed (or too close for another try) with %d mentions over %d counters unwritten (and %d increments of time buckets), %d in writes in doubt, %d left in the journal for replay (%d messages handed back for redelivery) and %d kept in the spill folder for the next start: %v",
-		e.Mentions, e.Counters, e.Buckets, e.Doubt, e.Journaled, e.HandedBack, e.Spilled, e.Err)
+	return fmt.Sprintf("flusher: shutdown deadline passed (or too close for another try) with %d mentions over %d counters unwritten (and %d increments of time buckets), %d in writes in doubt and %d kept in the spill folder for the next start: %v",
+		e.Mentions, e.Counters, e.Buckets, e.Doubt, e.Spilled, e.Err)
 }
 
 func (e *ShutdownError) Unwrap() error { return e.Err }

@@ -12,24 +12,22 @@ import (
 
 // Final flushes until the buffer is empty and no write is in doubt, or ctx
 // ends (or is too close for another try), for shutdown, after ingest has
-// stopped. What is still buffered then goes to the spill folder in core mode
-// (lost only without one: counted in hotcount_flusher_unflushed_total), and
-// in JetStream mode its messages are handed back (Nak) for redelivery, so
-// nothing is lost; the error says where every mention is. Writes still in
-// doubt are reported too: each may or may not be in the store.
+// stopped. What is still buffered then goes to the spill folder (lost only
+// without one: counted in hotcount_flusher_unflushed_total); the error
+// says where every mention is. Writes still in doubt are reported too:
+// each may or may not be in the store.
 //
 // A retry the deadline would cut off in flight leaves its writes in doubt;
-// one never started leaves its mentions whole, for the spill folder (core
-// mode) or NATS (JetStream mode). So a retry starts only with time left for
-// it (retryRoom), and Final gives up before the deadline when there is none.
-// When ctx ends while Final waits to retry (SIGTERM's budget spent), it
-// gives up at once.
+// one never started leaves its mentions whole, for the spill folder. So a
+// retry starts only with time left for it (retryRoom), and Final gives up
+// before the deadline when there is none. When ctx ends while Final waits
+// to retry (SIGTERM's budget spent), it gives up at once.
 //
-// In core mode what is left goes to the spill folder after the last
-// flush, and that write is not cut off (cutting it would lose the
-// window). So Final's flushes end early enough before ctx's deadline to
-// leave it the time its bytes take (persistRoom, at most half of Final's
-// time), and the phases after the final flush keep their reserve.
+// What is left goes to the spill folder after the last flush, and that
+// write is not cut off (cutting it would lose the window). So Final's
+// flushes end early enough before ctx's deadline to leave it the time its
+// bytes take (persistRoom, at most half of Final's time), and the phases
+// after the final flush keep their reserve.
 func (f *Flusher) Final(ctx context.Context) error {
 	// Persist's time is taken from at most half of Final's: past that the
 	// store, if it answers, is the better home for the window (a spill
@@ -141,7 +139,7 @@ func retryRoom(last, writeTimeout time.Duration) time.Duration {
 const persistRate = 64 << 20 // bytes a second
 
 // persistRoom is the time Persist needs for what is buffered now (none
-// without a spill folder, or in JetStream mode): its bytes at persistRate,
+// without a spill folder): its bytes at persistRate,
 // plus 100 ms for the file's creation and sync.
 func (f *Flusher) persistRoom() time.Duration {
 	p, ok := f.buf.(persister)
@@ -156,30 +154,22 @@ func (f *Flusher) persistRoom() time.Duration {
 }
 
 // abandon ends Final at (or just before) the deadline: what is buffered
-// goes to the spill folder (core mode) or back to NATS (JetStream mode),
-// and the error says where every mention is.
+// goes to the spill folder, and the error says where every mention is.
 func (f *Flusher) abandon(err error) error {
 	var spilled int64
 	if p, ok := f.buf.(persister); ok {
-		// Core mode with a spill folder: what is left waits there
-		// for the next process on the folder, instead of being lost.
+		// With a spill folder, what is left waits there for the next
+		// process on the folder, instead of being lost.
 		var err error
 		if spilled, err = p.Persist(); err != nil {
 			f.log.Error("unwritten mentions could not be spilled at shutdown", zap.Error(err))
 		}
 	}
 	w := f.buf.Drain()
-	var handedBack int
-	for _, m := range w.Acks {
-		if m.Msg.Nak() == nil {
-			handedBack++
-		}
-	}
 	f.metrics.unflushed.Add(float64(w.Mentions()))
 	f.flushMu.Lock()
-	doubt, journaled, naked := f.ledger.atExit()
+	doubt := f.ledger.atExit()
 	f.flushMu.Unlock()
-	handedBack += naked
 	f.metrics.doubtAtExit.Add(float64(doubt))
 	var bucketed int64 // time buckets' increments left unwritten (their mentions are in a total)
 	for c, d := range counters(w.Deltas) {
@@ -187,5 +177,5 @@ func (f *Flusher) abandon(err error) error {
 			bucketed += d
 		}
 	}
-	return &ShutdownError{Mentions: w.Mentions(), Counters: w.Len(), Buckets: bucketed, Doubt: doubt, Journaled: journaled, HandedBack: handedBack, Spilled: spilled, Err: err}
+	return &ShutdownError{Mentions: w.Mentions(), Counters: w.Len(), Buckets: bucketed, Doubt: doubt, Spilled: spilled, Err: err}
 }

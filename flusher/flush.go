@@ -9,9 +9,7 @@ import (
 )
 
 // Flush drains the window once and writes every delta to a random shard,
-// each write an idempotent store.Write with this writer's next seq. Then
-// the messages (JetStream mode) of every topic written are acknowledged,
-// in stream order.
+// each write an idempotent store.Write with this writer's next seq.
 //
 // A write whose outcome is unknown (store.ErrAmbiguous) becomes the
 // topic's pending write: each later flush sends it again, unchanged (same
@@ -20,8 +18,7 @@ import (
 // newer seq on an item while an older one is in doubt. Writes refused for
 // throughput move to another shard with a new seq (nothing was applied).
 // Writes that fail, or that were not started before the flush deadline,
-// are merged back into the buffer with their messages, whose redelivery
-// timer is reset; the error says how many.
+// are merged back into the buffer; the error says how many.
 //
 // The steps are those of docs/SEMANTICS.md.
 func (f *Flusher) Flush(ctx context.Context) error {
@@ -31,32 +28,22 @@ func (f *Flusher) Flush(ctx context.Context) error {
 	defer func() { f.metrics.duration.Observe(f.now().Sub(start).Seconds()) }()
 
 	// 1. Build the writes: totals and time buckets, a topic with a write
-	// pending held back whole, so that a message goes with every count it
-	// makes.
+	// in doubt held back whole.
 	p := f.drain()
-	w := p.write // the window this flush holds: record and gather hand it on
-	defer f.ledger.keepAliveWhile(w.Acks)()
+	w := p.write // the window this flush holds: gather hands it on
 	shards := f.shardCounts(ctx, w.Deltas)
-	// 2-3. JetStream mode: journal them, then acknowledge their messages:
-	// from there on the journal carries the counts, whatever happens to
-	// this process.
-	unwritten := aggregator.Window{Deltas: aggregator.NewDeltas(0)}
-	if f.journal != nil {
-		unwritten = f.record(ctx, &w, shards) // w is left empty: none is a new write
-		f.ledger.confirm(ctx)
-		f.ledger.retire(ctx)
-	}
-	// 4. Writes pending go first, unchanged: a topic's newer deltas wait
+	// 2. Writes in doubt go first, unchanged: a topic's newer deltas wait
 	// behind them, so no newer seq lands while an older one is in doubt.
+	unwritten := aggregator.Window{Deltas: aggregator.NewDeltas(0)}
 	r := f.send(ctx, w, shards, start.Add(f.cfg.Timeout))
 	f.gather(&w, r, &unwritten)
-	// 5. Acknowledge the messages whose counts are all in the store, and
-	// retire the entries that are.
-	f.ledger.settle(ctx, r.settled)
-	unwritten.Acks = append(unwritten.Acks, f.ledger.ackWritten(w.Acks, r.missed, r.doubt)...)
+	// 3. Settle the writes in doubt now in the store; the new ones in
+	// doubt take their place.
+	f.ledger.settle(r.settled)
+	f.ledger.doubted(r.doubt)
 	f.observe(r)
 	f.progress(r, unwritten)
-	// 6. A write the store has refused for good for long enough goes to
+	// 4. A write the store has refused for good for long enough goes to
 	// the quarantine, out of its topic's way.
 	f.quarantineRipe(ctx, r, &unwritten)
 	f.ledger.keepPending()
@@ -78,7 +65,6 @@ func (f *Flusher) drain() plan {
 			f.buf.Merge(rest)
 		}
 		if p.heldCounters > 0 {
-			f.ledger.keepAliveAll(p.held.Acks)
 			f.metrics.requeued.Add(float64(p.held.Mentions()))
 			f.buf.Merge(p.held)
 		}
@@ -87,41 +73,13 @@ func (f *Flusher) drain() plan {
 	return p
 }
 
-// record journals the writes of w, the window the flush holds (JetStream
-// mode with a journal), acknowledges the messages of the topics recorded,
-// in stream order, and leaves the recorded writes pending in the ledger.
-// It returns the counters the journal did not take, with their messages,
-// and leaves w empty.
-func (f *Flusher) record(ctx context.Context, w *aggregator.Window, shards shardTable) aggregator.Window {
-	left := aggregator.Window{Deltas: aggregator.NewDeltas(0)}
-	if w.Len() == 0 {
-		return left
-	}
-	writes := shards.writes(w.Deltas, f.cfg.Writer, f.seq.Next)
-	recorded, at := f.ledger.record(ctx, writes, w.Acks)
-	var taken []store.Write
-	for _, x := range writes {
-		if _, ok := recorded[x.Counter]; ok {
-			taken = append(taken, x)
-		} else {
-			left.Deltas.Set(x.Counter.Name(), x.Delta) // back to the buffer, by name
-		}
-	}
-	f.view.journaled(taken, func(c store.Counter) bool { return recorded[c].Unconfirmed }, at, left.Deltas)
-	w.Deltas = aggregator.NewDeltas(0) // no longer in the view: all pending or in left
-	left.Acks = f.ledger.ackRecorded(w.Acks, recorded)
-	w.Acks = nil
-	return left
-}
-
 // round is one flush's tally of its writes' answers. The flush's goroutine
 // owns it: the batch hands it every answer (take).
 type round struct {
-	counters  int                           // counters the flush had to write, journaled ones aside
+	counters  int                           // counters the flush had to write
 	wrote     []counterDelta                // new writes applied
-	settled   map[store.Counter]int64       // pending writes now in the store
+	settled   map[store.Counter]int64       // writes in doubt now in the store
 	doubt     map[store.Counter]store.Write // new writes in doubt
-	missed    map[string]bool               // topics with a new write refused or not sent, while messages wait on them (nil: none do)
 	denied    map[store.Counter]error       // new writes refused for good (store.Denied)
 	denials   int                           // answers, new or resent, refusing for good
 	failures  int                           // answers, new or resent, neither applied nor refusing for good
@@ -161,10 +119,8 @@ func (r *round) take(a answer) {
 		r.doubt[c] = a.write
 	case a.outcome == throttled:
 		r.throttled++ // the store is up: this topic is hot
-		r.miss(c)
 	default:
 		r.refused++
-		r.miss(c)
 		if store.Denied(a.err) {
 			r.denied[c] = a.err
 		}
@@ -174,28 +130,17 @@ func (r *round) take(a answer) {
 	}
 }
 
-// miss notes that c's new write left its delta unwritten, when messages
-// wait on the flush's counts (their topics' messages go back with it).
-func (r *round) miss(c store.Counter) {
-	if r.missed != nil {
-		r.missed[c.Topic] = true
-	}
-}
-
 // down says the store refused a whole round of writes and took none: the
 // rest of the window waits for the next flush instead of costing a failed
 // call each (a million topics during an outage).
 func (r *round) down(limit int) bool { return r.refused >= limit && r.written == 0 }
 
-// send sends the ledger's pending writes again, then new ones of the
+// send sends the ledger's writes in doubt again, then new ones of the
 // counters of w, the window the flush holds, while the deadline, the
 // context and the store allow, and tallies their answers. A write not
 // started is no ambiguity: its delta waits for the next flush.
 func (f *Flusher) send(ctx context.Context, w aggregator.Window, shards shardTable, deadline time.Time) *round {
 	r := &round{counters: w.Len(), settled: make(map[store.Counter]int64), doubt: make(map[store.Counter]store.Write), denied: make(map[store.Counter]error)}
-	if len(w.Acks) > 0 {
-		r.missed = make(map[string]bool)
-	}
 	b := f.writer.batch(r.take)
 	// A write starts only before the flush's deadline and with room to
 	// finish before ctx's (the shutdown's): one cut off in flight would be
@@ -207,9 +152,8 @@ func (f *Flusher) send(ctx context.Context, w aggregator.Window, shards shardTab
 		}
 		f.view.resending(c)
 		b.run(func() answer {
-			a := f.writer.resend(ctx, pw.write)
+			a := f.writer.resend(ctx, pw)
 			f.view.resent(c, a.outcome)
-			f.ledger.answered(ctx, pw, a)
 			f.landed(a)
 			return a
 		})
@@ -217,7 +161,6 @@ func (f *Flusher) send(ctx context.Context, w aggregator.Window, shards shardTab
 	for c, delta := range counters(w.Deltas) {
 		b.collect()
 		if r.down(f.cfg.Concurrency) || !b.acquire(func() bool { return !r.down(f.cfg.Concurrency) && inTime() }) {
-			r.miss(c)
 			continue
 		}
 		x, n, sentAt := shards.newWrite(c, delta, f.cfg.Writer), shards.of(c), f.now()
@@ -286,21 +229,20 @@ func (f *Flusher) observe(r *round) {
 	f.observer.Observe(observed)
 }
 
-// progress is what health and backpressure follow: a flush that wrote
-// something (or had nothing to write, or was refused only for good) moved
-// on, even if one poison topic keeps failing; only a flush that wrote
-// nothing of its work means the store is not taking writes.
+// progress is what liveness and the outage probe follow: a flush that
+// wrote something (or had nothing to write, or was refused only for good)
+// moved on, even if one poison topic keeps failing; only a flush that
+// wrote nothing of its work means the store is not taking writes.
 func (f *Flusher) progress(r *round, unwritten aggregator.Window) {
 	attempted := r.counters > 0 || f.ledger.writes() > 0 || unwritten.Len() > 0 || len(r.settled) > 0
 	// A flush whose every failure refused for good is no outage: the
-	// store answers, about some keys. Pausing the ingest for it would
-	// starve the other topics and, with them, the store's proof that
-	// it takes writes; the quarantine deals with those keys.
+	// store answers, about some keys. Taking the store for down would
+	// hold the other topics to a probe a flush, and restart the sidecar;
+	// the quarantine deals with those keys.
 	progress := r.written > 0 || !attempted || r.denials > 0 && r.failures == 0
 	if progress {
 		f.lastProgress.Store(f.now().UnixNano())
 	}
-	f.failing.Store(!progress)
 	f.down.Store(!progress && r.refused > 0 && r.throttled == 0)
 }
 
@@ -323,10 +265,9 @@ func (f *Flusher) end(p plan, r *round, u aggregator.Window) error {
 	return nil
 }
 
-// requeue merges u back into the buffer, its messages kept alive, and
-// says what the flush left and why.
+// requeue merges u back into the buffer and says what the flush left and
+// why.
 func (f *Flusher) requeue(p plan, r *round, u aggregator.Window) error {
-	f.ledger.keepAliveAll(u.Acks)
 	kept, unwritten := u.Mentions(), u.Len()
 	f.view.move(func() *aggregator.Deltas { f.buf.Merge(u); return nil })
 	f.metrics.requeued.Add(float64(kept))

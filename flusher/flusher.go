@@ -15,7 +15,6 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/hotcount/hotcount/aggregator"
-	"github.com/hotcount/hotcount/journal"
 	"github.com/hotcount/hotcount/store"
 )
 
@@ -120,35 +119,6 @@ func WithShards(s Shards) Option { return func(f *Flusher) { f.shards = s } }
 // Option is an optional dependency of New.
 type Option func(*Flusher)
 
-// Journal records a flush's writes durably before their messages are
-// acknowledged (JetStream mode): the journal package's Journal. Record
-// returns the entries it recorded; Settled retires one whose writes are all
-// in the store.
-type Journal interface {
-	Record(ctx context.Context, writes []store.Write, seqs map[string][]int64) ([]journal.Recorded, error)
-	// Confirm settles an entry Record returned unconfirmed: true once it
-	// is surely recorded.
-	Confirm(ctx context.Context, key string) (bool, error)
-	// Rewrite gives the journaled write of c a new seq (after a
-	// store.FloorError).
-	Rewrite(ctx context.Context, key string, c store.Counter, seq int64) error
-	// Quarantine marks the journaled write of c in entry key as the
-	// quarantine's, so that no replay of the entry writes it
-	// (journal.ErrReplayed: one already has).
-	Quarantine(ctx context.Context, key string, c store.Counter) error
-	// MaybeReplayed says whether an entry recorded at t may have been
-	// replayed by another sidecar (this writer's heartbeat lapsed since).
-	MaybeReplayed(t time.Time) bool
-	// Settled retires an entry whose writes are all in the store, or says
-	// journal.ErrNotAcknowledged while its messages' acknowledgements are
-	// not all recorded by the consumer (it is asked again next flush).
-	Settled(ctx context.Context, key string) error
-}
-
-// WithJournal makes every write journaled first (see Flusher.record and
-// the ledger).
-func WithJournal(j Journal) Option { return func(f *Flusher) { f.journal = j } }
-
 // WithObserver has each of os told what each flush wrote (the hot-topic
 // tracker, the trending summaries).
 func WithObserver(os ...Observer) Option {
@@ -176,9 +146,6 @@ type Config struct {
 	// WriteTimeout bounds one write, the SDK's retries included (0:
 	// DefaultWriteTimeout).
 	WriteTimeout time.Duration
-	// KeepAlive is how often the messages of a window being flushed get
-	// InProgress (JetStream mode: a third of the ack wait; 0: never).
-	KeepAlive time.Duration
 	// Writer is this flusher's writer id (store.NewWriterID; empty: a new
 	// one), the identity of its writes' marks.
 	Writer string
@@ -208,10 +175,9 @@ type Flusher struct {
 	observer Observer // nil: none
 	reader   Reader   // nil: none
 	shards   Shards   // nil: Config.Shards for every topic
-	journal  Journal  // nil: none (core mode)
 	// quarantine takes writes refused for good (nil: none, they are
-	// tried forever); denied follows core mode's runs of such refusals,
-	// by counter (the flush's goroutine's, under flushMu).
+	// tried forever); denied follows the runs of such refusals, by
+	// counter (the flush's goroutine's, under flushMu).
 	quarantine Quarantine
 	denied     map[store.Counter]denial
 	poisoned   map[string]bool // topics quarantined, none of whose writes has landed since
@@ -227,8 +193,7 @@ type Flusher struct {
 	ledger  *ledger
 
 	lastProgress atomic.Int64 // UnixNano of the last flush that wrote something, or had nothing to write
-	failing      atomic.Bool  // the last flush had work and wrote none of it
-	down         atomic.Bool  // ... and the store refused it all, throttles aside
+	down         atomic.Bool  // the last flush had work, wrote none of it, and the store refused it all, throttles aside
 	endBy        atomic.Int64 // UnixNano of EndBy's time; 0: none
 }
 
@@ -242,9 +207,9 @@ func (f *Flusher) Sending(topic string) bool { return f.view.Sending(topic) }
 // and has not sent, or in a write (in doubt included) first sent after
 // gatheredAt and not landed: such a gather cannot have seen it. A write
 // that has landed is the reader's (Reader.Wrote, under the same lock). A
-// write sent before gatheredAt is left out, as are journaled writes and
-// deltas spilled to disk: they may be in the store already, and counting
-// them could count them twice.
+// write sent before gatheredAt is left out: it may be in the store
+// already, and counting it could count it twice. So are deltas spilled
+// to disk.
 func (f *Flusher) Read(topic string, read func(pending func(gatheredAt time.Time) int64)) {
 	f.view.Read(topic, read)
 }
@@ -270,7 +235,7 @@ func New(cfg Config, buf Buffer, st Store, log *zap.Logger, m *Metrics, now func
 	f.writer = &writer{store: st, shards: f.shards, seq: f.seq, timeout: cfg.WriteTimeout, limit: max(cfg.Concurrency, 1),
 		log: f.log, rerouted: m.rerouted, now: now}
 	f.view = newView(buf, f.reader, now)
-	f.ledger = newLedger(f.journal, f.seq, cfg.KeepAlive, f.log, m, now)
+	f.ledger = newLedger(m)
 	f.lastProgress.Store(now().UnixNano())
 	return f
 }
@@ -334,12 +299,6 @@ func (f *Flusher) tooLate(ctx context.Context) bool {
 	end := f.endBy.Load()
 	return end != 0 && time.Until(time.Unix(0, end)) < room
 }
-
-// Failing reports whether the last flush had work and wrote none of it
-// (the store is not taking writes). The JetStream ingest stops fetching
-// while it does; one topic that keeps failing among others that are
-// written does not stop it.
-func (f *Flusher) Failing() bool { return f.failing.Load() }
 
 // Writer is the flusher's writer id.
 func (f *Flusher) Writer() string { return f.cfg.Writer }

@@ -13,8 +13,6 @@ type Metrics struct {
 	unflushed   prometheus.Counter
 	doubtAtExit prometheus.Counter
 	lastSuccess prometheus.Gauge
-	acked       prometheus.Counter
-	ackErrors   prometheus.Counter
 	pending     prometheus.Gauge
 
 	quarantined         prometheus.Counter
@@ -51,19 +49,11 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}),
 		unflushed: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "hotcount_flusher_unflushed_total",
-			Help: "Mentions still buffered when the shutdown deadline passed (lost in core NATS mode; handed back for redelivery in JetStream mode).",
+			Help: "Mentions still buffered when the shutdown deadline passed and not kept in the spill folder: lost.",
 		}),
 		doubtAtExit: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "hotcount_flusher_doubt_at_shutdown_total",
 			Help: "Mentions in writes still in doubt (no answer) when the shutdown deadline passed, in core mode: each may or may not be in the store.",
-		}),
-		acked: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "hotcount_flusher_acked_total",
-			Help: "JetStream messages acknowledged after their delta was written.",
-		}),
-		ackErrors: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "hotcount_flusher_ack_errors_total",
-			Help: "JetStream acknowledgements that could not be sent; those messages will be redelivered and counted again.",
 		}),
 		pending: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "hotcount_flusher_pending_writes",
@@ -82,7 +72,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Unix time of the last flush that wrote everything it drained.",
 		}),
 	}
-	reg.MustRegister(m.flushes, m.duration, m.flushed, m.requeued, m.rerouted, m.early, m.unflushed, m.lastSuccess, m.acked, m.ackErrors, m.pending, m.doubtAtExit, m.quarantined, m.quarantinedMentions)
+	reg.MustRegister(m.flushes, m.duration, m.flushed, m.requeued, m.rerouted, m.early, m.unflushed, m.lastSuccess, m.pending, m.doubtAtExit, m.quarantined, m.quarantinedMentions)
 	m.flushes.WithLabelValues("ok")
 	m.flushes.WithLabelValues("error")
 	return m

@@ -33,12 +33,11 @@ type planning struct {
 // counters, not names.
 type plan struct {
 	// write is the counters to write this flush, minute counters split
-	// into a total and time buckets, and the messages behind them.
+	// into a total and time buckets.
 	write aggregator.Window
-	// held is the counters and messages of topics that wait behind a
-	// pending write (in doubt or journaled): back to the buffer whole, so
-	// that a message is acknowledged, or journaled, with every count it
-	// makes.
+	// held is the counters of topics that wait behind a write in doubt,
+	// back to the buffer whole: a topic's newer deltas wait until its
+	// write in doubt settles (see Flush).
 	held aggregator.Window
 	// untried is, while the store is down, the window past the probe:
 	// back to the buffer as it came, not split (nil otherwise).
@@ -53,21 +52,19 @@ type plan struct {
 
 // newPlan plans the drained window w, which it takes: the plan's windows
 // are made of its parts. down says the last flush found the store
-// refusing everything; waiting is the topics with a pending write. The
+// refusing everything; waiting is the topics with a write in doubt. The
 // plan depends on nothing else, and newPlan has no other effect.
 func newPlan(w aggregator.Window, down bool, waiting map[string]bool, c planning) plan {
 	var untried *aggregator.Deltas
 	// While the store refuses everything, a flush only probes it with a
 	// few counters, and the rest goes back as it came: split, each topic's
 	// minute would take three counters (total, minute, hour) of memory
-	// through an outage of millions of topics. (Core mode: JetStream mode
-	// stops fetching instead, and its messages stay with their counts.)
-	if down && len(w.Acks) == 0 {
+	// through an outage of millions of topics.
+	if down {
 		untried = probe(&w, c.probe)
 	}
 	held := aggregator.Window{Deltas: aggregator.NewDeltas(0)}
 	sortOut(w.Deltas, held.Deltas, waiting, c)
-	w.Acks, held.Acks = holdAcks(w.Acks, waiting)
 	return plan{write: w, held: held, untried: untried, heldCounters: held.Len(), untriedCounters: untried.Len()}
 }
 
@@ -145,17 +142,4 @@ func sortOut(d, held *aggregator.Deltas, waiting map[string]bool, c planning) {
 func addTo(d *aggregator.Deltas, c store.Counter, delta int64) {
 	v, _ := d.Ref(c.Name())
 	*v, _ = store.SatAdd(*v, delta)
-}
-
-// holdAcks splits acks into the messages of the waiting topics (held) and
-// the others, each in stream order.
-func holdAcks(acks []aggregator.Message, waiting map[string]bool) (write, held []aggregator.Message) {
-	for _, m := range acks {
-		if waiting[m.Topic] {
-			held = append(held, m)
-		} else {
-			write = append(write, m)
-		}
-	}
-	return write, held
 }

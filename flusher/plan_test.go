@@ -10,17 +10,6 @@ import (
 	"github.com/hotcount/hotcount/store"
 )
 
-// acker is a message that counts what it is told.
-type acker struct{ acks, naks, progress int }
-
-func (a *acker) Ack() error        { a.acks++; return nil }
-func (a *acker) Nak() error        { a.naks++; return nil }
-func (a *acker) InProgress() error { a.progress++; return nil }
-
-func msg(topic string, seq int64) aggregator.Message {
-	return aggregator.Message{Topic: topic, Msg: &acker{}, Seq: seq}
-}
-
 var noon = time.Date(2026, 12, 3, 12, 0, 10, 0, time.UTC)
 
 // fresh is topic's minute counter at noon, as the aggregator makes it.
@@ -55,14 +44,11 @@ func TestPlanSplitsMinuteCounters(t *testing.T) {
 	}
 }
 
-// TestPlanHoldsTopicsBehindDoubt: every counter and message of a topic
-// with a pending write waits (its total and its buckets alike); the other
-// topics are written, their messages in stream order.
+// TestPlanHoldsTopicsBehindDoubt: every counter of a topic with a write
+// in doubt waits (its total and its buckets alike); the other topics are
+// written.
 func TestPlanHoldsTopicsBehindDoubt(t *testing.T) {
-	w := aggregator.Window{
-		Deltas: aggregator.DeltasOf(map[string]int64{"foo": 1, fresh("foo").Name(): 2, "bar": 4}),
-		Acks:   []aggregator.Message{msg("foo", 1), msg("bar", 2), msg("foo", 3), msg("bar", 4)},
-	}
+	w := aggregator.Window{Deltas: aggregator.DeltasOf(map[string]int64{"foo": 1, fresh("foo").Name(): 2, "bar": 4})}
 	p := newPlan(w, false, map[string]bool{"foo": true}, planning{probe: 4, minutes: true, hours: true})
 	if got := p.write.Deltas.Map(); !maps.Equal(got, map[string]int64{"bar": 4}) {
 		t.Errorf("plan writes %v, want bar alone", got)
@@ -73,25 +59,11 @@ func TestPlanHoldsTopicsBehindDoubt(t *testing.T) {
 	if p.heldCounters != 3 {
 		t.Errorf("heldCounters = %d, want 3", p.heldCounters)
 	}
-	if seqs := seqsOf(p.write.Acks); fmt.Sprint(seqs) != "[2 4]" {
-		t.Errorf("messages written with bar: %v, want [2 4]", seqs)
-	}
-	if seqs := seqsOf(p.held.Acks); fmt.Sprint(seqs) != "[1 3]" {
-		t.Errorf("messages held with foo: %v, want [1 3]", seqs)
-	}
 }
 
-func seqsOf(ms []aggregator.Message) []int64 {
-	var s []int64
-	for _, m := range ms {
-		s = append(s, m.Seq)
-	}
-	return s
-}
-
-// TestPlanProbesWhileDown: while the store is down, a core-mode flush
-// tries only probe counters; the rest goes back as it came, its minute
-// counters not split. With messages (JetStream mode) there is no probe.
+// TestPlanProbesWhileDown: while the store is down, a flush tries only
+// probe counters; the rest goes back as it came, its minute counters not
+// split.
 func TestPlanProbesWhileDown(t *testing.T) {
 	window := func() aggregator.Window {
 		m := map[string]int64{}
@@ -112,12 +84,6 @@ func TestPlanProbesWhileDown(t *testing.T) {
 	}
 	if n := p.write.Len(); n != 6 {
 		t.Errorf("plan writes %d counters, want 3 topics' totals and minutes", n)
-	}
-
-	w := window()
-	w.Acks = []aggregator.Message{msg("t0", 1)}
-	if p := newPlan(w, true, nil, c); p.untried != nil || p.write.Len() != 20 {
-		t.Errorf("with messages: untried %v, %d counters written; want no probe, 20", p.untried, p.write.Len())
 	}
 }
 
@@ -148,8 +114,7 @@ func TestBusyTopics(t *testing.T) {
 }
 
 // TestPlanWrites: each counter's write goes to a shard of its topic's
-// count, a bucket's by its topic's; journaled writes keep a topic's
-// counters together and take distinct seqs.
+// count, a bucket's by its topic's.
 func TestPlanWrites(t *testing.T) {
 	w := aggregator.Window{Deltas: aggregator.DeltasOf(map[string]int64{fresh("a").Name(): 1, fresh("b").Name(): 1, "c": 1})}
 	p := newPlan(w, false, nil, planning{probe: 4, minutes: true, hours: true})
@@ -157,19 +122,15 @@ func TestPlanWrites(t *testing.T) {
 	if shards.of(hourOf("a")) != 8 || shards.of(store.TotalOf("b")) != 2 {
 		t.Errorf("shards of a's hour %d (want 8), of b %d (want the default 2)", shards.of(hourOf("a")), shards.of(store.TotalOf("b")))
 	}
-	var seq int64
-	ws := shards.writes(p.write.Deltas, "w1", func() int64 { seq++; return seq })
-	if len(ws) != 7 {
-		t.Fatalf("%d writes, want 7", len(ws))
+	n := 0
+	for c, delta := range counters(p.write.Deltas) {
+		n++
+		x := shards.newWrite(c, delta, "w1")
+		if x.Shard < 0 || x.Shard >= shards.of(c) || x.Writer != "w1" || x.Counter != c || x.Delta != 1 {
+			t.Errorf("write %+v of %+v: shard out of range, or wrong writer, counter or delta", x, c)
+		}
 	}
-	seen := map[int64]bool{}
-	for i, x := range ws {
-		if i > 0 && ws[i-1].Counter.Topic > x.Counter.Topic {
-			t.Errorf("writes not grouped by topic: %+v after %+v", x.Counter, ws[i-1].Counter)
-		}
-		if x.Shard < 0 || x.Shard >= shards.of(x.Counter) || x.Writer != "w1" || seen[x.Seq] {
-			t.Errorf("write %+v: shard out of range, wrong writer or repeated seq", x)
-		}
-		seen[x.Seq] = true
+	if n != 7 {
+		t.Errorf("%d writes, want 7", n)
 	}
 }

@@ -2,13 +2,11 @@ package flusher
 
 import (
 	"context"
-	"errors"
 	"time"
 
 	"go.uber.org/zap"
 
 	"github.com/hotcount/hotcount/aggregator"
-	"github.com/hotcount/hotcount/journal"
 	"github.com/hotcount/hotcount/quarantine"
 	"github.com/hotcount/hotcount/store"
 )
@@ -17,21 +15,20 @@ import (
 // good before the write is quarantined (--quarantine-after): long enough
 // for a policy being rolled out or a key being re-enabled. After that
 // first time, the topic's later writes refused for good go at once, until
-// one of its writes lands: a hot poison topic holds its messages (toward
-// --max-ack-pending) for one bound, not one every bound.
+// one of its writes lands: a hot poison topic holds its deltas in the
+// buffer for one bound, not one every bound.
 const DefaultQuarantineAfter = 5 * time.Minute
 
-// Quarantine holds the writes the store refuses for good (quarantine.KV,
-// quarantine.Dir). Once Put returns nil the write survives restarts, and
-// `hotcount quarantine replay` writes it, exactly once.
+// Quarantine holds the writes the store refuses for good (quarantine.Dir).
+// Once Put returns nil the write survives restarts, and `hotcount
+// quarantine replay` writes it, exactly once.
 type Quarantine interface {
 	Put(ctx context.Context, e quarantine.Entry) error
-	Delete(ctx context.Context, e quarantine.Entry) error
 }
 
 // WithQuarantine moves a write that the store has refused for good
 // (store.Denied) for Config.QuarantineAfter into q, so that it stops
-// holding its topic, its messages and its journal entry.
+// holding its topic.
 func WithQuarantine(q Quarantine) Option { return func(f *Flusher) { f.quarantine = q } }
 
 // denial is a counter's run of refusals for good: since the first one,
@@ -57,17 +54,19 @@ func (d *denial) answered(err error, now time.Time) {
 // ripe says whether the run has lasted after. Whether the store takes
 // other keys meanwhile does not matter: a refusal for good of every key (a
 // role without its grant) is quarantined too, and replayed as exactly,
-// rather than hold every topic's messages until someone fixes it.
+// rather than hold every topic's deltas until someone fixes it.
 func (d denial) ripe(now time.Time, after time.Duration) bool {
 	return !d.since.IsZero() && now.Sub(d.since) >= after
 }
 
 // quarantineRipe moves the writes whose denial is ripe out of the way,
-// after the flush's sends: the ledger's pending writes (durable modes:
-// their messages are acknowledged and their journal entries retired as if
-// written), and in core mode the deltas of u, the window going back to the
-// buffer. A write the quarantine does not take stays where it was, and is
-// tried again next flush.
+// after the flush's sends. A new write refused goes back to the buffer
+// with its delta (in u, the window going back): the run of refusals is
+// followed by counter across flushes, and a ripe counter's delta leaves u
+// for the quarantine. A write the quarantine does not take stays where it
+// was, and is tried again next flush. A write in doubt never goes (it may
+// be in the store already: a replay under another identity could count
+// it twice); it stays pending until the store settles it.
 func (f *Flusher) quarantineRipe(ctx context.Context, r *round, u *aggregator.Window) {
 	if f.quarantine == nil {
 		return
@@ -75,34 +74,10 @@ func (f *Flusher) quarantineRipe(ctx context.Context, r *round, u *aggregator.Wi
 	now := f.now()
 	for _, x := range r.wrote {
 		delete(f.poisoned, x.counter.Topic) // the store takes it again
+		delete(f.denied, x.counter)
 	}
 	for c := range r.settled {
 		delete(f.poisoned, c.Topic)
-	}
-	ripe := func(c store.Counter, d denial) bool {
-		return d.ripe(now, f.cfg.QuarantineAfter) || !d.since.IsZero() && f.poisoned[c.Topic]
-	}
-	if moved := f.ledger.quarantine(ctx, f.handOver, ripe); len(moved) > 0 {
-		for c := range moved {
-			f.poisoned[c.Topic] = true
-		}
-		f.view.quarantined(moved)
-		f.ledger.settle(ctx, moved)
-	}
-	if f.journal != nil {
-		return // every write of the durable modes is the ledger's
-	}
-	f.quarantineDenied(ctx, r, u, ripe)
-}
-
-// quarantineDenied is quarantineRipe in core mode, where a new write
-// refused goes back to the buffer with its delta (in u): the run of
-// refusals is followed by counter across flushes, and a ripe counter's
-// delta leaves u for the quarantine.
-func (f *Flusher) quarantineDenied(ctx context.Context, r *round, u *aggregator.Window, ripe func(store.Counter, denial) bool) {
-	now := f.now()
-	for _, x := range r.wrote {
-		delete(f.denied, x.counter)
 	}
 	if len(r.denied) == 0 && len(f.denied) == 0 {
 		return
@@ -117,9 +92,9 @@ func (f *Flusher) quarantineDenied(ctx context.Context, r *round, u *aggregator.
 		name := c.Name()
 		// Not in u: held back or untried this flush, still in the buffer;
 		// its run goes on until a write of it is applied.
-		if delta, ok := u.Deltas.Get(name); ok && ripe(c, d) {
+		if delta, ok := u.Deltas.Get(name); ok && (d.ripe(now, f.cfg.QuarantineAfter) || f.poisoned[c.Topic]) {
 			w := store.Write{Counter: c, Delta: delta, Writer: f.cfg.Writer, Seq: f.seq.Next()} // never sent: no mark to fear
-			if _, done := f.handOver(ctx, w, "", d, false); done {
+			if f.handOver(ctx, w, d) {
 				out = append(out, c)
 				delete(f.denied, c)
 				f.poisoned[c.Topic] = true
@@ -136,38 +111,13 @@ func (f *Flusher) quarantineDenied(ctx context.Context, r *round, u *aggregator.
 	}
 }
 
-// handOver puts w, denied since d.since and journaled in entry ("": not
-// journaled), in the quarantine, and says whether its journal entry marks
-// it as the quarantine's and whether the hand-over is done. A journaled
-// write is handed over in three steps: put in the quarantine (not
-// released), marked in its journal entry (from then on no replay of the
-// entry writes it, and this sidecar never sends it again: marked says
-// the step is taken), then released; only then may the ledger drop it and
-// its entry go. A later flush takes up what failed.
-func (f *Flusher) handOver(ctx context.Context, w store.Write, entry string, d denial, marked bool) (nowMarked, done bool) {
-	e := quarantine.Of(w, entry, d.err.Error(), d.since, f.now())
-	var err error
-	if !marked {
-		err = f.quarantine.Put(ctx, e)
-		if err == nil && entry != "" {
-			err = f.journal.Quarantine(ctx, entry, w.Counter)
-			if errors.Is(err, journal.ErrReplayed) {
-				// Another sidecar replayed the entry: the write is in
-				// the store, and the resend will find it so.
-				if derr := f.quarantine.Delete(ctx, e); derr != nil {
-					err = derr // the replay tool finds the entry gone from the journal, and drops it
-				}
-			}
-			marked = err == nil
-		}
-	}
-	if err == nil && entry != "" {
-		e.Released = true
-		err = f.quarantine.Put(ctx, e)
-	}
-	if err != nil {
-		f.log.Warn("cannot quarantine a write refused for good; it is tried again", zap.String("counter", e.Counter), zap.Bool("marked", marked), zap.Error(err))
-		return marked, false
+// handOver puts w, denied since d.since, in the quarantine, and says
+// whether it took it. One it did not take is tried again next flush.
+func (f *Flusher) handOver(ctx context.Context, w store.Write, d denial) bool {
+	e := quarantine.Of(w, "", d.err.Error(), d.since, f.now())
+	if err := f.quarantine.Put(ctx, e); err != nil {
+		f.log.Warn("cannot quarantine a write refused for good; it is tried again", zap.String("counter", e.Counter), zap.Error(err))
+		return false
 	}
 	f.metrics.quarantined.Inc()
 	if w.Counter.CountsMentions() {
@@ -176,5 +126,5 @@ func (f *Flusher) handOver(ctx context.Context, w store.Write, entry string, d d
 	f.log.Error("write refused for good since "+d.since.UTC().Format(time.RFC3339)+"; quarantined: `hotcount quarantine replay` writes it once the cause is fixed",
 		zap.String("topic", w.Counter.Topic), zap.String("counter", e.Counter), zap.Int64("delta", w.Delta),
 		zap.String("writer", w.Writer), zap.Int64("seq", w.Seq), zap.String("reason", e.Reason))
-	return marked, true
+	return true
 }

@@ -81,22 +81,6 @@ func (t shardTable) newWrite(c store.Counter, delta int64, writer string) store.
 	return store.Write{Counter: c, Shard: rand.IntN(t.of(c)), Delta: delta, Writer: writer}
 }
 
-// writes is every counter of d as a new store.Write with a seq from next,
-// a topic's time buckets next to its total: the journal keeps them in one
-// entry, so a message's counts are journaled whole or not at all.
-func (t shardTable) writes(d *aggregator.Deltas, writer string, next func() int64) []store.Write {
-	ws := make([]store.Write, 0, d.Len())
-	for c, delta := range counters(d) {
-		w := t.newWrite(c, delta, writer)
-		w.Seq = next()
-		ws = append(ws, w)
-	}
-	slices.SortFunc(ws, func(a, b store.Write) int {
-		return cmp.Or(cmp.Compare(a.Counter.Topic, b.Counter.Topic), cmp.Compare(a.Counter.Kind, b.Counter.Kind), cmp.Compare(a.Counter.Index, b.Counter.Index))
-	})
-	return ws
-}
-
 // shardCounts looks up the shard counts of the busy topics of d, the
 // counters a flush is to write, in a quarter of the flush's budget: the
 // counts it cannot give by then fall back to one shard, and the writes

@@ -26,19 +26,18 @@ type view struct {
 	mu       sync.RWMutex
 	inflight *aggregator.Deltas        // the counters a flush holds and has not written, by name
 	sent     map[store.Counter]sending // inflight counters whose write has started
-	doubt    map[store.Counter]sending // writes in doubt or journaled
+	doubt    map[store.Counter]sending // writes in doubt
 }
 
 // sending is a write as readers see it: when it was first sent, its
 // delta, and whether it is on its way to the store now. A write not on its
 // way may have landed (the reader was told), or be in doubt between two
-// sends, or be journaled in an entry not yet confirmed (not sent until it
-// is): the flag says only that no answer is coming for it now.
+// sends: the flag says only that no answer is coming for it now.
 type sending struct {
 	at    time.Time
 	delta int64
-	// onItsWay: sent, or journaled to be sent this flush, and not yet
-	// answered, so a total read now may or may not include it.
+	// onItsWay: sent and not yet answered, so a total read now may or may
+	// not include it.
 	onItsWay bool
 }
 
@@ -86,20 +85,6 @@ func (v *view) move(fn func() *aggregator.Deltas) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	v.inflight, v.sent = fn(), nil
-}
-
-// journaled shows the writes the journal recorded as held the way writes in
-// doubt are (no total gathered before at can hold them; the reader is told
-// when they land), and left as what the flush still holds, in one step.
-// An unconfirmed entry's writes are not on their way: they are not sent
-// until it is confirmed.
-func (v *view) journaled(recorded []store.Write, unconfirmed func(store.Counter) bool, at time.Time, left *aggregator.Deltas) {
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	for _, w := range recorded {
-		v.doubt[w.Counter] = sending{at: at, delta: w.Delta, onItsWay: !unconfirmed(w.Counter)}
-	}
-	v.inflight, v.sent = left, nil
 }
 
 // sending marks c's new write as on its way since at.
@@ -156,16 +141,6 @@ func (v *view) resent(c store.Counter, o outcome) {
 	default:
 		d.onItsWay = false
 		v.doubt[c] = d
-	}
-}
-
-// quarantined takes the pending writes moved to the quarantine out of
-// the view: they are neither in the store nor on their way.
-func (v *view) quarantined(moved map[store.Counter]int64) {
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	for c := range moved {
-		delete(v.doubt, c)
 	}
 }
 

@@ -75,20 +75,3 @@ func TestViewRefusedWriteIsHeldAgain(t *testing.T) {
 		t.Errorf("reader told of %v, want nothing (a bucket)", r)
 	}
 }
-
-// TestViewJournaled: a journaled write is held like one in doubt, on its
-// way unless its entry is unconfirmed, and what the journal did not take
-// is what the flush holds.
-func TestViewJournaled(t *testing.T) {
-	v := newView(buffered{}, nil, time.Now)
-	v.move(func() *aggregator.Deltas { return aggregator.DeltasOf(map[string]int64{"a": 1, "b": 2, "c": 4}) })
-	left := aggregator.DeltasOf(map[string]int64{"c": 4})
-	v.journaled([]store.Write{{Counter: store.TotalOf("a"), Delta: 1}, {Counter: store.TotalOf("b"), Delta: 2}}, func(c store.Counter) bool { return c == store.TotalOf("b") }, noon, left)
-	if !v.Sending("a") || v.Sending("b") {
-		t.Errorf("sending a %v, b %v; want a on its way, b (unconfirmed) not", v.Sending("a"), v.Sending("b"))
-	}
-	before := noon.Add(-time.Second)
-	if a, b, c := pendingAt(v, "a", before), pendingAt(v, "b", noon), pendingAt(v, "c", noon); a != 1 || b != 0 || c != 4 {
-		t.Errorf("pending a %d (gathered before), b %d (gathered at the record), c %d; want 1, 0, 4", a, b, c)
-	}
-}

@@ -78,7 +78,7 @@ type writer struct {
 
 // room is how long before a deadline a flush stops starting writes, so
 // that the writes in flight finish rather than being cut off in doubt
-// (with no journal to settle them, in core mode at shutdown): twice the
+// (at shutdown, nothing would settle them): twice the
 // recent slowest write, at least 50 ms, at most a write's timeout.
 func (wr *writer) room() time.Duration {
 	return min(wr.timeout, max(2*wr.slow.get(), 50*time.Millisecond))

@@ -101,7 +101,7 @@ func Prefix(subject string) (string, error) {
 }
 
 // checker parses messages and rejects the bad ones; the core subscriber
-// and the JetStream consumer share it.
+// and the durable engine's Checker share it.
 type checker struct {
 	nc      *nats.Conn
 	cfg     Config
@@ -138,13 +138,13 @@ func (c *checker) check(subject string, data []byte, hdr nats.Header, published 
 	return topic, delta, at, ""
 }
 
-// Judge says what the durable modes' consumer makes of a message stored
-// on subject (partitioned mode: streams.Unstored's) with payload data and
-// published at its stream timestamp: its topic, its count and the time it
-// is counted at (the payload's "at", else published), or the reason it is
-// rejected (an *InvalidError). It is the consumer's own judgement (check
-// calls the same code), for a reader of the stream that must agree with
-// it: hotcount audit. It keeps no state.
+// Judge says what the durable modes make of a message stored on subject
+// (partitioned mode: streams.Unstored's) with payload data and published
+// at its stream timestamp: its topic, its count and the time it is
+// counted at (the payload's "at", else published), or the reason it is
+// rejected (an *InvalidError). It is Checker's own judgement (check calls
+// the same code), for a reader of the stream that must agree with it:
+// hotcount audit. It keeps no state.
 func Judge(prefix, subject string, data []byte, published time.Time, l Limits) (topic string, delta int64, at time.Time, err error) {
 	topic, delta, at, err = judge(prefix, subject, data, published, nil, l)
 	if err == nil && at.IsZero() {
@@ -309,13 +309,9 @@ type Metrics struct {
 	mentions prometheus.Counter
 	invalid  *prometheus.CounterVec
 	dropped  *prometheus.CounterVec
-	// JetStream mode
-	redelivered prometheus.Counter
-	journaled   prometheus.Counter
-	paused      prometheus.Counter
-	partitions  prometheus.Gauge   // partitioned mode: owned now
-	configured  prometheus.Gauge   // partitioned mode: --partitions
-	handovers   prometheus.Counter // partitioned mode
+	// The durable modes (Checker.Partitions)
+	partitions prometheus.Gauge // owned now
+	configured prometheus.Gauge // --partitions
 
 	mu          sync.Mutex
 	seenDropped map[*nats.Subscription]int
@@ -340,20 +336,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "hotcount_ingest_dropped_total",
 			Help: "Messages lost before the handler saw them, by cause: slow_consumer (nats.go's pending buffer overflowed), shutdown (pending when the drain timed out), dead_letter (rejected and the dead-letter publish failed).",
 		}, []string{"cause"}),
-		redelivered: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "hotcount_ingest_redelivered_total",
-			Help: "JetStream messages delivered more than once (after a crash or a lost acknowledgement): the at-least-once over-count, at most.",
-		}),
-		paused: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "hotcount_ingest_paused_total",
-			Help: "Times JetStream consuming stopped because the last flush had work and wrote none of it (backpressure); what nats.go had buffered is redelivered later, never counted twice.",
-		}),
 		seenDropped: make(map[*nats.Subscription]int),
 	}
-	m.journaled = prometheus.NewCounter(prometheus.CounterOpts{
-		Name: "hotcount_ingest_journaled_redeliveries_total",
-		Help: "Redelivered JetStream messages acknowledged without counting: a dead writer's journal entry already carries their count, or (partitioned mode) this sidecar counted and acknowledged them before and a consumer leader that lost track of that delivered them again.",
-	})
 	m.partitions = prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "hotcount_ingest_partitions_owned",
 		Help: "Partitions of the stream this sidecar consumes now (partitioned mode).",
@@ -362,11 +346,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Name: "hotcount_ingest_partitions",
 		Help: "Partitions of the stream (--partitions) in partitioned mode, 0 in the other modes: the fleet's sum of hotcount_ingest_partitions_owned should reach it.",
 	})
-	m.handovers = prometheus.NewCounter(prometheus.CounterOpts{
-		Name: "hotcount_ingest_partition_handovers_total",
-		Help: "Partitions this sidecar gave up to another owner, after handing what it held to its window (partitioned mode).",
-	})
-	reg.MustRegister(m.events, m.mentions, m.invalid, m.dropped, m.redelivered, m.journaled, m.paused, m.partitions, m.configured, m.handovers)
+	reg.MustRegister(m.events, m.mentions, m.invalid, m.dropped, m.partitions, m.configured)
 	for _, r := range []string{ReasonTopic, ReasonPayload, ReasonCount, ReasonAt} {
 		m.invalid.WithLabelValues(r)
 	}
@@ -530,9 +510,9 @@ type redactedError struct {
 func (e *redactedError) Error() string { return e.msg }
 func (e *redactedError) Unwrap() error { return e.err }
 
-// Checker judges messages for a reader of the durable streams that is not
-// this package's consumer (package durable): the same checks, metrics,
-// log lines and dead letters.
+// Checker judges messages for the reader of the durable streams (package
+// durable): the same checks, metrics, log lines and dead letters as the
+// core subscription's.
 type Checker struct{ c *checker }
 
 // NewChecker returns a checker on nc (for dead letters).

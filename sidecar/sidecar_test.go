@@ -300,9 +300,6 @@ func TestJetStreamConservation(t *testing.T) {
 			t.Errorf("topic %s: table %d, published %d", topic, got[topic], n+fives.PerTopic[topic])
 		}
 	}
-	if r := testenv.Metric(t, e.sc.Registry(), "hotcount_ingest_redelivered_total"); r != 0 {
-		t.Errorf("%v redeliveries without a crash", r)
-	}
 }
 
 // TestJetStreamSurvivesNATSRestart restarts the NATS server (same port,
@@ -339,8 +336,7 @@ func TestJetStreamSurvivesNATSRestart(t *testing.T) {
 			t.Errorf("topic %s: table %d, published %d", topic, got[topic], want)
 		}
 	}
-	redelivered := testenv.Metric(t, e.sc.Registry(), "hotcount_ingest_redelivered_total")
-	t.Logf("NATS restart: published %d, table %d (redelivered messages %v)", published, sum(got), redelivered)
+	t.Logf("NATS restart: published %d, table %d", published, sum(got))
 	if sum(got) != published {
 		t.Errorf("table holds %d mentions, published %d", sum(got), published)
 	}
