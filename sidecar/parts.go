@@ -32,7 +32,7 @@ type parts struct {
 	st      Store
 	nc      *nats.Conn
 	im      *ingest.Metrics
-	agg     *aggregator.Aggregator
+	agg     *aggregator.Aggregator // core mode
 	hottest *heavyhitters.Tracker
 	book    *shardcount.Book
 	lk      *lookup.Service
@@ -46,14 +46,14 @@ type parts struct {
 	// the console, which reads it in-process.
 	api http.Handler
 	con *console.Console
-	// writer is this process's writer id, journaled or not.
+	// writer is this process's writer id: its marks on the items in core
+	// mode, its name in the fleet.
 	writer string
 	// limit ends when cut is called, which the shutdown does at the final
 	// flush's deadline: the pipeline's work that outlives its context
-	// stops there, the flush loop's flush in progress and the JetStream
-	// consumer's drain and unpins, so that neither a slow store nor a slow
-	// NATS holds the shutdown into the reserve of the phases after the
-	// final flush.
+	// stops there (the flush loop's flush in progress), so that a slow
+	// store does not hold the shutdown into the reserve of the phases
+	// after the final flush.
 	limit context.Context
 	cut   context.CancelFunc
 	// runs are the pipeline's loops, each run until its context ends.
@@ -106,14 +106,18 @@ func (s *Sidecar) openStore(ctx context.Context, p *parts) error {
 	return nil
 }
 
-// buffer builds the window with its memory budget, and in core mode its
-// spill folder: a store outage must end in a paused stream (JetStream) or
-// a folder on disk (core), never in an OOM kill that loses the whole buffer.
+// buffer builds core mode's window with its memory budget and its spill
+// folder: a store outage must end in a folder on disk, never in an OOM
+// kill that loses the whole buffer. The durable modes have none: the
+// engine keeps its own window, and the streams hold what it has not read.
 func (s *Sidecar) buffer(_ context.Context, p *parts) error {
 	cfg := s.cfg
+	if cfg.Durable() {
+		return nil
+	}
 	memBudget := cfg.BufferBudget(debug.SetMemoryLimit(-1))
 	var spilled aggregator.Spiller
-	if cfg.NATSMode == config.ModeCore && cfg.SpillBudget() > 0 && memBudget > 0 {
+	if cfg.SpillBudget() > 0 && memBudget > 0 {
 		dir := filepath.Join(cfg.DataDir, "spill")
 		sp, err := spill.Open(dir, cfg.SpillBudget())
 		if err != nil {
