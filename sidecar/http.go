@@ -75,7 +75,7 @@ func (s *Sidecar) dependencies(checks map[string]admin.Check) func(context.Conte
 	for name, check := range checks {
 		s.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name:        "hotcount_dependency_up",
-			Help:        "1 while the dependency answers (nats: subscribed or consumer bound, and connected; store: a call succeeded lately or the table answers), else 0.",
+			Help:        "1 while the dependency answers (nats: subscribed, or the streams read, and connected; store: a call succeeded lately or the table answers), else 0.",
 			ConstLabels: prometheus.Labels{"dependency": name},
 		}, func() float64 {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
