@@ -329,6 +329,9 @@ func (e *Engine) storeRecord(ctx context.Context, s stream, p store.Position, c 
 			return false, nil // a newer stream's: nothing of this one counts there
 		}
 		if r.Epoch < s.epoch {
+			// The record of a stream since deleted: its held counters
+			// were that stream's mentions, and went with it.
+			e.lostHeld(s.name, r.held)
 			*r = record{Position: store.Position{Epoch: s.epoch}}
 		}
 		stored = p
@@ -353,9 +356,12 @@ func (e *Engine) storeRecord(ctx context.Context, s stream, p store.Position, c 
 		}
 	case stale: // the stream was created again: what it held went with it
 		if c != nil {
-			for k := range c.hold {
+			lost := make(map[string]heldEntry, len(c.hold))
+			for k, ent := range c.hold {
 				e.held.set(k, false)
+				lost[k.c.Name()] = heldEntry{Topic: k.c.Topic, First: ent.first, Last: ent.last, Delta: ent.delta}
 			}
+			e.lostHeld(s.name, lost)
 		}
 	default:
 		e.settled(s, c, kept, back)
@@ -477,5 +483,16 @@ func (b *broadcast) fire() {
 	if b.ch != nil {
 		close(b.ch)
 		b.ch = nil
+	}
+}
+
+// lostHeld counts and logs held counters of stream whose stream was
+// deleted (and created again) before the store took them: they went
+// with it, like the mentions it held unread.
+func (e *Engine) lostHeld(stream string, held map[string]heldEntry) {
+	for name, h := range held {
+		e.metrics.retentionLost.Add(float64(h.Last - h.First + 1))
+		e.log.Error("the stream was deleted and created again while the store refused a counter's writes: its held mentions went with it",
+			zap.String("stream", stream), zap.String("counter", name), zap.Int64("delta", h.Delta), zap.Uint64("first", h.First), zap.Uint64("last", h.Last))
 	}
 }

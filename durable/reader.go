@@ -95,7 +95,10 @@ func (e *Engine) readOnce(ctx context.Context, p int) error {
 	stop := context.AfterFunc(ctx, it.Stop)
 	defer stop()
 	defer it.Stop()
-	var delivered, last uint64 // the consumer's sequence, and the stream's
+	// The consumer's sequence, and the stream's: last starts below from,
+	// so that messages the stream's limits drop between start's look and
+	// the first delivery are seen as a jump, counted, not skipped.
+	delivered, last := uint64(0), from-1
 	for {
 		if err := e.whilePaused(ctx); err != nil {
 			return err

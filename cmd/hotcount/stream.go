@@ -443,7 +443,7 @@ func ackFloor(ctx context.Context, js jetstream.JetStream, stream, consumer stri
 	if info.NumAckPending > 0 {
 		// The server keeps them pending until a puller takes them again
 		// (a journal sidecar killed, or stopped while the store was down).
-		return 0, fmt.Errorf("%s: consumer %s has %d messages delivered and not acknowledged: start one journal sidecar until the consumer has none, stop it with SIGTERM, then run again", stream, consumer, info.NumAckPending)
+		return 0, fmt.Errorf("%s: consumer %s has %d messages delivered and not acknowledged: run one sidecar of the previous release (--durable-engine journal) until the consumer has none, stop it with SIGTERM, then run again", stream, consumer, info.NumAckPending)
 	}
 	// Nothing unacknowledged: every message delivered is acknowledged,
 	// and the last delivered is the floor (the engine's guard compares
