@@ -50,8 +50,8 @@ func (l *limiter) wait(ctx context.Context, n int) error {
 func (a *auditor) compare(ctx context.Context, p *pass) error {
 	a.takeStats(p)
 	a.report.Topics += int64(len(p.topics))
-	// What the sidecars had acknowledged before the table is read: a
-	// mention after that may not be in the table yet.
+	// The streams' checkpoints before the table is read: a mention past
+	// one may not be in the table yet.
 	floors, held, err := a.floors(ctx)
 	if err != nil {
 		return err

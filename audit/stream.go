@@ -213,7 +213,7 @@ func limitsOf(info *jetstream.StreamInfo, now time.Time) string {
 func (p *pass) take(a *auditor, i int, st Stream, m message) {
 	p.messages++
 	if m.probe {
-		p.probes++ // a check of the routing: the sidecars acknowledge it uncounted
+		p.probes++ // a check of the routing: the sidecars count nothing of it
 		return
 	}
 	subject := m.subject

@@ -1093,7 +1093,7 @@ func (c Config) BufferBudget(gomemlimit int64) int64 {
 }
 
 // ShutdownReserve is the part of --shutdown-timeout kept for what follows
-// the final flush (leaving the journal, the acknowledgements, the HTTP
+// the final flush (flushing publishes to NATS, closing it, the HTTP
 // shutdown): a tenth, at most a second.
 func (c Config) ShutdownReserve() time.Duration { return min(c.ShutdownTimeout/10, time.Second) }
 
@@ -1147,7 +1147,7 @@ func overlap(a, b string) bool {
 // EnginePosition is the durable engine (--durable-engine).
 const EnginePosition = "position"
 
-// Durable says whether mentions come from a JetStream stream and are
-// acknowledged after their write (jetstream and partitioned modes), as
+// Durable says whether mentions come from JetStream streams, counted
+// exactly once by stream position (jetstream and partitioned modes), as
 // opposed to core NATS.
 func (c Config) Durable() bool { return c.NATSMode == ModeJetStream || c.NATSMode == ModePartitioned }

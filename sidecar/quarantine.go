@@ -21,9 +21,10 @@ import (
 )
 
 // OpenQuarantine opens the quarantine cfg's mode keeps: in the durable
-// modes a JetStream key-value bucket beside the journal, on as many
-// replicas as the mentions' stream (all sidecars and `hotcount
-// quarantine` share it); in core mode the folder quarantine in
+// modes the JetStream key-value bucket the previous release's journal
+// engine kept (its writes are listed and replayed; the durable engine
+// holds its own in the streams' checkpoint records), on as many replicas
+// as the mentions' stream; in core mode the folder quarantine in
 // --data-dir, this sidecar's own. nc may be nil in core mode.
 func OpenQuarantine(ctx context.Context, cfg config.Config, nc *nats.Conn) (quarantine.Store, error) {
 	if !cfg.Durable() {

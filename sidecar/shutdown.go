@@ -19,17 +19,15 @@ type phase struct {
 // (--shutdown-timeout). Every deadline is taken from the budget's end, not
 // from when a phase starts, so that a slow drain eats into the final
 // flush, never into the reserve kept for the phases after it: a final
-// flush that ran on would leave acknowledgements unsent (their messages
-// redelivered) and the journal not left (its entries replayed only after
-// the lease).
+// flush that ran on would leave the publishes unflushed and NATS and the
+// listeners unclosed when the pod is killed.
 type shutdown struct {
 	budget  time.Duration
 	reserve time.Duration
 	// stop stops taking messages and returns once the pipeline's
 	// goroutines have: the NATS drain (at most --drain-timeout, which
-	// config keeps under the budget less the reserve) and in partitioned
-	// mode the unpins after it, the flush loop (its flush in progress),
-	// the journal's and console's loops; then, in partitioned mode, it
+	// config keeps under the budget less the reserve), the flush loop or
+	// the durable engine (its flush in progress), the console's loop; then, in partitioned mode, it
 	// leaves the fleet (see runMembers). It returns by ctx's deadline
 	// (pipelineStop). ctx ends where the final flush must: the budget's
 	// end less the reserve.

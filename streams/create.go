@@ -248,7 +248,7 @@ func (p Probed) Front(stream string) uint64 {
 }
 
 // unprobe deletes the probes, so that neither the sidecars nor an audit
-// meet them. Best effort: a probe left behind is acknowledged uncounted.
+// meet them. Best effort: a probe left behind is skipped uncounted.
 func unprobe(ctx context.Context, js jetstream.JetStream, acks []*jetstream.PubAck) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()

@@ -76,9 +76,8 @@ func Unstored(subject string) string {
 // A Position names a message across the partition streams: the partition
 // in the top bits, the message's stream sequence below. Outside
 // partitioned mode (one stream) a position is the stream sequence itself.
-// The journal and the flusher's ledger carry positions where they carried
-// stream sequences, so that a journal entry knows which stream's ack floor
-// retires it.
+// The audit keeps a counter's last mention as one, to tell which stream's
+// checkpoint it must be under.
 type Position = int64
 
 // seqBits is the stream sequence's share of a Position: 2^48 messages a

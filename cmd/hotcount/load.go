@@ -23,7 +23,7 @@ import (
 // streamTakes says whether a JetStream stream stores subject: one that
 // takes it as configured, or (partitioned mode) one the server's mapping
 // routes it to, which only a publish can tell. That publish is a probe
-// (streams.ProbeHeader: sidecars acknowledge it uncounted), deleted again.
+// (streams.ProbeHeader: sidecars skip it uncounted), deleted again.
 func streamTakes(ctx context.Context, nc *nats.Conn, subject string) bool {
 	js, err := jetstream.New(nc)
 	if err != nil {
@@ -41,7 +41,7 @@ func streamTakes(ctx context.Context, nc *nats.Conn, subject string) bool {
 		return false
 	}
 	if s, err := js.Stream(ctx, ack.Stream); err == nil {
-		s.DeleteMsg(ctx, ack.Sequence) //nolint:errcheck // best effort: a probe left is acknowledged uncounted
+		s.DeleteMsg(ctx, ack.Sequence) //nolint:errcheck // best effort: a probe left is skipped uncounted
 	}
 	return true
 }
