@@ -324,14 +324,16 @@ func (e *Engine) storeRecord(ctx context.Context, s stream, p store.Position, c 
 	}
 	cctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
+	var dropped map[string]heldEntry // an older stream's holds, replaced (counted once stored)
 	err := e.ckpt.update(cctx, s.name, func(r *record) (bool, error) {
+		dropped = nil // update may call this again, on a newer record
 		if stale = r.Epoch > s.epoch; stale {
 			return false, nil // a newer stream's: nothing of this one counts there
 		}
 		if r.Epoch < s.epoch {
 			// The record of a stream since deleted: its held counters
 			// were that stream's mentions, and went with it.
-			e.lostHeld(s.name, r.held)
+			dropped = r.held
 			*r = record{Position: store.Position{Epoch: s.epoch}}
 		}
 		stored = p
@@ -364,6 +366,7 @@ func (e *Engine) storeRecord(ctx context.Context, s stream, p store.Position, c 
 			e.lostHeld(s.name, lost)
 		}
 	default:
+		e.lostHeld(s.name, dropped)
 		e.settled(s, c, kept, back)
 		if after(stored, e.advanced[s.name]) {
 			e.advanced[s.name] = stored
