@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
 	"github.com/hotcount/hotcount/store"
@@ -56,8 +57,9 @@ const replayInterval = 10 * time.Second
 // go to the record, not to the store. The readers add to it as they
 // start (the record they start from), the flush as it holds and releases.
 type heldSet struct {
-	mu   sync.Mutex
-	keys map[key]bool
+	mu    sync.Mutex
+	keys  map[key]bool
+	gauge prometheus.Gauge // how many: hotcount_durable_held_counters
 }
 
 func (h *heldSet) has(k key) bool {
@@ -74,6 +76,7 @@ func (h *heldSet) set(k key, on bool) {
 	} else {
 		delete(h.keys, k)
 	}
+	h.gauge.Set(float64(len(h.keys)))
 }
 
 // streams are the streams with held counters.

@@ -59,6 +59,9 @@ func TestRefusedCounterIsHeldThenWritten(t *testing.T) {
 	if n := testenv.Metric(t, a.reg, "hotcount_flusher_quarantined_mentions_total"); n != 100 {
 		t.Errorf("hotcount_flusher_quarantined_mentions_total %v, want topic-0's 100", n)
 	}
+	if n := testenv.Metric(t, a.reg, "hotcount_durable_held_counters"); n != 1 {
+		t.Errorf("hotcount_durable_held_counters %v, want 1 (topic-0's total)", n)
+	}
 	stop()
 
 	bctx, stopB := context.WithCancel(context.Background())
@@ -69,4 +72,10 @@ func TestRefusedCounterIsHeldThenWritten(t *testing.T) {
 	if n := testenv.Metric(t, b.reg, "hotcount_flusher_quarantined_writes_total"); n != 0 {
 		t.Errorf("the second sidecar held %v counters, with a store that takes them", n)
 	}
+	testenv.Eventually(t, 30*time.Second, func() error { // the hold it adopted, written, is let go
+		if n := testenv.Metric(t, b.reg, "hotcount_durable_held_counters"); n != 0 {
+			return fmt.Errorf("%v counters still held", n)
+		}
+		return nil
+	})
 }
