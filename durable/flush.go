@@ -327,12 +327,21 @@ func (e *Engine) storeRecord(ctx context.Context, s stream, p store.Position, c 
 	var dropped map[string]heldEntry // an older stream's holds, replaced (counted once stored)
 	err := e.ckpt.update(cctx, s.name, func(r *record) (bool, error) {
 		dropped = nil // update may call this again, on a newer record
-		if stale = r.Epoch > s.epoch; stale {
-			return false, nil // a newer stream's: nothing of this one counts there
+		if r.Epoch != s.epoch && r.Epoch != 0 {
+			// Which of the two streams is the live one, the server says:
+			// creation times are the servers' clocks, and a clock set back
+			// could make the newer stream's epoch the smaller.
+			live, err := e.liveEpoch(cctx, s.name)
+			if err != nil {
+				return false, err
+			}
+			if stale = live != s.epoch; stale {
+				return false, nil // a newer stream's: nothing of this one counts there
+			}
 		}
-		if r.Epoch < s.epoch {
-			// The record of a stream since deleted: its held counters
-			// were that stream's mentions, and went with it.
+		if r.Epoch != s.epoch {
+			// The record of a stream since deleted (or none yet): its
+			// held counters were that stream's mentions, and went with it.
 			dropped = r.held
 			*r = record{Position: store.Position{Epoch: s.epoch}}
 		}

@@ -333,3 +333,16 @@ func (e *Engine) notJournaled(ctx context.Context, st jetstream.Stream, s stream
 	return fmt.Errorf("stream %s: the journal engine's consumer %q has delivered up to %d, past the checkpoint (%d): those mentions are counted, and reading them would count them again. Stop the sidecars of --durable-engine journal, then run `hotcount stream adopt` (with the same --nats-mode, --stream, --partitions and store settings), which checkpoints each stream at its consumer's acknowledgement floor once the journal has settled",
 		s.name, e.cfg.JournalConsumer, delivered, ours)
 }
+
+// liveEpoch is the epoch of the stream named name as the server has it
+// now; 0 when there is none (deleted, not yet created again).
+func (e *Engine) liveEpoch(ctx context.Context, name string) (int64, error) {
+	st, err := e.js.Stream(ctx, name)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, err
+	}
+	return epochOf(st.CachedInfo()), nil
+}
