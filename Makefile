@@ -34,7 +34,7 @@ deps: $(DYNALITE) $(OPENAPI_TS)
 # are cores (on a cold cache the compile is minutes), into build/test; then
 # test/run-tests runs them without linking again (go test links on every
 # run): every package but sidecar two at a time, cmd/hotcount first (its
-# long tests, SIGKILLs and a NATS cluster, mostly wait out journal leases,
+# long tests, SIGKILLs, frozen processes and a NATS cluster, mostly wait on processes,
 # while the light ones take the other core), then sidecar alone: its
 # suites keep several sidecars, dynalite and NATS busy under deadlines that
 # a second such package on a 2-core machine would stretch. -trimpath keeps
