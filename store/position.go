@@ -180,9 +180,11 @@ const (
 // way in both stores.
 func judge(s Span, delta int64, r recorded) verdict {
 	switch {
-	case r.has && (r.pos.Epoch > s.Epoch || r.pos.Epoch == s.Epoch && r.pos.Seq >= s.Last):
+	// An item keeps one position per stream creation (PositionAttr), so
+	// the recorded epoch is the span's.
+	case r.has && r.pos.Seq >= s.Last:
 		return covered
-	case r.has && r.pos.Epoch == s.Epoch && r.pos.Seq >= s.First:
+	case r.has && r.pos.Seq >= s.First:
 		return overlaps
 	case wouldOverflow(r.count, delta):
 		return overflows

@@ -322,14 +322,7 @@ func TestChaosCountsOnce(t *testing.T) {
 // failing the test at once on a topic that holds more.
 func bucketsHold(t *testing.T, d *testenv.Dynalite, table string, want map[string]int64) func() error {
 	return func() error {
-		buckets, _ := d.Buckets(t, table)
-		for _, g := range []store.Granularity{store.Minute, store.Hour} {
-			per := make(map[string]int64)
-			for b, n := range buckets {
-				if b.G == g {
-					per[b.Topic] += n
-				}
-			}
+		for g, per := range bucketSums(t, d, table) {
 			for topic, n := range per {
 				if n > want[topic] {
 					t.Fatalf("%s: its %s buckets hold %d, want %d: counted twice", topic, g, n, want[topic])

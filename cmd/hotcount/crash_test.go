@@ -152,18 +152,24 @@ func (c *child) metric(t testing.TB, name string) float64 {
 	return 0
 }
 
+// bucketSums adds up table's time buckets by granularity (minute, hour)
+// and topic.
+func bucketSums(t testing.TB, d *testenv.Dynalite, table string) map[store.Granularity]map[string]int64 {
+	buckets, _ := d.Buckets(t, table)
+	out := map[store.Granularity]map[string]int64{store.Minute: {}, store.Hour: {}}
+	for b, n := range buckets {
+		if per, ok := out[b.G]; ok {
+			per[b.Topic] += n
+		}
+	}
+	return out
+}
+
 // exactBuckets checks that each granularity of table's time buckets holds
 // every mention of want once, topic by topic.
 func exactBuckets(t *testing.T, d *testenv.Dynalite, table string, want map[string]int64) {
 	t.Helper()
-	buckets, _ := d.Buckets(t, table)
-	for _, g := range []store.Granularity{store.Minute, store.Hour} {
-		per := make(map[string]int64)
-		for b, n := range buckets {
-			if b.G == g {
-				per[b.Topic] += n
-			}
-		}
+	for g, per := range bucketSums(t, d, table) {
 		for topic, n := range want {
 			if per[topic] != n {
 				t.Errorf("topic %s: its %s buckets hold %d, published %d", topic, g, per[topic], n)
