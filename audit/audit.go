@@ -10,10 +10,14 @@
 // ones that differ. What it cannot prove it does not compare, and says so
 // (Report.Notes): totals need the whole stream since the table began; a
 // bucket needs every mention that could land in it (a mention's "at" may
-// be up to --max-lateness before its publication); a counter some of
-// whose mentions are still in flight (past its stream's checkpoint, or
-// published during the audit) is left out and counted, as is one the
-// sidecars hold out of the table (its writes refused).
+// be up to --max-lateness before its publication). In the durable modes a
+// counter is compared exactly up to the stream position its items record
+// (package store, position.go): the mentions at or below its stream's
+// checkpoint must be there, and of those past it, published during the
+// audit too, the ones at or below that position and no other. A counter
+// the sidecars hold out of the table (its writes refused) is left out and
+// counted; so, in core mode, where no item records a position, is one
+// whose count moves while it is read.
 //
 // Memory is bounded: Run holds at most Config.MaxCounters counters at
 // once. When the stream has more, it reads the stream again for each share
@@ -70,6 +74,10 @@ type Table interface {
 	// Counts reads the count of each item in keys (store.BucketKey's); a
 	// missing item, or one past its expiry, counts 0.
 	Counts(ctx context.Context, keys []string, consistent bool) (map[string]int64, error)
+	// Records reads the items keys name (in every Region), strongly
+	// consistent, each with its count and the stream positions it
+	// records, read together: a missing or expired item is not listed.
+	Records(ctx context.Context, keys []string) (map[string][]store.Record, error)
 }
 
 // Stream is one stream the audit reads.
@@ -182,9 +190,10 @@ type Report struct {
 	Totals  Check `json:"totals"`
 	Buckets Check `json:"buckets"`
 	// InFlight are the counters not compared because some of their
-	// mentions were in flight: past the stream's checkpoint when the
-	// table was read, published during the audit, or changing in the
-	// table while it was read. Held are those not compared because the
+	// mentions were in flight where no position tells which the table
+	// includes: in core mode, published during the audit or changing in
+	// the table while it was read; in the durable modes, a counter whose
+	// items record one stream's position twice. Held are those not compared because the
 	// sidecars hold their mentions out of the table (the store refuses
 	// their writes: `hotcount quarantine list`).
 	InFlight int64 `json:"inFlight"`
@@ -432,7 +441,7 @@ func (a *auditor) summarize() {
 			r.Buckets.Expired, a.cfg.Retention.Of(store.Minute), a.cfg.Retention.Of(store.Hour))
 	}
 	if r.InFlight > 0 {
-		a.note("%d counters not checked: mentions of them were in flight (past their stream's checkpoint when the table was read, published during the audit, or written while it read them); run the audit again once the sidecars have caught up", r.InFlight)
+		a.note("%d counters not checked: mentions of them were in flight where no item records a position (core mode: published during the audit, or written while it read them; or one stream's position recorded in two items); run the audit again once the sidecars have caught up", r.InFlight)
 	}
 	a.note("counters of topics the stream does not mention, and buckets in which it has none, are not read (that would take a scan of the table)")
 	if r.Unlisted > 0 {

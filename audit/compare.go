@@ -3,6 +3,7 @@ package audit
 import (
 	"context"
 	"fmt"
+	"maps"
 	"math"
 	"slices"
 	"time"
@@ -50,31 +51,36 @@ func (l *limiter) wait(ctx context.Context, n int) error {
 func (a *auditor) compare(ctx context.Context, p *pass) error {
 	a.takeStats(p)
 	a.report.Topics += int64(len(p.topics))
-	// The streams' checkpoints before the table is read: a mention past
-	// one may not be in the table yet.
-	floors, held, err := a.floors(ctx)
+	// The counters held now, besides those held as the pass began: a
+	// write refused since is held too.
+	_, held, err := a.floors(ctx)
 	if err != nil {
 		return err
 	}
-	want := a.comparable(p, floors, held)
-	if len(want) == 0 {
+	for c := range p.held {
+		held[c] = true
+	}
+	cs := a.comparable(p, held)
+	if len(cs) == 0 {
 		return nil
 	}
-	got, shards, err := a.readTable(ctx, want, nil)
+	got, shards, err := a.readTable(ctx, cs, nil)
 	if err != nil {
 		return err
 	}
+	want := make(map[store.Counter]int64, len(cs))
 	var differ []store.Counter
-	for _, c := range want {
-		if got[c] != p.counts[c].n {
+	for _, c := range cs {
+		want[c] = p.counts[c].all()
+		if got[c] != want[c] {
 			differ = append(differ, c)
 		}
 	}
-	differ, flown, err := a.settle(ctx, p, differ, got, shards)
+	differ, flown, err := a.settle(ctx, p, differ, want, got, shards)
 	if err != nil {
 		return err
 	}
-	a.record(p, want, differ, flown, got)
+	a.record(cs, differ, flown, want, got)
 	return nil
 }
 
@@ -99,14 +105,14 @@ func (a *auditor) takeStats(p *pass) {
 
 // comparable is the pass's counters the table can be held to: totals only
 // when the pass read the whole history, buckets the pass read whole and
-// not expired, and none with a mention past its stream's checkpoint, nor
-// one the sidecars hold. What it leaves out is counted in the report.
-func (a *auditor) comparable(p *pass, floors []uint64, held map[store.Counter]bool) []store.Counter {
+// not expired, and none the sidecars hold. What it leaves out is counted
+// in the report.
+func (a *auditor) comparable(p *pass, held map[store.Counter]bool) []store.Counter {
 	r := &a.report
 	totals := p.totals && len(p.unread) == 0
 	now := a.cfg.Now()
 	var want []store.Counter
-	for c, cl := range p.counts {
+	for c := range p.counts {
 		if c.Kind == store.Total && !totals {
 			continue
 		}
@@ -124,48 +130,55 @@ func (a *auditor) comparable(p *pass, floors []uint64, held map[store.Counter]bo
 			r.Held++
 			continue
 		}
-		if part, seq := streams.Split(cl.last); seq > floors[part] {
-			r.InFlight++
-			continue
-		}
 		want = append(want, c)
 	}
 	return want
 }
 
-// settle takes out of differ the counters in flight after all: mentions
-// published during the audit may have reached the table while it was
-// read, so a counter either
-// touches (it grew in the stream, or its table count moved on a second
-// read) is in flight, not wrong.
-func (a *auditor) settle(ctx context.Context, p *pass, differ []store.Counter, got map[store.Counter]int64, shards map[string]int) (kept []store.Counter, flown map[store.Counter]bool, err error) {
+// settle judges again the counters that differ from the whole stream as
+// read: some of their mentions may not be in the table yet, and mentions
+// published since the audit began may be. Each counter's items are read
+// with the positions they record, and the counter is held to exactly the
+// mentions up to those positions, those published since included
+// (growth): equal, it was only in flight; else it differs, and want and
+// got say by how much. Where nothing records a position (core mode), a
+// counter the new mentions touch, or whose count moved since got, is in
+// flight (flown), not judged; so is one whose items record the same
+// stream twice (a layout the audit cannot cut at one position).
+func (a *auditor) settle(ctx context.Context, p *pass, differ []store.Counter, want, got map[store.Counter]int64, shards map[string]int) (kept []store.Counter, flown map[store.Counter]bool, err error) {
 	flown = make(map[store.Counter]bool)
 	if len(differ) == 0 {
 		return nil, flown, nil
 	}
-	moved, err := a.growth(ctx, p.share, differ)
+	grown, moved, err := a.growth(ctx, p.share, differ)
 	if err != nil {
 		return nil, nil, err
 	}
-	again, _, err := a.readTable(ctx, differ, shards)
+	items, err := a.readRecords(ctx, differ, shards)
 	if err != nil {
 		return nil, nil, err
 	}
 	for _, c := range differ {
-		if moved[c] || again[c] != got[c] {
+		it, cl := items[c], p.counts[c]
+		if moved[c] || it.twice || cl.core && it.count != got[c] {
 			a.report.InFlight++
 			flown[c] = true
 			continue
 		}
-		kept = append(kept, c)
+		whole := *cl
+		whole.tail = append(slices.Clip(cl.tail), grown[c]...)
+		want[c], got[c] = whole.upTo(it.seq), it.count
+		if want[c] != got[c] {
+			kept = append(kept, c)
+		}
 	}
 	return kept, flown, nil
 }
 
 // record counts what was compared and lists what differs.
-func (a *auditor) record(p *pass, want, differ []store.Counter, flown map[store.Counter]bool, got map[store.Counter]int64) {
+func (a *auditor) record(cs, differ []store.Counter, flown map[store.Counter]bool, want, got map[store.Counter]int64) {
 	r := &a.report
-	for _, c := range want {
+	for _, c := range cs {
 		if flown[c] {
 			continue
 		}
@@ -176,7 +189,7 @@ func (a *auditor) record(p *pass, want, differ []store.Counter, flown map[store.
 		}
 	}
 	for _, c := range differ {
-		d := Difference{Topic: c.Topic, Counter: "total", Stream: p.counts[c].n, Table: got[c], Difference: got[c] - p.counts[c].n}
+		d := Difference{Topic: c.Topic, Counter: "total", Stream: want[c], Table: got[c], Difference: got[c] - want[c]}
 		if c.Kind == store.Total {
 			r.Totals.Differ++
 		} else {
@@ -310,18 +323,80 @@ func (a *auditor) readTable(ctx context.Context, cs []store.Counter, shards map[
 	return out, shards, nil
 }
 
-// growth reads what the streams took since the audit began and says which
-// of the counters of cs (of share sh) those mentions touch.
-func (a *auditor) growth(ctx context.Context, sh share, cs []store.Counter) (map[store.Counter]bool, error) {
+// held is what a counter's items hold, read together: their count, and
+// each audited stream's position in them (by index in Config.Streams; 0:
+// none).
+type held struct {
+	count int64
+	seq   []uint64
+	// twice says a stream's position is in more than one of them: no one
+	// position tells which mentions they include.
+	twice bool
+}
+
+// readRecords reads the items of each counter of cs (its shards, as
+// shards says, in every Region), strongly consistent, paced.
+func (a *auditor) readRecords(ctx context.Context, cs []store.Counter, shards map[string]int) (map[store.Counter]held, error) {
+	keysOf := func(c store.Counter) []string {
+		out := make([]string, max(shards[c.Topic], 1))
+		for s := range out {
+			out[s] = c.Key(s)
+		}
+		return out
+	}
+	var keys []string
+	for _, c := range cs {
+		keys = append(keys, keysOf(c)...)
+	}
+	recs := make(map[string][]store.Record, len(keys))
+	for i := 0; i < len(keys); i += a.limiter.batch {
+		chunk := keys[i:min(i+a.limiter.batch, len(keys))]
+		if err := a.limiter.wait(ctx, len(chunk)); err != nil {
+			return nil, err
+		}
+		m, err := a.table.Records(ctx, chunk)
+		if err != nil {
+			return nil, fmt.Errorf("audit: read items: %w", err)
+		}
+		maps.Copy(recs, m)
+	}
+	slots := make([]store.Slot, len(a.streams))
+	for i, s := range a.streams {
+		slots[i] = store.Slot{Stream: s.Name, Epoch: store.EpochOf(s.info.Created)}
+	}
+	out := make(map[store.Counter]held, len(cs))
+	for _, c := range cs {
+		h := held{seq: make([]uint64, len(slots))}
+		found := make([]bool, len(slots))
+		for _, k := range keysOf(c) {
+			for _, r := range recs[k] {
+				h.count, _ = store.SatAdd(h.count, r.Count)
+				for i, sl := range slots {
+					if seq, ok := r.Positions[sl]; ok {
+						h.twice = h.twice || found[i]
+						found[i], h.seq[i] = true, seq
+					}
+				}
+			}
+		}
+		out[c] = h
+	}
+	return out, nil
+}
+
+// growth reads what the streams took since the audit began, for the
+// counters of cs (of share sh): the mentions of durable streams one by
+// one (grown), and which counters a core stream's mentions touch (moved).
+func (a *auditor) growth(ctx context.Context, sh share, cs []store.Counter) (grown map[store.Counter][]mention, moved map[store.Counter]bool, err error) {
 	want := make(map[store.Counter]bool, len(cs))
 	for _, c := range cs {
-		want[c] = false
+		want[c] = true
 	}
-	touched := make(map[store.Counter]bool)
-	for _, s := range a.streams {
+	grown, moved = make(map[store.Counter][]mention), make(map[store.Counter]bool)
+	for i, s := range a.streams {
 		st, err := a.js.Stream(ctx, s.Name)
 		if err != nil {
-			return nil, fmt.Errorf("audit: stream %s: %w", s.Name, err)
+			return nil, nil, fmt.Errorf("audit: stream %s: %w", s.Name, err)
 		}
 		last := st.CachedInfo().State.LastSeq
 		if last <= s.last {
@@ -335,22 +410,26 @@ func (a *auditor) growth(ctx context.Context, sh share, cs []store.Counter) (map
 			if m.probe {
 				return true
 			}
-			topic, _, at, err := ingest.Judge(a.cfg.Prefix, subject, m.data, m.ts, a.cfg.Limits)
+			topic, delta, at, err := ingest.Judge(a.cfg.Prefix, subject, m.data, m.ts, a.cfg.Limits)
 			if err != nil || !sh.has(topic) {
 				return true
 			}
 			// Every counter the sidecars write for it, whatever the
 			// audit compares.
 			for _, c := range []store.Counter{store.TotalOf(topic), store.BucketOf(topic, store.Minute, store.Minute.Index(at)), store.BucketOf(topic, store.Hour, store.Hour.Index(at))} {
-				if _, ok := want[c]; ok {
-					touched[c] = true
+				switch {
+				case !want[c]:
+				case s.Durable:
+					grown[c] = append(grown[c], mention{stream: i, seq: m.seq, delta: delta})
+				default:
+					moved[c] = true
 				}
 			}
 			return true
 		})
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 	}
-	return touched, nil
+	return grown, moved, nil
 }

@@ -37,12 +37,46 @@ type message struct {
 	probe   bool
 }
 
-// cell is one counter's count in the stream, and the position of its
-// last mention (streams.At of the stream's index in Config.Streams and
-// the message's sequence), to tell whether it may still be in flight.
+// cell is one counter's count in the stream: n of the mentions every
+// sidecar has written (at or below their stream's checkpoint as the pass
+// began, or of a core stream), and the rest one by one (tail), to be
+// counted up to the position the counter's item records.
 type cell struct {
 	n    int64
-	last streams.Position
+	tail []mention
+	// core says some of its mentions came from a core-mode stream, whose
+	// sidecars record no position: a count that moves while it is read is
+	// in flight there, not wrong.
+	core bool
+}
+
+// mention is one mention past its stream's checkpoint: its stream (an
+// index in Config.Streams), its sequence and its count.
+type mention struct {
+	stream int
+	seq    uint64
+	delta  int64
+}
+
+// upTo is the cell's count with its tail up to the positions its items
+// record (seq of each stream: 0, none).
+func (cl *cell) upTo(seq []uint64) int64 {
+	n := cl.n
+	for _, m := range cl.tail {
+		if m.seq <= seq[m.stream] {
+			n, _ = store.SatAdd(n, m.delta)
+		}
+	}
+	return n
+}
+
+// all is the cell's count with its whole tail.
+func (cl *cell) all() int64 {
+	n := cl.n
+	for _, m := range cl.tail {
+		n, _ = store.SatAdd(n, m.delta)
+	}
+	return n
 }
 
 // figures are a pass's count of the messages read.
@@ -66,6 +100,13 @@ type pass struct {
 	// limits while it is read: unread says so then).
 	totals bool
 	figures
+	// floors are the streams' checkpoints as the pass began (package
+	// durable: every mention at or below is in the table, or held), and
+	// held the counters the sidecars held then; tails the mentions past
+	// the floors the pass keeps one by one.
+	floors []uint64
+	held   map[store.Counter]bool
+	tails  int
 	// overflow, when not 0, says the counters outgrew MaxCounters: the
 	// pass stopped, and its share is to be split this many ways.
 	overflow uint64
@@ -87,6 +128,12 @@ func (a *auditor) read(ctx context.Context, sh share, shares int) (*pass, error)
 			stamp(a.cfg.Until), stamp(stopAfter)))
 	}
 	p.totals = a.cfg.Until.IsZero()
+	// The checkpoints before the streams are read: what lies past them
+	// may not be in the table yet, and is kept one mention at a time.
+	var err error
+	if p.floors, p.held, err = a.floors(ctx); err != nil {
+		return nil, err
+	}
 	total := int64(0)
 	for _, s := range a.streams {
 		if !whole(s.info, a.cfg.Now()) && s.info.State.FirstSeq > 1 {
@@ -105,7 +152,6 @@ func (a *auditor) read(ctx context.Context, sh share, shares int) (*pass, error)
 		}
 		var rs streamRead
 		if s.last > 0 && s.info.State.Msgs > 0 {
-			var err error
 			rs, err = a.scan(ctx, s.Name, 0, since, s.last, stopAfter, func(m message) bool {
 				p.take(a, i, s.Stream, m)
 				prog.Read++
@@ -118,8 +164,8 @@ func (a *auditor) read(ctx context.Context, sh share, shares int) (*pass, error)
 				// One topic's counters are held whole, however many; so
 				// are topics whose hashes never part (a share already
 				// split 2^32 ways).
-				if p.overflow == 0 && len(p.counts) > a.cfg.MaxCounters && len(p.topics) > 1 && sh.mod < 1<<32 {
-					p.overflow = splitInto(len(p.counts), a.cfg.MaxCounters, prog.Read, total)
+				if n := len(p.counts) + p.tails; p.overflow == 0 && n > a.cfg.MaxCounters && len(p.topics) > 1 && sh.mod < 1<<32 {
+					p.overflow = splitInto(n, a.cfg.MaxCounters, prog.Read, total)
 				}
 				return p.overflow == 0
 			})
@@ -232,14 +278,22 @@ func (p *pass) take(a *auditor, i int, st Stream, m message) {
 	if !p.share.has(topic) {
 		return
 	}
-	pos := streams.At(i, m.seq)
 	added := false
 	for _, c := range a.countersOf(topic, at, p.totals) {
-		if cl := p.counts[c]; cl != nil {
+		cl := p.counts[c]
+		if cl == nil {
+			cl = &cell{}
+			p.counts[c] = cl
+		}
+		switch {
+		case !st.Durable:
 			cl.n, _ = store.SatAdd(cl.n, delta)
-			cl.last = max(cl.last, pos)
-		} else {
-			p.counts[c] = &cell{n: delta, last: pos}
+			cl.core = true
+		case m.seq > p.floors[i]:
+			cl.tail = append(cl.tail, mention{stream: i, seq: m.seq, delta: delta})
+			p.tails++
+		default:
+			cl.n, _ = store.SatAdd(cl.n, delta)
 		}
 		added = true
 	}

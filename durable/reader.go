@@ -26,7 +26,7 @@ const (
 var errRestart = errors.New("durable: reading restarts")
 
 // epochOf is a stream's identity beside its name: its creation time.
-func epochOf(info *jetstream.StreamInfo) int64 { return info.Created.UnixMicro() }
+func epochOf(info *jetstream.StreamInfo) int64 { return store.EpochOf(info.Created) }
 
 // read reads partition p from where this process, or else the
 // checkpoint, says its mentions are not yet in the store, until ctx ends.

@@ -36,6 +36,8 @@ type Store interface {
 	lookup.Store
 	shardcount.Store
 	trend.Store
+	// Records is for `hotcount audit` (audit.Table).
+	Records(ctx context.Context, keys []string) (map[string][]store.Record, error)
 	Ping(ctx context.Context) error
 	Close() error
 }

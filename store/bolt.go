@@ -489,3 +489,42 @@ func (b *Bolt) Close() error {
 	b.group.close()
 	return b.db.Close()
 }
+
+// Records reads the items keys name (see DynamoDB.Records), in one read
+// transaction.
+func (b *Bolt) Records(ctx context.Context, keys []string) (map[string][]Record, error) {
+	out := make(map[string][]Record, len(keys))
+	err := b.db.View(func(tx *bolt.Tx) error {
+		bk := tx.Bucket(boltBucket)
+		for _, k := range keys {
+			b.metrics.reads.Inc()
+			out[k] = nil
+			v := bk.Get([]byte(k))
+			if v == nil {
+				continue
+			}
+			sh, err := decodeShard(v)
+			if err != nil {
+				return fmt.Errorf("store: item %s: %w", k, err)
+			}
+			r := Record{Count: sh.count}
+			for _, p := range sh.positions {
+				s, ok := parseSlot(PositionPrefix + p.slot)
+				if !ok {
+					return fmt.Errorf("store: item %s: position slot %q", k, p.slot)
+				}
+				if r.Positions == nil {
+					r.Positions = make(map[Slot]uint64)
+				}
+				r.Positions[s] = p.Seq
+			}
+			out[k] = []Record{r}
+		}
+		return nil
+	})
+	if err != nil {
+		b.metrics.failed("read", err)
+		return nil, err
+	}
+	return out, nil
+}

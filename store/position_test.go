@@ -6,6 +6,7 @@ import (
 	"errors"
 	"math"
 	"math/big"
+	"reflect"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -125,6 +126,7 @@ type spanStore interface {
 	Add(ctx context.Context, w store.Write, now time.Time) error
 	Gather(ctx context.Context, topic string, n int, consistent bool) ([]store.Shard, error)
 	Position(ctx context.Context, key, stream string, epoch int64) (store.Position, bool, error)
+	Records(ctx context.Context, keys []string) (map[string][]store.Record, error)
 }
 
 // spanHarness is one store under test, its metrics, the size of one of
@@ -323,6 +325,20 @@ func TestSpanWrites(t *testing.T) {
 			}
 			if got := count(); got != 26 {
 				t.Errorf("count %d, want 26", got)
+			}
+			// The audit reads the count and every position in one read.
+			recs, err := h.st.Records(ctx, []string{key, store.ShardKey("spans", 1)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			wantRec := store.Record{Count: 26, Positions: map[store.Slot]uint64{
+				{Stream: "MENTIONS-3", Epoch: epoch1}: 30, {Stream: "MENTIONS-3", Epoch: epoch2}: 5, {Stream: "MENTIONS-30", Epoch: epoch1}: 4,
+			}}
+			if got := recs[key]; len(got) != 1 || !reflect.DeepEqual(got[0], wantRec) {
+				t.Errorf("Records(%s) = %+v, want [%+v]", key, got, wantRec)
+			}
+			if got, ok := recs[store.ShardKey("spans", 1)]; !ok || len(got) != 0 {
+				t.Errorf("Records of an item never written = %+v, %v; want an empty entry", got, ok)
 			}
 
 			// Whether a refusal cost a read: only where the endpoint
