@@ -26,27 +26,39 @@ type Check func(ctx context.Context) error
 // problem.
 type Dependencies func(ctx context.Context) map[string]string
 
+// Status is more of /healthz's body: state that does not fail liveness
+// (a restart would not mend it) but that an operator reads there, such as
+// the counters the durable quarantine holds. nil: none.
+type Status func() map[string]any
+
 // Handler serves:
 //
 //	GET /healthz  200 while live, 503 with the reason when not (liveness);
-//	              either way the body names each dependency's state
+//	              either way the body names each dependency's state, and
+//	              status's fields
 //	GET /readyz   200 while ready, 503 with the reason when not (readiness)
 //	GET /metrics  Prometheus metrics from g
-func Handler(g prometheus.Gatherer, health, ready Check, deps Dependencies) http.Handler {
+func Handler(g prometheus.Gatherer, health, ready Check, deps Dependencies, status Status) http.Handler {
 	mux := http.NewServeMux()
-	mux.Handle("GET /healthz", probe(health, deps))
-	mux.Handle("GET /readyz", probe(ready, nil))
+	mux.Handle("GET /healthz", probe(health, deps, status))
+	mux.Handle("GET /readyz", probe(ready, nil, nil))
 	mux.Handle("GET /metrics", promhttp.HandlerFor(g, promhttp.HandlerOpts{}))
 	return mux
 }
 
-func probe(check Check, deps Dependencies) http.HandlerFunc {
+func probe(check Check, deps Dependencies, status Status) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		ctx, cancel := context.WithTimeout(r.Context(), checkTimeout)
 		defer cancel()
 		w.Header().Set("Content-Type", "application/json")
 		w.Header().Set("Cache-Control", "no-store")
-		body := map[string]any{"status": "ok"}
+		body := map[string]any{}
+		if status != nil {
+			for k, v := range status() {
+				body[k] = v
+			}
+		}
+		body["status"] = "ok"
 		if deps != nil {
 			body["dependencies"] = deps(ctx)
 		}

@@ -148,7 +148,9 @@ func TestOpenAPIAdminProbes(t *testing.T) {
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(prometheus.NewGauge(prometheus.GaugeOpts{Name: "hotcount_test", Help: "A gauge."}))
-	srv := httptest.NewServer(admin.Handler(reg, check, check, deps))
+	srv := httptest.NewServer(admin.Handler(reg, check, check, deps, func() map[string]any {
+		return map[string]any{"quarantine": map[string]any{"heldCounters": map[string]int{"MENTIONS-3": 2}, "limitPerStream": 1000}}
+	}))
 	defer srv.Close()
 	ctx := context.Background()
 	d, err := apitest.Load(ctx, api.OpenAPI, apitest.LookupServer, srv.URL)

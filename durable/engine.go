@@ -153,7 +153,7 @@ func New(cfg Config, nc *nats.Conn, st Store, owner Owner, log *zap.Logger, m *M
 	log = log.Named("durable")
 	e := &Engine{cfg: cfg, js: js, st: st, owner: owner, check: check, prefix: prefix, observers: observers,
 		log: log, metrics: m, now: now, win: newWindow(), doubt: make(map[key]job), advanced: make(map[string]store.Position),
-		denied: make(map[key]time.Time), held: heldSet{keys: make(map[key]bool), gauge: m.held},
+		denied: make(map[key]time.Time), held: heldSet{keys: make(map[key]bool), per: make(map[string]int), gauge: m.held, most: m.heldMost},
 		sampled: log.WithOptions(zap.WrapCore(func(c zapcore.Core) zapcore.Core {
 			return zapcore.NewSamplerWithOptions(c, time.Second, 1, 0)
 		}))}
@@ -326,6 +326,7 @@ type Metrics struct {
 	unadopted     prometheus.Counter
 	checkpoint    prometheus.Gauge
 	held          prometheus.Gauge
+	heldMost      prometheus.Gauge
 	oldest        prometheus.Gauge
 	maxAge        prometheus.Gauge
 	// The write stage's metrics, under the names the flusher gives them
@@ -358,6 +359,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Readings refused because a stream the journal engine read has no checkpoint yet: run hotcount stream adopt. See the log."}),
 		held: prometheus.NewGauge(prometheus.GaugeOpts{Name: "hotcount_durable_held_counters",
 			Help: "Counters held now in the checkpoint records of the streams this sidecar reads (the store refuses their writes for good; at most 1,000 a stream): written, and no longer held, once the store takes them."}),
+		heldMost: prometheus.NewGauge(prometheus.GaugeOpts{Name: "hotcount_durable_held_counters_fullest_stream",
+			Help: "The held counters of the stream whose checkpoint record holds the most: at 1,000 it is full, and a counter refused then holds back its stream's checkpoint (and retention) until the store takes it."}),
 		checkpoint: prometheus.NewGauge(prometheus.GaugeOpts{Name: "hotcount_durable_checkpoint_sequence",
 			Help: "The last checkpoint this sidecar stored (a stream sequence)."}),
 		oldest: prometheus.NewGauge(prometheus.GaugeOpts{Name: "hotcount_durable_oldest_unwritten_seconds",
@@ -386,7 +389,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Help: "Mentions of topic totals held so (a bucket's repeat its total's): missing from the table until the store takes them."})
 	m.flushes.WithLabelValues("ok")
 	m.flushes.WithLabelValues("error")
-	reg.MustRegister(m.writes, m.recounts, m.retentionLost, m.backwards, m.unadopted, m.held, m.checkpoint, m.oldest, m.maxAge,
+	reg.MustRegister(m.writes, m.recounts, m.retentionLost, m.backwards, m.unadopted, m.held, m.heldMost, m.checkpoint, m.oldest, m.maxAge,
 		m.flushes, m.duration, m.flushed, m.requeued, m.lastSuccess, m.pending, m.quarantined, m.quarantinedMentions)
 	return m
 }

@@ -57,7 +57,7 @@ func (e *Engine) Flush(ctx context.Context) error {
 	rd := newRound()
 	e.tally(rd, e.sendAll(ctx, e.plan(ctx, rd, split(d.counters, e.cfg.Minutes, e.cfg.Hours))))
 	e.observe(rd.observed)
-	e.progress(rd.attempted, rd.wrote)
+	e.progress(rd)
 	e.checkpoint(ctx, d.read, rd.back, rd.changes)
 	e.view.settle(func() { e.win.giveBack(rd.back) })
 	e.retention(rd.back)
@@ -74,6 +74,10 @@ type round struct {
 	observed         map[store.Counter]int64
 	first            error // the first failure
 	wrote, attempted int
+	// denied and failed count the writes refused for good
+	// (store.Denied: held once --quarantine-after passes) and the others
+	// that failed.
+	denied, failed int
 }
 
 func newRound() *round {
@@ -142,6 +146,11 @@ func (e *Engine) tally(rd *round, results []result) {
 			r.retry = true
 			e.doubt[r.k] = r.job
 		case failed:
+			if store.Denied(r.err) {
+				rd.denied++
+			} else {
+				rd.failed++
+			}
 			if e.refused(r.k, r.err) {
 				c := rd.of(r.k.s)
 				ent := r.e
@@ -463,10 +472,13 @@ func (e *Engine) observe(written map[store.Counter]int64) {
 	}
 }
 
-// progress notes whether the flush moved on: it wrote something, or had
-// nothing to write.
-func (e *Engine) progress(attempted, wrote int) {
-	if wrote > 0 || attempted == 0 {
+// progress notes whether the flush moved on: it wrote something, had
+// nothing to write, or was refused for good only (a poisoned topic, which
+// the quarantine takes out of the way after --quarantine-after: a restart
+// would not mend it, and would start that wait again), as core mode's
+// flusher judges it.
+func (e *Engine) progress(rd *round) {
+	if rd.wrote > 0 || rd.attempted == 0 || rd.denied > 0 && rd.failed == 0 {
 		e.lastProgress.Store(e.now().UnixNano())
 		e.failing.Store(false)
 		return

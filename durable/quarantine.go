@@ -57,9 +57,12 @@ const replayInterval = 10 * time.Second
 // go to the record, not to the store. The readers add to it as they
 // start (the record they start from), the flush as it holds and releases.
 type heldSet struct {
-	mu    sync.Mutex
-	keys  map[key]bool
-	gauge prometheus.Gauge // how many: hotcount_durable_held_counters
+	mu   sync.Mutex
+	keys map[key]bool
+	per  map[string]int // by stream name: what Engine.Held reports
+	// gauge is how many (hotcount_durable_held_counters), most how many in
+	// the fullest stream's record (…_fullest_stream), against maxHeld.
+	gauge, most prometheus.Gauge
 }
 
 func (h *heldSet) has(k key) bool {
@@ -71,12 +74,32 @@ func (h *heldSet) has(k key) bool {
 func (h *heldSet) set(k key, on bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if on {
+	switch {
+	case on && !h.keys[k]:
 		h.keys[k] = true
-	} else {
+		h.per[k.s.name]++
+	case !on && h.keys[k]:
 		delete(h.keys, k)
+		if h.per[k.s.name]--; h.per[k.s.name] == 0 {
+			delete(h.per, k.s.name)
+		}
+	}
+	most := 0
+	for _, n := range h.per {
+		most = max(most, n)
 	}
 	h.gauge.Set(float64(len(h.keys)))
+	h.most.Set(float64(most))
+}
+
+// Held is, by stream, how many counters the quarantine holds now in the
+// checkpoint records of the streams this sidecar reads (none: empty), and
+// the most one record holds: past it a refused counter holds back its
+// stream's checkpoint. For /healthz's body.
+func (e *Engine) Held() (perStream map[string]int, limit int) {
+	e.held.mu.Lock()
+	defer e.held.mu.Unlock()
+	return maps.Clone(e.held.per), maxHeld
 }
 
 // streams are the streams with held counters.

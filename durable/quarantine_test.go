@@ -16,12 +16,14 @@ import (
 // keys does) every write of one topic while on.
 type denier struct {
 	durable.Store
-	topic string
-	on    atomic.Bool
+	topic    string
+	on       atomic.Bool
+	refusals atomic.Int64
 }
 
 func (d *denier) Add(ctx context.Context, w store.Write, now time.Time) error {
 	if d.on.Load() && w.Counter.Topic == d.topic {
+		d.refusals.Add(1)
 		return fmt.Errorf("AccessDeniedException on %s: %w", d.topic, store.ErrDenied)
 	}
 	return d.Store.Add(ctx, w, now)
@@ -62,6 +64,9 @@ func TestRefusedCounterIsHeldThenWritten(t *testing.T) {
 	if n := testenv.Metric(t, a.reg, "hotcount_durable_held_counters"); n != 1 {
 		t.Errorf("hotcount_durable_held_counters %v, want 1 (topic-0's total)", n)
 	}
+	if n := testenv.Metric(t, a.reg, "hotcount_durable_held_counters_fullest_stream"); n != 1 {
+		t.Errorf("hotcount_durable_held_counters_fullest_stream %v, want 1 (the one stream's)", n)
+	}
 	stop()
 
 	bctx, stopB := context.WithCancel(context.Background())
@@ -78,4 +83,35 @@ func TestRefusedCounterIsHeldThenWritten(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// TestRefusedTopicKeepsTheEngineLive: flushes whose only writes the store
+// refuses for good (one poisoned topic in a quiet spell) are progress for
+// liveness, as in core mode: failing /healthz would have the kubelet
+// restart the sidecar, which mends nothing and starts --quarantine-after
+// again, so the topic would never be held.
+func TestRefusedTopicKeepsTheEngineLive(t *testing.T) {
+	e := setup(t)
+	d := &denier{Store: e.store(e.db.Endpoint), topic: "topic-0"}
+	d.on.Store(true)
+	ctx, stop := context.WithCancel(context.Background())
+	a := e.run(t, ctx, d, func(c *durable.Config) { c.QuarantineAfter = time.Hour })
+	t.Cleanup(stop) // after run's: cleanups run last first
+	e.publish(t, 100, 1, map[string]int64{}) // topic-0 only
+	testenv.Eventually(t, 30*time.Second, func() error {
+		if n := d.refusals.Load(); n < 1 {
+			return fmt.Errorf("%d refusals", n)
+		}
+		return nil
+	})
+	before, seen := a.LastProgress(), d.refusals.Load()
+	testenv.Eventually(t, 30*time.Second, func() error { // three more flushes, each refused only
+		if n := d.refusals.Load(); n < seen+3 {
+			return fmt.Errorf("%d refusals since, want 3", n-seen)
+		}
+		return nil
+	})
+	if after := a.LastProgress(); !after.After(before) || a.Failing() {
+		t.Errorf("last progress %s, then %s after three flushes refused for good (failing %v): want it to move on", before.Format(time.StampMilli), after.Format(time.StampMilli), a.Failing())
+	}
 }

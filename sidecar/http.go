@@ -54,8 +54,17 @@ func (s *Sidecar) handlers(p *parts, stopping *atomic.Bool) (map[string]http.Han
 		"store": p.st.Ping,
 	})
 
+	// The durable quarantine's counters, which a restart would not mend:
+	// in the body, not the verdict.
+	var status admin.Status
+	if p.eng != nil {
+		status = func() map[string]any {
+			held, limit := p.eng.Held()
+			return map[string]any{"quarantine": map[string]any{"heldCounters": held, "limitPerStream": limit}}
+		}
+	}
 	adminMux := http.NewServeMux()
-	adminMux.Handle("/", admin.Handler(reg, health, ready, deps))
+	adminMux.Handle("/", admin.Handler(reg, health, ready, deps, status))
 	adminMux.Handle(console.Path, p.con)
 	adminMux.Handle(console.Path+"/", p.con)
 	api := p.api

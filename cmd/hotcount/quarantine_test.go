@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"strings"
 	"testing"
@@ -68,6 +69,10 @@ func TestQuarantinePositionEngine(t *testing.T) {
 	if got["poison"] != 0 {
 		t.Fatalf("poison = %d in the table while its writes are refused", got["poison"])
 	}
+	// /healthz stays ok and says what the quarantine holds.
+	if h := health(t, c); h.Status != "ok" || h.Quarantine == nil || h.Quarantine.HeldCounters["MENTIONS"] < 3 || h.Quarantine.LimitPerStream != 1000 {
+		t.Errorf("/healthz while poison is held: %+v; want ok, and MENTIONS's record holding poison's total, minute and hour of 1000", h)
+	}
 
 	proxy.Allow()
 	publish(2)
@@ -83,6 +88,12 @@ func TestQuarantinePositionEngine(t *testing.T) {
 	if minutes != stored["poison"] {
 		t.Errorf("poison's minute buckets hold %d, want %d", minutes, stored["poison"])
 	}
+	testenv.Eventually(t, time.Minute, func() error {
+		if h := health(t, c); h.Quarantine == nil || len(h.Quarantine.HeldCounters) != 0 {
+			return fmt.Errorf("/healthz once the store takes poison: %+v, want nothing held", h)
+		}
+		return nil
+	})
 	if did := proxy.Stats().Did[ddbfault.Denied]; did == 0 {
 		t.Error("the proxy denied nothing: the test proves less than it says")
 	}
@@ -148,4 +159,27 @@ func poisonedSetup(t *testing.T) poisoned {
 	p.proxy.Deny(ddbfault.Denial{Keys: ddbfault.TopicKeys("poison"), Status: 403, Type: "AccessDeniedException"})
 	p.settings = []string{"--nats-mode", "jetstream", "--nats-url", p.url, "--dynamodb-endpoint", endpoint, "--table", p.table}
 	return p
+}
+
+// healthBody is what the tests read of /healthz's body.
+type healthBody struct {
+	Status     string `json:"status"`
+	Quarantine *struct {
+		HeldCounters   map[string]int `json:"heldCounters"`
+		LimitPerStream int            `json:"limitPerStream"`
+	} `json:"quarantine"`
+}
+
+// health reads c's /healthz.
+func health(t *testing.T, c *child) healthBody {
+	t.Helper()
+	body, err := c.get("/healthz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var h healthBody
+	if err := json.Unmarshal([]byte(body), &h); err != nil {
+		t.Fatalf("/healthz: %v: %s", err, body)
+	}
+	return h
 }
