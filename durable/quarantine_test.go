@@ -96,7 +96,7 @@ func TestRefusedTopicKeepsTheEngineLive(t *testing.T) {
 	d.on.Store(true)
 	ctx, stop := context.WithCancel(context.Background())
 	a := e.run(t, ctx, d, func(c *durable.Config) { c.QuarantineAfter = time.Hour })
-	t.Cleanup(stop) // after run's: cleanups run last first
+	t.Cleanup(stop)                          // after run's: cleanups run last first
 	e.publish(t, 100, 1, map[string]int64{}) // topic-0 only
 	testenv.Eventually(t, 30*time.Second, func() error {
 		if n := d.refusals.Load(); n < 1 {
