@@ -2,22 +2,17 @@ package console
 
 import (
 	"context"
-	"fmt"
 	"sync"
-	"sync/atomic"
 	"time"
 
-	"golang.org/x/time/rate"
-
+	"github.com/hotcount/hotcount/internal/ceiling"
 	"github.com/hotcount/hotcount/internal/racer"
-	"github.com/hotcount/hotcount/store"
 )
 
 // The race is internal/racer's, as `hotcount demo` runs it, made live and
-// self-contained: demo races against a DynamoDB API through
-// internal/ddbfault, and hotcount dev has no DynamoDB, so here the per-key
-// ceiling is a rate limiter in front of a store that only counts what it
-// accepts. Nothing reaches the sidecar's store or its metrics.
+// self-contained: the per-key ceiling (internal/ceiling) is in front of a
+// store that only counts what it accepts. Nothing reaches the sidecar's
+// store or its metrics.
 
 // raceTopic is the one hot topic of a race, in the race's own store.
 const raceTopic = "race"
@@ -53,7 +48,7 @@ func defaultRace() raceParams {
 type race struct {
 	p                 raceParams
 	started           time.Time
-	direct, coalesced *ceilingStore
+	direct, coalesced *ceiling.Store
 
 	mu     sync.Mutex
 	points []racePoint
@@ -73,7 +68,7 @@ type racePoint struct {
 
 func newRace(p raceParams, now time.Time) *race {
 	return &race{p: p, started: now,
-		direct: newCeilingStore(p.Ceiling, p.Burst), coalesced: newCeilingStore(p.Ceiling, p.Burst)}
+		direct: ceiling.NewStore(ceiling.New(p.Ceiling, p.Burst), nil), coalesced: ceiling.NewStore(ceiling.New(p.Ceiling, p.Burst), nil)}
 }
 
 // run races until the race's duration has passed or ctx ends, and returns
@@ -99,7 +94,7 @@ func (r *race) run(parent context.Context) {
 func (r *race) record(ctx context.Context) {
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
-	last, lastAt := [2]counts{}, r.started
+	last, lastAt := [2]ceiling.Counts{}, r.started
 	for {
 		var now time.Time
 		select {
@@ -107,7 +102,7 @@ func (r *race) record(ctx context.Context) {
 			now = time.Now()
 		case now = <-t.C:
 		}
-		cur := [2]counts{r.direct.counts(), r.coalesced.counts()}
+		cur := [2]ceiling.Counts{r.direct.Counts(), r.coalesced.Counts()}
 		dt := now.Sub(lastAt).Seconds()
 		per := func(x, y int64) number { return number(float64(y-x) / dt) }
 		if dt > 0.1 { // skip a sliver at the end
@@ -132,17 +127,17 @@ func (r *race) record(ctx context.Context) {
 
 // raceState is a race as the page shows it.
 type raceState struct {
-	Running         bool        `json:"running"`
-	ElapsedMs       int64       `json:"elapsedMs"`
-	DurationMs      int64       `json:"durationMs"`
-	Shards          int         `json:"shards"`
-	Ceiling         float64     `json:"ceiling"`
-	Offered         float64     `json:"offered"`
-	Writers         int         `json:"writers"`
-	FlushIntervalMs int64       `json:"flushIntervalMs"`
-	Direct          counts      `json:"direct"`
-	Coalesced       counts      `json:"coalesced"`
-	Points          []racePoint `json:"points"`
+	Running         bool           `json:"running"`
+	ElapsedMs       int64          `json:"elapsedMs"`
+	DurationMs      int64          `json:"durationMs"`
+	Shards          int            `json:"shards"`
+	Ceiling         float64        `json:"ceiling"`
+	Offered         float64        `json:"offered"`
+	Writers         int            `json:"writers"`
+	FlushIntervalMs int64          `json:"flushIntervalMs"`
+	Direct          ceiling.Counts `json:"direct"`
+	Coalesced       ceiling.Counts `json:"coalesced"`
+	Points          []racePoint    `json:"points"`
 }
 
 func (r *race) snapshot(now time.Time) *raceState {
@@ -156,56 +151,7 @@ func (r *race) snapshot(now time.Time) *raceState {
 		Running: r.ended.IsZero(), ElapsedMs: end.Sub(r.started).Milliseconds(), DurationMs: r.p.Duration.Milliseconds(),
 		Shards: r.p.Shards, Ceiling: r.p.Ceiling, Offered: r.p.Offered, Writers: r.p.Writers,
 		FlushIntervalMs: r.p.FlushInterval.Milliseconds(),
-		Direct:          r.direct.counts(), Coalesced: r.coalesced.counts(),
+		Direct:          r.direct.Counts(), Coalesced: r.coalesced.Counts(),
 		Points: append([]racePoint(nil), r.points...),
 	}
-}
-
-// counts is what a ceiling store accepted and refused.
-type counts struct {
-	Mentions  int64 `json:"mentions"`
-	Writes    int64 `json:"writes"`
-	Throttled int64 `json:"throttled"`
-}
-
-// ceilingStore emulates DynamoDB's per-key write ceiling in front of a
-// store that keeps only what the race shows: the mentions and writes it
-// accepted, and the writes it refused. Add is safe for concurrent use.
-type ceilingStore struct {
-	ceiling rate.Limit
-	burst   int
-
-	mu   sync.Mutex
-	keys map[string]*rate.Limiter
-
-	mentions, writes, throttled atomic.Int64
-}
-
-func newCeilingStore(ceiling float64, burst int) *ceilingStore {
-	return &ceilingStore{ceiling: rate.Limit(ceiling), burst: burst, keys: make(map[string]*rate.Limiter)}
-}
-
-// Add applies w unless its key is over the ceiling; then it returns an
-// error wrapping store.ErrThrottled, as the DynamoDB store does, and the
-// flusher moves the delta to another shard or keeps it for the next flush.
-func (s *ceilingStore) Add(_ context.Context, w store.Write, now time.Time) error {
-	s.mu.Lock()
-	l, ok := s.keys[w.Key()]
-	if !ok {
-		l = rate.NewLimiter(s.ceiling, s.burst)
-		s.keys[w.Key()] = l
-	}
-	allowed := l.AllowN(now, 1)
-	s.mu.Unlock()
-	if !allowed {
-		s.throttled.Add(1)
-		return fmt.Errorf("console: race: %s is over %.0f writes/s: %w", w.Key(), float64(s.ceiling), store.ErrThrottled)
-	}
-	s.writes.Add(1)
-	s.mentions.Add(w.Delta)
-	return nil
-}
-
-func (s *ceilingStore) counts() counts {
-	return counts{Mentions: s.mentions.Load(), Writes: s.writes.Load(), Throttled: s.throttled.Load()}
 }

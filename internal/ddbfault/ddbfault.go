@@ -53,8 +53,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"golang.org/x/time/rate"
-
+	"github.com/hotcount/hotcount/internal/ceiling"
 	"github.com/hotcount/hotcount/store"
 )
 
@@ -122,20 +121,20 @@ type Proxy struct {
 	cfg    Config
 	client *http.Client
 
-	mu           sync.Mutex
-	writeLim     map[string]*rate.Limiter
-	readLim      map[string]*rate.Limiter
-	latency      time.Duration
-	outageEnd    time.Time
-	failNext     int
-	refuseWrites bool
-	denial       *Denial // nil: none
-	failCode     int
-	ambigNext    int
-	loseRate     float64  // share of UpdateItem calls whose answer is lost
-	loseKinds    []string // how, chosen uniformly
-	hang         time.Duration
-	stats        Stats
+	mu sync.Mutex
+	// writes and reads are the per-key ceilings (nil: none).
+	writes, reads *ceiling.Keys
+	latency       time.Duration
+	outageEnd     time.Time
+	failNext      int
+	refuseWrites  bool
+	denial        *Denial // nil: none
+	failCode      int
+	ambigNext     int
+	loseRate      float64  // share of UpdateItem calls whose answer is lost
+	loseKinds     []string // how, chosen uniformly
+	hang          time.Duration
+	stats         Stats
 
 	hanging atomic.Int64 // AmbiguousHang connections held now
 }
@@ -143,12 +142,12 @@ type Proxy struct {
 // New returns a proxy to cfg.Upstream.
 func New(cfg Config) *Proxy {
 	return &Proxy{
-		cfg:      cfg,
-		client:   &http.Client{Timeout: 30 * time.Second},
-		writeLim: map[string]*rate.Limiter{},
-		readLim:  map[string]*rate.Limiter{},
-		hang:     DefaultHang,
-		stats:    newStats(),
+		cfg:    cfg,
+		client: &http.Client{Timeout: 30 * time.Second},
+		writes: ceiling.New(cfg.WriteUnits, cfg.WriteBurst),
+		reads:  ceiling.New(cfg.ReadUnits, cfg.ReadBurst),
+		hang:   DefaultHang,
+		stats:  newStats(),
 	}
 }
 
@@ -543,35 +542,13 @@ func (p *Proxy) hangUp(ctx context.Context, w http.ResponseWriter, d time.Durati
 	reset(w)
 }
 
-// allow takes the request's units from each key's bucket; with mu held.
+// allow takes the request's units from each key's bucket, all or
+// nothing (internal/ceiling).
 func (p *Proxy) allow(req request) bool {
-	lims, units, burst := p.readLim, p.cfg.ReadUnits, p.cfg.ReadBurst
 	if req.write {
-		lims, units, burst = p.writeLim, p.cfg.WriteUnits, p.cfg.WriteBurst
+		return p.writes.Take(time.Now(), req.keys...)
 	}
-	if units <= 0 || len(req.keys) == 0 {
-		return true
-	}
-	now := time.Now()
-	// All or nothing: check every key before taking from any.
-	var rs []*rate.Reservation
-	for _, k := range req.keys {
-		l, ok := lims[k]
-		if !ok {
-			l = rate.NewLimiter(rate.Limit(units), max(burst, 1))
-			lims[k] = l
-		}
-		res := l.ReserveN(now, 1)
-		if !res.OK() || res.DelayFrom(now) > 0 {
-			res.CancelAt(now)
-			for _, r := range rs {
-				r.CancelAt(now)
-			}
-			return false
-		}
-		rs = append(rs, res)
-	}
-	return true
+	return p.reads.Take(time.Now(), req.keys...)
 }
 
 // Answer is an upstream answer, read whole.

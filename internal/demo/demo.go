@@ -1,6 +1,6 @@
 // Package demo shows the hot-partition problem and hotcount's two answers,
-// live: writers race against the fault emulator's per-key write ceiling in
-// front of a real DynamoDB API, for N = 1, 2, 4 and 8 shards, first writing
+// live: writers race against DynamoDB's per-key write ceiling, emulated
+// (internal/ceiling) in front of a real DynamoDB API, for N = 1, 2, 4 and 8 shards, first writing
 // every mention directly (one UpdateItem each), then coalescing them with
 // hotcount's aggregator and flusher. It reports accepted mentions per second
 // and throttles, as a table and as an SVG chart.
@@ -16,18 +16,18 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/hotcount/hotcount/internal/ddbfault"
+	"github.com/hotcount/hotcount/internal/ceiling"
 	"github.com/hotcount/hotcount/internal/racer"
 	"github.com/hotcount/hotcount/store"
 )
 
 // Config is what to race.
 type Config struct {
-	// Endpoint is the DynamoDB API (dynalite) behind the emulator.
+	// Endpoint is the DynamoDB API (dynalite) behind the ceiling.
 	Endpoint string
 	// Table is created if absent.
 	Table string
-	// Ceiling is the emulator's write units per second per key. DynamoDB's
+	// Ceiling is the write units per second per key. DynamoDB's
 	// is 1,000; the demo scales it down so that the ceiling, not the local
 	// DynamoDB API's own speed, is what the race meets.
 	Ceiling float64
@@ -78,33 +78,29 @@ func mode(coalesced bool) string {
 }
 
 func race(ctx context.Context, cfg Config, n int, coalesced bool) (Result, error) {
-	proxy := ddbfault.New(ddbfault.Config{Upstream: cfg.Endpoint, WriteUnits: cfg.Ceiling, WriteBurst: int(cfg.Ceiling / 10)})
-	url, stop, err := proxy.Serve("127.0.0.1:0")
-	if err != nil {
-		return Result{}, err
-	}
-	defer stop() //nolint:errcheck // closing
-	client, err := store.NewDynamoDBClient(ctx, url)
+	client, err := store.NewDynamoDBClient(ctx, cfg.Endpoint)
 	if err != nil {
 		return Result{}, err
 	}
 	reg := prometheus.NewRegistry()
-	st := store.NewDynamoDB(client, cfg.Table, store.NewMetrics(reg))
 	if _, err := store.CreateTable(ctx, client, cfg.Table); err != nil {
 		return Result{}, err
 	}
+	dynamo := store.NewDynamoDB(client, cfg.Table, store.NewMetrics(reg))
+	// The per-key ceiling in front of the store: a write over it is
+	// refused as DynamoDB refuses it, before it is sent.
+	st := ceiling.NewStore(ceiling.New(cfg.Ceiling, int(cfg.Ceiling/10)), dynamo)
 	topic := fmt.Sprintf("demo-%d-%s-%d", n, mode(coalesced), time.Now().UnixNano())
 
 	rctx, cancel := context.WithTimeout(ctx, cfg.Duration)
 	defer cancel()
 	c := racer.Config{Topic: topic, Shards: n, Writers: cfg.Writers, FlushInterval: cfg.FlushInterval}
-	var mentions, writes atomic.Int64
+	var mentions atomic.Int64
 	start := time.Now()
 	if !coalesced {
 		racer.Direct(rctx, c, st, func(err error) bool {
 			if err == nil {
 				mentions.Add(1)
-				writes.Add(1)
 			}
 			// Another failure than a throttle ends the writer: the race
 			// ends short, and says so in its figures.
@@ -114,23 +110,19 @@ func race(ctx context.Context, cfg Config, n int, coalesced bool) (Result, error
 		// What was accepted is what reached the store within the race:
 		// no final flush.
 		racer.Coalesced(rctx, rctx, c, st, 0)
-		got, err := st.Gather(ctx, topic, n, true)
+		got, err := dynamo.Gather(ctx, topic, n, true)
 		if err != nil {
 			return Result{}, err
 		}
 		sum, _ := store.Sum(got)
 		mentions.Store(sum)
-		var w int
-		for _, k := range proxy.Stats().Writes {
-			w += k
-		}
-		writes.Store(int64(w))
 	}
 	elapsed := time.Since(start).Seconds()
+	counts := st.Counts()
 	return Result{
 		Shards: n, Coalesced: coalesced,
 		Mentions:  float64(mentions.Load()) / elapsed,
-		Writes:    float64(writes.Load()) / elapsed,
-		Throttled: proxy.Stats().Did[ddbfault.Throttled],
+		Writes:    float64(counts.Writes) / elapsed,
+		Throttled: int(counts.Throttled),
 	}, nil
 }
