@@ -38,11 +38,27 @@ import (
 // counted 959 of 60,000 twice (jetstream) and 1,045 (partitioned).
 func TestFrozenSidecarCountsOnce(t *testing.T) {
 	for _, mode := range []string{"jetstream", "partitioned"} {
-		t.Run(mode, func(t *testing.T) { frozenRun(t, mode) })
+		t.Run(mode, func(t *testing.T) { faultRun(t, mode, freeze) })
 	}
 }
 
-func frozenRun(t *testing.T, mode string) {
+// TestSplitSidecarCountsOnce is the frozen sidecar's case with the
+// sidecar awake and cut off from NATS (a network split), in partitioned
+// mode: while cut, it keeps writing what it had read to the table, and
+// cannot store its checkpoint; the other takes its partitions over from
+// the last checkpoint it stored and reads the same mentions again. Healed,
+// both read on. Every mention counts once.
+func TestSplitSidecarCountsOnce(t *testing.T) { faultRun(t, "partitioned", split) }
+
+// A fault faultRun puts between one sidecar and the rest.
+type fault int
+
+const (
+	freeze fault = iota // SIGSTOP, then SIGCONT
+	split               // its NATS connection cut, then healed
+)
+
+func faultRun(t *testing.T, mode string, f fault) {
 	l := streams.Layout{Stream: "MENTIONS", Subject: "mentions.>", Partitions: 4}
 	args := []string{"--nats-mode", mode, "--durable-engine", "position", "--flush-interval", "300ms",
 		"--log-level", "warn", "--windows", "1m,1h"}
@@ -70,8 +86,10 @@ func frozenRun(t *testing.T, mode string) {
 	d := testenv.StartDynalite(t)
 	table := d.Table(t, "frozen")
 	testenv.AWSEnv(t)
-	args = append(args, "--nats-url", url, "--dynamodb-endpoint", d.Endpoint, "--table", table)
-	kids := []*child{startChild(t, args...), startChild(t, args...)}
+	args = append(args, "--dynamodb-endpoint", d.Endpoint, "--table", table)
+	// The second sidecar reaches NATS through a proxy the split cuts.
+	cut := testenv.NewSplit(t, strings.TrimPrefix(url, "nats://"))
+	kids := []*child{startChild(t, append(args, "--nats-url", url)...), startChild(t, append(args, "--nats-url", "nats://"+cut.Addr())...)}
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -84,20 +102,29 @@ func frozenRun(t *testing.T, mode string) {
 		rep, err := loadgen.Run(ctx, nc, loadgen.Config{Prefix: "mentions.", Topics: 40, Rate: 1_000, Messages: 16_000, Count: 1, Seed: 7, JetStream: true})
 		sent <- result{rep, err}
 	}()
-	// Freeze a sidecar that reads and has written: its window holds what
-	// it read since its last flush.
+	// Freeze a sidecar that reads and has written (its window holds what
+	// it read since its last flush), or cut the second one off from NATS
+	// once it does.
 	var frozen, other *child
 	testenv.Eventually(t, 60*time.Second, func() error {
 		for i, c := range kids {
+			if f == split && i == 0 {
+				continue
+			}
 			if c.metric(t, "hotcount_ingest_partitions_owned") > 0 && c.metric(t, "hotcount_flusher_flushed_mentions_total") > 0 {
 				frozen, other = c, kids[1-i]
 				return nil
 			}
 		}
-		return fmt.Errorf("no sidecar has read and written yet")
+		return fmt.Errorf("no sidecar that can be cut off has read and written yet")
 	})
-	if err := frozen.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
-		t.Fatal(err)
+	switch f {
+	case freeze:
+		if err := frozen.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+			t.Fatal(err)
+		}
+	case split:
+		cut.Cut()
 	}
 	testenv.Eventually(t, 30*time.Second, func() error {
 		if n := other.metric(t, "hotcount_ingest_partitions_owned"); n != float64(l.Partitions) {
@@ -108,8 +135,13 @@ func frozenRun(t *testing.T, mode string) {
 	// The other writes what the frozen one holds, meanwhile: the length
 	// of the freeze is the test's point.
 	time.Sleep(3 * time.Second)
-	if err := frozen.cmd.Process.Signal(syscall.SIGCONT); err != nil {
-		t.Fatal(err)
+	switch f {
+	case freeze:
+		if err := frozen.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+			t.Fatal(err)
+		}
+	case split:
+		cut.Heal()
 	}
 	r := <-sent
 	if r.err != nil {
@@ -117,8 +149,15 @@ func frozenRun(t *testing.T, mode string) {
 	}
 	exact := tableHolds(t, d, table, r.rep.PerTopic)
 	testenv.Eventually(t, 60*time.Second, exact)
-	refused := frozen.metric(t, `hotcount_durable_writes_total{outcome="covered"}`) +
-		frozen.metric(t, `hotcount_durable_writes_total{outcome="overlap"}`)
+	// Refused by what the other wrote: the woken sidecar's writes of what
+	// it held (freeze); the other's of what the cut one wrote after its
+	// last checkpoint (split).
+	refuser := frozen
+	if f == split {
+		refuser = other
+	}
+	refused := refuser.metric(t, `hotcount_durable_writes_total{outcome="covered"}`) +
+		refuser.metric(t, `hotcount_durable_writes_total{outcome="overlap"}`)
 	for _, c := range kids {
 		if err := c.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 			t.Fatal(err)
@@ -131,9 +170,9 @@ func frozenRun(t *testing.T, mode string) {
 		t.Fatal(err)
 	}
 	exactBuckets(t, d, table, r.rep.PerTopic)
-	t.Logf("%s: %d mentions exact; the woken sidecar had %v writes refused (covered or overlapping) by what the other wrote", mode, r.rep.Mentions, refused)
+	t.Logf("%s: %d mentions exact; %v writes refused (covered or overlapping) by what the other sidecar had written", mode, r.rep.Mentions, refused)
 	if refused == 0 {
-		t.Error("the woken sidecar wrote nothing the other had written: the freeze held no window")
+		t.Error("no write was refused by what the other sidecar wrote: the two never read the same mentions, and the fault proved nothing")
 	}
 }
 
