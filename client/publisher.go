@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nuid"
 
 	"github.com/hotcount/hotcount/ingest"
+	"github.com/hotcount/hotcount/internal/waits"
 )
 
 // Defaults of the Publisher's options.
@@ -549,8 +550,7 @@ func (p *Publisher) send(msg *nats.Msg) error {
 // first, so a first attempt that was stored keeps the others out.
 func (p *Publisher) retry(msg *nats.Msg, sent time.Time, err error) error {
 	if left := p.o.retryFor - time.Since(sent); left > 0 {
-		b := backoff.NewExponentialBackOff()
-		b.InitialInterval, b.MaxInterval = 100*time.Millisecond, 5*time.Second
+		b := waits.Reconnect()
 		_, err = backoff.Retry(p.ctx, func() (struct{}, error) {
 			err := p.attempt(msg)
 			switch {

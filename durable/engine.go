@@ -27,6 +27,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/cenkalti/backoff/v5"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
@@ -34,6 +35,7 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	"github.com/hotcount/hotcount/ingest"
+	"github.com/hotcount/hotcount/internal/waits"
 	"github.com/hotcount/hotcount/store"
 )
 
@@ -180,21 +182,18 @@ func (e *Engine) Run(ctx context.Context) error {
 // open opens the checkpoint bucket, trying again until ctx ends: a new
 // cluster may take a while to create it.
 func (e *Engine) open(ctx context.Context) error {
-	for wait := 100 * time.Millisecond; ; wait = min(2*wait, 5*time.Second) {
+	c, err := backoff.Retry(ctx, func() (*checkpoints, error) {
 		octx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		c, err := openCheckpoints(octx, e.js, e.cfg.Bucket, e.replicas(octx))
-		cancel()
-		if err == nil {
-			e.ckpt = c
-			return nil
-		}
+		defer cancel()
+		return openCheckpoints(octx, e.js, e.cfg.Bucket, e.replicas(octx))
+	}, backoff.WithBackOff(waits.Reconnect()), backoff.WithMaxElapsedTime(0), backoff.WithNotify(func(err error, _ time.Duration) {
 		e.sampled.Warn("waiting for JetStream to open the checkpoint bucket", zap.Error(err))
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(wait):
-		}
+	}))
+	if err != nil {
+		return err
 	}
+	e.ckpt = c
+	return nil
 }
 
 // replicas is the checkpoint bucket's replication: Config.Replicas, else

@@ -9,6 +9,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/zap"
 
+	"github.com/hotcount/hotcount/internal/waits"
 	"github.com/hotcount/hotcount/store"
 	"github.com/hotcount/hotcount/streams"
 )
@@ -37,14 +38,17 @@ func (e *Engine) read(ctx context.Context, p int) {
 		e.unread.Delete(e.streamName(p))
 		e.ages.Delete(e.streamName(p))
 	}()
-	for wait := time.Duration(0); ; wait = min(2*wait+100*time.Millisecond, 5*time.Second) {
+	pause := waits.Reconnect()
+	for {
 		err := e.readOnce(ctx, p)
 		if ctx.Err() != nil {
 			return
 		}
+		var wait time.Duration // at once after a restart: nothing is wrong with NATS
 		if errors.Is(err, errRestart) {
-			wait = 0 // at once: nothing is wrong with NATS
+			pause.Reset()
 		} else {
+			wait = pause.NextBackOff()
 			e.sampled.Warn("reading a partition stream; trying again", zap.String("stream", e.streamName(p)), zap.Error(err))
 		}
 		select {

@@ -3,6 +3,7 @@ package flusher
 import (
 	"context"
 	"errors"
+	"github.com/hotcount/hotcount/internal/waits"
 	"math"
 	"time"
 
@@ -89,8 +90,7 @@ type finalPace struct {
 }
 
 func newFinalPace(ctx context.Context, persist func() time.Duration) *finalPace {
-	b := backoff.NewExponentialBackOff()
-	b.InitialInterval, b.Multiplier, b.MaxInterval, b.RandomizationFactor = 50*time.Millisecond, 2, time.Second, 0
+	b := waits.Shutdown()
 	deadline, _ := ctx.Deadline()
 	return &finalPace{failed: b, deadline: deadline, persist: persist}
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/hotcount/hotcount/internal/waits"
 	"sync"
 	"time"
 
@@ -40,14 +41,7 @@ func newCoverage() *coverage {
 // that had read the bucket ends, then growing while watches keep failing
 // (the bucket or its server gone), up to 10 s, so that a long outage costs
 // a request every few seconds while the copy returns soon after it.
-func watchBackOff() backoff.BackOff {
-	return &backoff.ExponentialBackOff{
-		InitialInterval:     time.Second,
-		RandomizationFactor: backoff.DefaultRandomizationFactor,
-		Multiplier:          2,
-		MaxInterval:         10 * time.Second,
-	}
-}
+func watchBackOff() backoff.BackOff { return waits.Watch() }
 
 // covered says whether an entry carries the message at position seq,
 // waiting (within ctx) for the watch's first reading.

@@ -41,6 +41,7 @@ import (
 	"go.uber.org/zap"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/hotcount/hotcount/internal/waits"
 	"github.com/hotcount/hotcount/quarantine"
 	"github.com/hotcount/hotcount/store"
 	"github.com/hotcount/hotcount/streams"
@@ -349,15 +350,8 @@ func (j *Journal) Record(ctx context.Context, writes []store.Write, seqs map[str
 // few hundred milliseconds passes without failing the flush's journal.
 const createTries = 3
 
-// createBackOff is the wait between create's tries.
-func createBackOff() backoff.BackOff {
-	return &backoff.ExponentialBackOff{
-		InitialInterval:     100 * time.Millisecond,
-		RandomizationFactor: backoff.DefaultRandomizationFactor,
-		Multiplier:          2,
-		MaxInterval:         time.Second,
-	}
-}
+// createBackOff is the wait between create's tries: for JetStream.
+func createBackOff() backoff.BackOff { return waits.Reconnect() }
 
 // create puts a new entry, trying again (it is the same Create, so a
 // second try finding the key means the first landed) a few times

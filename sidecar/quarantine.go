@@ -14,6 +14,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/hotcount/hotcount/config"
+	"github.com/hotcount/hotcount/internal/waits"
 	"github.com/hotcount/hotcount/journal"
 	"github.com/hotcount/hotcount/quarantine"
 	"github.com/hotcount/hotcount/store"
@@ -128,8 +129,7 @@ func openJournal(ctx context.Context, nc *nats.Conn, cfg config.Config, writer s
 	if cfg.NATSMode == config.ModePartitioned {
 		jcfg.Partitions, jcfg.Bucket = cfg.Partitions, journal.PartitionsBucket
 	}
-	b := backoff.NewExponentialBackOff()
-	b.InitialInterval, b.MaxInterval = 100*time.Millisecond, 5*time.Second
+	b := waits.Reconnect()
 	jr, err := backoff.Retry(ctx, func() (*journal.Journal, error) {
 		octx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		defer cancel()

@@ -24,6 +24,7 @@ import (
 	"github.com/hotcount/hotcount/config"
 	"github.com/hotcount/hotcount/fleet"
 	"github.com/hotcount/hotcount/flusher"
+	"github.com/hotcount/hotcount/internal/waits"
 	"github.com/hotcount/hotcount/lookup"
 	"github.com/hotcount/hotcount/shardcount"
 	"github.com/hotcount/hotcount/store"
@@ -156,7 +157,7 @@ func Regions(ctx context.Context, cfg config.Config, client *dynamodb.Client, lo
 // answers at AWS's own endpoint, unless told already holds the answer;
 // once elsewhere. A refusal or a missing table is not asked again.
 func tableRegions(ctx context.Context, cfg config.Config, client *dynamodb.Client, told bool, log *zap.Logger) ([]string, error) {
-	tries := []backoff.RetryOption{backoff.WithBackOff(backoff.NewExponentialBackOff()), backoff.WithMaxElapsedTime(0),
+	tries := []backoff.RetryOption{backoff.WithBackOff(waits.ControlPlane()), backoff.WithMaxElapsedTime(0),
 		backoff.WithNotify(func(err error, wait time.Duration) {
 			log.Warn("cannot tell whether the table is global yet", zap.Error(err), zap.Duration("retry_in", wait))
 		})}

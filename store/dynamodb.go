@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/hotcount/hotcount/internal/waits"
 	"net"
 	"net/http"
 	"slices"
@@ -720,14 +721,7 @@ func (d *DynamoDB) batchGet(ctx context.Context, keys []map[string]types.Attribu
 	req := map[string]types.KeysAndAttributes{
 		d.table: {Keys: keys, ConsistentRead: aws.Bool(consistent)},
 	}
-	// Each wait is drawn from [w/2, w], w doubling from 10 ms to 1 s: an
-	// interval of 3w/4, give or take a third.
-	b := &backoff.ExponentialBackOff{
-		InitialInterval:     3 * 10 * time.Millisecond / 4,
-		MaxInterval:         3 * time.Second / 4,
-		Multiplier:          2,
-		RandomizationFactor: 1.0 / 3,
-	}
+	b := waits.Unprocessed()
 	left := false // keys handed back wait for the next attempt
 	_, err := backoff.Retry(ctx, func() (struct{}, error) {
 		left = false

@@ -1,7 +1,9 @@
 package main
 
 import (
+	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -41,5 +43,39 @@ func TestProductionImportsNoTestTool(t *testing.T) {
 	}
 	if listed < 20 {
 		t.Fatalf("go list named %d packages: not the module's", listed)
+	}
+}
+
+// TestWaitsAreNamed: every back-off between the tries of something that
+// failed is one of internal/waits' policies, named for the kind of wait
+// it is, not tuned again where it is used.
+func TestWaitsAreNamed(t *testing.T) {
+	out, err := exec.Command("go", "list", "-f", `{{.ImportPath}}{{"\t"}}{{.Dir}}{{"\t"}}{{join .GoFiles " "}}`, "github.com/hotcount/hotcount/...").Output()
+	if err != nil {
+		t.Fatalf("go list: %v", err)
+	}
+	// Ways to tune a back-off of one's own.
+	tuned := []string{"backoff.NewExponentialBackOff(", "backoff.ExponentialBackOff{", "wait = min(2*wait"}
+	files := 0
+	for line := range strings.Lines(string(out)) {
+		fields := strings.Split(strings.TrimSpace(line), "\t")
+		if len(fields) < 3 || fields[0] == "github.com/hotcount/hotcount/internal/waits" {
+			continue
+		}
+		for name := range strings.FieldsSeq(fields[2]) {
+			src, err := os.ReadFile(filepath.Join(fields[1], name))
+			if err != nil {
+				t.Fatal(err)
+			}
+			files++
+			for _, s := range tuned {
+				if strings.Contains(string(src), s) {
+					t.Errorf("%s: %s tunes a back-off of its own (%q): use one of internal/waits' policies", fields[0], name, s)
+				}
+			}
+		}
+	}
+	if files < 100 {
+		t.Fatalf("read %d files: not the module's", files)
 	}
 }
