@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -89,47 +90,136 @@ func (e *Engine) readOnce(ctx context.Context, p int) error {
 	} else if epochOf(info) != s.epoch {
 		return errRestart
 	}
+	return e.consume(ctx, st, cons, s, from)
+}
+
+// consume takes cons's messages of s from sequence from, in a reading
+// run by Consume's callback on the subscription's goroutine (the
+// Messages iterator cost a timer and a channel hop per message), until
+// ctx ends, the reading fails or the library stops (a terminal error:
+// the consumer deleted, the connection closed). It returns only once no
+// callback runs or will run: the reading is this call's alone.
+func (e *Engine) consume(ctx context.Context, st jetstream.Stream, cons jetstream.Consumer, s stream, from uint64) error {
+	rctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	r := newReading(rctx, e, st, s, from)
 	// A short expiry brings heartbeats every 2.5 s: a consumer lost with
 	// its server (a restart, a node gone) is noticed in seconds, where the
 	// default (30 s) stalled reading for half a minute.
-	it, err := cons.Messages(jetstream.PullMaxMessages(pullBatch), jetstream.PullExpiry(pullExpiry))
+	cc, err := cons.Consume(r.handle, jetstream.PullMaxMessages(pullBatch), jetstream.PullExpiry(pullExpiry),
+		jetstream.ConsumeErrHandler(r.trouble))
 	if err != nil {
 		return err
 	}
-	stop := context.AfterFunc(ctx, it.Stop)
-	defer stop()
-	defer it.Stop()
-	// The consumer's sequence, and the stream's: last starts below from,
-	// so that messages the stream's limits drop between start's look and
-	// the first delivery are seen as a jump, counted, not skipped.
-	delivered, last := uint64(0), from-1
-	for {
-		if err := e.whilePaused(ctx); err != nil {
+	closed := cc.Closed()
+	defer func() {
+		cancel() // a callback paused, or asking the stream's info, returns
+		cc.Stop()
+		<-closed // the last callback has returned
+	}()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case err := <-r.failed:
+		return err
+	case <-closed:
+		return r.stopped()
+	}
+}
+
+// reading is one reading's state, which Consume's callback keeps: the
+// consumer's sequence and the stream's it has delivered.
+type reading struct {
+	e   *Engine
+	ctx context.Context // ends when the reading does
+	st  jetstream.Stream
+	s   stream
+	// delivered and last are the callback's alone (one goroutine, one
+	// message at a time). last starts below the first sequence asked
+	// for, so that messages the stream's limits drop between start's
+	// look and the first delivery are seen as a jump, counted, not
+	// skipped.
+	delivered, last uint64
+	done            bool       // the callback failed: it takes nothing more
+	failed          chan error // the reading's first failure
+	mu              sync.Mutex
+	lastTrouble     error // the library's last error report (under mu)
+}
+
+func newReading(ctx context.Context, e *Engine, st jetstream.Stream, s stream, from uint64) *reading {
+	return &reading{ctx: ctx, e: e, st: st, s: s, last: from - 1, failed: make(chan error, 1)}
+}
+
+// handle is Consume's callback: it takes msg, or ends the reading on the
+// first message it cannot take in order.
+func (r *reading) handle(msg jetstream.Msg) {
+	if r.done || r.ctx.Err() != nil {
+		return // delivered before the stop took effect: the next reading reads it
+	}
+	if err := r.take(msg); err != nil {
+		r.done = true
+		r.fail(err)
+	}
+}
+
+// fail ends the reading with err; the first failure is the reading's.
+func (r *reading) fail(err error) {
+	select {
+	case r.failed <- err:
+	default:
+	}
+}
+
+// take is one message of the reading: after any pause, it must be the
+// consumer's next (else errRestart), and a jump of the stream sequence
+// is checked for mentions the stream dropped.
+func (r *reading) take(msg jetstream.Msg) error {
+	if err := r.e.whilePaused(r.ctx); err != nil {
+		return err
+	}
+	d, err := parseDelivery(msg.Reply())
+	if err != nil {
+		return err
+	}
+	if d.consumerSeq != r.delivered+1 {
+		return errRestart // a message skipped: read again after what the window holds
+	}
+	r.delivered = d.consumerSeq
+	if seq := d.streamSeq; r.last > 0 && seq > r.last+1 {
+		if err := r.e.jumped(r.ctx, r.st, r.s, r.last, seq); err != nil {
 			return err
-		}
-		msg, err := it.Next()
-		if err != nil {
-			return err
-		}
-		md, err := msg.Metadata()
-		if err != nil {
-			return err
-		}
-		if md.Sequence.Consumer != delivered+1 {
-			return errRestart // a message skipped: read again after what the window holds
-		}
-		delivered = md.Sequence.Consumer
-		if seq := md.Sequence.Stream; last > 0 && seq > last+1 {
-			if err := e.jumped(ctx, st, s, last, seq); err != nil {
-				return err
-			}
-		}
-		last = md.Sequence.Stream
-		e.take(s, last, msg, md.Timestamp)
-		if md.NumPending == 0 || delivered%256 == 0 { // the gauge needs no more, and a store per message allocates
-			e.behind(s, md.NumPending, md.Timestamp)
 		}
 	}
+	r.last = d.streamSeq
+	r.e.take(r.s, r.last, msg, d.published)
+	if d.pending == 0 || r.delivered%256 == 0 { // the gauge needs no more, and a store per message allocates
+		r.e.behind(r.s, d.pending, d.published)
+	}
+	return nil
+}
+
+// trouble is Consume's error handler: the library reports there what it
+// handles itself and, before it stops, why it stops. Missed heartbeats
+// end the reading, as the Messages iterator did: Consume would pull
+// again from a consumer that may be gone with its server (a memory
+// consumer across a restart) for as long as it is gone.
+func (r *reading) trouble(_ jetstream.ConsumeContext, err error) {
+	r.mu.Lock()
+	r.lastTrouble = err
+	r.mu.Unlock()
+	if errors.Is(err, jetstream.ErrNoHeartbeat) {
+		r.fail(err)
+	}
+}
+
+// stopped is why the library stopped consuming: its last report.
+func (r *reading) stopped() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.lastTrouble == nil {
+		return errors.New("durable: consuming stopped")
+	}
+	return fmt.Errorf("durable: consuming stopped: %w", r.lastTrouble)
 }
 
 // start finds p's stream as it is now and the first sequence to read: the

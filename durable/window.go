@@ -2,6 +2,7 @@ package durable
 
 import (
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hotcount/hotcount/store"
@@ -45,17 +46,37 @@ func (e *entry) merge(o entry) {
 }
 
 // window is what the readers have read and the flusher has not yet
-// written: per counter, its entry, and per stream, the last sequence
-// handed in (counted or not), which bounds the checkpoint. It is safe for
+// written: per stream, the last sequence handed in (counted or not),
+// which bounds the checkpoint, and per counter its entry. It is safe for
 // concurrent use; its lock is held only to add or to swap.
+//
+// It is kept per stream, not in one map keyed by stream and counter: a
+// reader adds one mention at a time, and hashing and comparing the
+// stream's name with every counter's key was most of what an add cost.
 type window struct {
-	mu       sync.Mutex
-	counters map[key]*entry
-	read     map[stream]uint64 // the last sequence handed in, per stream: kept across drains
+	mu      sync.Mutex
+	streams map[stream]*streamWindow // kept across drains, for each stream's read
+	entries atomic.Int64             // the counters held: the readers' pause asks it without the lock
+}
+
+// streamWindow is one stream's share of the window.
+type streamWindow struct {
+	read     uint64 // the last sequence handed in: kept across drains
+	counters map[store.Counter]*entry
 }
 
 func newWindow() *window {
-	return &window{counters: make(map[key]*entry), read: make(map[stream]uint64)}
+	return &window{streams: make(map[stream]*streamWindow)}
+}
+
+// of is s's share of the window, made on first use; mu must be held.
+func (w *window) of(s stream) *streamWindow {
+	sw, ok := w.streams[s]
+	if !ok {
+		sw = &streamWindow{counters: make(map[store.Counter]*entry)}
+		w.streams[s] = sw
+	}
+	return sw
 }
 
 // add counts delta at sequence seq of s into counter c (a topic's
@@ -66,11 +87,12 @@ func newWindow() *window {
 func (w *window) add(s stream, seq uint64, delta int64, c store.Counter, published time.Time) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if seq <= w.read[s] {
+	sw := w.of(s)
+	if seq <= sw.read {
 		return
 	}
-	w.read[s] = seq
-	w.put(key{s, c}, entry{delta: delta, first: seq, last: seq, since: published.UnixNano()})
+	sw.read = seq
+	w.put(sw, c, entry{delta: delta, first: seq, last: seq, since: published.UnixNano()})
 }
 
 // skip notes that seq of s was read and counts nothing (a rejected
@@ -78,7 +100,8 @@ func (w *window) add(s stream, seq uint64, delta int64, c store.Counter, publish
 func (w *window) skip(s stream, seq uint64) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	w.read[s] = max(w.read[s], seq)
+	sw := w.of(s)
+	sw.read = max(sw.read, seq)
 }
 
 // resume is where a reader of s starts again in this process: after what
@@ -87,16 +110,24 @@ func (w *window) skip(s stream, seq uint64) {
 func (w *window) resume(s stream) uint64 {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return w.read[s]
+	if sw, ok := w.streams[s]; ok {
+		return sw.read
+	}
+	return 0
 }
 
-// put merges e into k's entry; mu must be held.
-func (w *window) put(k key, e entry) {
-	if cur, ok := w.counters[k]; ok {
+// put merges e into c's entry of sw; mu must be held. Only a new
+// counter's entry goes to the heap: taking e's address would move every
+// mention's e there.
+func (w *window) put(sw *streamWindow, c store.Counter, e entry) {
+	if cur, ok := sw.counters[c]; ok {
 		cur.merge(e)
 		return
 	}
-	w.counters[k] = &e
+	fresh := new(entry)
+	*fresh = e
+	sw.counters[c] = fresh
+	w.entries.Add(1)
 }
 
 // drained is a window taken by the flusher: its counters and, per
@@ -110,11 +141,15 @@ type drained struct {
 func (w *window) drain() drained {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	d := drained{counters: w.counters, read: make(map[stream]uint64, len(w.read))}
-	for s, n := range w.read {
-		d.read[s] = n
+	d := drained{counters: make(map[key]*entry, w.entries.Load()), read: make(map[stream]uint64, len(w.streams))}
+	for s, sw := range w.streams {
+		d.read[s] = sw.read
+		for c, e := range sw.counters {
+			d.counters[key{s, c}] = e
+		}
+		sw.counters = make(map[store.Counter]*entry, len(sw.counters))
 	}
-	w.counters = make(map[key]*entry, len(d.counters))
+	w.entries.Store(0)
 	return d
 }
 
@@ -126,7 +161,7 @@ func (w *window) giveBack(back map[key]*entry) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	for k, e := range back {
-		w.put(k, *e)
+		w.put(w.of(k.s), k.c, *e)
 	}
 }
 
@@ -138,9 +173,9 @@ func (w *window) pending(topic string, minute int64) int64 {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	var n int64
-	for s := range w.read {
+	for _, sw := range w.streams {
 		for _, c := range []store.Counter{store.TotalOf(topic), freshOf(topic, minute), freshOf(topic, minute-1)} {
-			if e, ok := w.counters[key{s, c}]; ok {
+			if e, ok := sw.counters[c]; ok {
 				n += e.delta
 			}
 		}
@@ -183,9 +218,6 @@ func split(counters map[key]*entry, minutes, hours bool) map[key]*entry {
 	return out
 }
 
-// size is the window's counters.
-func (w *window) size() int {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return len(w.counters)
-}
+// size is the window's counters. It takes no lock: the readers ask it
+// before every message.
+func (w *window) size() int { return int(w.entries.Load()) }
