@@ -26,6 +26,11 @@ type Keys struct {
 
 	mu   sync.Mutex
 	lims map[string]*rate.Limiter
+	// latest is the latest time taken at: rate.Limiter grants the time
+	// between two takes again when one goes back in time (concurrent
+	// callers read their clocks before they queue for mu), so a take is
+	// never earlier than the one before it.
+	latest time.Time
 }
 
 // New returns a ceiling of perSecond units a second per key, burst at
@@ -44,6 +49,10 @@ func (k *Keys) Take(now time.Time, keys ...string) bool {
 	}
 	k.mu.Lock()
 	defer k.mu.Unlock()
+	if now.Before(k.latest) {
+		now = k.latest
+	}
+	k.latest = now
 	var taken []*rate.Reservation
 	for _, key := range keys {
 		l, ok := k.lims[key]

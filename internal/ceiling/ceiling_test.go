@@ -32,6 +32,26 @@ func TestTake(t *testing.T) {
 	if !k.Take(now.Add(100*time.Millisecond), "b", "b") {
 		t.Error("b's burst was spent by a refused request")
 	}
+	// A take at an earlier time (a caller that read its clock before
+	// another queued ahead of it) is a take at the latest: it grants no
+	// time twice. 10 a second from a spent bucket at t: 10 more by t+1s,
+	// however the calls interleave their clocks.
+	c := ceiling.New(10, 1)
+	t0 := now.Add(time.Hour)
+	c.Take(t0, "c")
+	granted := 0
+	for i := range 100 {
+		at := t0.Add(time.Duration(i) * 10 * time.Millisecond) // 0..990 ms
+		if i%2 == 1 {
+			at = at.Add(-200 * time.Millisecond) // late readers of the clock
+		}
+		if c.Take(at, "c") {
+			granted++
+		}
+	}
+	if granted > 10 {
+		t.Errorf("%d takes granted within a second at 10 a second, clocks read out of order: time granted twice", granted)
+	}
 	none := ceiling.New(0, 0)
 	for range 1000 {
 		if !none.Take(now, "a") {
