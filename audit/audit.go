@@ -198,6 +198,11 @@ type Report struct {
 	// their writes: `hotcount quarantine list`).
 	InFlight int64 `json:"inFlight"`
 	Held     int64 `json:"held,omitempty"`
+	// Foreign are those that differ from the streams read and whose items
+	// hold mentions of a stream, or a creation of one, that the audit does
+	// not read (a stream deleted and created again, another Region's): not
+	// proved either way.
+	Foreign int64 `json:"foreign,omitempty"`
 	// Notes say, in sentences, what was not checked and why.
 	Notes []string `json:"notes"`
 	// Differences are the counters that differ (at most MaxListed), by

@@ -287,6 +287,9 @@ func printAudit(w io.Writer, r audit.Report, cfg config.Config) {
 	if r.Held > 0 {
 		fmt.Fprintf(w, "held: %d counters not checked, their writes refused (hotcount quarantine list)\n", r.Held)
 	}
+	if r.Foreign > 0 {
+		fmt.Fprintf(w, "foreign: %d counters not checked, their items hold mentions of a stream not read (see the notes)\n", r.Foreign)
+	}
 	if r.Totals.Compared+r.Buckets.Compared == 0 {
 		fmt.Fprintln(w, "nothing was checked")
 	}

@@ -96,6 +96,10 @@ func tryChild(t testing.TB, args []string) (*child, error) {
 			c.cmd.Process.Kill() //nolint:errcheck // may have exited
 			c.cmd.Wait()         //nolint:errcheck // killed
 		}
+		if t.Failed() { // what the sidecar said, for the failure's reader
+			logs := c.logs.String()
+			t.Logf("log of sidecar %s %v (last 8 KB):\n%s", c.admin, args, logs[max(0, len(logs)-8<<10):])
+		}
 	})
 	// Generous: under `go test ./...` on two cores the race-instrumented
 	// child starts next to every other package's tests.
