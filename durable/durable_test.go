@@ -6,6 +6,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -508,4 +509,49 @@ func TestJournalReadPastTheCheckpointIsRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.exact(t, map[string]int64{"topic-0": 20}) // 31..50; 1..30 are the journal's
+}
+
+// TestJetStreamModeReadsItsSubjectOnly: in jetstream mode the stream may
+// be a user's own, taking more than --subject (here also events.> and the
+// dead-letter subject): only --subject is read. Found by an outside
+// review: the reader took the whole stream, dead-lettered every other
+// message, and read its own dead letters back, tens of thousands a
+// second. Every mention counts once, nothing is dead-lettered.
+func TestJetStreamModeReadsItsSubjectOnly(t *testing.T) {
+	e := setup(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if _, err := e.js.CreateStream(ctx, jetstream.StreamConfig{Name: "MIXED", Subjects: []string{"mine.>", "events.>", "dead.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	var dead atomic.Int64
+	sub, err := e.nc.Subscribe("dead.letters", func(*nats.Msg) { dead.Add(1) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe() //nolint:errcheck // test teardown
+	rctx, stop := context.WithCancel(context.Background())
+	a := e.run(t, rctx, e.store(e.db.Endpoint), func(c *durable.Config) {
+		c.Stream, c.Subject, c.DeadLetter = "MIXED", "mine.>", "dead.letters"
+	})
+	t.Cleanup(stop) // after run's: cleanups run last first
+	want := map[string]int64{}
+	for i := range 300 {
+		subject := fmt.Sprintf("mine.topic-%d", i%3)
+		if i%3 == 0 {
+			subject = "events.login" // between every mention, other subjects
+		} else {
+			want[subject[len("mine."):]]++
+		}
+		if _, err := e.js.Publish(ctx, subject, []byte(`{"count":1}`)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e.exact(t, want)
+	if n := dead.Load(); n != 0 {
+		t.Errorf("%d messages dead-lettered: the reader took subjects outside --subject", n)
+	}
+	if n := testenv.Metric(t, a.reg, "hotcount_durable_retention_lost_total"); n != 0 {
+		t.Errorf("hotcount_durable_retention_lost_total %v: the other subjects' sequences read as dropped mentions", n)
+	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -72,10 +73,18 @@ func (e *Engine) readOnce(ctx context.Context, p int) error {
 	if err != nil {
 		return err
 	}
+	// jetstream mode reads --subject of a stream that may take more (a
+	// user's own): the rest is not mentions, neither counted nor
+	// dead-lettered. A partition stream holds mentions only.
+	filter := ""
+	if subjects := st.CachedInfo().Config.Subjects; e.cfg.Partitions == 0 && !slices.Equal(subjects, []string{e.cfg.Subject}) {
+		filter = e.cfg.Subject
+	}
 	cons, err := st.CreateConsumer(ctx, jetstream.ConsumerConfig{
 		AckPolicy:         jetstream.AckNonePolicy,
 		DeliverPolicy:     jetstream.DeliverByStartSequencePolicy,
 		OptStartSeq:       from,
+		FilterSubject:     filter,
 		MemoryStorage:     true,
 		InactiveThreshold: time.Minute, // the server removes it if this process is gone
 	})
@@ -90,7 +99,7 @@ func (e *Engine) readOnce(ctx context.Context, p int) error {
 	} else if epochOf(info) != s.epoch {
 		return errRestart
 	}
-	return e.consume(ctx, st, cons, s, from)
+	return e.consume(ctx, st, cons, s, from, filter != "")
 }
 
 // consume takes cons's messages of s from sequence from, in a reading
@@ -99,10 +108,13 @@ func (e *Engine) readOnce(ctx context.Context, p int) error {
 // ctx ends, the reading fails or the library stops (a terminal error:
 // the consumer deleted, the connection closed). It returns only once no
 // callback runs or will run: the reading is this call's alone.
-func (e *Engine) consume(ctx context.Context, st jetstream.Stream, cons jetstream.Consumer, s stream, from uint64) error {
+func (e *Engine) consume(ctx context.Context, st jetstream.Stream, cons jetstream.Consumer, s stream, from uint64, filtered bool) error {
 	rctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	r := newReading(rctx, e, st, s, from)
+	if filtered {
+		r.limits = &st.CachedInfo().Config
+	}
 	// A short expiry brings heartbeats every 2.5 s: a consumer lost with
 	// its server (a restart, a node gone) is noticed in seconds, where the
 	// default (30 s) stalled reading for half a minute.
@@ -140,10 +152,17 @@ type reading struct {
 	// look and the first delivery are seen as a jump, counted, not
 	// skipped.
 	delivered, last uint64
-	done            bool       // the callback failed: it takes nothing more
-	failed          chan error // the reading's first failure
-	mu              sync.Mutex
-	lastTrouble     error // the library's last error report (under mu)
+	lastAt          time.Time // when the message at last was published
+	// limits are the stream's, when the reading is filtered (jetstream
+	// mode on a stream of more than --subject): a gap in its sequences is
+	// then mostly other subjects, and asked about only when the stream
+	// could have dropped mentions in it (dropRisk). nil: every gap is
+	// asked about.
+	limits      *jetstream.StreamConfig
+	done        bool       // the callback failed: it takes nothing more
+	failed      chan error // the reading's first failure
+	mu          sync.Mutex
+	lastTrouble error // the library's last error report (under mu)
 }
 
 func newReading(ctx context.Context, e *Engine, st jetstream.Stream, s stream, from uint64) *reading {
@@ -185,17 +204,30 @@ func (r *reading) take(msg jetstream.Msg) error {
 		return errRestart // a message skipped: read again after what the window holds
 	}
 	r.delivered = d.consumerSeq
-	if seq := d.streamSeq; r.last > 0 && seq > r.last+1 {
+	if seq := d.streamSeq; r.last > 0 && seq > r.last+1 && (r.limits == nil || dropRisk(*r.limits, r.lastAt, time.Now())) {
 		if err := r.e.jumped(r.ctx, r.st, r.s, r.last, seq); err != nil {
 			return err
 		}
 	}
-	r.last = d.streamSeq
+	r.last, r.lastAt = d.streamSeq, d.published
 	r.e.take(r.s, r.last, msg, d.published)
 	if d.pending == 0 || r.delivered%256 == 0 { // the gauge needs no more, and a store per message allocates
 		r.e.behind(r.s, d.pending, d.published)
 	}
 	return nil
+}
+
+// dropRisk says whether a stream with limits c may have dropped, by now,
+// messages published after t (the last one a reading took before a gap):
+// a stream that discards old messages for its size may drop any at any
+// time; one that only ages them out, none younger than its max age (half
+// of it here, for clocks and a slow reading). Streams that keep their
+// messages by size only with DiscardNew refuse new ones instead.
+func dropRisk(c jetstream.StreamConfig, t, now time.Time) bool {
+	if c.Discard == jetstream.DiscardOld && (c.MaxMsgs > 0 || c.MaxBytes > 0) || c.MaxMsgsPerSubject > 0 {
+		return true
+	}
+	return c.MaxAge > 0 && now.Sub(t) > c.MaxAge/2
 }
 
 // trouble is Consume's error handler: the library reports there what it
