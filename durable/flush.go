@@ -232,7 +232,12 @@ func (e *Engine) send(ctx context.Context, j job) result {
 			e.metrics.writes.WithLabelValues("covered").Inc()
 			e.view.answered(j, covered, sent, e.now())
 			return result{job: j, out: covered}
-		case errors.Is(err, store.ErrAmbiguous):
+		case errors.Is(err, store.ErrAmbiguous) && !store.Denied(err):
+			// A write in doubt that the store now refuses for good is
+			// refused, not in doubt: held in its turn, it would stay in
+			// doubt for ever, its counter's later mentions behind it.
+			// Whether an earlier attempt landed, the positions settle when
+			// it is written (or held, then written) with them.
 			e.metrics.writes.WithLabelValues("in_doubt").Inc()
 			e.view.answered(j, inDoubt, sent, e.now())
 			return result{job: j, out: inDoubt, err: err}
