@@ -122,6 +122,7 @@ type Engine struct {
 	held     heldSet
 
 	lastProgress atomic.Int64
+	lastWrite    atomic.Int64 // lastProgress less the flushes refused for good only
 	failing      atomic.Bool
 	reading      atomic.Bool
 	// For the retention gauges: per stream name, the publication (Unix
@@ -160,6 +161,7 @@ func New(cfg Config, nc *nats.Conn, st Store, owner Owner, log *zap.Logger, m *M
 			return zapcore.NewSamplerWithOptions(c, time.Second, 1, 0)
 		}))}
 	e.lastProgress.Store(now().UnixNano())
+	e.lastWrite.Store(now().UnixNano())
 	return e, nil
 }
 
@@ -312,6 +314,10 @@ func (e *Engine) full() bool { return e.win.size() >= e.cfg.MaxCounters }
 // LastProgress is the time of the last flush that wrote something or had
 // nothing to write.
 func (e *Engine) LastProgress() time.Time { return time.Unix(0, e.lastProgress.Load()) }
+
+// LastWrite is LastProgress less the flushes whose every write the store
+// refused for good (see flusher.Flusher.LastWrite).
+func (e *Engine) LastWrite() time.Time { return time.Unix(0, e.lastWrite.Load()) }
 
 // Failing says whether the last flush had work and wrote none of it.
 func (e *Engine) Failing() bool { return e.failing.Load() }

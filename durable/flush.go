@@ -483,6 +483,9 @@ func (e *Engine) observe(written map[store.Counter]int64) {
 // would not mend it, and would start that wait again), as core mode's
 // flusher judges it.
 func (e *Engine) progress(rd *round) {
+	if rd.wrote > 0 || rd.attempted == 0 {
+		e.lastWrite.Store(e.now().UnixNano())
+	}
 	if rd.wrote > 0 || rd.attempted == 0 || rd.denied > 0 && rd.failed == 0 {
 		e.lastProgress.Store(e.now().UnixNano())
 		e.failing.Store(false)

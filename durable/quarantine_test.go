@@ -104,7 +104,7 @@ func TestRefusedTopicKeepsTheEngineLive(t *testing.T) {
 		}
 		return nil
 	})
-	before, seen := a.LastProgress(), d.refusals.Load()
+	before, wrote, seen := a.LastProgress(), a.LastWrite(), d.refusals.Load()
 	testenv.Eventually(t, 30*time.Second, func() error { // three more flushes, each refused only
 		if n := d.refusals.Load(); n < seen+3 {
 			return fmt.Errorf("%d refusals since, want 3", n-seen)
@@ -113,6 +113,11 @@ func TestRefusedTopicKeepsTheEngineLive(t *testing.T) {
 	})
 	if after := a.LastProgress(); !after.After(before) || a.Failing() {
 		t.Errorf("last progress %s, then %s after three flushes refused for good (failing %v): want it to move on", before.Format(time.StampMilli), after.Format(time.StampMilli), a.Failing())
+	}
+	// ... while the last write stays where it was, for the alert that a
+	// store refusing every write must raise (HotcountStoreRefusesWrites).
+	if after := a.LastWrite(); !after.Equal(wrote) {
+		t.Errorf("last write %s, then %s after three flushes that wrote nothing: want it to stay", wrote.Format(time.StampMilli), after.Format(time.StampMilli))
 	}
 }
 

@@ -239,9 +239,13 @@ func (f *Flusher) progress(r *round, unwritten aggregator.Window) {
 	// store answers, about some keys. Taking the store for down would
 	// hold the other topics to a probe a flush, and restart the sidecar;
 	// the quarantine deals with those keys.
-	progress := r.written > 0 || !attempted || r.denials > 0 && r.failures == 0
+	wrote := r.written > 0 || !attempted
+	progress := wrote || r.denials > 0 && r.failures == 0
 	if progress {
 		f.lastProgress.Store(f.now().UnixNano())
+	}
+	if wrote {
+		f.lastWrite.Store(f.now().UnixNano())
 	}
 	f.down.Store(!progress && r.refused > 0 && r.throttled == 0)
 }

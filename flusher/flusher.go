@@ -193,6 +193,7 @@ type Flusher struct {
 	ledger  *ledger
 
 	lastProgress atomic.Int64 // UnixNano of the last flush that wrote something, or had nothing to write
+	lastWrite    atomic.Int64 // the same, less the flushes refused for good only
 	down         atomic.Bool  // the last flush had work, wrote none of it, and the store refused it all, throttles aside
 	endBy        atomic.Int64 // UnixNano of EndBy's time; 0: none
 }
@@ -237,6 +238,7 @@ func New(cfg Config, buf Buffer, st Store, log *zap.Logger, m *Metrics, now func
 	f.view = newView(buf, f.reader, now)
 	f.ledger = newLedger(m)
 	f.lastProgress.Store(now().UnixNano())
+	f.lastWrite.Store(now().UnixNano())
 	return f
 }
 
@@ -308,4 +310,12 @@ func (f *Flusher) Writer() string { return f.cfg.Writer }
 // that one topic the store keeps refusing does not restart the sidecar.
 func (f *Flusher) LastProgress() time.Time {
 	return time.Unix(0, f.lastProgress.Load())
+}
+
+// LastWrite is LastProgress less the flushes whose every write the store
+// refused for good: a store that refuses every write (a policy that lost
+// dynamodb:UpdateItem) keeps liveness, since a restart mends nothing,
+// and stops this, which alerts follow.
+func (f *Flusher) LastWrite() time.Time {
+	return time.Unix(0, f.lastWrite.Load())
 }

@@ -32,6 +32,12 @@ func (s *Sidecar) handlers(p *parts, stopping *atomic.Bool) (map[string]http.Han
 		Name: "hotcount_flusher_last_progress_timestamp_seconds",
 		Help: "Time of the last flush that wrote something or had nothing to write (the start, before any): /healthz fails when it is older than --health-flush-age.",
 	}, func() float64 { return float64(p.out.LastProgress().UnixNano()) / 1e9 }))
+	// What alerts follow besides: a flush refused for good only is
+	// progress for liveness (a restart mends nothing), not a write.
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "hotcount_flusher_last_write_timestamp_seconds",
+		Help: "Time of the last flush that applied a write or had nothing to write (the start, before any): unlike last_progress, a flush whose every write the store refused for good (a policy that lost dynamodb:UpdateItem) does not move it. HotcountStoreRefusesWrites follows it.",
+	}, func() float64 { return float64(p.out.LastWrite().UnixNano()) / 1e9 }))
 	health := func(context.Context) error {
 		if age := time.Since(p.out.LastProgress()); age > cfg.HealthAge() {
 			return fmt.Errorf("no flush has written anything for %s, more than %s", age.Round(time.Millisecond), cfg.HealthAge())

@@ -199,6 +199,7 @@ type writeStage interface {
 	EndBy(time.Time)
 	Final(context.Context) error
 	LastProgress() time.Time
+	LastWrite() time.Time
 	Writer() string
 	Read(topic string, read func(pending func(gatheredAt time.Time) int64))
 }
