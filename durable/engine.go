@@ -120,6 +120,11 @@ type Engine struct {
 	denied   map[key]time.Time         // since when each counter's writes are refused for good (under flushMu)
 	replayed time.Time                 // the last replay of the held counters (under flushMu)
 	held     heldSet
+	// recounting bounds the recounts under way at once: after a restart
+	// or a hand-over most busy counters overlap once, and hundreds of
+	// ordered consumers made at once swamped a loaded server until each
+	// timed out, and the next flush made them all again.
+	recounting chan struct{}
 
 	lastProgress atomic.Int64
 	lastWrite    atomic.Int64 // lastProgress less the flushes refused for good only
@@ -156,7 +161,7 @@ func New(cfg Config, nc *nats.Conn, st Store, owner Owner, log *zap.Logger, m *M
 	log = log.Named("durable")
 	e := &Engine{cfg: cfg, js: js, st: st, owner: owner, check: check, prefix: prefix, observers: observers,
 		log: log, metrics: m, now: now, win: newWindow(), doubt: make(map[key]job), advanced: make(map[string]store.Position),
-		denied: make(map[key]time.Time), held: heldSet{keys: make(map[key]bool), per: make(map[string]int), gauge: m.held, most: m.heldMost},
+		denied: make(map[key]time.Time), recounting: make(chan struct{}, maxRecounts), held: heldSet{keys: make(map[key]bool), per: make(map[string]int), gauge: m.held, most: m.heldMost},
 		sampled: log.WithOptions(zap.WrapCore(func(c zapcore.Core) zapcore.Core {
 			return zapcore.NewSamplerWithOptions(c, time.Second, 1, 0)
 		}))}

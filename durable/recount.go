@@ -15,6 +15,9 @@ import (
 	"github.com/hotcount/hotcount/streams"
 )
 
+// maxRecounts is how many recounts run at once (Engine.recounting).
+const maxRecounts = 4
+
 // recount reads again, from k's stream, the mentions of k's counter at
 // sequences from..to, and returns their entry: the rare path of two
 // readers whose spans overlap (a frozen reader that woke up, a hand-over),
@@ -24,6 +27,12 @@ import (
 // has nothing to add: the rest of the span went with it, counted as lost
 // and logged.
 func (e *Engine) recount(ctx context.Context, k key, from, to uint64) (entry, error) {
+	select {
+	case e.recounting <- struct{}{}:
+		defer func() { <-e.recounting }()
+	case <-ctx.Done():
+		return entry{}, fmt.Errorf("durable: recount %s: %w", k.s.name, ctx.Err())
+	}
 	e.metrics.recounts.Inc()
 	rest := entry{first: from, last: to}
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
