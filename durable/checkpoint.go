@@ -149,6 +149,15 @@ func after(a, b store.Position) bool {
 	return a.Epoch > b.Epoch || a.Epoch == b.Epoch && a.Seq > b.Seq
 }
 
+// moved says whether checkpoint p is news after prev, the last one stored
+// of its stream's name: a later sequence of the same creation, or another
+// creation, whichever epoch is larger (a server clock set back can give a
+// stream created again the smaller one; which creation is live the server
+// says when the record is stored).
+func moved(p, prev store.Position) bool {
+	return p.Epoch != prev.Epoch || p.Seq > prev.Seq
+}
+
 // formatRecord is a record as the bucket keeps it: "<epoch>:<sequence>",
 // then, when counters are held, a line of their JSON.
 func formatRecord(r record) ([]byte, error) {

@@ -292,7 +292,7 @@ func (e *Engine) checkpoint(ctx context.Context, read map[stream]uint64, back ma
 	}
 	for s, n := range e.lows(read, back, ch) {
 		p := store.Position{Epoch: s.epoch, Seq: n}
-		if c := ch[s]; after(p, e.advanced[s.name]) || c != nil {
+		if c := ch[s]; moved(p, e.advanced[s.name]) || c != nil {
 			e.storeRecord(ctx, s, p, c, back)
 		}
 	}
@@ -391,7 +391,7 @@ func (e *Engine) storeRecord(ctx context.Context, s stream, p store.Position, c 
 	default:
 		e.lostHeld(s.name, dropped)
 		e.settled(s, c, kept, back)
-		if after(stored, e.advanced[s.name]) {
+		if moved(stored, e.advanced[s.name]) {
 			e.advanced[s.name] = stored
 			e.metrics.checkpoint.Set(float64(stored.Seq))
 		}

@@ -121,3 +121,25 @@ func TestRefusedSpanMergesWithTheNewer(t *testing.T) {
 		t.Fatalf("the window holds %+v for the counter, want both spans, 20 mentions at 1..20", got)
 	}
 }
+
+// TestMoved: a checkpoint of another creation of the stream is news
+// whichever epoch is larger (found by an outside review: a creation with
+// a smaller epoch, after a server clock set back, was never stored again
+// by a process that had stored the old one's).
+func TestMoved(t *testing.T) {
+	old := store.Position{Epoch: 200, Seq: 50}
+	for _, c := range []struct {
+		p    store.Position
+		want bool
+	}{
+		{store.Position{Epoch: 200, Seq: 51}, true},
+		{store.Position{Epoch: 200, Seq: 50}, false},
+		{store.Position{Epoch: 200, Seq: 49}, false},
+		{store.Position{Epoch: 300, Seq: 1}, true},
+		{store.Position{Epoch: 100, Seq: 1}, true}, // created again, its clock set back
+	} {
+		if got := moved(c.p, old); got != c.want {
+			t.Errorf("moved(%+v, %+v) = %v, want %v", c.p, old, got, c.want)
+		}
+	}
+}
