@@ -16,8 +16,10 @@ import (
 func TestTake(t *testing.T) {
 	now := time.Unix(1_700_000_000, 0)
 	k := ceiling.New(10, 2) // 10 a second, 2 at once
-	if !k.Take(now, "a") || !k.Take(now, "a") {
-		t.Fatal("a's burst of 2 refused")
+	for i := range 2 {
+		if !k.Take(now, "a") {
+			t.Fatalf("a's unit %d of its burst of 2 refused", i+1)
+		}
 	}
 	if k.Take(now, "a") {
 		t.Error("a's third unit at once taken: over the burst")
