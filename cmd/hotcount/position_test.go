@@ -132,9 +132,16 @@ func faultRun(t *testing.T, mode string, f fault) {
 		}
 		return nil
 	})
-	// The other writes what the frozen one holds, meanwhile: the length
-	// of the freeze is the test's point.
-	time.Sleep(3 * time.Second)
+	// The other writes what the frozen one holds, meanwhile: the fault
+	// lasts until it has written 2,000 more mentions (about 2 s of the
+	// load), which is the test's point.
+	since := other.metric(t, "hotcount_flusher_flushed_mentions_total")
+	testenv.Eventually(t, 30*time.Second, func() error {
+		if n := other.metric(t, "hotcount_flusher_flushed_mentions_total") - since; n < 2_000 {
+			return fmt.Errorf("the other wrote %v mentions since the fault, want 2,000", n)
+		}
+		return nil
+	})
 	switch f {
 	case freeze:
 		if err := frozen.cmd.Process.Signal(syscall.SIGCONT); err != nil {
