@@ -36,6 +36,7 @@ import (
 
 	"github.com/hotcount/hotcount/ingest"
 	"github.com/hotcount/hotcount/internal/waits"
+	"github.com/hotcount/hotcount/ownwrites"
 	"github.com/hotcount/hotcount/store"
 )
 
@@ -104,7 +105,7 @@ type Engine struct {
 	check     *ingest.Checker
 	prefix    string
 	observers []Observer
-	view      view
+	view      *ownwrites.View
 	log       *zap.Logger
 	sampled   *zap.Logger
 	metrics   *Metrics
@@ -165,6 +166,7 @@ func New(cfg Config, nc *nats.Conn, st Store, owner Owner, log *zap.Logger, m *M
 		sampled: log.WithOptions(zap.WrapCore(func(c zapcore.Core) zapcore.Core {
 			return zapcore.NewSamplerWithOptions(c, time.Second, 1, 0)
 		}))}
+	e.ShowWrites(ownwrites.New(ownwrites.Config{Keep: time.Second}, now)) // nobody reads it, unless ShowWrites
 	e.lastProgress.Store(now().UnixNano())
 	e.lastWrite.Store(now().UnixNano())
 	return e, nil
@@ -404,14 +406,14 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	return m
 }
 
-// Reader is told of each write as it lands (lookup.Service raises its
-// cached totals with it).
-type Reader interface {
-	Wrote(topic string, delta int64, sent, landed time.Time)
+// ShowWrites shows the engine's window and writes to the readers of v
+// (lookup.Service.SeeWrites): the window's pending mentions, the totals
+// a flush holds, and each write of a total as it is sent and answered.
+// Call it before Run.
+func (e *Engine) ShowWrites(v *ownwrites.View) {
+	e.view = v
+	v.Attach(func(topic string) int64 { return e.win.pending(topic, store.Minute.Index(e.now())) })
 }
-
-// TellWrites has r told of each total that lands. Call it before Run.
-func (e *Engine) TellWrites(r Reader) { e.view.reader = r }
 
 // Ready says whether the engine reads its partitions.
 func (e *Engine) Ready() error {
@@ -420,18 +422,6 @@ func (e *Engine) Ready() error {
 	}
 	return nil
 }
-
-// Read calls read with topic's mentions read by this sidecar and not in
-// the reader's totals: in the window, held by a flush, or in writes on
-// their way or in doubt, as a total gathered at gatheredAt can hold them
-// (the view).
-func (e *Engine) Read(topic string, read func(pending func(gatheredAt time.Time) int64)) {
-	e.view.read(topic, func() int64 { return e.win.pending(topic, store.Minute.Index(e.now())) }, read)
-}
-
-// Sending says whether a write of topic's total is on its way to the
-// store: a total read now may or may not include it (lookup.Writer).
-func (e *Engine) Sending(topic string) bool { return e.view.onItsWay(topic) }
 
 // EndBy is the shutdown's deadline for the final flush: the engine needs
 // none (what it does not write, the next reader reads again).

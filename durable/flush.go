@@ -9,6 +9,7 @@ import (
 	"go.uber.org/zap"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/hotcount/hotcount/ownwrites"
 	"github.com/hotcount/hotcount/store"
 )
 
@@ -53,13 +54,13 @@ func (e *Engine) Flush(ctx context.Context) error {
 	defer e.flushMu.Unlock()
 	start := e.now()
 	var d drained
-	e.view.take(func() map[key]*entry { d = e.win.drain(); return d.counters })
+	e.view.Move(func() func(string) int64 { d = e.win.drain(); return heldTotals(d.counters) })
 	rd := newRound()
 	e.tally(rd, e.sendAll(ctx, e.plan(ctx, rd, split(d.counters, e.cfg.Minutes, e.cfg.Hours))))
 	e.observe(rd.observed)
 	e.progress(rd)
 	e.checkpoint(ctx, d.read, rd.back, rd.changes)
-	e.view.settle(func() { e.win.giveBack(rd.back) })
+	e.view.Move(func() func(string) int64 { e.win.giveBack(rd.back); return nil })
 	e.retention(rd.back)
 	e.flushed.fire()
 	return e.finish(start, rd.first)
@@ -201,36 +202,81 @@ func giveBackTo(back map[key]*entry, k key, ent *entry) {
 // results.
 func (e *Engine) sendAll(ctx context.Context, jobs []job) []result {
 	results := make([]result, len(jobs))
+	answers := make(chan ownwrites.Answer, max(e.cfg.Concurrency, 1))
+	var shown sync.WaitGroup
+	shown.Go(func() { e.view.AnsweredFrom(answers) })
 	var g errgroup.Group
 	g.SetLimit(max(e.cfg.Concurrency, 1))
 	for i, j := range jobs {
 		g.Go(func() error {
-			results[i] = e.send(ctx, j)
+			results[i] = e.send(ctx, j, answers)
 			return nil
 		})
 	}
 	_ = g.Wait() // the jobs return no errors: their results say
+	close(answers)
+	shown.Wait()
 	return results
+}
+
+// heldTotals is what readers see a flush hold of each topic in counters:
+// its total's delta, and its Fresh counters', which the flush splits.
+func heldTotals(counters map[key]*entry) func(string) int64 {
+	totals := make(map[string]int64)
+	for k, ent := range counters {
+		if k.c.Kind == store.Total || k.c.Kind == store.Fresh {
+			totals[k.c.Topic], _ = store.SatAdd(totals[k.c.Topic], ent.delta)
+		}
+	}
+	return func(topic string) int64 { return totals[topic] }
+}
+
+// shown is what readers of totals see of a job's write: a write of a
+// total, not a replay of a held entry (whose mentions they do not see
+// pending).
+func shown(j job) bool { return j.k.c.Kind == store.Total && j.replay == nil }
+
+// answer tells the readers, through answers, of j's write's outcome.
+func answer(answers chan<- ownwrites.Answer, j job, out outcome, sent time.Time) {
+	if !shown(j) {
+		return
+	}
+	o := ownwrites.Refused
+	switch out {
+	case applied:
+		o = ownwrites.Applied
+	case covered:
+		o = ownwrites.Covered
+	case inDoubt:
+		o = ownwrites.InDoubt
+	}
+	answers <- ownwrites.Answer{Topic: j.k.c.Topic, Delta: j.e.delta, Sent: sent, Outcome: o, Retry: j.retry}
 }
 
 // send writes one counter's entry. A write refused because the item
 // holds part of its span already (another reader wrote it, or an earlier
 // attempt of a narrower span) is recounted from the stream after the
 // item's position and sent again for the rest.
-func (e *Engine) send(ctx context.Context, j job) result {
+func (e *Engine) send(ctx context.Context, j job, answers chan<- ownwrites.Answer) result {
 	for range 3 {
 		sent := e.now()
-		e.view.sending(j, sent)
+		switch {
+		case !shown(j):
+		case j.retry:
+			e.view.Resent(j.k.c.Topic)
+		default:
+			e.view.Sent(j.k.c.Topic, sent)
+		}
 		err := e.add(ctx, j)
 		var overlap *store.OverlapError
 		switch {
 		case err == nil:
 			e.metrics.writes.WithLabelValues("applied").Inc()
-			e.view.answered(j, applied, sent, e.now())
+			answer(answers, j, applied, sent)
 			return result{job: j, out: applied}
 		case errors.Is(err, store.ErrCovered):
 			e.metrics.writes.WithLabelValues("covered").Inc()
-			e.view.answered(j, covered, sent, e.now())
+			answer(answers, j, covered, sent)
 			return result{job: j, out: covered}
 		case errors.Is(err, store.ErrAmbiguous) && !store.Denied(err):
 			// A write in doubt that the store now refuses for good is
@@ -239,27 +285,27 @@ func (e *Engine) send(ctx context.Context, j job) result {
 			// Whether an earlier attempt landed, the positions settle when
 			// it is written (or held, then written) with them.
 			e.metrics.writes.WithLabelValues("in_doubt").Inc()
-			e.view.answered(j, inDoubt, sent, e.now())
+			answer(answers, j, inDoubt, sent)
 			return result{job: j, out: inDoubt, err: err}
 		case !errors.As(err, &overlap):
 			e.metrics.writes.WithLabelValues("failed").Inc()
-			e.view.answered(j, failed, sent, e.now())
+			answer(answers, j, failed, sent)
 			return result{job: j, out: failed, err: err}
 		}
 		e.metrics.writes.WithLabelValues("overlap").Inc()
 		rest, err := e.recount(ctx, j.k, overlap.Recorded.Seq+1, j.e.last)
 		if err != nil {
-			e.view.answered(j, failed, sent, e.now())
+			answer(answers, j, failed, sent)
 			return result{job: j, out: failed, err: err}
 		}
 		if rest.delta == 0 {
-			e.view.answered(j, covered, sent, e.now())
+			answer(answers, j, covered, sent)
 			return result{job: j, out: covered}
 		}
 		rest.since = j.e.since
 		j = job{k: j.k, e: rest, replay: j.replay}
 	}
-	e.view.answered(j, failed, time.Time{}, e.now())
+	answer(answers, j, failed, time.Time{})
 	return result{job: j, out: failed, err: errors.New("durable: the item's position kept moving under the write")}
 }
 

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/hotcount/hotcount/aggregator"
+	"github.com/hotcount/hotcount/ownwrites"
 	"github.com/hotcount/hotcount/store"
 )
 
@@ -57,7 +58,7 @@ func (f *Flusher) Flush(ctx context.Context) error {
 // reads only their sizes.
 func (f *Flusher) drain() plan {
 	var p plan
-	f.view.move(func() *aggregator.Deltas {
+	f.view.Move(func() func(string) int64 {
 		p = newPlan(f.buf.Drain(), f.down.Load(), f.ledger.waiting(), f.planning)
 		if p.untried != nil {
 			rest := aggregator.Window{Deltas: p.untried}
@@ -68,9 +69,21 @@ func (f *Flusher) drain() plan {
 			f.metrics.requeued.Add(float64(p.held.Mentions()))
 			f.buf.Merge(p.held)
 		}
-		return p.write.Deltas
+		return held(p.write.Deltas)
 	})
 	return p
+}
+
+// held is what readers see the flush hold of a topic, in window d: its
+// total's delta.
+func held(d *aggregator.Deltas) func(topic string) int64 {
+	if d == nil {
+		return nil
+	}
+	return func(topic string) int64 {
+		q, _ := d.Get(store.TotalOf(topic).Name()) // 0 when not there
+		return q
+	}
 }
 
 // round is one flush's tally of its writes' answers. The flush's goroutine
@@ -141,7 +154,12 @@ func (r *round) down(limit int) bool { return r.refused >= limit && r.written ==
 // started is no ambiguity: its delta waits for the next flush.
 func (f *Flusher) send(ctx context.Context, w aggregator.Window, shards shardTable, deadline time.Time) *round {
 	r := &round{counters: w.Len(), settled: make(map[store.Counter]int64), doubt: make(map[store.Counter]store.Write), denied: make(map[store.Counter]error)}
-	b := f.writer.batch(r.take)
+	b := f.writer.batch(func(as []answer) {
+		f.view.Answered(viewed(as))
+		for _, a := range as {
+			r.take(a)
+		}
+	})
 	// A write starts only before the flush's deadline and with room to
 	// finish before ctx's (the shutdown's): one cut off in flight would be
 	// in doubt, where one never started keeps its delta whole.
@@ -150,10 +168,11 @@ func (f *Flusher) send(ctx context.Context, w aggregator.Window, shards shardTab
 		if !b.acquire(inTime) {
 			break
 		}
-		f.view.resending(c)
+		if c.Kind == store.Total {
+			f.view.Resent(c.Topic)
+		}
 		b.run(func() answer {
 			a := f.writer.resend(ctx, pw)
-			f.view.resent(c, a.outcome)
 			f.landed(a)
 			return a
 		})
@@ -164,17 +183,40 @@ func (f *Flusher) send(ctx context.Context, w aggregator.Window, shards shardTab
 			continue
 		}
 		x, n, sentAt := shards.newWrite(c, delta, f.cfg.Writer), shards.of(c), f.now()
-		f.view.sending(c, sentAt)
+		if c.Kind == store.Total {
+			f.view.Sent(c.Topic, sentAt)
+		}
 		b.run(func() answer {
 			a := f.writer.send(ctx, x, n)
 			a.sentAt = sentAt
-			f.view.answered(a)
 			f.landed(a)
 			return a
 		})
 	}
 	b.wait()
 	return r
+}
+
+// viewed is what readers see of a batch of answers: those to writes of
+// topics' totals (a time bucket's is no total). A write in doubt sent
+// again and not applied stays in doubt: the ledger sends it again.
+func viewed(as []answer) []ownwrites.Answer {
+	out := make([]ownwrites.Answer, 0, len(as))
+	for _, a := range as {
+		c := a.write.Counter
+		if c.Kind != store.Total {
+			continue
+		}
+		o := ownwrites.Refused
+		switch {
+		case a.outcome == applied:
+			o = ownwrites.Applied
+		case a.outcome == inDoubt || a.resend:
+			o = ownwrites.InDoubt
+		}
+		out = append(out, ownwrites.Answer{Topic: c.Topic, Delta: a.write.Delta, Sent: a.sentAt, Outcome: o, Retry: a.resend})
+	}
+	return out
 }
 
 // landed counts an applied write's mentions as it lands, not at the
@@ -191,7 +233,7 @@ func (f *Flusher) landed(a answer) {
 // without counters. During an outage a million-topic window is handed
 // back without a copy: only the counters written leave it.
 func (f *Flusher) gather(w *aggregator.Window, r *round, u *aggregator.Window) {
-	f.view.move(func() *aggregator.Deltas {
+	f.view.Move(func() func(string) int64 {
 		left := w.Deltas
 		var name []byte // the window keeps counters by name; Delete keeps nothing of its argument
 		for _, x := range r.wrote {
@@ -208,8 +250,8 @@ func (f *Flusher) gather(w *aggregator.Window, r *round, u *aggregator.Window) {
 		for counter, d := range left.All() {
 			u.Deltas.Set(counter, d)
 		}
-		w.Deltas = nil  // u's now
-		return u.Deltas // refused or not sent: pending again
+		w.Deltas = nil        // u's now
+		return held(u.Deltas) // refused or not sent: pending again
 	})
 }
 
@@ -257,7 +299,7 @@ func (f *Flusher) end(p plan, r *round, u aggregator.Window) error {
 	if u.Len() > 0 || f.ledger.writes() > 0 || p.heldCounters > 0 || p.untriedCounters > 0 && r.written == 0 {
 		return f.requeue(p, r, u)
 	}
-	f.view.move(func() *aggregator.Deltas { return nil })
+	f.view.Move(func() func(string) int64 { return nil })
 	if p.untriedCounters > 0 {
 		// The probe went through: the store is back, and the next flush
 		// takes the rest, which Final must not leave behind.
@@ -273,7 +315,7 @@ func (f *Flusher) end(p plan, r *round, u aggregator.Window) error {
 // why.
 func (f *Flusher) requeue(p plan, r *round, u aggregator.Window) error {
 	kept, unwritten := u.Mentions(), u.Len()
-	f.view.move(func() *aggregator.Deltas { f.buf.Merge(u); return nil })
+	f.view.Move(func() func(string) int64 { f.buf.Merge(u); return nil })
 	f.metrics.requeued.Add(float64(kept))
 	f.metrics.flushes.WithLabelValues("error").Inc()
 	err := r.err

@@ -15,6 +15,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/hotcount/hotcount/aggregator"
+	"github.com/hotcount/hotcount/ownwrites"
 	"github.com/hotcount/hotcount/store"
 )
 
@@ -65,17 +66,11 @@ type Buffer interface {
 	Pending(topic string) int64
 }
 
-// Reader is told of each write as it lands (lookup.Service raises its
-// cached totals with it): topic's delta, in a write sent at sent that
-// landed at landed. Wrote is called under the lock Read holds, and must
-// not block.
-type Reader interface {
-	Wrote(topic string, delta int64, sent, landed time.Time)
-}
-
-// WithReader tells r of each write as it lands.
-func WithReader(r Reader) Option {
-	return func(f *Flusher) { f.reader = r }
+// WithView shows the flusher's buffer and writes to the readers of v
+// (lookup.Service.SeeWrites): it attaches the buffer to v, and tells v of
+// each window a flush takes and each write it sends and is answered.
+func WithView(v *ownwrites.View) Option {
+	return func(f *Flusher) { f.view = v }
 }
 
 // persister is a Buffer that can keep its window on disk at shutdown
@@ -161,11 +156,11 @@ type Config struct {
 
 // Flusher owns the periodic flush, made of parts with one job each: a
 // plan of what to write (plan.go), a writer that sends it (writer.go), the
-// ledger of what this writer still owes (ledger.go) and the view the read
-// path asks (view.go); Flush (flush.go) only runs them in order. Run starts
-// it; Final (final.go) flushes what is left at shutdown. Flush, Final,
-// Read and Sending are safe to call concurrently with Run, but flushes
-// never overlap.
+// ledger of what this writer still owes (ledger.go), and tells the
+// readers' view (ownwrites.View) where its counts are; Flush (flush.go)
+// only runs them in order. Run starts it; Final (final.go) flushes what
+// is left at shutdown. Flush and Final are safe to call concurrently with
+// Run, but flushes never overlap.
 type Flusher struct {
 	cfg      Config
 	buf      Buffer
@@ -173,7 +168,6 @@ type Flusher struct {
 	metrics  *Metrics
 	now      func() time.Time
 	observer Observer // nil: none
-	reader   Reader   // nil: none
 	shards   Shards   // nil: Config.Shards for every topic
 	// quarantine takes writes refused for good (nil: none, they are
 	// tried forever); denied follows the runs of such refusals, by
@@ -184,7 +178,7 @@ type Flusher struct {
 	seq        *store.Sequencer
 	planning   planning
 	writer     *writer
-	view       *view
+	view       *ownwrites.View
 
 	// flushMu is held by each flush, start to end, so that flushes never
 	// overlap (one write per topic per flush, never two to one item in
@@ -196,23 +190,6 @@ type Flusher struct {
 	lastWrite    atomic.Int64 // the same, less the flushes refused for good only
 	down         atomic.Bool  // the last flush had work, wrote none of it, and the store refused it all, throttles aside
 	endBy        atomic.Int64 // UnixNano of EndBy's time; 0: none
-}
-
-// Sending reports whether a write of topic is on its way to the store: sent
-// and not landed, so a total read now may or may not include it.
-func (f *Flusher) Sending(topic string) bool { return f.view.Sending(topic) }
-
-// Read calls read, holding the flusher still, with a function that gives
-// topic's mentions accepted by this sidecar and not in a total whose
-// gather ended at gatheredAt: in the buffer, in the window a flush holds
-// and has not sent, or in a write (in doubt included) first sent after
-// gatheredAt and not landed: such a gather cannot have seen it. A write
-// that has landed is the reader's (Reader.Wrote, under the same lock). A
-// write sent before gatheredAt is left out: it may be in the store
-// already, and counting it could count it twice. So are deltas spilled
-// to disk.
-func (f *Flusher) Read(topic string, read func(pending func(gatheredAt time.Time) int64)) {
-	f.view.Read(topic, read)
 }
 
 // New returns a flusher of buf into st. now is the clock (time.Now in
@@ -235,7 +212,10 @@ func New(cfg Config, buf Buffer, st Store, log *zap.Logger, m *Metrics, now func
 	f.planning = planning{probe: cfg.Concurrency, minutes: cfg.Minutes, hours: cfg.Hours}
 	f.writer = &writer{store: st, shards: f.shards, seq: f.seq, timeout: cfg.WriteTimeout, limit: max(cfg.Concurrency, 1),
 		log: f.log, rerouted: m.rerouted, now: now}
-	f.view = newView(buf, f.reader, now)
+	if f.view == nil {
+		f.view = ownwrites.New(ownwrites.Config{Keep: time.Second}, now) // nobody reads it
+	}
+	f.view.Attach(buf.Pending)
 	f.ledger = newLedger(m)
 	f.lastProgress.Store(now().UnixNano())
 	f.lastWrite.Store(now().UnixNano())

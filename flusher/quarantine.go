@@ -102,11 +102,11 @@ func (f *Flusher) quarantineRipe(ctx context.Context, r *round, u *aggregator.Wi
 		}
 	}
 	if len(out) > 0 {
-		f.view.move(func() *aggregator.Deltas {
+		f.view.Move(func() func(string) int64 {
 			for _, c := range out {
 				u.Deltas.Delete(c.Name())
 			}
-			return u.Deltas
+			return held(u.Deltas)
 		})
 	}
 }

@@ -10,22 +10,9 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/hotcount/hotcount/flusher"
+	"github.com/hotcount/hotcount/ownwrites"
 	"github.com/hotcount/hotcount/store"
 )
-
-type told struct {
-	mu     sync.Mutex
-	deltas map[string]int64
-}
-
-func (r *told) Wrote(topic string, delta int64, sent, landed time.Time) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if landed.Before(sent) {
-		panic("landed before sent")
-	}
-	r.deltas[topic] += delta
-}
 
 // gated is a store whose writes, once they reach it, wait until the test
 // releases them: a write stays on its way for as long as the test looks
@@ -50,24 +37,25 @@ func (g *gated) Add(ctx context.Context, w store.Write, now time.Time) error {
 }
 
 // TestReadSeesEveryMentionOnce: while a flush writes, a topic's mentions
-// are in exactly one place for a reader: the buffer, the window being
-// written (until its write is sent), the write on its way (for a total
-// gathered before it was sent), or the reader's cache (told when it
-// lands). A total gathered after the send sees neither, and Sending says
-// the write is on its way.
+// are in exactly one place for a reader of its view: the buffer, the
+// window being written (until its write is sent), the write on its way
+// (for a total gathered before it was sent), or landed (added to a total
+// gathered before it was sent). A total gathered after the send sees
+// neither, and OnItsWay says the write is on its way.
 func TestReadSeesEveryMentionOnce(t *testing.T) {
 	c := cfg
 	c.Shards = 1
 	c.WriteTimeout = time.Hour // the write waits for the test, not for a timeout
 	fx := newFixture(t, c, nil)
-	r := &told{deltas: map[string]int64{}}
+	v := ownwrites.New(ownwrites.Config{Keep: time.Hour, Topics: 10}, time.Now)
 	st := newGated(fx.st)
-	fx.fl = flusher.New(c, fx.agg, st, zaptest.NewLogger(t), flusher.NewMetrics(prometheus.NewRegistry()), time.Now, flusher.WithReader(r))
-	pending := func(gatheredAt time.Time) (n int64) {
-		fx.fl.Read("golang", func(p func(time.Time) int64) { n = p(gatheredAt) })
+	fx.fl = flusher.New(c, fx.agg, st, zaptest.NewLogger(t), flusher.NewMetrics(prometheus.NewRegistry()), time.Now, flusher.WithView(v))
+	pending := func(gatheredAt time.Time) int64 {
+		_, n, _ := v.Read("golang", ownwrites.Gather{At: gatheredAt})
 		return n
 	}
 	before := time.Now()
+	mark := v.Mark("golang") // a total gathered now, before the write
 	fx.agg.Add("golang", 5)
 	if n := pending(before); n != 5 {
 		t.Fatalf("buffered: pending %d, want 5", n)
@@ -88,8 +76,8 @@ func TestReadSeesEveryMentionOnce(t *testing.T) {
 	case <-flushed:
 		t.Fatalf("the flush ended before its write reached the store: %v", flushErr)
 	}
-	if !fx.fl.Sending("golang") {
-		t.Error("the write is at the store, and Sending says it is not on its way")
+	if !v.OnItsWay("golang") {
+		t.Error("the write is at the store, and OnItsWay says it is not")
 	}
 	fx.agg.Add("golang", 2) // arrives during the flush
 	if n := pending(before); n != 7 {
@@ -104,12 +92,10 @@ func TestReadSeesEveryMentionOnce(t *testing.T) {
 	if n := pending(before); n != 2 {
 		t.Errorf("after the write landed: pending %d, want 2", n)
 	}
-	if fx.fl.Sending("golang") {
-		t.Error("Sending after the write landed")
+	if v.OnItsWay("golang") {
+		t.Error("OnItsWay after the write landed")
 	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.deltas["golang"] != 5 {
-		t.Errorf("reader told of %d, want 5", r.deltas["golang"])
+	if add, _, ok := v.Landed(ownwrites.Gather{Mark: mark, Started: before, At: before}); !ok || add != 5 {
+		t.Errorf("a total gathered before the write: landed %d (ok %v), want 5", add, ok)
 	}
 }

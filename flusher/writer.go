@@ -184,12 +184,31 @@ type batch struct {
 	slots   chan struct{} // one per write in flight
 	answers chan answer   // room for every write in flight: a write never waits to answer
 	running int           // writes started whose answer is not taken
-	take    func(answer)
+	take    func([]answer)
+	in      []answer // the answers being taken, kept for the next
 }
 
-// batch starts a batch whose answers go to take.
-func (wr *writer) batch(take func(answer)) *batch {
+// batch starts a batch whose answers go to take, as many at once as have
+// come in: the view takes a lock per call, not per answer.
+func (wr *writer) batch(take func([]answer)) *batch {
 	return &batch{slots: make(chan struct{}, wr.limit), answers: make(chan answer, wr.limit), take: take}
+}
+
+// takeWith takes a, and every answer already in after it.
+func (b *batch) takeWith(a answer) {
+	b.in = append(b.in[:0], a)
+	b.running--
+	for more := true; more; {
+		select {
+		case a := <-b.answers:
+			b.in = append(b.in, a)
+			b.running--
+		default:
+			more = false
+		}
+	}
+	b.take(b.in)
+	clear(b.in) // drop the errors' references
 }
 
 // acquire waits for room for one more write, taking the answers that come
@@ -206,8 +225,7 @@ func (b *batch) acquire(ok func() bool) bool {
 			}
 			return true
 		case a := <-b.answers:
-			b.running--
-			b.take(a)
+			b.takeWith(a)
 		}
 	}
 }
@@ -223,20 +241,16 @@ func (b *batch) run(write func() answer) {
 
 // collect takes the answers already in, without waiting for others.
 func (b *batch) collect() {
-	for {
-		select {
-		case a := <-b.answers:
-			b.running--
-			b.take(a)
-		default:
-			return
-		}
+	select {
+	case a := <-b.answers:
+		b.takeWith(a)
+	default:
 	}
 }
 
 // wait takes every answer still to come.
 func (b *batch) wait() {
-	for ; b.running > 0; b.running-- {
-		b.take(<-b.answers)
+	for b.running > 0 {
+		b.takeWith(<-b.answers)
 	}
 }

@@ -148,7 +148,11 @@ func TestBatchBoundsWritesInFlight(t *testing.T) {
 		inFlight, most int
 	)
 	taken := map[string]int{}
-	b := wr.batch(func(a answer) { taken[a.write.Counter.Topic]++ })
+	b := wr.batch(func(as []answer) {
+		for _, a := range as {
+			taken[a.write.Counter.Topic]++
+		}
+	})
 	release := make(chan struct{})
 	always := func() bool { return true }
 	for i := range 20 {
@@ -192,7 +196,7 @@ func TestBatchBoundsWritesInFlight(t *testing.T) {
 func TestAcquireChecksWhenTheWriteWouldStart(t *testing.T) {
 	wr, _ := testWriter(t, &scripted{}, nil)
 	wr.limit = 1
-	b := wr.batch(func(answer) {})
+	b := wr.batch(func([]answer) {})
 	release := make(chan struct{})
 	if !b.acquire(func() bool { return true }) {
 		t.Fatal("acquire refused an empty batch")

@@ -1,7 +1,5 @@
 package lookup
 
-import "time"
-
 // Serving says whether s's Run has its refresh workers up: a test that
 // counts refreshes at once waits for it.
 func Serving(s *Service) bool {
@@ -16,7 +14,3 @@ func Queued(s *Service) int {
 	defer s.pool.mu.Unlock()
 	return len(s.pool.queue)
 }
-
-// SetUnlanded sets how often a gather waiting for a write on its way asks
-// the writer again without being told of a landing (unlandedPoll).
-func SetUnlanded(s *Service, d time.Duration) { s.unlanded = d }

@@ -23,11 +23,9 @@ import (
 
 // Extras are the handler's optional sources, nil when absent.
 type Extras struct {
-	// Pending calls read with this sidecar's mentions of topic not yet in
-	// a total gathered at gatheredAt: unwritten, or written after it. It
-	// holds the writer still while read runs, so that a total read from
-	// the cache in read agrees with it.
-	Pending func(topic string, read func(pending func(gatheredAt time.Time) int64))
+	// Pending serves include=pending: this sidecar writes, and shows its
+	// mentions not yet in a total in the view it reads (SeeWrites).
+	Pending bool
 	// Hot is this sidecar's top topics by recent rate.
 	Hot func(limit int) []heavyhitters.Topic
 	// ShardsOf is a topic's shard count as this sidecar writes it.
@@ -80,7 +78,7 @@ func (s *Service) Handler(log *zap.Logger, x Extras) http.Handler {
 type handler struct {
 	svc      *Service
 	log      *zap.Logger
-	pending  func(string, func(func(time.Time) int64))
+	pending  bool
 	hot      func(int) []heavyhitters.Topic
 	shardsOf func(string) int
 	trend    Trend
@@ -167,7 +165,7 @@ func (h *handler) parse(r *http.Request) (options, error) {
 	switch q.Get("include") {
 	case "":
 	case "pending":
-		if h.pending == nil {
+		if !h.pending {
 			return o, errors.New("include=pending is not available here")
 		}
 		o.pending = true
@@ -362,21 +360,12 @@ func (h *handler) answer(w http.ResponseWriter, r *http.Request, v any, err erro
 	writeBody(w, http.StatusOK, append(body, '\n'))
 }
 
-// addPending adds this sidecar's mentions not yet in t to t: read under
-// the flusher's lock with the cached total as it is now, the two agree
-// (a write moves from one to the other at once). The sum is then held at
-// the highest one served for the topic: counts only grow, and a sum can
-// still fall for a moment when a gather that ended after a write was sent
-// did not see it; each sum served is a count the topic reached.
-func (h *handler) addPending(t *Total) {
-	h.pending(t.Topic, func(pending func(time.Time) int64) {
-		*t = h.svc.Current(*t)
-		t.Pending = pending(t.gatheredAt)
-	})
-	t.PendingIncluded = true
-	count, _ := store.SatAdd(t.Count, t.Pending)
-	t.Count = h.svc.hold(t.Topic, count, true)
-}
+// addPending adds this sidecar's mentions not yet in t to t
+// (Service.WithPending). The sum is held at the highest one served for the
+// topic: counts only grow, and a sum can still fall for a moment when a
+// gather that ended after a write was sent did not see it; each sum
+// served is a count the topic reached.
+func (h *handler) addPending(t *Total) { h.svc.WithPending(t) }
 
 // cacheControl lets an HTTP cache keep a fresh cached total for what is
 // left of its TTL, and nothing else.

@@ -2,41 +2,22 @@ package lookup_test
 
 import (
 	"context"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/hotcount/hotcount/lookup"
+	"github.com/hotcount/hotcount/ownwrites"
 )
 
 // guard bounds a test's wait for an event that should come at once.
 const guard = 10 * time.Second
 
-// onItsWay is a writer whose writes the test puts on their way and takes
-// off; each time Sending finds one on its way, asked tells.
-type onItsWay struct {
-	mu     sync.Mutex
-	topics map[string]bool
-	asked  chan string
-}
-
-func newOnItsWay() *onItsWay {
-	return &onItsWay{topics: make(map[string]bool), asked: make(chan string, 1024)}
-}
-
-func (w *onItsWay) Sending(topic string) bool {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if w.topics[topic] {
-		w.asked <- topic
-	}
-	return w.topics[topic]
-}
-
-func (w *onItsWay) set(topic string, on bool) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	w.topics[topic] = on
+// newView returns svc's view of a writer's writes, which the test tells
+// of them as the writer would.
+func newView(svc *lookup.Service, cfg lookup.Config) *ownwrites.View {
+	v := ownwrites.New(lookup.ViewConfig(cfg), time.Now)
+	svc.SeeWrites(v)
+	return v
 }
 
 // answer is a lookup's.
@@ -70,68 +51,98 @@ func count(t *testing.T, res <-chan answer, within time.Duration) int64 {
 	}
 }
 
-// landedWithin bounds the wait for a lookup woken by a landing: well
-// under the gather's own deadline (5 s), past which it stops waiting and,
-// told of the write, reads again anyway, with the same count.
-const landedWithin = 2 * time.Second
+// serviceConfig is newService's.
+var serviceConfig = lookup.Config{Shards: 4, CacheTTL: time.Minute, CacheStale: time.Minute, CacheSize: 100, MaxTopicBytes: 32}
 
 // TestLookupWaitsForAWriteToLand: a gather that finds a write of its
-// topic on its way waits for it, and returns as soon as it lands (the
-// writer's reader told, Wrote), with the write's count: it is not looking
-// again on its own (an hour apart here).
+// topic on its way waits for it to land and reads again: the answer holds
+// the write, whether it landed before the gather, during it or after it.
 func TestLookupWaitsForAWriteToLand(t *testing.T) {
 	st, b := newStore(t)
 	add(t, b, "golang", 0, 5)
+	st.gate = make(chan struct{})
 	svc, _ := newService(t, st, time.Minute, time.Minute, nil)
-	lookup.SetUnlanded(svc, time.Hour)
-	w := newOnItsWay()
-	svc.WatchWrites(w)
-	w.set("golang", true)
+	v := newView(svc, serviceConfig)
 	sent := time.Now()
+	v.Sent("golang", sent)
 
 	res := lookupAsync(svc, "golang")
-	for range 2 { // found on its way as the gather ended, then as it waits
-		select {
-		case <-w.asked:
-		case <-time.After(guard):
-			t.Fatalf("the lookup did not ask about the write within %s", guard)
-		}
-	}
-	select {
-	case a := <-res:
-		t.Fatalf("the lookup returned %+v while the write was on its way", a)
-	default:
-	}
-
-	add(t, b, "golang", 1, 3) // the write lands
-	w.set("golang", false)
-	svc.Wrote("golang", 3, sent, time.Now())
-	if got := count(t, res, landedWithin); got != 8 {
+	st.gate <- struct{}{} // the first gather: 5, with the write on its way
+	add(t, b, "golang", 1, 3)
+	v.Answered([]ownwrites.Answer{{Topic: "golang", Delta: 3, Sent: sent, Outcome: ownwrites.Applied}})
+	close(st.gate)
+	if got := count(t, res, guard); got != 8 {
 		t.Errorf("count = %d, want 8, the landed write's included", got)
+	}
+	if n := st.consistent.Load(); n != 1 {
+		t.Errorf("%d strong gathers, want 1: the gather again once the write landed", n)
 	}
 }
 
 // TestLookupWaitsForAWriteThatDoesNotLand: a write that stops being on
-// its way without landing (in doubt, refused: nobody is told) ends the
-// wait too, at the writer's next asking.
+// its way without landing (in doubt, refused) ends the wait too.
 func TestLookupWaitsForAWriteThatDoesNotLand(t *testing.T) {
 	st, b := newStore(t)
 	add(t, b, "golang", 0, 5)
+	st.gate = make(chan struct{})
 	svc, _ := newService(t, st, time.Minute, time.Minute, nil)
-	w := newOnItsWay()
-	svc.WatchWrites(w)
-	w.set("golang", true)
+	v := newView(svc, serviceConfig)
+	sent := time.Now()
+	v.Sent("golang", sent)
 
 	res := lookupAsync(svc, "golang")
-	for range 2 {
-		select {
-		case <-w.asked:
-		case <-time.After(guard):
-			t.Fatalf("the lookup did not ask about the write within %s", guard)
-		}
-	}
-	w.set("golang", false) // refused, say
+	st.gate <- struct{}{}
+	v.Answered([]ownwrites.Answer{{Topic: "golang", Delta: 3, Sent: sent, Outcome: ownwrites.Refused}})
+	close(st.gate)
 	if got := count(t, res, guard); got != 5 {
 		t.Errorf("count = %d, want 5", got)
+	}
+}
+
+// TestCachedTotalCountsLandedWrites: a cached total counts a write of
+// this sidecar sent after its gather as soon as it lands, without a
+// gather; a write that raced the gather (sent before it ended, landed
+// after it began) makes the next reader gather again, and a write that
+// landed before the gather began is not counted twice.
+func TestCachedTotalCountsLandedWrites(t *testing.T) {
+	st, b := newStore(t)
+	add(t, b, "golang", 0, 5)
+	svc, _ := newService(t, st, time.Minute, time.Minute, nil)
+	v := newView(svc, serviceConfig)
+	ctx := context.Background()
+	lookupCount := func() int64 {
+		t.Helper()
+		got, err := svc.Lookup(ctx, "golang", lookup.Cached)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return got.Count
+	}
+	if got := lookupCount(); got != 5 {
+		t.Fatalf("first lookup: %d, want 5", got)
+	}
+	calls := st.calls.Load()
+
+	sent := time.Now() // after the gather ended
+	add(t, b, "golang", 1, 3)
+	v.Answered([]ownwrites.Answer{{Topic: "golang", Delta: 3, Sent: sent, Outcome: ownwrites.Applied}})
+	for range 2 { // raised once, then kept raised
+		if got := lookupCount(); got != 8 {
+			t.Errorf("after a landing: %d, want 8", got)
+		}
+	}
+	if st.calls.Load() != calls {
+		t.Errorf("%d gathers for a landing, want none", st.calls.Load()-calls)
+	}
+
+	// A write sent before the cached gather ended: it may or may not be
+	// in it, so the next reader gathers.
+	add(t, b, "golang", 2, 4)
+	v.Answered([]ownwrites.Answer{{Topic: "golang", Delta: 4, Sent: sent.Add(-time.Hour), Outcome: ownwrites.Applied}})
+	if got := lookupCount(); got != 12 {
+		t.Errorf("after a racing landing: %d, want 12", got)
+	}
+	if st.calls.Load() == calls {
+		t.Error("a racing landing was counted without a gather")
 	}
 }

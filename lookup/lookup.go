@@ -19,16 +19,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"hash/maphash"
 	"math/rand/v2"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/maypok86/otter/v2"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/hotcount/hotcount/internal/clockcache"
+	"github.com/hotcount/hotcount/ownwrites"
 	"github.com/hotcount/hotcount/store"
 )
 
@@ -125,7 +124,10 @@ type Total struct {
 	Pending         int64
 	PendingIncluded bool
 
-	gatheredAt time.Time // when the gather behind Count ended
+	// base is Count as gathered and raised by this sidecar's landed
+	// writes, before the floor; gather is what gathered it.
+	base   int64
+	gather ownwrites.Gather
 }
 
 // entry is a cached total.
@@ -136,10 +138,17 @@ type entry struct {
 	started   time.Time // when the gather that made it began
 	at        time.Time // when it ended (for a peer's total: when it came)
 	peer      bool      // gathered by another sidecar (Offer)
+	// mark is how far count holds this sidecar's landed writes: those
+	// the view counted by the gather's start, and those raised since.
+	mark ownwrites.Mark
+}
+
+func (e entry) gather() ownwrites.Gather {
+	return ownwrites.Gather{Mark: e.mark, Started: e.started, At: e.at, Peer: e.peer}
 }
 
 func (e entry) total(topic, source string, now time.Time) Total {
-	return Total{Topic: topic, Count: e.count, Source: source, Shards: e.shards, Saturated: e.saturated, AgeMs: now.Sub(e.at).Milliseconds(), gatheredAt: e.at}
+	return Total{Topic: topic, Count: e.count, base: e.count, Source: source, Shards: e.shards, Saturated: e.saturated, AgeMs: now.Sub(e.at).Milliseconds(), gather: e.gather()}
 }
 
 func newEntry(shards []store.Shard, now time.Time) entry {
@@ -159,22 +168,11 @@ type Service struct {
 	// (unknown names), for a TTL, in a space of their own.
 	cache  *otter.Cache[string, entry]
 	absent *otter.Cache[string, entry]
-	// floors holds, per topic, the highest totals served, plain and with
-	// pending mentions, for --cache-stale from the first: the next is
-	// never lower, whatever a lagging replica says meanwhile, and a total
-	// that was wrong (too high) is not held longer than that.
-	floors *otter.Cache[string, *floor]
-	// writes counts Wrote calls, in stripes by topic: a gather that a
-	// write of one of its topics raced may have missed it (see load).
-	writes [64]atomic.Uint64
-	seed   maphash.Seed
-	// writer is this sidecar's writer, watched for writes on their way to
-	// the store; nil: none. landed wakes the gathers waiting for one of
-	// them (settle) as it lands (Wrote); unlanded is how often such a
-	// gather looks again (see untilLanded).
-	writer   Writer
-	landed   landings
-	unlanded time.Duration
+	// view is what this sidecar's writer shows of its writes: the
+	// landings a cached total is raised by, the writes on their way a
+	// gather waits for, the mentions not yet written (include=pending),
+	// and the floors, the highest totals served.
+	view *ownwrites.View
 	// share publishes gathered totals to the fleet; nil: not shared.
 	share  Sharer
 	pool   *pool
@@ -188,7 +186,7 @@ type Service struct {
 // has renewed by CacheStale is gone. It starts nothing: see Run.
 func New(cfg Config, st Store, reg prometheus.Registerer, now func() time.Time) *Service {
 	m := newMetrics(reg)
-	s := &Service{cfg: cfg, store: st, metrics: m, now: now, pool: newPool(), seed: maphash.MakeSeed(), unlanded: unlandedPoll}
+	s := &Service{cfg: cfg, store: st, metrics: m, now: now, pool: newPool(), view: ownwrites.New(ViewConfig(cfg), now)}
 	s.bgCtx, s.stopBg = context.WithCancel(context.Background())
 	clk := clockcache.Clock{Now: now} // never ticks: Run cleans the caches up
 	s.cache = otter.Must(&otter.Options[string, entry]{
@@ -206,11 +204,6 @@ func New(cfg Config, st Store, reg prometheus.Registerer, now func() time.Time) 
 	s.absent = otter.Must(&otter.Options[string, entry]{
 		MaximumSize:      max(cfg.CacheSize/4, 100),
 		ExpiryCalculator: lifetime{d: cfg.CacheTTL},
-		Clock:            clk,
-	})
-	s.floors = otter.Must(&otter.Options[string, *floor]{
-		MaximumSize:      cfg.CacheSize,
-		ExpiryCalculator: otter.ExpiryWriting[string, *floor](max(cfg.CacheStale, cfg.CacheTTL)),
 		Clock:            clk,
 	})
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
@@ -247,83 +240,23 @@ func (s *Service) Offer(topic string, count int64, shards int) {
 		if count < old.count {
 			return old, otter.CancelOp
 		}
-		return entry{count: count, shards: max(shards, old.shards), at: now, peer: true}, otter.WriteOp
+		return entry{count: count, shards: max(shards, old.shards), at: now, peer: true, mark: s.view.Mark(topic)}, otter.WriteOp
 	})
 }
 
-// Writer is what the service asks of this sidecar's writer
-// (flusher.Flusher). Sending reports whether a write of topic is on its
-// way to the store, so that a total read now may or may not include it;
-// it must be safe for concurrent use.
-type Writer interface {
-	Sending(topic string) bool
+// ViewConfig is the view of this sidecar's writes that a lookup with
+// cfg needs: landings and floors for as long as it may serve a total, of
+// as many topics as it caches.
+func ViewConfig(cfg Config) ownwrites.Config {
+	return ownwrites.Config{Keep: max(cfg.CacheStale, cfg.CacheTTL), Topics: cfg.CacheSize}
 }
 
-// WatchWrites has the service watch w's writes on their way: a gather that
-// ran while one was can neither count it nor leave it out, so it waits for
-// the write to land and reads again. The service must be w's reader (told
-// of each write as it lands, through Wrote: flusher.WithReader), or such a
-// gather waits unlandedPoll at each turn. Call it before serving.
-func (s *Service) WatchWrites(w Writer) { s.writer = w }
-
-// unlandedPoll is how often a gather waiting for a write on its way
-// (untilLanded) asks the Writer again, for a write that stops being on its
-// way without landing (in doubt, refused, quarantined): only a landing is
-// told (Wrote), and wakes it at once.
-const unlandedPoll = 10 * time.Millisecond
-
-// landings are what gathers waiting for a topic's write to land wait on:
-// a channel per topic, closed by Wrote as a write of the topic lands.
-type landings struct {
-	waited atomic.Int64 // topics with a channel: while none, Wrote takes no lock
-	mu     sync.Mutex
-	topics map[string]*landing
-}
-
-// landing is a topic's channel and how many gathers wait on it.
-type landing struct {
-	ch      chan struct{}
-	waiters int
-}
-
-// wait returns a channel closed when a write of topic lands from now on,
-// and the function that ends the wait.
-func (l *landings) wait(topic string) (<-chan struct{}, func()) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	w, ok := l.topics[topic]
-	if !ok {
-		if l.topics == nil {
-			l.topics = make(map[string]*landing)
-		}
-		w = &landing{ch: make(chan struct{})}
-		l.topics[topic] = w
-		l.waited.Add(1)
-	}
-	w.waiters++
-	return w.ch, func() {
-		l.mu.Lock()
-		defer l.mu.Unlock()
-		if w.waiters--; w.waiters == 0 && l.topics[topic] == w {
-			delete(l.topics, topic)
-			l.waited.Add(-1)
-		}
-	}
-}
-
-// land wakes the gathers waiting for a write of topic.
-func (l *landings) land(topic string) {
-	if l.waited.Load() == 0 {
-		return
-	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if w, ok := l.topics[topic]; ok {
-		close(w.ch)
-		delete(l.topics, topic)
-		l.waited.Add(-1)
-	}
-}
+// SeeWrites has the service read this sidecar's writes in v, which the
+// writer tells of them (flusher.WithView, durable.Engine.ShowWrites). A
+// cached total then counts each write as it lands, and a gather that ran
+// while one was on its way waits for it to land and reads again. Call it
+// before serving; without it the service sees no writes.
+func (s *Service) SeeWrites(v *ownwrites.View) { s.view = v }
 
 // lifetime is the refresh (TTL) or expiry (CacheStale) time of an entry,
 // counted from the gather that made it: a raise by this sidecar's own
@@ -403,7 +336,7 @@ func (s *Service) Run(ctx context.Context) error {
 		case <-cleanUp.C:
 			s.cache.CleanUp()
 			s.absent.CleanUp()
-			s.floors.CleanUp()
+			s.view.CleanUp()
 		}
 	}
 }
@@ -524,54 +457,106 @@ func (s *Service) Lookup(ctx context.Context, topic string, c Consistency) (Tota
 		}
 		return m[topic], nil
 	}
-	if t, ok := s.unknown(topic); ok {
-		return t, nil
+	for try := 0; ; try++ {
+		last := try == raceTries-1
+		if t, ok := s.unknown(topic, last); ok {
+			return t, nil
+		}
+		source := s.classify(topic, try)
+		e, err := s.cache.Get(ctx, topic, loader{s})
+		if errors.Is(err, otter.ErrNotFound) {
+			if t, ok := s.notFound(topic, last); ok {
+				return t, nil
+			}
+			continue
+		}
+		if err != nil {
+			return Total{}, fmt.Errorf("lookup: %w", err)
+		}
+		if e, ok := s.raised(s.cache, topic, e); ok || last {
+			return s.served(topic, e, source), nil
+		}
 	}
-	source := s.classify(topic)
-	e, err := s.cache.Get(ctx, topic, loader{s})
-	if errors.Is(err, otter.ErrNotFound) {
-		return s.notFound(topic), nil
+}
+
+// raceTries bounds the gathers of a read whose total a write of this
+// sidecar raced (it landed during the gather: the total may or may not
+// hold it). Each gather after the first is strong and waits for writes on
+// their way, so a second race needs a write sent within its few
+// milliseconds; past the last the total is served as gathered, as a read
+// of the store at that moment.
+const raceTries = 3
+
+// raised returns e with this sidecar's writes that landed since its
+// gather, and keeps the raise in c for the next reader. false: e may or
+// may not hold one of them, and is dropped from c, to be gathered again.
+func (s *Service) raised(c *otter.Cache[string, entry], topic string, e entry) (entry, bool) {
+	add, mark, ok := s.view.Landed(e.gather())
+	if ok && mark == e.mark {
+		return e, true
 	}
-	if err != nil {
-		return Total{}, fmt.Errorf("lookup: %w", err)
+	was := e
+	if ok {
+		var sat bool
+		e.count, sat = store.SatAdd(e.count, add)
+		e.saturated = e.saturated || sat
+		e.mark = mark
 	}
-	return s.served(topic, e, source), nil
+	c.ComputeIfPresent(topic, func(cur entry) (entry, otter.ComputeOp) {
+		switch {
+		case cur.mark != was.mark || !cur.at.Equal(was.at):
+			return cur, otter.CancelOp // raised, or gathered again, meanwhile
+		case !ok:
+			return cur, otter.InvalidateOp
+		}
+		return e, otter.WriteOp // the same gather: its refresh and expiry stand
+	})
+	return e, ok
 }
 
 // unknown answers a topic gathered with no count within the TTL (raised
-// since by this sidecar's writes, if any).
-func (s *Service) unknown(topic string) (Total, bool) {
+// since by this sidecar's writes, if any); false: not known absent, or
+// (unless last) a write raced its gather.
+func (s *Service) unknown(topic string, last bool) (Total, bool) {
 	e, ok := s.absent.GetIfPresent(topic)
 	if !ok {
 		return Total{}, false
 	}
+	if e, ok = s.raised(s.absent, topic, e); !ok && !last {
+		return Total{}, false
+	}
 	s.metrics.hit.Inc()
-	t := e.total(topic, "cache", s.now())
-	t.Count = s.hold(topic, t.Count, false)
-	return t, true
+	return s.floored(e.total(topic, "cache", s.now())), true
 }
 
-// notFound answers a topic its load found with no count.
-func (s *Service) notFound(topic string) Total {
+// notFound answers a topic its load found with no count; false: a write
+// raced the gather (unless last).
+func (s *Service) notFound(topic string, last bool) (Total, bool) {
 	if e, ok := s.absent.GetIfPresent(topic); ok {
-		t := e.total(topic, "store", s.now())
-		t.Count = s.hold(topic, t.Count, false)
-		return t
+		if e, ok = s.raised(s.absent, topic, e); !ok && !last {
+			return Total{}, false
+		}
+		return s.floored(e.total(topic, "store", s.now())), true
 	}
-	t := s.zero(topic, s.now())
-	t.Count = s.hold(topic, 0, false)
+	now := s.now()
+	return s.floored(entry{shards: s.cfg.Shards, at: now, started: now, mark: s.view.Mark(topic)}.total(topic, "store", now)), true
+}
+
+// floored holds t's count at the highest total served of its topic.
+func (s *Service) floored(t Total) Total {
+	t.Count = s.view.Floor(t.Topic, t.Count, false)
 	return t
 }
 
-func (s *Service) zero(topic string, at time.Time) Total {
-	return Total{Topic: topic, Source: "store", Shards: s.cfg.Shards, AgeMs: s.now().Sub(at).Milliseconds(), gatheredAt: at}
-}
-
-// classify counts a cached lookup as a hit, stale or miss, and says where
-// its answer comes from.
-func (s *Service) classify(topic string) (source string) {
+// classify counts a cached lookup as a hit, stale or miss (on its first
+// try only), and says where its answer comes from.
+func (s *Service) classify(topic string, try int) (source string) {
 	e, ok := s.cache.GetEntryQuietly(topic)
 	switch {
+	case try > 0 && !ok:
+		return "store"
+	case try > 0:
+		return "cache"
 	case !ok:
 		s.metrics.miss.Inc()
 		return "store"
@@ -585,10 +570,8 @@ func (s *Service) classify(topic string) (source string) {
 
 func (s *Service) served(topic string, e entry, source string) Total {
 	now := s.now()
-	t := e.total(topic, source, now)
-	t.Count = s.hold(topic, t.Count, false)
+	t := s.floored(e.total(topic, source, now))
 	t.Stale = now.Sub(e.at) >= s.cfg.CacheTTL
-	t.gatheredAt = e.at
 	return t
 }
 
@@ -596,7 +579,8 @@ func (s *Service) served(topic string, e entry, source string) Total {
 // topic is answered twice) in the order asked. With Cached, hits and stale
 // entries come from the cache, and all misses are gathered together,
 // sharing BatchGetItem calls (100 keys each) and any gather of the same
-// topics already under way.
+// topics already under way. A topic a write of this sidecar raced is
+// read again on its own, as Lookup would.
 func (s *Service) LookupMany(ctx context.Context, topics []string, c Consistency) ([]Total, error) {
 	if c != Cached {
 		m, err := s.gatherNow(ctx, unique(topics), c == Strong)
@@ -614,12 +598,12 @@ func (s *Service) LookupMany(ctx context.Context, topics []string, c Consistency
 	var ask []string
 	source := make(map[string]string, len(topics))
 	for i, topic := range topics {
-		if t, ok := s.unknown(topic); ok {
+		if t, ok := s.unknown(topic, true); ok {
 			out[i], known[i] = t, true
 			continue
 		}
 		if _, seen := source[topic]; !seen {
-			source[topic] = s.classify(topic)
+			source[topic] = s.classify(topic, 0)
 			ask = append(ask, topic)
 		}
 	}
@@ -630,14 +614,28 @@ func (s *Service) LookupMany(ctx context.Context, topics []string, c Consistency
 	if err != nil && !errors.Is(err, otter.ErrNotFound) {
 		return nil, fmt.Errorf("lookup: %w", err)
 	}
+	raced := make(map[string]bool)
 	for i, topic := range topics {
 		if known[i] {
 			continue
 		}
-		if e, ok := got[topic]; ok {
-			out[i] = s.served(topic, e, source[topic])
+		var ok bool
+		if e, found := got[topic]; found {
+			if e, ok = s.raised(s.cache, topic, e); ok {
+				out[i] = s.served(topic, e, source[topic])
+			}
 		} else {
-			out[i] = s.notFound(topic)
+			out[i], ok = s.notFound(topic, false)
+		}
+		if !ok {
+			raced[topic] = true
+		}
+	}
+	for i, topic := range topics {
+		if raced[topic] {
+			if out[i], err = s.Lookup(ctx, topic, Cached); err != nil {
+				return nil, err
+			}
 		}
 	}
 	return out, nil
@@ -691,9 +689,8 @@ func (s *Service) load(ctx context.Context, topics []string, olds []entry) (map[
 	defer cancel()
 	stop := context.AfterFunc(s.bgCtx, cancel)
 	defer stop()
-	gen := s.written(topics)
-	out, absent, err := s.loadOnce(ctx, topics, olds, false)
-	if err == nil && s.written(topics) != gen {
+	out, absent, raced, err := s.loadOnce(ctx, topics, olds, s.marks(topics), false)
+	if err == nil && raced {
 		out = s.again(ctx, topics, olds, out, absent)
 	}
 	if err == nil && s.share != nil {
@@ -704,27 +701,23 @@ func (s *Service) load(ctx context.Context, topics []string, olds []entry) (map[
 	return out, err
 }
 
-func (s *Service) stripe(topic string) *atomic.Uint64 {
-	return &s.writes[maphash.String(s.seed, topic)%uint64(len(s.writes))]
-}
-
-// written sums the write counts of topics' stripes.
-func (s *Service) written(topics []string) uint64 {
-	var n uint64
-	for _, t := range topics {
-		n += s.stripe(t).Load()
+// marks returns topics' marks in the view, taken before gathering them.
+func (s *Service) marks(topics []string) []ownwrites.Mark {
+	marks := make([]ownwrites.Mark, len(topics))
+	for i, t := range topics {
+		marks[i] = s.view.Mark(t)
 	}
-	return n
+	return marks
 }
 
 // again reads topics again, strongly, after a write of this sidecar landed
-// while load ran: the gather may or may not have seen it, and Wrote found
-// nothing cached yet to raise.
+// while load ran, sent before it ended: the gather may or may not have
+// seen it.
 func (s *Service) again(ctx context.Context, topics []string, olds []entry, out map[string]entry, absent []string) map[string]entry {
 	for _, topic := range absent {
 		s.absent.Invalidate(topic)
 	}
-	if again, _, err := s.loadOnce(ctx, topics, olds, true); err == nil {
+	if again, _, _, err := s.loadOnce(ctx, topics, olds, s.marks(topics), true); err == nil {
 		return again
 	}
 	return out
@@ -737,7 +730,7 @@ func (s *Service) again(ctx context.Context, topics []string, olds []entry, out 
 func (s *Service) settle(ctx context.Context, topics []string) (map[string][]store.Shard, time.Time, bool) {
 	var racing []string
 	for _, t := range topics {
-		if s.writer.Sending(t) {
+		if s.view.OnItsWay(t) {
 			racing = append(racing, t)
 		}
 	}
@@ -745,7 +738,7 @@ func (s *Service) settle(ctx context.Context, topics []string) (map[string][]sto
 		return nil, time.Time{}, false
 	}
 	for _, t := range racing {
-		if !s.untilLanded(ctx, t) {
+		if !s.view.UntilLanded(ctx, t) {
 			return nil, time.Time{}, false
 		}
 	}
@@ -757,41 +750,16 @@ func (s *Service) settle(ctx context.Context, topics []string) (map[string][]sto
 	return m, begun, true
 }
 
-// untilLanded waits until no write of topic is on its way (Writer.Sending),
-// or ctx ends (false). A write that lands wakes it at once (Wrote, which
-// the flusher calls as the write stops being on its way, under the lock
-// Sending takes); one that stops being on its way without landing is seen
-// within s.unlanded.
-func (s *Service) untilLanded(ctx context.Context, topic string) bool {
-	poll := time.NewTimer(s.unlanded)
-	defer poll.Stop()
-	for {
-		// Waiting before asking: a landing in between is not missed.
-		landed, done := s.landed.wait(topic)
-		if !s.writer.Sending(topic) {
-			done()
-			return true
-		}
-		select {
-		case <-ctx.Done():
-			done()
-			return false
-		case <-landed:
-		case <-poll.C:
-		}
-		done()
-		poll.Reset(s.unlanded)
-	}
-}
-
-// loadOnce is one gather of load; it returns the topics it found absent.
-func (s *Service) loadOnce(ctx context.Context, topics []string, olds []entry, consistent bool) (map[string]entry, []string, error) {
+// loadOnce is one gather of load, of topics marked with marks; it
+// returns the topics it found absent, and whether a write of this
+// sidecar raced the gather (Landed).
+func (s *Service) loadOnce(ctx context.Context, topics []string, olds []entry, marks []ownwrites.Mark, consistent bool) (out map[string]entry, absent []string, raced bool, err error) {
 	begun := s.now()
 	m, err := s.store.GatherMany(ctx, topics, s.cfg.Shards, consistent)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, false, err
 	}
-	if s.writer != nil && !consistent {
+	if !consistent {
 		if again, at, ok := s.settle(ctx, topics); ok {
 			for topic, shards := range again {
 				m[topic] = shards
@@ -800,11 +768,11 @@ func (s *Service) loadOnce(ctx context.Context, topics []string, olds []entry, c
 		}
 	}
 	now := s.now()
-	out := make(map[string]entry, len(topics))
+	out = make(map[string]entry, len(topics))
 	var behind []string
 	for i, topic := range topics {
 		e := newEntry(m[topic], now)
-		e.started = begun
+		e.started, e.mark = begun, marks[i]
 		if olds != nil {
 			old := olds[i]
 			if e.count < old.count || e.shards < old.shards {
@@ -825,12 +793,16 @@ func (s *Service) loadOnce(ctx context.Context, topics []string, olds []entry, c
 			// for --cache-stale at most.
 			for topic, shards := range strong {
 				e := newEntry(shards, s.now())
-				e.started = again
+				e.started, e.mark = again, out[topic].mark
 				out[topic] = e
 			}
 		}
 	}
-	var absent []string
+	for _, e := range out {
+		if _, _, ok := s.view.Landed(e.gather()); !ok {
+			raced = true
+		}
+	}
 	if olds == nil {
 		for topic, e := range out {
 			if e.count == 0 {
@@ -840,53 +812,7 @@ func (s *Service) loadOnce(ctx context.Context, topics []string, olds []entry, c
 			}
 		}
 	}
-	return out, absent, nil
-}
-
-// Wrote tells the cache that this sidecar's write of delta to topic,
-// sent at sent, landed at landed, so that the application next to it
-// reads its own mentions as soon as they are in the store, not a TTL
-// later. A cached total whose gather ended before sent cannot have seen
-// the write: it is raised by delta. One whose gather began after landed
-// has seen it. One whose gather overlapped the write may or may not have:
-// it is dropped, and the next reader gathers again. A raise moves neither
-// the entry's refresh nor its expiry.
-func (s *Service) Wrote(topic string, delta int64, sent, landed time.Time) {
-	s.stripe(topic).Add(1)
-	defer s.landed.land(topic) // once the cache knows
-	update := func(old entry) (entry, otter.ComputeOp) {
-		switch {
-		case old.started.After(landed):
-			return old, otter.CancelOp
-		case !old.at.Before(sent) && old.peer:
-			// Another sidecar's gather may or may not have seen it;
-			// gathering again would undo the sharing, so the answer
-			// holds (include=pending's floor) until the next total.
-			return old, otter.CancelOp
-		case !old.at.Before(sent):
-			return old, otter.InvalidateOp
-		}
-		e := old
-		var sat bool
-		e.count, sat = store.SatAdd(e.count, delta)
-		e.saturated = e.saturated || sat
-		return e, otter.WriteOp
-	}
-	s.cache.ComputeIfPresent(topic, update)
-	s.absent.ComputeIfPresent(topic, update)
-}
-
-// Current returns topic's cached total as it is now (raised by Wrote
-// since t was read, if t's gather is the cached one), for a reader that
-// adds pending mentions under the flusher's lock: the two then agree.
-func (s *Service) Current(t Total) Total {
-	for _, c := range []*otter.Cache[string, entry]{s.cache, s.absent} {
-		if e, ok := c.GetIfPresent(t.Topic); ok && e.at.Equal(t.gatheredAt) {
-			t.Count, t.Saturated = e.count, e.saturated
-			return t
-		}
-	}
-	return t
+	return out, absent, raced, nil
 }
 
 // gatherNow reads topics from the store in one GatherMany, bypassing the
@@ -894,18 +820,22 @@ func (s *Service) Current(t Total) Total {
 func (s *Service) gatherNow(ctx context.Context, topics []string, consistent bool) (map[string]Total, error) {
 	ctx, cancel := context.WithTimeout(ctx, gatherTimeout)
 	defer cancel()
+	marks := s.marks(topics)
+	begun := s.now()
 	m, err := s.store.GatherMany(ctx, topics, s.cfg.Shards, consistent)
 	if err != nil {
 		return nil, fmt.Errorf("lookup: %w", err)
 	}
 	now := s.now()
 	out := make(map[string]Total, len(m))
-	for topic, shards := range m {
-		t := newEntry(shards, now).total(topic, "store", now)
+	for i, topic := range topics {
+		e := newEntry(m[topic], now)
+		e.started, e.mark = begun, marks[i]
+		t := e.total(topic, "store", now)
 		if !consistent {
 			// An eventual read may lag what was served: hold it. A strong
 			// read is the store's word and is served as it is.
-			t.Count = s.hold(topic, t.Count, false)
+			t = s.floored(t)
 		}
 		out[topic] = t
 	}
@@ -924,27 +854,19 @@ func unique(topics []string) []string {
 	return out
 }
 
-// floor is a topic's highest totals served: plain, and with pending
-// mentions.
-type floor struct{ plain, pending atomic.Int64 }
-
-// hold returns count, or the highest total served for topic before if
-// that is higher, and remembers it.
-func (s *Service) hold(topic string, count int64, pending bool) int64 {
-	f, _ := s.floors.ComputeIfAbsent(topic, func() (*floor, bool) { return new(floor), false })
-	v := &f.plain
-	if pending {
-		v = &f.pending
-	}
-	for {
-		seen := v.Load()
-		if count <= seen {
-			return seen
-		}
-		if v.CompareAndSwap(seen, count) {
-			return count
-		}
-	}
+// WithPending adds to t this sidecar's mentions of its topic that t's
+// gather cannot hold, and its writes landed since, read in one step from
+// the view (what it counts in the writer, it counts once), and holds the
+// sum at the highest such total served.
+func (s *Service) WithPending(t *Total) {
+	landed, pending, _ := s.view.Read(t.Topic, t.gather)
+	count, sat := store.SatAdd(t.base, landed)
+	t.Saturated = t.Saturated || sat
+	t.Pending = pending
+	t.PendingIncluded = true
+	count, sat = store.SatAdd(count, pending)
+	t.Saturated = t.Saturated || sat
+	t.Count = s.view.Floor(t.Topic, count, true)
 }
 
 // Shards gathers topic's shards now, bypassing the cache: the scatter and

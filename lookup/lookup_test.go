@@ -21,6 +21,7 @@ import (
 	"github.com/hotcount/hotcount/heavyhitters"
 	"github.com/hotcount/hotcount/internal/testenv"
 	"github.com/hotcount/hotcount/lookup"
+	"github.com/hotcount/hotcount/ownwrites"
 	"github.com/hotcount/hotcount/store"
 )
 
@@ -335,9 +336,10 @@ func TestHTTP(t *testing.T) {
 	pending := map[string]int64{"eu.west.k8s": 8}
 	tracker := heavyhitters.New(16, time.Hour, time.Now)
 	tracker.Observe(map[store.Counter]int64{store.TotalOf("eu.west.k8s"): 40, store.TotalOf("a/b"): 3, store.TotalOf("quiet"): 1})
-	srv := httptest.NewServer(svc.Handler(zaptest.NewLogger(t), lookup.Extras{Pending: func(topic string, read func(func(time.Time) int64)) {
-		read(func(time.Time) int64 { return pending[topic] })
-	}, Hot: tracker.Top}))
+	v := ownwrites.New(ownwrites.Config{Keep: time.Hour, Topics: 100}, time.Now)
+	v.Attach(func(topic string) int64 { return pending[topic] })
+	svc.SeeWrites(v)
+	srv := httptest.NewServer(svc.Handler(zaptest.NewLogger(t), lookup.Extras{Pending: true, Hot: tracker.Top}))
 	defer srv.Close()
 
 	tests := []struct {
@@ -408,9 +410,7 @@ func FuzzTopicPath(f *testing.F) {
 	}
 	svc := lookup.New(lookup.Config{Shards: 2, CacheTTL: time.Second, CacheStale: time.Second, CacheSize: 10, MaxTopicBytes: 32}, newBolt(f), prometheus.NewRegistry(), time.Now)
 	defer svc.Close()
-	h := svc.Handler(zaptest.NewLogger(f), lookup.Extras{Pending: func(_ string, read func(func(time.Time) int64)) {
-		read(func(time.Time) int64 { return 1 })
-	}})
+	h := svc.Handler(zaptest.NewLogger(f), lookup.Extras{Pending: true})
 	f.Fuzz(func(t *testing.T, topic string) {
 		req, err := http.NewRequest("GET", "http://x/v1/topics/"+topic, nil)
 		if err != nil {

@@ -37,9 +37,7 @@ func TestOpenAPILookupHandler(t *testing.T) {
 	log := zaptest.NewLogger(t)
 	bare := httptest.NewServer(svc.Handler(log, lookup.Extras{}))
 	defer bare.Close()
-	full := httptest.NewServer(svc.Handler(log, lookup.Extras{Pending: func(_ string, read func(func(time.Time) int64)) {
-		read(func(time.Time) int64 { return 8 })
-	}, Hot: tracker.Top}))
+	full := httptest.NewServer(svc.Handler(log, lookup.Extras{Pending: true, Hot: tracker.Top}))
 	defer full.Close()
 	const token = "0123456789abcdef-lookup"
 	locked := httptest.NewServer(lookup.RequireToken(token, svc.Handler(log, lookup.Extras{})))

@@ -20,6 +20,7 @@ import (
 	"github.com/hotcount/hotcount/heavyhitters"
 	"github.com/hotcount/hotcount/ingest"
 	"github.com/hotcount/hotcount/lookup"
+	"github.com/hotcount/hotcount/ownwrites"
 	"github.com/hotcount/hotcount/shardcount"
 	"github.com/hotcount/hotcount/spill"
 	"github.com/hotcount/hotcount/store"
@@ -36,6 +37,9 @@ type parts struct {
 	hottest *heavyhitters.Tracker
 	book    *shardcount.Book
 	lk      *lookup.Service
+	// seen is what the writer shows the lookup of its writes: told by
+	// the one, asked by the other.
+	seen    *ownwrites.View
 	tr      *trend.Service
 	fl      *flusher.Flusher // core mode
 	eng     *durable.Engine  // the durable modes
@@ -160,14 +164,17 @@ func (s *Sidecar) readers(_ context.Context, p *parts) error {
 	cfg := s.cfg
 	p.hottest = heavyhitters.New(heavyhitters.DefaultCapacity, heavyhitters.DefaultPeriod, time.Now)
 	p.book = shardcount.New(shardcount.Config{Default: cfg.Shards, Adaptive: cfg.Adaptive, Max: cfg.MaxShards, Every: cfg.ShardsCache}, p.st, s.log, s.reg, time.Now)
-	p.lk = lookup.New(lookup.Config{
+	lcfg := lookup.Config{
 		Shards:        cfg.ReadGuess(),
 		CacheTTL:      cfg.CacheTTL,
 		CacheStale:    cfg.CacheStaleAge(),
 		CacheSize:     cfg.CacheSize,
 		MaxTopicBytes: cfg.MaxTopicBytes,
 		Share:         cfg.SharesTotals(),
-	}, p.st, s.reg, time.Now)
+	}
+	p.lk = lookup.New(lcfg, p.st, s.reg, time.Now)
+	p.seen = ownwrites.New(lookup.ViewConfig(lcfg), time.Now)
+	p.lk.SeeWrites(p.seen)
 	p.onClose(p.lk.Close)
 	p.services = append(p.services, p.lk.Run)
 	minutes, hours := cfg.Buckets()
@@ -201,7 +208,6 @@ type writeStage interface {
 	LastProgress() time.Time
 	LastWrite() time.Time
 	Writer() string
-	Read(topic string, read func(pending func(gatheredAt time.Time) int64))
 }
 
 // writers builds the stage that writes: in the durable modes the durable
@@ -217,7 +223,7 @@ func (s *Sidecar) writers(ctx context.Context, p *parts) error {
 	if cfg.Durable() {
 		return s.engine(p, observers)
 	}
-	opts := []flusher.Option{flusher.WithObserver(observers...), flusher.WithShards(p.book), flusher.WithReader(p.lk)}
+	opts := []flusher.Option{flusher.WithObserver(observers...), flusher.WithShards(p.book), flusher.WithView(p.seen)}
 	if cfg.QuarantineAfter > 0 {
 		q, err := OpenQuarantine(ctx, cfg, p.nc)
 		if err != nil {
@@ -238,7 +244,6 @@ func (s *Sidecar) writers(ctx context.Context, p *parts) error {
 		QuarantineAfter: cfg.QuarantineAfter,
 	}, p.agg, p.st, s.log, flusher.NewMetrics(s.reg), time.Now, opts...)
 	p.out = p.fl
-	p.lk.WatchWrites(p.fl)
 	p.runs = append(p.runs, func(ctx context.Context) error { return p.fl.RunWithin(ctx, p.limit) })
 	return nil
 }
@@ -272,8 +277,7 @@ func (s *Sidecar) engine(p *parts, observers []flusher.Observer) error {
 	if err != nil {
 		return err
 	}
-	eng.TellWrites(p.lk)
-	p.lk.WatchWrites(eng)
+	eng.ShowWrites(p.seen)
 	p.eng, p.out, p.sub = eng, eng, eng
 	p.runs = append(p.runs, eng.Run)
 	return nil
@@ -306,7 +310,7 @@ func (s *Sidecar) ingest(_ context.Context, p *parts) error {
 // runs with the pipeline.
 func (s *Sidecar) views(_ context.Context, p *parts) error {
 	cfg := s.cfg
-	p.api = p.lk.Handler(s.log, lookup.Extras{Pending: p.out.Read, Hot: p.hottest.Top, ShardsOf: p.book.Cached, Trend: p.tr})
+	p.api = p.lk.Handler(s.log, lookup.Extras{Pending: true, Hot: p.hottest.Top, ShardsOf: p.book.Cached, Trend: p.tr})
 	// The console reads the lookup API in-process, past its token: it
 	// guards its own data (loopback only, unless --http-public).
 	p.con = console.New(console.Config{API: p.api, WriteShards: p.book.Cached, Metrics: s.reg, Race: cfg.ConsoleRace, CacheTTL: cfg.CacheTTL, Known: knownTopics(p.lk), Raises: raisesOf(p.book), Open: cfg.HTTPPublic && cfg.HTTPTokenFile == ""}, s.log)
