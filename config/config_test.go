@@ -285,3 +285,26 @@ func TestOneFileForEveryCommand(t *testing.T) {
 		t.Errorf("an unknown key = %v, want refused", err)
 	}
 }
+
+// TestExplainNamesTheSource: a complaint about a value from the file or the
+// environment says where it came from; one about the command line's does
+// not, even when the file or the environment set that setting too.
+func TestExplainNamesTheSource(t *testing.T) {
+	file := writeFile(t, "shards: 0\ncache-size: 0\nmax-topics: 0\n")
+	cfg := config.Default()
+	fs := cfg.FlagSet("run", nil)
+	if err := config.Parse(fs, []string{"--config", file, "--max-topics", "0"}, []string{"HOTCOUNT_CACHE_SIZE=0", "HOTCOUNT_MAX_TOPIC_BYTES=0"}); err != nil {
+		t.Fatal(err)
+	}
+	got := config.Explain(cfg.Validate(), fs).Error()
+	for _, want := range []string{
+		"shards: 0 is outside 1..100 (from the --config file)",
+		"cache-size: 0 is outside 1..100000000 (from $HOTCOUNT_CACHE_SIZE)",
+		"max-topic-bytes: 0 is outside 1..1024 (from $HOTCOUNT_MAX_TOPIC_BYTES)",
+		"max-topics: 0 is outside 1..100000000\n",
+	} {
+		if !strings.Contains(got+"\n", want) {
+			t.Errorf("Explain lacks %q:\n%s", want, got)
+		}
+	}
+}

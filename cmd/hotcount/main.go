@@ -178,7 +178,7 @@ func parse(cfg *config.Config, fs *pflag.FlagSet, args, environ []string, stderr
 		fmt.Fprintln(stderr, "hotcount: warning:", w)
 	}
 	if err := cfg.Validate(); err != nil {
-		return usageError{config.Explain(err, fs, args, environ)}
+		return usageError{config.Explain(err, fs)}
 	}
 	return nil
 }

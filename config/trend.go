@@ -1,0 +1,36 @@
+package config
+
+import (
+	"strings"
+	"time"
+)
+
+// trendFlags are the time buckets and the flush summaries behind
+// /v1/trending.
+var trendFlags = []setting{
+	{name: "windows", usage: "time buckets counted besides each topic's total, for ?window= reads and /v1/trending: 1m,1h (dev's default), 1m, 1h, or none (run's default); each costs one more write per busy topic per flush", bind: str(func(c *Config) *string { return &c.Windows })},
+	{name: "minute-retention", usage: "how long minute buckets are kept (their DynamoDB TTL); windows up to 3h (and up to this) read minutes, longer ones hours", bind: dur(func(c *Config) *time.Duration { return &c.MinuteRetention })},
+	{name: "hour-retention", usage: "how long hour buckets are kept (their DynamoDB TTL): the longest window", bind: dur(func(c *Config) *time.Duration { return &c.HourRetention })},
+	{name: "trend-subject", usage: "subject the sidecars publish each flush's summary on, from which every sidecar ranks /v1/trending for the whole fleet", bind: str(func(c *Config) *string { return &c.TrendSubject })},
+}
+
+// checkWindows checks the time buckets, their retention and the subject
+// their flush summaries go out on, which must stay out of the subscription
+// (prefix).
+func (c *Config) checkWindows(p *problems, prefix string) {
+	if c.Windows != "none" {
+		for _, w := range strings.Split(c.Windows, ",") {
+			if w := strings.TrimSpace(w); w != "1m" && w != "1h" {
+				p.bad("windows", "%q is not a list of 1m and 1h, or none", c.Windows)
+				break
+			}
+		}
+	}
+	p.durIn("minute-retention", c.MinuteRetention, time.Hour, 30*24*time.Hour)
+	p.durIn("hour-retention", c.HourRetention, 24*time.Hour, 400*24*time.Hour)
+	if c.TrendSubject == "" || strings.ContainsAny(c.TrendSubject, "*> \t") {
+		p.bad("trend-subject", "%q is not a plain NATS subject", c.TrendSubject)
+	} else if prefix != "" && strings.HasPrefix(c.TrendSubject, prefix) {
+		p.bad("trend-subject", "%q is under the subscription %q: summaries would come back as mentions", c.TrendSubject, c.Subject)
+	}
+}
