@@ -3,10 +3,10 @@ package config
 import (
 	"time"
 
-	"github.com/hotcount/hotcount/admin"
 	"github.com/hotcount/hotcount/aggregator"
 	"github.com/hotcount/hotcount/fleet"
 	"github.com/hotcount/hotcount/flusher"
+	"github.com/hotcount/hotcount/httpapi"
 	"github.com/hotcount/hotcount/ingest"
 	"github.com/hotcount/hotcount/lookup"
 	"github.com/hotcount/hotcount/shardcount"
@@ -111,8 +111,8 @@ func Default() Config {
 		MinuteRetention:   store.DefaultMinuteRetention,
 		HourRetention:     store.DefaultHourRetention,
 		TrendSubject:      DefaultTrendSubject,
-		HTTPAddr:          lookup.DefaultAddr,
-		AdminAddr:         admin.DefaultAddr,
+		HTTPAddr:          httpapi.DefaultLookupAddr,
+		AdminAddr:         httpapi.DefaultAdminAddr,
 		ShutdownTimeout:   DefaultShutdownTimeout,
 		LogFormat:         DefaultLogFormat,
 		LogLevel:          DefaultLogLevel,

@@ -3,8 +3,8 @@
 // topic costs the store at most one gather per topic per TTL, whatever the
 // request rate. Once a topic is cached no reader waits on the store again:
 // past the TTL the total is served at once (marked stale) while one
-// background gather refreshes it. It serves the totals over HTTP to the
-// application next to the sidecar.
+// background gather refreshes it. It serves no HTTP: package httpapi
+// serves its totals to the application next to the sidecar.
 //
 // The cache is otter's: it shares a gather between every reader of a
 // topic, single or batch, refreshes after the TTL, and evicts by
@@ -39,9 +39,6 @@ const (
 	DefaultStaleFactor = 10
 	// DefaultCacheSize is how many topics' totals the cache holds.
 	DefaultCacheSize = 10_000
-	// DefaultAddr is the lookup API's listen address: localhost, for the app
-	// in the same pod.
-	DefaultAddr = "127.0.0.1:8080"
 	// MaxBatch is the most topics one batch lookup may name.
 	MaxBatch = 100
 )
@@ -215,6 +212,9 @@ func New(cfg Config, st Store, reg prometheus.Registerer, now func() time.Time) 
 	}, func() float64 { return float64(s.absent.EstimatedSize()) }))
 	return s
 }
+
+// Config is the configuration s was made with (New).
+func (s *Service) Config() Config { return s.cfg }
 
 // Sharer publishes a total this sidecar gathered to the rest of the fleet
 // (fleet.Shares).
@@ -878,9 +878,6 @@ func (s *Service) Shards(ctx context.Context, topic string, consistent bool) (To
 	}
 	return newEntry(shards, s.now()).total(topic, "store", s.now()), shards, nil
 }
-
-// errNoTopics is a batch lookup without topics.
-var errNoTopics = errors.New("name at least one topic: /v1/topics?topic=a&topic=b")
 
 type metrics struct {
 	hit, miss, stale prometheus.Counter

@@ -14,9 +14,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
-	"github.com/hotcount/hotcount/admin"
 	"github.com/hotcount/hotcount/config"
 	"github.com/hotcount/hotcount/console"
+	"github.com/hotcount/hotcount/httpapi"
 	"github.com/hotcount/hotcount/lookup"
 	"github.com/hotcount/hotcount/shardcount"
 )
@@ -55,14 +55,14 @@ func (s *Sidecar) handlers(p *parts, stopping *atomic.Bool) (map[string]http.Han
 		}
 		return nil
 	}
-	deps := s.dependencies(map[string]admin.Check{
+	deps := s.dependencies(map[string]httpapi.Check{
 		"nats":  func(context.Context) error { return p.sub.Ready() },
 		"store": p.st.Ping,
 	})
 
 	// The durable quarantine's counters, which a restart would not mend:
 	// in the body, not the verdict.
-	var status admin.Status
+	var status httpapi.Status
 	if p.eng != nil {
 		status = func() map[string]any {
 			held, limit := p.eng.Held()
@@ -70,7 +70,7 @@ func (s *Sidecar) handlers(p *parts, stopping *atomic.Bool) (map[string]http.Han
 		}
 	}
 	adminMux := http.NewServeMux()
-	adminMux.Handle("/", admin.Handler(reg, health, ready, deps, status))
+	adminMux.Handle("/", httpapi.Admin(reg, health, ready, deps, status))
 	adminMux.Handle(console.Path, p.con)
 	adminMux.Handle(console.Path+"/", p.con)
 	api := p.api
@@ -79,14 +79,14 @@ func (s *Sidecar) handlers(p *parts, stopping *atomic.Bool) (map[string]http.Han
 		if err != nil {
 			return nil, fmt.Errorf("sidecar: --http-token-file: %w", err)
 		}
-		api = lookup.RequireToken(token, api)
+		api = httpapi.RequireToken(token, api)
 	}
 	return map[string]http.Handler{"http": api, "admin": adminMux}, nil
 }
 
 // dependencies exports each check as hotcount_dependency_up and returns
 // what /healthz's body says of them.
-func (s *Sidecar) dependencies(checks map[string]admin.Check) func(context.Context) map[string]string {
+func (s *Sidecar) dependencies(checks map[string]httpapi.Check) func(context.Context) map[string]string {
 	for name, check := range checks {
 		s.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name:        "hotcount_dependency_up",

@@ -19,8 +19,8 @@ import (
 	// it and make deps downloads it, and the client builds offline.
 	_ "github.com/oapi-codegen/runtime"
 
-	"github.com/hotcount/hotcount/api"
 	"github.com/hotcount/hotcount/config"
+	"github.com/hotcount/hotcount/httpapi"
 	"github.com/hotcount/hotcount/internal/apitest"
 	"github.com/hotcount/hotcount/internal/ddbfault"
 	"github.com/hotcount/hotcount/internal/testenv"
@@ -53,8 +53,8 @@ type probe struct {
 }
 
 // TestOpenAPIAnswers holds every answer of two running sidecars to
-// api/openapi.yaml, errors included: one plain, one with a lookup token and
-// Region-owned shards (a global table's: each shard names its Region, and
+// httpapi/openapi.yaml, errors included: one plain, one with a lookup
+// token and Region-owned shards (a global table's: each shard names its Region, and
 // the shards answer has regions). Eight minutes of mentions on a stepped
 // clock give the windows, series and trending history; a store outage
 // gives 503s. Then each deliberately wrong copy of the
@@ -76,11 +76,11 @@ func TestOpenAPIAnswers(t *testing.T) {
 	})
 	fleet := []*env{a, b}
 	ctx := context.Background()
-	docA, err := apitest.Load(ctx, api.OpenAPI, a.sc.URL(), a.sc.AdminURL())
+	docA, err := apitest.Load(ctx, httpapi.OpenAPI, a.sc.URL(), a.sc.AdminURL())
 	if err != nil {
 		t.Fatal(err)
 	}
-	docB, err := apitest.Load(ctx, api.OpenAPI, b.sc.URL(), b.sc.AdminURL())
+	docB, err := apitest.Load(ctx, httpapi.OpenAPI, b.sc.URL(), b.sc.AdminURL())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -282,7 +282,7 @@ func TestOpenAPIAnswers(t *testing.T) {
 	// Each wrong document fails on these answers.
 	for _, w := range wrongDocuments {
 		t.Run("wrong/"+w.name, func(t *testing.T) {
-			data := w.apply(t, string(api.OpenAPI))
+			data := w.apply(t, string(httpapi.OpenAPI))
 			wrongA, err := apitest.Load(ctx, []byte(data), a.sc.URL(), a.sc.AdminURL())
 			if err != nil {
 				t.Fatalf("the wrong document does not load: %v; it must load and fail on the answers", err)
@@ -379,7 +379,7 @@ var wrongDocuments = []wrongDocument{
 	{name: "metrics as JSON", after: "operationId: getMetrics\n", old: "text/plain:", new: "application/json:"},
 }
 
-// TestOpenAPIGeneratedClient generates a Go client from api/openapi.yaml
+// TestOpenAPIGeneratedClient generates a Go client from httpapi/openapi.yaml
 // with oapi-codegen, builds it (offline: the module cache and this
 // module's go.sum, through a workspace), and runs it against a sidecar
 // with a lookup token: its totals, windows, shards, series, trending, hot
@@ -608,14 +608,14 @@ func run(lookupURL, adminURL, token string) error {
 }
 `
 
-// buildGeneratedClient generates the client from api/openapi.yaml and
+// buildGeneratedClient generates the client from httpapi/openapi.yaml and
 // builds clientMain with it, returning the binary. The client's module
 // is in a workspace with this one, so that it builds with this module's
 // go.sum and the versions it pins (github.com/oapi-codegen/runtime among
 // them), from the module cache alone (GOPROXY=off).
 func buildGeneratedClient(t *testing.T) string {
 	t.Helper()
-	doc, err := apitest.Parse(context.Background(), api.OpenAPI)
+	doc, err := apitest.Parse(context.Background(), httpapi.OpenAPI)
 	if err != nil {
 		t.Fatal(err)
 	}

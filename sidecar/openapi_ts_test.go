@@ -19,8 +19,8 @@ import (
 )
 
 // TestOpenAPITypeScriptClient is the client of another language than Go
-// generated from api/openapi.yaml: openapi-typescript generates its types,
-// tsc compiles test/openapi-client/client.ts against them (strict: a type
+// generated from httpapi/openapi.yaml: openapi-typescript generates its
+// types, tsc compiles test/openapi-client/client.ts against them (strict: a type
 // error, in the client's use of the types or in the types themselves,
 // fails the test), and node runs it, through openapi-fetch, against a
 // sidecar with a lookup token. Its totals, windowed count, batch, shards,
@@ -133,7 +133,7 @@ func TestOpenAPITypeScriptClient(t *testing.T) {
 	}
 }
 
-// buildTypeScriptClient generates the TypeScript types of api/openapi.yaml
+// buildTypeScriptClient generates the TypeScript types of httpapi/openapi.yaml
 // with openapi-typescript and compiles test/openapi-client/client.ts
 // against them with tsc, in a folder of the test's, with the tools of
 // test/openapi-client/node_modules. It returns node and the folder, whose
@@ -194,7 +194,7 @@ func buildTypeScriptClient(t *testing.T) (node, dir string) {
 			t.Fatalf("%s: %v\n%s", what, err, out)
 		}
 	}
-	run("openapi-typescript", filepath.Join(modules, ".bin", "openapi-typescript"), filepath.Join(root, "api", "openapi.yaml"), "-o", filepath.Join(dir, "schema.d.ts"))
+	run("openapi-typescript", filepath.Join(modules, ".bin", "openapi-typescript"), filepath.Join(root, "httpapi", "openapi.yaml"), "-o", filepath.Join(dir, "schema.d.ts"))
 	// tsconfig.json's strict options, the generated schema.d.ts checked
 	// too (no skipLibCheck), and nothing emitted on an error.
 	run("tsc (the client does not type-check against the generated types)", filepath.Join(modules, ".bin", "tsc"), "-p", filepath.Join(dir, "tsconfig.json"))

@@ -18,6 +18,7 @@ import (
 	"github.com/hotcount/hotcount/fleet"
 	"github.com/hotcount/hotcount/flusher"
 	"github.com/hotcount/hotcount/heavyhitters"
+	"github.com/hotcount/hotcount/httpapi"
 	"github.com/hotcount/hotcount/ingest"
 	"github.com/hotcount/hotcount/lookup"
 	"github.com/hotcount/hotcount/ownwrites"
@@ -310,7 +311,7 @@ func (s *Sidecar) ingest(_ context.Context, p *parts) error {
 // runs with the pipeline.
 func (s *Sidecar) views(_ context.Context, p *parts) error {
 	cfg := s.cfg
-	p.api = p.lk.Handler(s.log, lookup.Extras{Pending: true, Hot: p.hottest.Top, ShardsOf: p.book.Cached, Trend: p.tr})
+	p.api = httpapi.Lookup(p.lk, s.log, httpapi.Extras{Pending: true, Hot: p.hottest.Top, ShardsOf: p.book.Cached, Trend: p.tr})
 	// The console reads the lookup API in-process, past its token: it
 	// guards its own data (loopback only, unless --http-public).
 	p.con = console.New(console.Config{API: p.api, WriteShards: p.book.Cached, Metrics: s.reg, Race: cfg.ConsoleRace, CacheTTL: cfg.CacheTTL, Known: knownTopics(p.lk), Raises: raisesOf(p.book), Open: cfg.HTTPPublic && cfg.HTTPTokenFile == ""}, s.log)

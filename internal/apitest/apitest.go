@@ -1,8 +1,8 @@
 // Package apitest is a test tool: it holds real HTTP exchanges with a
-// sidecar to the OpenAPI document (api.OpenAPI) with kin-openapi: the
+// sidecar to the OpenAPI document (httpapi.OpenAPI) with kin-openapi: the
 // request against the operation's parameters, the answer against its
 // documented statuses, headers and bodies, errors included. Tests of the
-// api, the lookup and the sidecar use it so that the document cannot drift
+// HTTP API and of the sidecar use it so that the document cannot drift
 // from the answers; it is internal because nothing outside the module's
 // tests needs it.
 package apitest
@@ -96,7 +96,7 @@ func checkExamples(at string, ref *openapi3.SchemaRef, seen map[*openapi3.Schema
 	return checkExamples(at+"/items", s.Items, seen)
 }
 
-// Load parses data (api.OpenAPI, or a copy a test changed) and routes
+// Load parses data (httpapi.OpenAPI, or a copy a test changed) and routes
 // requests to its operations at the test's listeners: lookup and admin
 // are base URLs (http://127.0.0.1:port) that replace LookupServer and
 // AdminServer.

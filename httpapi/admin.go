@@ -1,6 +1,4 @@
-// Package admin serves the sidecar's health, readiness and metrics on the
-// admin listener, for the kubelet's probes and Prometheus.
-package admin
+package httpapi
 
 import (
 	"context"
@@ -12,9 +10,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
-// DefaultAddr is the admin listener's default address: all interfaces, so
-// that the kubelet and Prometheus reach it.
-const DefaultAddr = ":9091"
+// DefaultAdminAddr is the admin listener's default address: all
+// interfaces, so that the kubelet and Prometheus reach it.
+const DefaultAdminAddr = ":9091"
 
 // checkTimeout bounds one health or readiness check.
 const checkTimeout = 2 * time.Second
@@ -31,14 +29,15 @@ type Dependencies func(ctx context.Context) map[string]string
 // the counters the durable quarantine holds. nil: none.
 type Status func() map[string]any
 
-// Handler serves:
+// Admin is the admin listener's handler, the sidecar's health, readiness
+// and metrics for the kubelet's probes and Prometheus. It serves:
 //
 //	GET /healthz  200 while live, 503 with the reason when not (liveness);
 //	              either way the body names each dependency's state, and
 //	              status's fields
 //	GET /readyz   200 while ready, 503 with the reason when not (readiness)
 //	GET /metrics  Prometheus metrics from g
-func Handler(g prometheus.Gatherer, health, ready Check, deps Dependencies, status Status) http.Handler {
+func Admin(g prometheus.Gatherer, health, ready Check, deps Dependencies, status Status) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("GET /healthz", probe(health, deps, status))
 	mux.Handle("GET /readyz", probe(ready, nil, nil))

@@ -1,4 +1,4 @@
-package lookup
+package httpapi
 
 import (
 	"context"
@@ -9,22 +9,43 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
-	"unicode/utf8"
 
 	"go.uber.org/zap"
 
-	"github.com/hotcount/hotcount/api"
 	"github.com/hotcount/hotcount/heavyhitters"
+	"github.com/hotcount/hotcount/lookup"
 	"github.com/hotcount/hotcount/store"
 	"github.com/hotcount/hotcount/trend"
 )
 
+// DefaultLookupAddr is the lookup API's listen address: localhost, for
+// the app in the same pod.
+const DefaultLookupAddr = "127.0.0.1:8080"
+
+// Lookups is what the lookup API reads the totals from: lookup.Service's
+// cached read path. The handler calls nothing else of it.
+type Lookups interface {
+	// Lookup is one topic's total at consistency c.
+	Lookup(ctx context.Context, topic string, c lookup.Consistency) (lookup.Total, error)
+	// LookupMany is the totals of topics (at most lookup.MaxBatch), in
+	// the order asked.
+	LookupMany(ctx context.Context, topics []string, c lookup.Consistency) ([]lookup.Total, error)
+	// Shards gathers topic's shards now, bypassing the cache.
+	Shards(ctx context.Context, topic string, consistent bool) (lookup.Total, []store.Shard, error)
+	// WithPending adds this sidecar's mentions not yet in t to t
+	// (include=pending).
+	WithPending(t *lookup.Total)
+	// Config is the lookup's configuration: the handler reads the shard
+	// count, the cache TTL and the topic size limit from it, once.
+	Config() lookup.Config
+}
+
 // Extras are the handler's optional sources, nil when absent.
 type Extras struct {
 	// Pending serves include=pending: this sidecar writes, and shows its
-	// mentions not yet in a total in the view it reads (SeeWrites).
+	// mentions not yet in a total in the view it reads
+	// (lookup.Service.SeeWrites).
 	Pending bool
 	// Hot is this sidecar's top topics by recent rate.
 	Hot func(limit int) []heavyhitters.Topic
@@ -43,15 +64,15 @@ type Trend interface {
 	Trending(ctx context.Context, window string, limit int) (trend.Trending, error)
 }
 
-// Handler returns the lookup API:
+// Lookup returns the lookup API, the lookup listener's handler, over svc:
 //
 //	GET /v1/topics/{topic}         one total
-//	GET /v1/topics?topic=a&topic=b  up to MaxBatch totals
+//	GET /v1/topics?topic=a&topic=b  up to lookup.MaxBatch totals
 //	GET /v1/topics/{topic}/shards  every shard and the total, uncached
 //	GET /v1/hot?limit=k            this sidecar's hottest topics (k ≤ 100, default 10)
 //	GET /v1/topics/{topic}/series?window=24h&step=1h  counts step by step
 //	GET /v1/trending?window=15m&limit=20  the fleet's trending topics
-//	GET /openapi.yaml              the API's OpenAPI document (package api)
+//	GET /openapi.yaml              the API's OpenAPI document (OpenAPIHandler)
 //
 // Query parameters: consistency=cached|eventual|strong (default cached),
 // include=pending (add this sidecar's unflushed delta; needs pending),
@@ -59,8 +80,8 @@ type Trend interface {
 // total; needs Trend).
 // Errors are JSON, {"error": "..."}: 400 for a bad topic or parameter, 404
 // for another path, 503 when the store fails.
-func (s *Service) Handler(log *zap.Logger, x Extras) http.Handler {
-	h := &handler{svc: s, log: log.Named("lookup"), pending: x.Pending, hot: x.Hot, shardsOf: x.ShardsOf, trend: x.Trend}
+func Lookup(svc Lookups, log *zap.Logger, x Extras) http.Handler {
+	h := &handler{svc: svc, cfg: svc.Config(), log: log.Named("lookup"), pending: x.Pending, hot: x.Hot, shardsOf: x.ShardsOf, trend: x.Trend}
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /v1/hot", h.hottest)
 	mux.HandleFunc("GET /v1/trending", h.trending)
@@ -68,7 +89,7 @@ func (s *Service) Handler(log *zap.Logger, x Extras) http.Handler {
 	mux.HandleFunc("GET /v1/topics/{topic}", h.one)
 	mux.HandleFunc("GET /v1/topics", h.many)
 	mux.HandleFunc("GET /v1/topics/{topic}/shards", h.shards)
-	mux.Handle("GET "+api.Path, api.Handler())
+	mux.Handle("GET "+OpenAPIPath, OpenAPIHandler())
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "no such endpoint: "+r.Method+" "+r.URL.Path)
 	})
@@ -76,7 +97,8 @@ func (s *Service) Handler(log *zap.Logger, x Extras) http.Handler {
 }
 
 type handler struct {
-	svc      *Service
+	svc      Lookups
+	cfg      lookup.Config
 	log      *zap.Logger
 	pending  bool
 	hot      func(int) []heavyhitters.Topic
@@ -94,7 +116,7 @@ func (h *handler) hottest(w http.ResponseWriter, r *http.Request) {
 	limit := 10
 	if v := r.URL.Query().Get("limit"); v != "" {
 		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 || n > MaxBatch {
+		if err != nil || n < 1 || n > lookup.MaxBatch {
 			writeError(w, http.StatusBadRequest, "limit "+strconv.Quote(v)+" is not a whole number in 1..100")
 			return
 		}
@@ -109,7 +131,7 @@ func (h *handler) hottest(w http.ResponseWriter, r *http.Request) {
 		Topics []entry `json:"topics"`
 	}{Topics: make([]entry, len(top))}
 	for i, t := range top {
-		n := h.svc.cfg.Shards
+		n := h.cfg.Shards
 		if h.shardsOf != nil {
 			n = h.shardsOf(t.Topic)
 		}
@@ -126,7 +148,7 @@ func (h *handler) hottest(w http.ResponseWriter, r *http.Request) {
 
 // options are a request's query parameters.
 type options struct {
-	consistency Consistency
+	consistency lookup.Consistency
 	pending     bool
 	topics      []string // batch only
 	window      string   // a windowed count, not the total
@@ -159,7 +181,7 @@ func (h *handler) parse(r *http.Request) (options, error) {
 			return o, errors.New("window is empty: give a whole number of minutes, hours or days (15m, 1h, 7d)")
 		}
 	}
-	if o.consistency, err = ParseConsistency(q.Get("consistency")); err != nil {
+	if o.consistency, err = lookup.ParseConsistency(q.Get("consistency")); err != nil {
 		return o, err
 	}
 	switch q.Get("include") {
@@ -177,7 +199,7 @@ func (h *handler) parse(r *http.Request) (options, error) {
 }
 
 func (h *handler) topic(topic string) error {
-	return store.ValidateTopic(topic, h.svc.cfg.MaxTopicBytes)
+	return store.ValidateTopic(topic, h.cfg.MaxTopicBytes)
 }
 
 func (h *handler) one(w http.ResponseWriter, r *http.Request) {
@@ -221,8 +243,8 @@ func (h *handler) many(w http.ResponseWriter, r *http.Request) {
 	case err != nil:
 	case len(o.topics) == 0:
 		err = errNoTopics
-	case len(o.topics) > MaxBatch:
-		err = errors.New("at most " + strconv.Itoa(MaxBatch) + " topics in one lookup, got " + strconv.Itoa(len(o.topics)))
+	case len(o.topics) > lookup.MaxBatch:
+		err = errors.New("at most " + strconv.Itoa(lookup.MaxBatch) + " topics in one lookup, got " + strconv.Itoa(len(o.topics)))
 	}
 	for i := 0; err == nil && i < len(o.topics); i++ {
 		if terr := h.topic(o.topics[i]); terr != nil {
@@ -320,7 +342,7 @@ func (h *handler) trending(w http.ResponseWriter, r *http.Request) {
 	}
 	if v := q.Get("limit"); v != "" {
 		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 || n > MaxBatch {
+		if err != nil || n < 1 || n > lookup.MaxBatch {
 			writeError(w, http.StatusBadRequest, "limit "+strconv.Quote(v)+" is not a whole number in 1..100")
 			return
 		}
@@ -361,19 +383,19 @@ func (h *handler) answer(w http.ResponseWriter, r *http.Request, v any, err erro
 }
 
 // addPending adds this sidecar's mentions not yet in t to t
-// (Service.WithPending). The sum is held at the highest one served for the
-// topic: counts only grow, and a sum can still fall for a moment when a
-// gather that ended after a write was sent did not see it; each sum
+// (lookup.Service.WithPending). The sum is held at the highest one served
+// for the topic: counts only grow, and a sum can still fall for a moment
+// when a gather that ended after a write was sent did not see it; each sum
 // served is a count the topic reached.
-func (h *handler) addPending(t *Total) { h.svc.WithPending(t) }
+func (h *handler) addPending(t *lookup.Total) { h.svc.WithPending(t) }
 
 // cacheControl lets an HTTP cache keep a fresh cached total for what is
 // left of its TTL, and nothing else.
-func (h *handler) cacheControl(t Total, o options) string {
-	if t.Stale || o.pending || o.consistency != Cached {
+func (h *handler) cacheControl(t lookup.Total, o options) string {
+	if t.Stale || o.pending || o.consistency != lookup.Cached {
 		return "no-cache"
 	}
-	left := h.svc.cfg.CacheTTL - time.Duration(t.AgeMs)*time.Millisecond
+	left := h.cfg.CacheTTL - time.Duration(t.AgeMs)*time.Millisecond
 	if left < time.Second {
 		return "no-cache"
 	}
@@ -394,7 +416,7 @@ func (h *handler) shards(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, err.Error())
 		return
 	}
-	t, shards, err := h.svc.Shards(r.Context(), topic, o.consistency == Strong)
+	t, shards, err := h.svc.Shards(r.Context(), topic, o.consistency == lookup.Strong)
 	if err != nil {
 		h.storeError(w, r, err)
 		return
@@ -416,96 +438,13 @@ func (h *handler) shards(w http.ResponseWriter, r *http.Request) {
 	writeBody(w, http.StatusOK, append(body, '\n'))
 }
 
+// errNoTopics is a batch lookup without topics.
+var errNoTopics = errors.New("name at least one topic: /v1/topics?topic=a&topic=b")
+
 func (h *handler) storeError(w http.ResponseWriter, r *http.Request, err error) {
 	if errors.Is(err, context.Canceled) && r.Context().Err() != nil {
 		return // the client went away; nobody to answer
 	}
 	h.log.Warn("lookup failed", zap.String("path", r.URL.Path), zap.Error(err))
 	writeError(w, http.StatusServiceUnavailable, err.Error())
-}
-
-// appendTotal writes t as a JSON object (the single lookup adds a newline). It is written by hand
-// because it is the hot path: encoding/json's reflection cost more than the
-// rest of a cached lookup (BenchmarkAppendTotal).
-func appendTotal(b []byte, t Total) []byte {
-	b = append(b, `{"topic":`...)
-	b = appendString(b, t.Topic)
-	b = append(b, `,"count":`...)
-	b = strconv.AppendInt(b, t.Count, 10)
-	b = append(b, `,"source":"`...)
-	b = append(b, t.Source...)
-	b = append(b, `","stale":`...)
-	b = strconv.AppendBool(b, t.Stale)
-	b = append(b, `,"ageMs":`...)
-	b = strconv.AppendInt(b, t.AgeMs, 10)
-	b = append(b, `,"shards":`...)
-	b = strconv.AppendInt(b, int64(t.Shards), 10)
-	if t.Saturated {
-		b = append(b, `,"saturated":true`...)
-	}
-	if t.PendingIncluded {
-		b = append(b, `,"pending":`...)
-		b = strconv.AppendInt(b, t.Pending, 10)
-		b = append(b, `,"includesPending":true`...)
-	}
-	return append(b, '}')
-}
-
-// appendString writes s as a JSON string. Topics are valid UTF-8 without
-// control characters (ValidateTopic), but this escapes whatever it gets.
-func appendString(b []byte, s string) []byte {
-	b = append(b, '"')
-	for i := 0; i < len(s); {
-		c := s[i]
-		if c >= 0x20 && c != '"' && c != '\\' && c < utf8.RuneSelf {
-			b = append(b, c)
-			i++
-			continue
-		}
-		if c < utf8.RuneSelf {
-			switch c {
-			case '"', '\\':
-				b = append(b, '\\', c)
-			default:
-				b = append(b, `\u00`...)
-				b = append(b, "0123456789abcdef"[c>>4], "0123456789abcdef"[c&0xf])
-			}
-			i++
-			continue
-		}
-		r, size := utf8.DecodeRuneInString(s[i:])
-		if r == utf8.RuneError && size == 1 {
-			b = append(b, `\ufffd`...)
-		} else {
-			b = append(b, s[i:i+size]...)
-		}
-		i += size
-	}
-	return append(b, '"')
-}
-
-var bufs = sync.Pool{New: func() any { b := make([]byte, 0, 512); return &b }}
-
-func getBuf() *[]byte { b := bufs.Get().(*[]byte); *b = (*b)[:0]; return b }
-
-func putBuf(b *[]byte) {
-	if cap(*b) <= 64<<10 { // a huge batch answer is not worth keeping
-		bufs.Put(b)
-	}
-}
-
-func writeBody(w http.ResponseWriter, status int, body []byte) {
-	h := w.Header()
-	h["Content-Type"] = jsonType
-	w.WriteHeader(status)
-	w.Write(body) //nolint:errcheck // nothing to do about a client that left
-}
-
-var jsonType = []string{"application/json"}
-
-func writeError(w http.ResponseWriter, status int, msg string) {
-	body, _ := json.Marshal(struct {
-		Error string `json:"error"`
-	}{msg}) // a struct of one string always encodes
-	writeBody(w, status, append(body, '\n'))
 }

@@ -1,4 +1,4 @@
-package lookup_test
+package httpapi_test
 
 import (
 	"io"
@@ -7,12 +7,12 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/hotcount/hotcount/lookup"
+	"github.com/hotcount/hotcount/httpapi"
 )
 
 func TestRequireToken(t *testing.T) {
 	const token = "0123456789abcdef0123456789abcdef"
-	h := lookup.RequireToken(token, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, `{"count":1}`) }))
+	h := httpapi.RequireToken(token, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, `{"count":1}`) }))
 	for _, tc := range []struct {
 		name, auth string
 		status     int

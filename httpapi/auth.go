@@ -1,4 +1,4 @@
-package lookup
+package httpapi
 
 import (
 	"crypto/sha256"
