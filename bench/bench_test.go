@@ -23,17 +23,17 @@ import (
 	"go.uber.org/zap"
 	"golang.org/x/sync/errgroup"
 
-	"github.com/hotcount/hotcount/aggregator"
 	"github.com/hotcount/hotcount/config"
-	"github.com/hotcount/hotcount/flusher"
-	"github.com/hotcount/hotcount/ingest"
+	"github.com/hotcount/hotcount/durability/streams"
 	"github.com/hotcount/hotcount/internal/embeddednats"
-	"github.com/hotcount/hotcount/internal/testenv"
-	"github.com/hotcount/hotcount/internal/testenv/sidecartest"
-	"github.com/hotcount/hotcount/shardcount"
+	"github.com/hotcount/hotcount/internal/testtools/testenv"
+	"github.com/hotcount/hotcount/internal/testtools/testenv/sidecartest"
+	"github.com/hotcount/hotcount/pipeline/aggregator"
+	"github.com/hotcount/hotcount/pipeline/flusher"
+	"github.com/hotcount/hotcount/pipeline/ingest"
+	"github.com/hotcount/hotcount/pipeline/shardcount"
+	"github.com/hotcount/hotcount/pipeline/store"
 	"github.com/hotcount/hotcount/sidecar"
-	"github.com/hotcount/hotcount/store"
-	"github.com/hotcount/hotcount/streams"
 )
 
 // serverEnv makes the test binary run a NATS server instead of tests, so

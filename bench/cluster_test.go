@@ -13,9 +13,9 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/hotcount/hotcount/config"
+	"github.com/hotcount/hotcount/durability/streams"
 	"github.com/hotcount/hotcount/internal/embeddednats"
-	"github.com/hotcount/hotcount/internal/testenv"
-	"github.com/hotcount/hotcount/streams"
+	"github.com/hotcount/hotcount/internal/testtools/testenv"
 )
 
 // A cluster node's server mode (TestMain, clusterNode): its server name,

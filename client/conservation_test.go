@@ -12,7 +12,7 @@ import (
 
 	"github.com/hotcount/hotcount/client"
 	"github.com/hotcount/hotcount/config"
-	"github.com/hotcount/hotcount/internal/testenv"
+	"github.com/hotcount/hotcount/internal/testtools/testenv"
 )
 
 // TestPublisherConservesAcrossNATSRestart: producers written as Example

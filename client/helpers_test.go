@@ -13,10 +13,10 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/hotcount/hotcount/config"
-	"github.com/hotcount/hotcount/ingest"
 	"github.com/hotcount/hotcount/internal/embeddednats"
-	"github.com/hotcount/hotcount/internal/testenv"
-	"github.com/hotcount/hotcount/internal/testenv/sidecartest"
+	"github.com/hotcount/hotcount/internal/testtools/testenv"
+	"github.com/hotcount/hotcount/internal/testtools/testenv/sidecartest"
+	"github.com/hotcount/hotcount/pipeline/ingest"
 )
 
 // hotcount is a sidecar on the embedded store against a real NATS server,

@@ -7,8 +7,8 @@ import (
 	"time"
 
 	"github.com/hotcount/hotcount/client"
-	"github.com/hotcount/hotcount/ingest"
-	"github.com/hotcount/hotcount/internal/testenv"
+	"github.com/hotcount/hotcount/internal/testtools/testenv"
+	"github.com/hotcount/hotcount/pipeline/ingest"
 )
 
 // TestMentionAtCarriesItsTime: MentionAt's messages carry "at", in Unix

@@ -15,8 +15,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nuid"
 
-	"github.com/hotcount/hotcount/ingest"
 	"github.com/hotcount/hotcount/internal/waits"
+	"github.com/hotcount/hotcount/pipeline/ingest"
 )
 
 // Defaults of the Publisher's options.

@@ -19,9 +19,9 @@ import (
 
 	"github.com/hotcount/hotcount/client"
 	"github.com/hotcount/hotcount/config"
-	"github.com/hotcount/hotcount/ingest"
 	"github.com/hotcount/hotcount/internal/embeddednats"
-	"github.com/hotcount/hotcount/internal/testenv"
+	"github.com/hotcount/hotcount/internal/testtools/testenv"
+	"github.com/hotcount/hotcount/pipeline/ingest"
 )
 
 // TestDefaultsAreTheSidecars: the Publisher's defaults are the sidecar's.

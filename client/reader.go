@@ -12,9 +12,9 @@ import (
 	"strings"
 	"time"
 
-	"github.com/hotcount/hotcount/ingest"
-	"github.com/hotcount/hotcount/lookup"
-	"github.com/hotcount/hotcount/trend"
+	"github.com/hotcount/hotcount/pipeline/ingest"
+	"github.com/hotcount/hotcount/pipeline/lookup"
+	"github.com/hotcount/hotcount/pipeline/trend"
 )
 
 // Defaults of the Reader's options.

@@ -10,9 +10,9 @@ import (
 
 	"github.com/hotcount/hotcount/client"
 	"github.com/hotcount/hotcount/config"
-	"github.com/hotcount/hotcount/ingest"
-	"github.com/hotcount/hotcount/internal/testenv"
-	"github.com/hotcount/hotcount/lookup"
+	"github.com/hotcount/hotcount/internal/testtools/testenv"
+	"github.com/hotcount/hotcount/pipeline/ingest"
+	"github.com/hotcount/hotcount/pipeline/lookup"
 )
 
 // TestReaderTotals: topics published with a Publisher read back exactly,

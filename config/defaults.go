@@ -3,14 +3,14 @@ package config
 import (
 	"time"
 
-	"github.com/hotcount/hotcount/aggregator"
 	"github.com/hotcount/hotcount/fleet"
-	"github.com/hotcount/hotcount/flusher"
-	"github.com/hotcount/hotcount/httpapi"
-	"github.com/hotcount/hotcount/ingest"
-	"github.com/hotcount/hotcount/lookup"
-	"github.com/hotcount/hotcount/shardcount"
-	"github.com/hotcount/hotcount/store"
+	"github.com/hotcount/hotcount/pipeline/aggregator"
+	"github.com/hotcount/hotcount/pipeline/flusher"
+	"github.com/hotcount/hotcount/pipeline/httpapi"
+	"github.com/hotcount/hotcount/pipeline/ingest"
+	"github.com/hotcount/hotcount/pipeline/lookup"
+	"github.com/hotcount/hotcount/pipeline/shardcount"
+	"github.com/hotcount/hotcount/pipeline/store"
 )
 
 // Defaults that belong to no stage.

@@ -7,9 +7,9 @@ import (
 	"strings"
 	"time"
 
-	"github.com/hotcount/hotcount/flusher"
-	"github.com/hotcount/hotcount/ingest"
-	"github.com/hotcount/hotcount/lookup"
+	"github.com/hotcount/hotcount/pipeline/flusher"
+	"github.com/hotcount/hotcount/pipeline/ingest"
+	"github.com/hotcount/hotcount/pipeline/lookup"
 )
 
 // What the settings mean to the stages: the values derived from them, for

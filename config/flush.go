@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/hotcount/hotcount/store"
+	"github.com/hotcount/hotcount/pipeline/store"
 )
 
 // flushFlags are the shards, the flush's timing and the bounds on what one

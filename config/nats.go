@@ -4,7 +4,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/hotcount/hotcount/ingest"
+	"github.com/hotcount/hotcount/pipeline/ingest"
 )
 
 // natsFlags are the connection to NATS and its credentials.

@@ -9,7 +9,7 @@ import (
 
 	"github.com/spf13/pflag"
 
-	"github.com/hotcount/hotcount/ingest"
+	"github.com/hotcount/hotcount/pipeline/ingest"
 )
 
 // setting describes one setting. Its flag name is also its YAML key.

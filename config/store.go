@@ -3,7 +3,7 @@ package config
 import (
 	"regexp"
 
-	"github.com/hotcount/hotcount/store"
+	"github.com/hotcount/hotcount/pipeline/store"
 )
 
 // storeFlags say which store the counts are written to, and where.

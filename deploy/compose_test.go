@@ -20,7 +20,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	yamlv3 "go.yaml.in/yaml/v3"
 
-	"github.com/hotcount/hotcount/internal/testenv"
+	"github.com/hotcount/hotcount/internal/testtools/testenv"
 )
 
 // TestCompose checks the repository's compose.yaml, which the development

@@ -24,8 +24,8 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/hotcount/hotcount/config"
-	"github.com/hotcount/hotcount/internal/testenv"
-	"github.com/hotcount/hotcount/store"
+	"github.com/hotcount/hotcount/internal/testtools/testenv"
+	"github.com/hotcount/hotcount/pipeline/store"
 )
 
 // objects is a rendered kustomization, decoded strictly into the real

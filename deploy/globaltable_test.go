@@ -14,7 +14,7 @@ import (
 
 	yamlv3 "go.yaml.in/yaml/v3"
 
-	"github.com/hotcount/hotcount/store"
+	"github.com/hotcount/hotcount/pipeline/store"
 )
 
 // cfnTemplate is a CloudFormation template as far as the tests read one;

@@ -40,7 +40,7 @@ import (
 	releaseutil "helm.sh/helm/v4/pkg/release/v1/util"
 
 	"github.com/hotcount/hotcount/config"
-	"github.com/hotcount/hotcount/internal/testenv"
+	"github.com/hotcount/hotcount/internal/testtools/testenv"
 )
 
 // The Helm chart (helm/hotcount) and the example application chart that

@@ -15,8 +15,8 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/hotcount/hotcount/config"
-	"github.com/hotcount/hotcount/internal/testenv"
-	"github.com/hotcount/hotcount/streams"
+	"github.com/hotcount/hotcount/durability/streams"
+	"github.com/hotcount/hotcount/internal/testtools/testenv"
 )
 
 // TestNATSConfigRoutesPartitions: the NATS server configuration shipped

@@ -11,7 +11,7 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/hotcount/hotcount/fleet"
-	"github.com/hotcount/hotcount/internal/testenv"
+	"github.com/hotcount/hotcount/internal/testtools/testenv"
 )
 
 // TestOwnerSpreadsAndMovesLittle: every partition has one owner among the

@@ -12,9 +12,9 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/hotcount/hotcount/fleet"
-	"github.com/hotcount/hotcount/internal/testenv"
-	"github.com/hotcount/hotcount/lookup"
-	"github.com/hotcount/hotcount/store"
+	"github.com/hotcount/hotcount/internal/testtools/testenv"
+	"github.com/hotcount/hotcount/pipeline/lookup"
+	"github.com/hotcount/hotcount/pipeline/store"
 )
 
 // counted counts the topics gathered from a real store.

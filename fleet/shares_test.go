@@ -11,9 +11,9 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/hotcount/hotcount/fleet"
-	"github.com/hotcount/hotcount/internal/testenv"
-	"github.com/hotcount/hotcount/lookup"
-	"github.com/hotcount/hotcount/store"
+	"github.com/hotcount/hotcount/internal/testtools/testenv"
+	"github.com/hotcount/hotcount/pipeline/lookup"
+	"github.com/hotcount/hotcount/pipeline/store"
 )
 
 // runShares runs shares until the test ends and returns once the server

@@ -8,10 +8,10 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/hotcount/hotcount/config"
-	"github.com/hotcount/hotcount/ingest"
-	"github.com/hotcount/hotcount/internal/testenv"
-	"github.com/hotcount/hotcount/internal/testenv/sidecartest"
-	"github.com/hotcount/hotcount/loadgen"
+	"github.com/hotcount/hotcount/internal/testtools/testenv"
+	"github.com/hotcount/hotcount/internal/testtools/testenv/sidecartest"
+	"github.com/hotcount/hotcount/pipeline/ingest"
+	"github.com/hotcount/hotcount/tools/loadgen"
 )
 
 // BenchmarkJetStream measures how fast a stream of b.N stored mentions (1,000

@@ -7,9 +7,9 @@ import (
 	"time"
 
 	"github.com/hotcount/hotcount/config"
-	"github.com/hotcount/hotcount/internal/ddbfault"
-	"github.com/hotcount/hotcount/internal/testenv"
-	"github.com/hotcount/hotcount/loadgen"
+	"github.com/hotcount/hotcount/internal/testtools/ddbfault"
+	"github.com/hotcount/hotcount/internal/testtools/testenv"
+	"github.com/hotcount/hotcount/tools/loadgen"
 )
 
 // BenchmarkFleetWrites: 4 sidecars on one NATS server and one table take

@@ -15,10 +15,10 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/hotcount/hotcount/config"
-	"github.com/hotcount/hotcount/console"
-	"github.com/hotcount/hotcount/httpapi"
-	"github.com/hotcount/hotcount/lookup"
-	"github.com/hotcount/hotcount/shardcount"
+	"github.com/hotcount/hotcount/pipeline/httpapi"
+	"github.com/hotcount/hotcount/pipeline/lookup"
+	"github.com/hotcount/hotcount/pipeline/shardcount"
+	"github.com/hotcount/hotcount/tools/console"
 )
 
 // handlers builds the lookup API's listener's handler (with its token

@@ -15,13 +15,13 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/hotcount/hotcount/config"
-	"github.com/hotcount/hotcount/ingest"
-	"github.com/hotcount/hotcount/internal/globaltable"
-	"github.com/hotcount/hotcount/internal/testenv"
-	"github.com/hotcount/hotcount/internal/testenv/sidecartest"
-	"github.com/hotcount/hotcount/loadgen"
+	"github.com/hotcount/hotcount/internal/testtools/globaltable"
+	"github.com/hotcount/hotcount/internal/testtools/testenv"
+	"github.com/hotcount/hotcount/internal/testtools/testenv/sidecartest"
+	"github.com/hotcount/hotcount/pipeline/ingest"
+	"github.com/hotcount/hotcount/pipeline/store"
 	"github.com/hotcount/hotcount/sidecar"
-	"github.com/hotcount/hotcount/store"
+	"github.com/hotcount/hotcount/tools/loadgen"
 )
 
 // The two Regions of the multi-Region tests, and the replication delay of

@@ -20,10 +20,10 @@ import (
 	_ "github.com/oapi-codegen/runtime"
 
 	"github.com/hotcount/hotcount/config"
-	"github.com/hotcount/hotcount/httpapi"
-	"github.com/hotcount/hotcount/internal/apitest"
-	"github.com/hotcount/hotcount/internal/ddbfault"
-	"github.com/hotcount/hotcount/internal/testenv"
+	"github.com/hotcount/hotcount/internal/testtools/apitest"
+	"github.com/hotcount/hotcount/internal/testtools/ddbfault"
+	"github.com/hotcount/hotcount/internal/testtools/testenv"
+	"github.com/hotcount/hotcount/pipeline/httpapi"
 	"github.com/hotcount/hotcount/sidecar"
 )
 
@@ -53,7 +53,7 @@ type probe struct {
 }
 
 // TestOpenAPIAnswers holds every answer of two running sidecars to
-// httpapi/openapi.yaml, errors included: one plain, one with a lookup
+// pipeline/httpapi/openapi.yaml, errors included: one plain, one with a lookup
 // token and Region-owned shards (a global table's: each shard names its Region, and
 // the shards answer has regions). Eight minutes of mentions on a stepped
 // clock give the windows, series and trending history; a store outage
@@ -379,7 +379,7 @@ var wrongDocuments = []wrongDocument{
 	{name: "metrics as JSON", after: "operationId: getMetrics\n", old: "text/plain:", new: "application/json:"},
 }
 
-// TestOpenAPIGeneratedClient generates a Go client from httpapi/openapi.yaml
+// TestOpenAPIGeneratedClient generates a Go client from pipeline/httpapi/openapi.yaml
 // with oapi-codegen, builds it (offline: the module cache and this
 // module's go.sum, through a workspace), and runs it against a sidecar
 // with a lookup token: its totals, windows, shards, series, trending, hot
@@ -608,7 +608,7 @@ func run(lookupURL, adminURL, token string) error {
 }
 `
 
-// buildGeneratedClient generates the client from httpapi/openapi.yaml and
+// buildGeneratedClient generates the client from pipeline/httpapi/openapi.yaml and
 // builds clientMain with it, returning the binary. The client's module
 // is in a workspace with this one, so that it builds with this module's
 // go.sum and the versions it pins (github.com/oapi-codegen/runtime among

@@ -15,11 +15,11 @@ import (
 	"time"
 
 	"github.com/hotcount/hotcount/config"
-	"github.com/hotcount/hotcount/internal/testenv"
+	"github.com/hotcount/hotcount/internal/testtools/testenv"
 )
 
 // TestOpenAPITypeScriptClient is the client of another language than Go
-// generated from httpapi/openapi.yaml: openapi-typescript generates its
+// generated from pipeline/httpapi/openapi.yaml: openapi-typescript generates its
 // types, tsc compiles test/openapi-client/client.ts against them (strict: a type
 // error, in the client's use of the types or in the types themselves,
 // fails the test), and node runs it, through openapi-fetch, against a
@@ -133,7 +133,7 @@ func TestOpenAPITypeScriptClient(t *testing.T) {
 	}
 }
 
-// buildTypeScriptClient generates the TypeScript types of httpapi/openapi.yaml
+// buildTypeScriptClient generates the TypeScript types of pipeline/httpapi/openapi.yaml
 // with openapi-typescript and compiles test/openapi-client/client.ts
 // against them with tsc, in a folder of the test's, with the tools of
 // test/openapi-client/node_modules. It returns node and the folder, whose

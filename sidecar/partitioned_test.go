@@ -11,9 +11,9 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/hotcount/hotcount/config"
-	"github.com/hotcount/hotcount/internal/testenv"
-	"github.com/hotcount/hotcount/loadgen"
-	"github.com/hotcount/hotcount/streams"
+	"github.com/hotcount/hotcount/durability/streams"
+	"github.com/hotcount/hotcount/internal/testtools/testenv"
+	"github.com/hotcount/hotcount/tools/loadgen"
 )
 
 // partitioned tunes a sidecar for partitioned mode with n partitions.

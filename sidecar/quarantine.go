@@ -14,11 +14,11 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/hotcount/hotcount/config"
+	"github.com/hotcount/hotcount/durability/journal"
+	"github.com/hotcount/hotcount/durability/quarantine"
+	"github.com/hotcount/hotcount/durability/streams"
 	"github.com/hotcount/hotcount/internal/waits"
-	"github.com/hotcount/hotcount/journal"
-	"github.com/hotcount/hotcount/quarantine"
-	"github.com/hotcount/hotcount/store"
-	"github.com/hotcount/hotcount/streams"
+	"github.com/hotcount/hotcount/pipeline/store"
 )
 
 // OpenQuarantine opens the quarantine cfg's mode keeps: in the durable

@@ -14,10 +14,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/hotcount/hotcount/config"
-	"github.com/hotcount/hotcount/internal/ddbfault"
-	"github.com/hotcount/hotcount/internal/testenv"
-	"github.com/hotcount/hotcount/loadgen"
-	"github.com/hotcount/hotcount/store"
+	"github.com/hotcount/hotcount/internal/testtools/ddbfault"
+	"github.com/hotcount/hotcount/internal/testtools/testenv"
+	"github.com/hotcount/hotcount/pipeline/store"
+	"github.com/hotcount/hotcount/tools/loadgen"
 )
 
 // TestReadYourWritesNeverGoesBack, in core and JetStream (journaled) mode:

@@ -9,8 +9,8 @@ import (
 	"time"
 
 	"github.com/hotcount/hotcount/config"
-	"github.com/hotcount/hotcount/internal/testenv"
-	"github.com/hotcount/hotcount/loadgen"
+	"github.com/hotcount/hotcount/internal/testtools/testenv"
+	"github.com/hotcount/hotcount/tools/loadgen"
 )
 
 // TestFleetSharesGathers: two sidecars with --share-totals under a read

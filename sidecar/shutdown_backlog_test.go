@@ -7,10 +7,10 @@ import (
 	"time"
 
 	"github.com/hotcount/hotcount/config"
-	"github.com/hotcount/hotcount/flusher"
-	"github.com/hotcount/hotcount/internal/ddbfault"
-	"github.com/hotcount/hotcount/internal/testenv"
-	"github.com/hotcount/hotcount/loadgen"
+	"github.com/hotcount/hotcount/internal/testtools/ddbfault"
+	"github.com/hotcount/hotcount/internal/testtools/testenv"
+	"github.com/hotcount/hotcount/pipeline/flusher"
+	"github.com/hotcount/hotcount/tools/loadgen"
 )
 
 // The backlog tests stop a sidecar holding far more than a slow store

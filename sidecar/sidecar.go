@@ -23,12 +23,12 @@ import (
 
 	"github.com/hotcount/hotcount/config"
 	"github.com/hotcount/hotcount/fleet"
-	"github.com/hotcount/hotcount/flusher"
 	"github.com/hotcount/hotcount/internal/waits"
-	"github.com/hotcount/hotcount/lookup"
-	"github.com/hotcount/hotcount/shardcount"
-	"github.com/hotcount/hotcount/store"
-	"github.com/hotcount/hotcount/trend"
+	"github.com/hotcount/hotcount/pipeline/flusher"
+	"github.com/hotcount/hotcount/pipeline/lookup"
+	"github.com/hotcount/hotcount/pipeline/shardcount"
+	"github.com/hotcount/hotcount/pipeline/store"
+	"github.com/hotcount/hotcount/pipeline/trend"
 )
 
 // Store is a store as the sidecar uses it: both implementations satisfy it.

@@ -13,14 +13,14 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/hotcount/hotcount/config"
-	"github.com/hotcount/hotcount/ingest"
-	"github.com/hotcount/hotcount/internal/ddbfault"
-	"github.com/hotcount/hotcount/internal/testenv"
-	"github.com/hotcount/hotcount/internal/testenv/sidecartest"
-	"github.com/hotcount/hotcount/loadgen"
+	"github.com/hotcount/hotcount/durability/streams"
+	"github.com/hotcount/hotcount/internal/testtools/ddbfault"
+	"github.com/hotcount/hotcount/internal/testtools/testenv"
+	"github.com/hotcount/hotcount/internal/testtools/testenv/sidecartest"
+	"github.com/hotcount/hotcount/pipeline/ingest"
+	"github.com/hotcount/hotcount/pipeline/store"
 	"github.com/hotcount/hotcount/sidecar"
-	"github.com/hotcount/hotcount/store"
-	"github.com/hotcount/hotcount/streams"
+	"github.com/hotcount/hotcount/tools/loadgen"
 )
 
 // env is one sidecar against a real NATS server and a real dynalite,

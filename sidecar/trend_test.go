@@ -10,11 +10,11 @@ import (
 	"time"
 
 	"github.com/hotcount/hotcount/config"
-	"github.com/hotcount/hotcount/internal/testenv"
-	"github.com/hotcount/hotcount/loadgen"
+	"github.com/hotcount/hotcount/internal/testtools/testenv"
+	"github.com/hotcount/hotcount/pipeline/store"
+	"github.com/hotcount/hotcount/pipeline/trend"
 	"github.com/hotcount/hotcount/sidecar"
-	"github.com/hotcount/hotcount/store"
-	"github.com/hotcount/hotcount/trend"
+	"github.com/hotcount/hotcount/tools/loadgen"
 )
 
 // hoursAgo is the start of the UTC hour n hours before now: a test's

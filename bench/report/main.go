@@ -177,8 +177,8 @@ var targets = map[string]float64{
 }
 
 // commands mirrors the bench target of the Makefile, for the reader.
-const commands = `go test -run '^$' -bench 'BenchmarkAdd|BenchmarkLookupHTTP|BenchmarkWindowLookup|BenchmarkLookupCached|BenchmarkHandler|BenchmarkIngest' -benchmem -count 3 ./aggregator/ ./lookup/ ./httpapi/ ./ingest/
-go test -run '^$' -bench 'BenchmarkWindowMemory|BenchmarkPersist' -benchtime 1x -count 3 ./aggregator/
+const commands = `go test -run '^$' -bench 'BenchmarkAdd|BenchmarkLookupHTTP|BenchmarkWindowLookup|BenchmarkLookupCached|BenchmarkHandler|BenchmarkIngest' -benchmem -count 3 ./pipeline/aggregator/ ./pipeline/lookup/ ./pipeline/httpapi/ ./pipeline/ingest/
+go test -run '^$' -bench 'BenchmarkWindowMemory|BenchmarkPersist' -benchtime 1x -count 3 ./pipeline/aggregator/
 go test -run '^$' -bench BenchmarkJetStream -benchtime 200000x -count 3 ./sidecar/
 go test -run '^$' -bench 'BenchmarkIngest|BenchmarkCounters|BenchmarkWindowWrites' -benchtime 1000000x -count 3 ./bench/
 go test -run '^$' -bench BenchmarkClusterPartitions -benchtime 200000x -count 3 ./bench/

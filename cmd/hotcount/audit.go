@@ -15,12 +15,12 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/hotcount/hotcount/audit"
 	"github.com/hotcount/hotcount/config"
-	"github.com/hotcount/hotcount/durable"
-	"github.com/hotcount/hotcount/ingest"
+	"github.com/hotcount/hotcount/durability/durable"
+	"github.com/hotcount/hotcount/pipeline/ingest"
+	"github.com/hotcount/hotcount/pipeline/store"
 	"github.com/hotcount/hotcount/sidecar"
-	"github.com/hotcount/hotcount/store"
+	"github.com/hotcount/hotcount/tools/audit"
 )
 
 const auditHelp = `Usage: hotcount audit [flags]

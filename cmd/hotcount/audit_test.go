@@ -15,10 +15,10 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/hotcount/hotcount/durable"
-	"github.com/hotcount/hotcount/ingest"
-	"github.com/hotcount/hotcount/internal/testenv"
-	"github.com/hotcount/hotcount/store"
+	"github.com/hotcount/hotcount/durability/durable"
+	"github.com/hotcount/hotcount/internal/testtools/testenv"
+	"github.com/hotcount/hotcount/pipeline/ingest"
+	"github.com/hotcount/hotcount/pipeline/store"
 )
 
 // TestAuditCommand runs `hotcount audit` against a stream and a table

@@ -15,11 +15,11 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/hotcount/hotcount/internal/ddbfault"
-	"github.com/hotcount/hotcount/internal/testenv"
-	"github.com/hotcount/hotcount/loadgen"
-	"github.com/hotcount/hotcount/store"
-	"github.com/hotcount/hotcount/streams"
+	"github.com/hotcount/hotcount/durability/streams"
+	"github.com/hotcount/hotcount/internal/testtools/ddbfault"
+	"github.com/hotcount/hotcount/internal/testtools/testenv"
+	"github.com/hotcount/hotcount/pipeline/store"
+	"github.com/hotcount/hotcount/tools/loadgen"
 )
 
 // TestChaosCountsOnce is the position engine's faults all at once, with

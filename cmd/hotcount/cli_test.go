@@ -17,7 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/hotcount/hotcount/internal/datadir"
-	"github.com/hotcount/hotcount/store"
+	"github.com/hotcount/hotcount/pipeline/store"
 )
 
 // commands lists every command and subcommand a user can type.

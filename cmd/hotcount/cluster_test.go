@@ -16,9 +16,9 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/hotcount/hotcount/client"
-	"github.com/hotcount/hotcount/ingest"
-	"github.com/hotcount/hotcount/internal/testenv"
-	"github.com/hotcount/hotcount/streams"
+	"github.com/hotcount/hotcount/durability/streams"
+	"github.com/hotcount/hotcount/internal/testtools/testenv"
+	"github.com/hotcount/hotcount/pipeline/ingest"
 )
 
 // The NATS cluster tests' helpers: what the streams stored, and a

@@ -14,8 +14,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/hotcount/hotcount/internal/testenv"
-	"github.com/hotcount/hotcount/store"
+	"github.com/hotcount/hotcount/internal/testtools/testenv"
+	"github.com/hotcount/hotcount/pipeline/store"
 )
 
 // runMainEnv makes the test binary act as the hotcount binary, so that a

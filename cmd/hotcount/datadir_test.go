@@ -11,8 +11,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/hotcount/hotcount/internal/testenv"
-	"github.com/hotcount/hotcount/loadgen"
+	"github.com/hotcount/hotcount/internal/testtools/testenv"
+	"github.com/hotcount/hotcount/tools/loadgen"
 )
 
 // TestOneProcessPerDataDir starts two core-mode `hotcount run` processes

@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/hotcount/hotcount/config"
-	"github.com/hotcount/hotcount/internal/demo"
+	"github.com/hotcount/hotcount/tools/demo"
 )
 
 // cmdDemo races writers against the emulated per-key ceiling, in front of

@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/hotcount/hotcount/internal/testenv"
+	"github.com/hotcount/hotcount/internal/testtools/testenv"
 )
 
 // TestDemoCommand runs make demo's command line, shortened: it starts

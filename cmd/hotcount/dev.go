@@ -9,12 +9,12 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/hotcount/hotcount/config"
-	"github.com/hotcount/hotcount/console"
-	"github.com/hotcount/hotcount/ingest"
+	"github.com/hotcount/hotcount/durability/streams"
 	"github.com/hotcount/hotcount/internal/datadir"
 	"github.com/hotcount/hotcount/internal/embeddednats"
+	"github.com/hotcount/hotcount/pipeline/ingest"
 	"github.com/hotcount/hotcount/sidecar"
-	"github.com/hotcount/hotcount/streams"
+	"github.com/hotcount/hotcount/tools/console"
 )
 
 // defaultNATSPort is the embedded NATS server's port in dev mode: NATS's own.

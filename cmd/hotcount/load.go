@@ -15,9 +15,9 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/hotcount/hotcount/config"
-	"github.com/hotcount/hotcount/ingest"
-	"github.com/hotcount/hotcount/loadgen"
-	"github.com/hotcount/hotcount/streams"
+	"github.com/hotcount/hotcount/durability/streams"
+	"github.com/hotcount/hotcount/pipeline/ingest"
+	"github.com/hotcount/hotcount/tools/loadgen"
 )
 
 // streamTakes says whether a JetStream stream stores subject: one that

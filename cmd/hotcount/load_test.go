@@ -12,8 +12,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/hotcount/hotcount/internal/testenv"
-	"github.com/hotcount/hotcount/loadgen"
+	"github.com/hotcount/hotcount/internal/testtools/testenv"
+	"github.com/hotcount/hotcount/tools/loadgen"
 )
 
 // TestLoadHelp: --subject says load publishes under it, and --seed shows

@@ -9,7 +9,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/hotcount/hotcount/internal/testenv"
+	"github.com/hotcount/hotcount/internal/testtools/testenv"
 )
 
 // longTailRate is the long tail: new topics a second, each seen once.

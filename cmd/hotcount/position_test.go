@@ -18,12 +18,12 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/hotcount/hotcount/ingest"
-	"github.com/hotcount/hotcount/internal/ddbfault"
-	"github.com/hotcount/hotcount/internal/testenv"
-	"github.com/hotcount/hotcount/loadgen"
-	"github.com/hotcount/hotcount/store"
-	"github.com/hotcount/hotcount/streams"
+	"github.com/hotcount/hotcount/durability/streams"
+	"github.com/hotcount/hotcount/internal/testtools/ddbfault"
+	"github.com/hotcount/hotcount/internal/testtools/testenv"
+	"github.com/hotcount/hotcount/pipeline/ingest"
+	"github.com/hotcount/hotcount/pipeline/store"
+	"github.com/hotcount/hotcount/tools/loadgen"
 )
 
 // The position engine (--durable-engine position) through the binary.

@@ -13,10 +13,10 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/hotcount/hotcount/config"
-	"github.com/hotcount/hotcount/durable"
-	"github.com/hotcount/hotcount/quarantine"
+	"github.com/hotcount/hotcount/durability/durable"
+	"github.com/hotcount/hotcount/durability/quarantine"
+	"github.com/hotcount/hotcount/pipeline/store"
 	"github.com/hotcount/hotcount/sidecar"
-	"github.com/hotcount/hotcount/store"
 )
 
 // quarantineSettings are what `hotcount quarantine` reads: where the

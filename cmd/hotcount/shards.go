@@ -13,9 +13,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/hotcount/hotcount/config"
-	"github.com/hotcount/hotcount/shardcount"
+	"github.com/hotcount/hotcount/pipeline/shardcount"
+	"github.com/hotcount/hotcount/pipeline/store"
 	"github.com/hotcount/hotcount/sidecar"
-	"github.com/hotcount/hotcount/store"
 )
 
 // cmdShards shows a topic's shards, or sets its shard count:

@@ -18,11 +18,11 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/hotcount/hotcount/config"
-	"github.com/hotcount/hotcount/durable"
-	"github.com/hotcount/hotcount/ingest"
-	"github.com/hotcount/hotcount/journal"
+	"github.com/hotcount/hotcount/durability/durable"
+	"github.com/hotcount/hotcount/durability/journal"
+	"github.com/hotcount/hotcount/durability/streams"
+	"github.com/hotcount/hotcount/pipeline/ingest"
 	"github.com/hotcount/hotcount/sidecar"
-	"github.com/hotcount/hotcount/streams"
 )
 
 // natsSettings are the settings a command needs to reach NATS.

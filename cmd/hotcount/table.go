@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/hotcount/hotcount/config"
-	"github.com/hotcount/hotcount/store"
+	"github.com/hotcount/hotcount/pipeline/store"
 )
 
 // cmdTableCreate creates the table (pk string HASH, on-demand) if absent,

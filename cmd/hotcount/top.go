@@ -10,7 +10,7 @@ import (
 
 	"github.com/hotcount/hotcount/client"
 	"github.com/hotcount/hotcount/config"
-	"github.com/hotcount/hotcount/trend"
+	"github.com/hotcount/hotcount/pipeline/trend"
 )
 
 // cmdTop prints the fleet's trending topics as a sidecar's lookup API

@@ -14,8 +14,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/hotcount/hotcount/internal/testenv"
-	"github.com/hotcount/hotcount/trend"
+	"github.com/hotcount/hotcount/internal/testtools/testenv"
+	"github.com/hotcount/hotcount/pipeline/trend"
 )
 
 // without drops the commands that hold a word containing s.

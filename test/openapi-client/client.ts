@@ -1,5 +1,5 @@
 // A hotcount lookup client in TypeScript: the types are the ones
-// openapi-typescript generates from httpapi/openapi.yaml (schema.d.ts, next to
+// openapi-typescript generates from pipeline/httpapi/openapi.yaml (schema.d.ts, next to
 // this file once generated), the calls go through openapi-fetch. It is the
 // generated client of another language that sidecar/openapi_ts_test.go
 // (TestOpenAPITypeScriptClient) generates, compiles with tsc (strict: a

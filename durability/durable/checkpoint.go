@@ -1,0 +1,223 @@
+package durable
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/hotcount/hotcount/pipeline/store"
+)
+
+// DefaultCheckpointBucket is the JetStream key-value bucket of the
+// partitions' checkpoints.
+const DefaultCheckpointBucket = "hotcount_checkpoints"
+
+// checkpoints keeps, per partition stream, its record: the sequence
+// below which every mention is in the store or held in the record (the
+// quarantine: writes the store refused for good), and those held entries.
+// A reader that takes a partition over starts after the sequence and
+// sends its held counters' mentions to the record too. The sequence is a
+// hint for speed, not the truth about what is counted (the items'
+// positions are): one too low costs a re-read that the items' conditions
+// refuse, and it only ever moves forward, so one claimed by a sidecar
+// that froze and woke up cannot move it back. Sequence and held entries
+// change together, by compare-and-set on one key: a reader that sees a
+// sequence sees every entry held below it.
+type checkpoints struct {
+	kv jetstream.KeyValue
+}
+
+// record is one stream's checkpoint.
+type record struct {
+	store.Position
+	// held are the quarantined counters of the stream, by counter name:
+	// each holds every mention of its counter at sequences first..last.
+	held map[string]heldEntry
+}
+
+// heldEntry is a counter's mentions that the store refused for good
+// (store.Denied) for Config.QuarantineAfter: all of them at sequences
+// First..Last of the record's stream, kept until a write takes them.
+type heldEntry struct {
+	Topic  string     `json:"topic"`
+	Kind   store.Kind `json:"kind"`
+	Index  int64      `json:"index,omitempty"`
+	Delta  int64      `json:"delta"`
+	First  uint64     `json:"first"`
+	Last   uint64     `json:"last"`
+	Reason string     `json:"reason"`
+	Since  time.Time  `json:"since"`
+}
+
+func (h heldEntry) counter() store.Counter {
+	return store.Counter{Topic: h.Topic, Kind: h.Kind, Index: h.Index}
+}
+
+func (h heldEntry) entry() entry { return entry{delta: h.Delta, first: h.First, last: h.Last} }
+
+// openCheckpoints opens (creating if absent) the bucket. Replicas is the
+// bucket's replication in a cluster (1 outside one).
+func openCheckpoints(ctx context.Context, js jetstream.JetStream, bucket string, replicas int) (*checkpoints, error) {
+	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+		Bucket:      bucket,
+		Description: "hotcount: per partition stream, the sequence below which every mention is in the store or held here",
+		History:     1,
+		Replicas:    max(replicas, 1),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("durable: checkpoint bucket %s: %w", bucket, err)
+	}
+	return &checkpoints{kv: kv}, nil
+}
+
+// load returns stream's record: zero when it has none.
+func (c *checkpoints) load(ctx context.Context, name string) (record, uint64, error) {
+	e, err := c.kv.Get(ctx, name)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return record{}, 0, nil
+	}
+	if err != nil {
+		return record{}, 0, fmt.Errorf("durable: checkpoint of %s: %w", name, err)
+	}
+	r, err := parseRecord(e.Value())
+	if err != nil {
+		return record{}, 0, fmt.Errorf("durable: checkpoint of %s: %w", name, err)
+	}
+	return r, e.Revision(), nil
+}
+
+// update changes stream's record by change, which returns false to leave
+// it as it is. Two sidecars changing it at once are settled by the
+// bucket's compare-and-set: the loser reads again and changes that.
+func (c *checkpoints) update(ctx context.Context, name string, change func(*record) (bool, error)) error {
+	for range 5 {
+		cur, rev, err := c.load(ctx, name)
+		if err != nil {
+			return err
+		}
+		if ok, err := change(&cur); err != nil || !ok {
+			return err
+		}
+		v, err := formatRecord(cur)
+		if err != nil {
+			return err
+		}
+		if rev == 0 {
+			_, err = c.kv.Create(ctx, name, v)
+		} else {
+			_, err = c.kv.Update(ctx, name, v, rev)
+		}
+		if err == nil || !errors.Is(err, jetstream.ErrKeyExists) && !isWrongSequence(err) {
+			return err
+		}
+	}
+	return fmt.Errorf("durable: checkpoint of %s: changed under every try", name)
+}
+
+// advance moves stream's checkpoint to p if p is past it (a newer epoch,
+// or a higher sequence in the same one).
+func (c *checkpoints) advance(ctx context.Context, name string, p store.Position) error {
+	return c.update(ctx, name, func(r *record) (bool, error) {
+		if !after(p, r.Position) {
+			return false, nil
+		}
+		if p.Epoch != r.Epoch {
+			r.held = nil // the stream they were read from is gone
+		}
+		r.Position = p
+		return true, nil
+	})
+}
+
+// isWrongSequence says whether err is a compare-and-set that lost.
+func isWrongSequence(err error) bool {
+	var apiErr *jetstream.APIError
+	return errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
+		apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant)
+}
+
+// after says whether a is past b: a newer epoch, or the same and a higher
+// sequence.
+func after(a, b store.Position) bool {
+	return a.Epoch > b.Epoch || a.Epoch == b.Epoch && a.Seq > b.Seq
+}
+
+// moved says whether checkpoint p is news after prev, the last one stored
+// of its stream's name: a later sequence of the same creation, or another
+// creation, whichever epoch is larger (a server clock set back can give a
+// stream created again the smaller one; which creation is live the server
+// says when the record is stored).
+func moved(p, prev store.Position) bool {
+	return p.Epoch != prev.Epoch || p.Seq > prev.Seq
+}
+
+// formatRecord is a record as the bucket keeps it: "<epoch>:<sequence>",
+// then, when counters are held, a line of their JSON.
+func formatRecord(r record) ([]byte, error) {
+	v := []byte(formatPosition(r.Position))
+	if len(r.held) == 0 {
+		return v, nil
+	}
+	held, err := json.Marshal(r.held)
+	if err != nil {
+		return nil, err
+	}
+	return append(append(v, '\n'), held...), nil
+}
+
+func parseRecord(v []byte) (record, error) {
+	first, rest, _ := bytes.Cut(v, []byte{'\n'})
+	p, err := parsePosition(string(first))
+	if err != nil {
+		return record{}, err
+	}
+	r := record{Position: p}
+	if len(rest) > 0 {
+		if err := json.Unmarshal(rest, &r.held); err != nil {
+			return record{}, fmt.Errorf("held counters: %w", err)
+		}
+	}
+	return r, nil
+}
+
+func formatPosition(p store.Position) string {
+	return strconv.FormatInt(p.Epoch, 10) + ":" + strconv.FormatUint(p.Seq, 10)
+}
+
+func parsePosition(s string) (store.Position, error) {
+	e, q, ok := strings.Cut(s, ":")
+	epoch, err1 := strconv.ParseInt(e, 10, 64)
+	seq, err2 := strconv.ParseUint(q, 10, 64)
+	if !ok || err1 != nil || err2 != nil {
+		return store.Position{}, fmt.Errorf("%q is not <epoch>:<sequence>", s)
+	}
+	return store.Position{Epoch: epoch, Seq: seq}, nil
+}
+
+// Adopt gives stream a checkpoint at seq in its current epoch, unless it
+// has one as far already: `hotcount stream adopt`, which hands a stream
+// the journal engine read to the position engine at its consumer's
+// acknowledgement floor. bucket is the checkpoints' bucket ("": the
+// default), created on the stream's replicas if absent.
+func Adopt(ctx context.Context, js jetstream.JetStream, stream, bucket string, seq uint64) error {
+	st, err := js.Stream(ctx, stream)
+	if err != nil {
+		return fmt.Errorf("durable: adopt %s: %w", stream, err)
+	}
+	info := st.CachedInfo()
+	if bucket == "" {
+		bucket = DefaultCheckpointBucket
+	}
+	c, err := openCheckpoints(ctx, js, bucket, info.Config.Replicas)
+	if err != nil {
+		return err
+	}
+	return c.advance(ctx, stream, store.Position{Epoch: epochOf(info), Seq: seq})
+}

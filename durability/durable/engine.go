@@ -1,0 +1,433 @@
+// Package durable is the durable modes' engine: mentions read from
+// JetStream partition streams and written to DynamoDB exactly once, by
+// stream position.
+//
+// The guarantee lives in the items, not in the broker's state. A reader
+// takes a partition stream in order, with no acknowledgements, from the
+// partition's checkpoint; the window adds up, per counter, the mentions it
+// read at stream sequences first..last; and a flush writes each counter as
+// one UpdateItem that adds the delta and records last, on the condition
+// that the item's recorded position for that stream is below first. A
+// write sent twice (a lost answer), or by two readers of one partition (a
+// frozen owner that woke up, a hand-over, a split network), is refused the
+// second time; a write refused half-way (the item already holds part of
+// the span) is counted again from the stream for the rest. The argument,
+// and what it assumes, is in docs/SEMANTICS.md ("Exactly once by stream
+// position").
+//
+// Ownership of partitions (fleet.Members) is for efficiency: one sidecar
+// writes a hot topic once per interval. Correctness does not depend on it.
+package durable
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/cenkalti/backoff/v5"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+
+	"github.com/hotcount/hotcount/internal/waits"
+	"github.com/hotcount/hotcount/pipeline/ingest"
+	"github.com/hotcount/hotcount/pipeline/ownwrites"
+	"github.com/hotcount/hotcount/pipeline/store"
+)
+
+// Config is the engine's part of the configuration.
+type Config struct {
+	// Stream is --stream: the one stream, or the partition streams'
+	// prefix (MENTIONS-<p>) when Partitions > 0.
+	Stream string
+	// Subject is --subject ("mentions.>").
+	Subject    string
+	Partitions int // 0: the one stream
+	// Bucket is the checkpoints' key-value bucket, Replicas its
+	// replication.
+	Bucket   string
+	Replicas int
+	// Interval is the flush interval; WriteTimeout bounds one write;
+	// Concurrency the writes in flight.
+	Interval     time.Duration
+	WriteTimeout time.Duration
+	Concurrency  int
+	// MaxCounters is how many counters the window may hold before the
+	// readers pause (the stream keeps the rest).
+	MaxCounters int
+	// Minutes and Hours turn the time buckets on.
+	Minutes, Hours bool
+	// JournalConsumer is the journal engine's durable consumer
+	// (--consumer): a stream without a checkpoint that has it was read by
+	// that engine, and is not read here until adopted (Adopt).
+	JournalConsumer string
+	// Limits and DeadLetter are the ingest's checks of a message.
+	Limits     ingest.Limits
+	DeadLetter string
+	// QuarantineAfter is how long a counter's writes may be refused for
+	// good (store.Denied) before its mentions are held in its stream's
+	// checkpoint record, out of the window's way (0: never).
+	QuarantineAfter time.Duration
+}
+
+// Store is what the engine writes to: store.Write with a Span, applied
+// at most once whatever the number of times or readers that send it
+// (store.ErrCovered, *store.OverlapError).
+type Store interface {
+	Add(ctx context.Context, w store.Write, now time.Time) error
+}
+
+// Owner says which partitions this sidecar reads (fleet.Members).
+type Owner interface {
+	Owned(n int) []int
+	Changed() <-chan struct{}
+	Settled() bool
+}
+
+// Observer is told what each flush applied (the trend sketch, the hot
+// topics).
+type Observer interface {
+	Observe(written map[store.Counter]int64)
+}
+
+// Engine reads partition streams into its window and flushes it. Run owns
+// its readers and its flush loop.
+type Engine struct {
+	cfg       Config
+	js        jetstream.JetStream
+	st        Store
+	owner     Owner // nil: every partition
+	check     *ingest.Checker
+	prefix    string
+	observers []Observer
+	view      *ownwrites.View
+	log       *zap.Logger
+	sampled   *zap.Logger
+	metrics   *Metrics
+	now       func() time.Time
+
+	win     *window
+	ckpt    *checkpoints
+	flushed broadcast
+
+	flushMu  sync.Mutex
+	doubt    map[key]job               // writes in doubt, sent again next flush (under flushMu)
+	advanced map[string]store.Position // checkpoints stored, per stream (under flushMu)
+	denied   map[key]time.Time         // since when each counter's writes are refused for good (under flushMu)
+	replayed time.Time                 // the last replay of the held counters (under flushMu)
+	held     heldSet
+	// recounting bounds the recounts under way at once: after a restart
+	// or a hand-over most busy counters overlap once, and hundreds of
+	// ordered consumers made at once swamped a loaded server until each
+	// timed out, and the next flush made them all again.
+	recounting chan struct{}
+
+	lastProgress atomic.Int64
+	lastWrite    atomic.Int64 // lastProgress less the flushes refused for good only
+	failing      atomic.Bool
+	reading      atomic.Bool
+	// For the retention gauges: per stream name, the publication (Unix
+	// ns) of the last message read while more were pending (0: caught
+	// up), and the stream's max age.
+	unread sync.Map // string -> int64
+	ages   sync.Map // string -> time.Duration
+}
+
+// New returns an engine reading through nc into st. Nothing starts until
+// Run.
+func New(cfg Config, nc *nats.Conn, st Store, owner Owner, log *zap.Logger, m *Metrics, im *ingest.Metrics, now func() time.Time, observers ...Observer) (*Engine, error) {
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, err
+	}
+	prefix, err := ingest.Prefix(cfg.Subject)
+	if err != nil {
+		return nil, err
+	}
+	check, err := ingest.NewChecker(nc, ingest.Config{Subject: cfg.Subject, DeadLetterSubject: cfg.DeadLetter, Limits: cfg.Limits}, log, im)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.Bucket == "" {
+		cfg.Bucket = DefaultCheckpointBucket
+	}
+	if cfg.MaxCounters <= 0 {
+		cfg.MaxCounters = 1 << 20
+	}
+	log = log.Named("durable")
+	e := &Engine{cfg: cfg, js: js, st: st, owner: owner, check: check, prefix: prefix, observers: observers,
+		log: log, metrics: m, now: now, win: newWindow(), doubt: make(map[key]job), advanced: make(map[string]store.Position),
+		denied: make(map[key]time.Time), recounting: make(chan struct{}, maxRecounts), held: heldSet{keys: make(map[key]bool), per: make(map[string]int), gauge: m.held, most: m.heldMost},
+		sampled: log.WithOptions(zap.WrapCore(func(c zapcore.Core) zapcore.Core {
+			return zapcore.NewSamplerWithOptions(c, time.Second, 1, 0)
+		}))}
+	e.ShowWrites(ownwrites.New(ownwrites.Config{Keep: time.Second}, now)) // nobody reads it, unless ShowWrites
+	e.lastProgress.Store(now().UnixNano())
+	e.lastWrite.Store(now().UnixNano())
+	return e, nil
+}
+
+// Run opens the checkpoints (waiting for JetStream as long as it takes,
+// and saying so), then reads the partitions this sidecar owns and flushes
+// every interval until ctx ends. It does not flush at the end: call Final.
+func (e *Engine) Run(ctx context.Context) error {
+	if err := e.open(ctx); err != nil {
+		return nil // ctx ended first
+	}
+	e.reading.Store(true)
+	defer e.reading.Store(false)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	wg.Go(func() { e.flushLoop(ctx) })
+	e.follow(ctx, &wg)
+	return nil
+}
+
+// open opens the checkpoint bucket, trying again until ctx ends: a new
+// cluster may take a while to create it.
+func (e *Engine) open(ctx context.Context) error {
+	c, err := backoff.Retry(ctx, func() (*checkpoints, error) {
+		octx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		return openCheckpoints(octx, e.js, e.cfg.Bucket, e.replicas(octx))
+	}, backoff.WithBackOff(waits.Reconnect()), backoff.WithMaxElapsedTime(0), backoff.WithNotify(func(err error, _ time.Duration) {
+		e.sampled.Warn("waiting for JetStream to open the checkpoint bucket", zap.Error(err))
+	}))
+	if err != nil {
+		return err
+	}
+	e.ckpt = c
+	return nil
+}
+
+// replicas is the checkpoint bucket's replication: Config.Replicas, else
+// as many as the first partition's stream has, so that the checkpoints
+// live through the loss of any node the mentions live through (one
+// replica while the stream is not there yet; a later start raises it).
+func (e *Engine) replicas(ctx context.Context) int {
+	if e.cfg.Replicas > 0 {
+		return e.cfg.Replicas
+	}
+	if st, err := e.js.Stream(ctx, e.streamName(0)); err == nil {
+		return st.CachedInfo().Config.Replicas
+	}
+	return 1
+}
+
+// follow runs a reader for each partition this sidecar owns, starting and
+// stopping them as the owners change, until ctx ends.
+func (e *Engine) follow(ctx context.Context, wg *sync.WaitGroup) {
+	readers := make(map[int]context.CancelFunc)
+	defer func() {
+		for _, stop := range readers {
+			stop()
+		}
+	}()
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	for {
+		want := make(map[int]bool)
+		for _, p := range e.owned() {
+			want[p] = true
+		}
+		for p, stop := range readers {
+			if !want[p] {
+				stop()
+				delete(readers, p)
+				e.log.Info("partition released", zap.Int("partition", p))
+			}
+		}
+		for p := range want {
+			if readers[p] == nil {
+				rctx, stop := context.WithCancel(ctx)
+				readers[p] = stop
+				wg.Go(func() { e.read(rctx, p) })
+				e.log.Info("partition claimed", zap.Int("partition", p), zap.String("stream", e.streamName(p)))
+			}
+		}
+		e.check.Partitions(max(e.cfg.Partitions, 1), len(readers))
+		var changed <-chan struct{}
+		if e.owner != nil {
+			changed = e.owner.Changed()
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-changed:
+		case <-tick.C:
+		}
+	}
+}
+
+// owned are the partitions to read now.
+func (e *Engine) owned() []int {
+	n := max(e.cfg.Partitions, 1)
+	if e.owner == nil {
+		ps := make([]int, n)
+		for i := range ps {
+			ps[i] = i
+		}
+		return ps
+	}
+	if !e.owner.Settled() {
+		return nil
+	}
+	return e.owner.Owned(n)
+}
+
+// flushLoop flushes every interval (±10%) until ctx ends.
+func (e *Engine) flushLoop(ctx context.Context) {
+	for {
+		t := time.NewTimer(time.Duration(float64(e.cfg.Interval) * (0.9 + 0.2*rand.Float64())))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+		if err := e.Flush(context.WithoutCancel(ctx)); err != nil {
+			e.sampled.Warn("flush incomplete; what was not written waits for the next", zap.Error(err))
+		}
+	}
+}
+
+// Final flushes what the readers left, until everything is written or ctx
+// ends. What it cannot write is not lost: the checkpoint stays below it,
+// and the partition's next reader reads it again.
+func (e *Engine) Final(ctx context.Context) error {
+	for {
+		err := e.Flush(ctx)
+		if err == nil && e.win.size() == 0 {
+			return nil
+		}
+		// A store that refuses at once is asked again at the flush
+		// interval, not in a loop.
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(min(e.cfg.Interval, 200*time.Millisecond)):
+		}
+	}
+}
+
+// full says whether the window holds as many counters as it may.
+func (e *Engine) full() bool { return e.win.size() >= e.cfg.MaxCounters }
+
+// LastProgress is the time of the last flush that wrote something or had
+// nothing to write.
+func (e *Engine) LastProgress() time.Time { return time.Unix(0, e.lastProgress.Load()) }
+
+// LastWrite is LastProgress less the flushes whose every write the store
+// refused for good (see flusher.Flusher.LastWrite).
+func (e *Engine) LastWrite() time.Time { return time.Unix(0, e.lastWrite.Load()) }
+
+// Failing says whether the last flush had work and wrote none of it.
+func (e *Engine) Failing() bool { return e.failing.Load() }
+
+// Metrics counts what the engine does.
+type Metrics struct {
+	writes        *prometheus.CounterVec
+	recounts      prometheus.Counter
+	retentionLost prometheus.Counter
+	backwards     prometheus.Counter
+	unadopted     prometheus.Counter
+	checkpoint    prometheus.Gauge
+	held          prometheus.Gauge
+	heldMost      prometheus.Gauge
+	oldest        prometheus.Gauge
+	maxAge        prometheus.Gauge
+	// The write stage's metrics, under the names the flusher gives them
+	// in core mode: dashboards and alerts (HotcountFlushStale,
+	// HotcountWritesInDoubt) read one set whatever the mode.
+	flushes     *prometheus.CounterVec
+	duration    prometheus.Histogram
+	flushed     prometheus.Counter
+	requeued    prometheus.Counter
+	lastSuccess prometheus.Gauge
+	pending     prometheus.Gauge
+	// The quarantine's, under the flusher's names too.
+	quarantined         prometheus.Counter
+	quarantinedMentions prometheus.Counter
+}
+
+// NewMetrics registers the engine's metrics with reg.
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		writes: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "hotcount_durable_writes_total",
+			Help: "Positional writes by outcome: applied; covered (the item already held every position: another reader, or an earlier attempt, wrote them); overlap (the item held part of the span: the rest is recounted from the stream); in_doubt (a lost answer: sent again unchanged); failed (not applied: back to the window)."},
+			[]string{"outcome"}),
+		recounts: prometheus.NewCounter(prometheus.CounterOpts{Name: "hotcount_durable_recounts_total",
+			Help: "Counters counted again from the stream after an overlapping write (two readers of one partition)."}),
+		retentionLost: prometheus.NewCounter(prometheus.CounterOpts{Name: "hotcount_durable_retention_lost_total",
+			Help: "Stream messages dropped before any reader counted them (by the stream's limits, or with the stream, deleted while a recount of them was due): lost. Expected 0."}),
+		backwards: prometheus.NewCounter(prometheus.CounterOpts{Name: "hotcount_durable_backwards_total",
+			Help: "Readings refused because a stream's sequences went back below its checkpoint in the same epoch (a stream restored from a backup keeps its creation time): its new mentions would read as counted. Expected 0; see the log."}),
+		unadopted: prometheus.NewCounter(prometheus.CounterOpts{Name: "hotcount_durable_unadopted_total",
+			Help: "Readings refused because a stream the journal engine read has no checkpoint yet: run hotcount stream adopt. See the log."}),
+		held: prometheus.NewGauge(prometheus.GaugeOpts{Name: "hotcount_durable_held_counters",
+			Help: "Counters held now in the checkpoint records of the streams this sidecar reads (the store refuses their writes for good; at most 1,000 a stream): written, and no longer held, once the store takes them."}),
+		heldMost: prometheus.NewGauge(prometheus.GaugeOpts{Name: "hotcount_durable_held_counters_fullest_stream",
+			Help: "The held counters of the stream whose checkpoint record holds the most: at 1,000 it is full, and a counter refused then holds back its stream's checkpoint (and retention) until the store takes it."}),
+		checkpoint: prometheus.NewGauge(prometheus.GaugeOpts{Name: "hotcount_durable_checkpoint_sequence",
+			Help: "The last checkpoint this sidecar stored (a stream sequence)."}),
+		oldest: prometheus.NewGauge(prometheus.GaugeOpts{Name: "hotcount_durable_oldest_unwritten_seconds",
+			Help: "Age of the oldest mention this sidecar has read and not yet written, or not yet read while it is behind its streams (0: none): once it passes the streams' max age, the stream drops mentions before they are counted."}),
+		maxAge: prometheus.NewGauge(prometheus.GaugeOpts{Name: "hotcount_durable_stream_max_age_seconds",
+			Help: "The shortest max age of the streams this sidecar reads (0: none): what hotcount_durable_oldest_unwritten_seconds must stay well under."}),
+		flushes: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "hotcount_flusher_flushes_total",
+			Help: "Flushes, by result: ok (everything written) or error (some deltas kept for the next flush)."}, []string{"result"}),
+		duration: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "hotcount_flusher_flush_seconds",
+			Help: "Time one flush took.", Buckets: prometheus.ExponentialBuckets(0.001, 4, 8)}),
+		flushed: prometheus.NewCounter(prometheus.CounterOpts{Name: "hotcount_flusher_flushed_mentions_total",
+			Help: "Mentions written to the store: the deltas of the topic totals this sidecar applied."}),
+		requeued: prometheus.NewCounter(prometheus.CounterOpts{Name: "hotcount_flusher_requeued_mentions_total",
+			Help: "Mentions whose write failed and went back to the window."}),
+		lastSuccess: prometheus.NewGauge(prometheus.GaugeOpts{Name: "hotcount_flusher_last_success_timestamp_seconds",
+			Help: "Time of the last flush that wrote everything it had."}),
+		pending: prometheus.NewGauge(prometheus.GaugeOpts{Name: "hotcount_flusher_pending_writes",
+			Help: "Writes in doubt (no answer), sent again unchanged each flush; their counters' newer deltas wait."}),
+	}
+	for _, o := range []string{"applied", "covered", "overlap", "in_doubt", "failed"} {
+		m.writes.WithLabelValues(o)
+	}
+	m.quarantined = prometheus.NewCounter(prometheus.CounterOpts{Name: "hotcount_flusher_quarantined_writes_total",
+		Help: "Counters whose writes the store refused for good for --quarantine-after, held in their stream's checkpoint record until it takes them."})
+	m.quarantinedMentions = prometheus.NewCounter(prometheus.CounterOpts{Name: "hotcount_flusher_quarantined_mentions_total",
+		Help: "Mentions of topic totals held so (a bucket's repeat its total's): missing from the table until the store takes them."})
+	m.flushes.WithLabelValues("ok")
+	m.flushes.WithLabelValues("error")
+	reg.MustRegister(m.writes, m.recounts, m.retentionLost, m.backwards, m.unadopted, m.held, m.heldMost, m.checkpoint, m.oldest, m.maxAge,
+		m.flushes, m.duration, m.flushed, m.requeued, m.lastSuccess, m.pending, m.quarantined, m.quarantinedMentions)
+	return m
+}
+
+// ShowWrites shows the engine's window and writes to the readers of v
+// (lookup.Service.SeeWrites): the window's pending mentions, the totals
+// a flush holds, and each write of a total as it is sent and answered.
+// Call it before Run.
+func (e *Engine) ShowWrites(v *ownwrites.View) {
+	e.view = v
+	v.Attach(func(topic string) int64 { return e.win.pending(topic, store.Minute.Index(e.now())) })
+}
+
+// Ready says whether the engine reads its partitions.
+func (e *Engine) Ready() error {
+	if !e.reading.Load() {
+		return errors.New("durable: not reading yet (waiting for JetStream)")
+	}
+	return nil
+}
+
+// EndBy is the shutdown's deadline for the final flush: the engine needs
+// none (what it does not write, the next reader reads again).
+func (e *Engine) EndBy(time.Time) {}
+
+// Writer names this writer in logs: the engine writes as no one in
+// particular (the items' positions, not a writer id, make writes
+// idempotent).
+func (e *Engine) Writer() string { return "positions" }

@@ -1,0 +1,556 @@
+// Package ingest takes mention events from NATS, checks them, and adds them
+// to the aggregator. Several sidecars share one stream of mentions through a
+// NATS queue group. A message it cannot use is rejected: counted, logged at a
+// sampled rate and republished to the dead-letter subject with its reason.
+package ingest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/url"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+
+	"github.com/hotcount/hotcount/durability/streams"
+)
+
+// Defaults, used by the config package.
+const (
+	// DefaultSubject is the subscription subject; the topic follows the prefix.
+	DefaultSubject = "mentions.>"
+	// DefaultQueueGroup is the queue group the sidecars share.
+	DefaultQueueGroup = "hotcount"
+	// DefaultDeadLetterSubject receives rejected messages.
+	DefaultDeadLetterSubject = "hotcount.dlq"
+	// DefaultDrainTimeout bounds the drain of the subscription at shutdown.
+	DefaultDrainTimeout = 5 * time.Second
+)
+
+// Pending limits of the subscription: how far nats.go may buffer ahead of
+// the handler before it drops (and reports a slow consumer). A handler that
+// keeps up holds a handful; these absorb a flush-sized pause.
+const (
+	pendingMsgs  = 512 << 10
+	pendingBytes = 64 << 20
+)
+
+// Headers on a dead-lettered message.
+const (
+	// ErrorHeader gives the reason the message was rejected.
+	ErrorHeader = "Hotcount-Error"
+	// SubjectHeader gives the subject it was published to.
+	SubjectHeader = "Hotcount-Subject"
+)
+
+// Sink receives accepted mentions. The aggregator is one.
+type Sink interface {
+	Add(topic string, delta int64)
+}
+
+// TimedSink is a Sink that also takes mentions at the time they happened
+// (a message's "at"), to count them in that time's buckets. The aggregator
+// is one. A Sink that is not one gets such mentions through Add.
+type TimedSink interface {
+	AddAt(topic string, delta int64, at time.Time)
+}
+
+// Clock is a Sink that tells the time it places mentions by. The
+// aggregator is one: with time buckets on, its clock puts a mention
+// without "at" in its minute. A core-mode mention's "at" is judged
+// against this time (its arrival), so that what the ingest takes as
+// within --max-lateness and the minute the sink counts it in read the
+// same clock, a test's fake one included. A Sink that is not one is
+// judged by the wall clock.
+type Clock interface {
+	Now() time.Time
+}
+
+// clockOf is sink's clock, or the wall clock.
+func clockOf(sink any) func() time.Time {
+	if c, ok := sink.(Clock); ok {
+		return c.Now
+	}
+	return time.Now
+}
+
+// Config is the ingest's part of the configuration.
+type Config struct {
+	Subject           string
+	QueueGroup        string
+	DeadLetterSubject string
+	DrainTimeout      time.Duration
+	Limits            Limits
+}
+
+// Prefix returns the topic prefix of a subscription subject, which must be
+// `<prefix>.>`: `mentions.>` gives `mentions.`.
+func Prefix(subject string) (string, error) {
+	p, ok := strings.CutSuffix(subject, ">")
+	if !ok || !strings.HasSuffix(p, ".") || len(p) < 2 || strings.ContainsAny(p, "* \t\r\n") {
+		return "", fmt.Errorf("ingest: subject %q must be a literal prefix followed by .> (like mentions.>)", subject)
+	}
+	return p, nil
+}
+
+// checker parses messages and rejects the bad ones; the core subscriber
+// and the durable engine's Checker share it.
+type checker struct {
+	nc      *nats.Conn
+	cfg     Config
+	prefix  string
+	now     func() time.Time // the sink's clock (clockOf): a core-mode message's arrival
+	log     *zap.Logger      // for events of the subscription
+	sampled *zap.Logger      // for rejected messages: at most one line a second per reason
+	metrics *Metrics
+}
+
+func newChecker(nc *nats.Conn, cfg Config, now func() time.Time, log *zap.Logger, m *Metrics) (*checker, error) {
+	prefix, err := Prefix(cfg.Subject)
+	if err != nil {
+		return nil, err
+	}
+	log = log.Named("ingest")
+	return &checker{
+		nc: nc, cfg: cfg, prefix: prefix, now: now, log: log, metrics: m,
+		sampled: log.WithOptions(zap.WrapCore(func(c zapcore.Core) zapcore.Core {
+			return zapcore.NewSamplerWithOptions(c, time.Second, 1, 0)
+		})),
+	}, nil
+}
+
+// check returns a message's topic, count and, if its payload has one, its
+// "at" (zero without), or the reason it is rejected after rejecting it. An
+// "at" is judged against published, the message's publication in the
+// durable modes; zero (core mode) is its arrival, the sink's now.
+func (c *checker) check(subject string, data []byte, hdr nats.Header, published time.Time) (topic string, delta int64, at time.Time, reason string) {
+	topic, delta, at, err := judge(c.prefix, subject, data, published, c.now, c.cfg.Limits)
+	if err != nil {
+		return "", 0, time.Time{}, c.reject(subject, data, hdr, err)
+	}
+	return topic, delta, at, ""
+}
+
+// Judge says what the durable modes make of a message stored on subject
+// (partitioned mode: streams.Unstored's) with payload data and published
+// at its stream timestamp: its topic, its count and the time it is
+// counted at (the payload's "at", else published), or the reason it is
+// rejected (an *InvalidError). It is Checker's own judgement (check calls
+// the same code), for a reader of the stream that must agree with it:
+// hotcount audit. It keeps no state.
+func Judge(prefix, subject string, data []byte, published time.Time, l Limits) (topic string, delta int64, at time.Time, err error) {
+	topic, delta, at, err = judge(prefix, subject, data, published, nil, l)
+	if err == nil && at.IsZero() {
+		at = published
+	}
+	return topic, delta, at, err
+}
+
+// judge is check's and Judge's judgement: a message's topic, count and
+// "at" (zero without one). An "at" is judged against published, or when
+// that is zero against now() (core mode: the arrival).
+func judge(prefix, subject string, data []byte, published time.Time, now func() time.Time, l Limits) (topic string, delta int64, at time.Time, err error) {
+	topic, err = Topic(prefix, subject, l)
+	if err != nil {
+		return "", 0, time.Time{}, err
+	}
+	p, err := ParsePayload(data, l.MaxCount)
+	if err != nil {
+		return "", 0, time.Time{}, err
+	}
+	if p.HasAt {
+		if published.IsZero() && now != nil {
+			published = now()
+		}
+		if at, err = CheckAt(p.At, published, l.MaxLateness); err != nil {
+			return "", 0, time.Time{}, err
+		}
+	}
+	return topic, p.Count, at, nil
+}
+
+// accepted counts a message once its count is in the buffer: a reader
+// that sees the metric then finds the count (include=pending).
+func (c *checker) accepted(delta int64) {
+	c.metrics.events.Inc()
+	c.metrics.mentions.Add(float64(delta))
+}
+
+// reject counts, logs (sampled) and dead-letters a message, and returns the
+// reason. A dead-letter publish that fails is counted too.
+func (c *checker) reject(subject string, data []byte, hdr nats.Header, err error) string {
+	reason := ReasonPayload
+	var inv *InvalidError
+	if errors.As(err, &inv) {
+		reason = inv.Reason
+	}
+	c.metrics.invalid.WithLabelValues(reason).Inc()
+	c.sampled.Warn("message rejected", zap.String("reason", reason), zap.String("subject", subject), zap.Error(err))
+	if c.cfg.DeadLetterSubject == "" {
+		return reason
+	}
+	dl := nats.NewMsg(c.cfg.DeadLetterSubject)
+	dl.Data = data
+	for k, v := range hdr {
+		dl.Header[k] = v
+	}
+	dl.Header.Set(ErrorHeader, reason)
+	dl.Header.Set(SubjectHeader, subject)
+	if err := c.nc.PublishMsg(dl); err != nil {
+		c.metrics.dropped.WithLabelValues("dead_letter").Inc()
+		c.sampled.Warn("dead-letter publish failed", zap.Error(err))
+	}
+	return reason
+}
+
+// Subscriber is the core NATS ingest: a queue subscription whose handler
+// checks each message and adds it to the sink. Run owns the subscription.
+type Subscriber struct {
+	*checker
+	sink  Sink
+	timed TimedSink // sink, if it is one
+	sub   atomic.Pointer[nats.Subscription]
+}
+
+// NewSubscriber returns a subscriber on nc. Nothing is subscribed until Run.
+func NewSubscriber(nc *nats.Conn, cfg Config, sink Sink, log *zap.Logger, m *Metrics) (*Subscriber, error) {
+	c, err := newChecker(nc, cfg, clockOf(sink), log, m)
+	if err != nil {
+		return nil, err
+	}
+	timed, _ := sink.(TimedSink)
+	return &Subscriber{checker: c, sink: sink, timed: timed}, nil
+}
+
+// Run subscribes and takes messages until ctx ends, then drains: it stops
+// taking new messages and handles those already received, for at most the
+// drain timeout. Messages still pending after it are counted as dropped.
+func (s *Subscriber) Run(ctx context.Context) error {
+	sub, err := s.nc.QueueSubscribe(s.cfg.Subject, s.cfg.QueueGroup, s.handle)
+	if err != nil {
+		return fmt.Errorf("ingest: subscribe %s: %w", s.cfg.Subject, err)
+	}
+	if err := sub.SetPendingLimits(pendingMsgs, pendingBytes); err != nil {
+		return fmt.Errorf("ingest: set pending limits: %w", err)
+	}
+	// The server has the subscription once a round trip has gone through
+	// after it: readiness and the log line wait for that, since a mention
+	// published before finds no interest and is gone (core NATS). A slow
+	// server only delays them.
+	if err := s.nc.FlushTimeout(5 * time.Second); err != nil {
+		s.log.Warn("the server has not confirmed the subscription yet", zap.Error(err))
+	}
+	s.sub.Store(sub)
+	s.log.Info("subscribed", zap.String("subject", s.cfg.Subject), zap.String("queue", s.cfg.QueueGroup))
+
+	<-ctx.Done()
+	return s.drain(sub)
+}
+
+func (s *Subscriber) drain(sub *nats.Subscription) error {
+	drained := sub.StatusChanged(nats.SubscriptionClosed)
+	if err := sub.Drain(); err != nil {
+		return fmt.Errorf("ingest: drain: %w", err)
+	}
+	t := time.NewTimer(s.cfg.DrainTimeout)
+	defer t.Stop()
+	select {
+	case <-drained:
+		s.log.Info("drained")
+		return nil
+	case <-t.C:
+		pending, _, _ := sub.Pending()
+		_ = sub.Unsubscribe()
+		s.metrics.dropped.WithLabelValues("shutdown").Add(float64(pending))
+		return fmt.Errorf("ingest: drain timed out after %s with %d messages unhandled", s.cfg.DrainTimeout, pending)
+	}
+}
+
+// Ready reports whether messages can arrive: subscribed, connected.
+func (s *Subscriber) Ready() error {
+	sub := s.sub.Load()
+	switch {
+	case sub == nil || !sub.IsValid():
+		return errors.New("ingest: not subscribed")
+	case !s.nc.IsConnected():
+		return fmt.Errorf("ingest: NATS connection is %s", s.nc.Status())
+	}
+	return nil
+}
+
+// handle runs on the subscription's goroutine, one message at a time. A
+// mention without "at" is placed in time by the sink (its arrival).
+func (s *Subscriber) handle(msg *nats.Msg) {
+	if msg.Header.Get(streams.ProbeHeader) != "" {
+		return // a check of the routing (stream create, load): no mention
+	}
+	topic, delta, at, reason := s.check(msg.Subject, msg.Data, msg.Header, time.Time{})
+	switch {
+	case reason != "":
+		return
+	case at.IsZero() || s.timed == nil:
+		s.sink.Add(topic, delta)
+	default:
+		s.timed.AddAt(topic, delta, at)
+	}
+	s.accepted(delta)
+}
+
+// Metrics are the ingest metrics.
+type Metrics struct {
+	events   prometheus.Counter
+	mentions prometheus.Counter
+	invalid  *prometheus.CounterVec
+	dropped  *prometheus.CounterVec
+	// The durable modes (Checker.Partitions)
+	partitions prometheus.Gauge // owned now
+	configured prometheus.Gauge // --partitions
+
+	mu          sync.Mutex
+	seenDropped map[*nats.Subscription]int
+}
+
+// NewMetrics registers the ingest metrics with reg.
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		events: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "hotcount_ingest_events_total",
+			Help: "Mention messages accepted.",
+		}),
+		mentions: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "hotcount_ingest_mentions_total",
+			Help: "Mentions accepted: the sum of the accepted messages' counts.",
+		}),
+		invalid: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "hotcount_ingest_invalid_total",
+			Help: "Messages rejected, by reason (topic, payload, count, at).",
+		}, []string{"reason"}),
+		dropped: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "hotcount_ingest_dropped_total",
+			Help: "Messages lost before the handler saw them, by cause: slow_consumer (nats.go's pending buffer overflowed), shutdown (pending when the drain timed out), dead_letter (rejected and the dead-letter publish failed).",
+		}, []string{"cause"}),
+		seenDropped: make(map[*nats.Subscription]int),
+	}
+	m.partitions = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "hotcount_ingest_partitions_owned",
+		Help: "Partitions of the stream this sidecar consumes now (partitioned mode).",
+	})
+	m.configured = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "hotcount_ingest_partitions",
+		Help: "Partitions of the stream (--partitions) in partitioned mode, 0 in the other modes: the fleet's sum of hotcount_ingest_partitions_owned should reach it.",
+	})
+	reg.MustRegister(m.events, m.mentions, m.invalid, m.dropped, m.partitions, m.configured)
+	for _, r := range []string{ReasonTopic, ReasonPayload, ReasonCount, ReasonAt} {
+		m.invalid.WithLabelValues(r)
+	}
+	for _, c := range []string{"slow_consumer", "shutdown", "dead_letter"} {
+		m.dropped.WithLabelValues(c)
+	}
+	return m
+}
+
+// slowConsumer adds the messages nats.go dropped on sub since last seen.
+func (m *Metrics) slowConsumer(sub *nats.Subscription) {
+	n, err := sub.Dropped()
+	if err != nil {
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if d := n - m.seenDropped[sub]; d > 0 {
+		m.dropped.WithLabelValues("slow_consumer").Add(float64(d))
+		m.seenDropped[sub] = n
+	}
+}
+
+// Connect opens the NATS connection the ingest uses: it retries the first
+// connection and reconnects forever (a sidecar may start before NATS is
+// reachable; readiness says so meanwhile), and counts slow-consumer drops.
+func Connect(url string, log *zap.Logger, m *Metrics, opts ...nats.Option) (*nats.Conn, error) {
+	log = log.Named("nats")
+	base := []nats.Option{
+		nats.Name("hotcount"),
+		nats.RetryOnFailedConnect(true),
+		nats.MaxReconnects(-1),
+		nats.ReconnectWait(time.Second),
+		nats.DisconnectErrHandler(func(nc *nats.Conn, err error) {
+			if !nc.IsClosed() { // closing at shutdown is no news
+				log.Warn("disconnected", zap.Error(err))
+			}
+		}),
+		nats.ReconnectHandler(func(nc *nats.Conn) {
+			log.Info("reconnected", zap.String("url", nc.ConnectedUrlRedacted()))
+		}),
+		nats.ErrorHandler(func(_ *nats.Conn, sub *nats.Subscription, err error) {
+			if errors.Is(err, nats.ErrSlowConsumer) && sub != nil {
+				m.slowConsumer(sub)
+			}
+			log.Warn("async error", zap.Error(err))
+		}),
+	}
+	nc, err := nats.Connect(url, append(base, opts...)...)
+	if err != nil {
+		return nil, RedactErr(fmt.Errorf("ingest: connect %s: %w", url, err), url)
+	}
+	return nc, nil
+}
+
+// Auth is how hotcount authenticates to NATS and checks its certificate.
+// Every field is optional.
+type Auth struct {
+	Creds   string // credentials file (JWT + NKey seed)
+	NKey    string // NKey seed file
+	Token   string // token
+	TLSCA   string // CA certificate file
+	TLSCert string // client certificate file, with TLSKey
+	TLSKey  string
+}
+
+// Options turns a into nats.go connection options.
+func (a Auth) Options() ([]nats.Option, error) {
+	var opts []nats.Option
+	if a.Creds != "" {
+		opts = append(opts, nats.UserCredentials(a.Creds))
+	}
+	if a.NKey != "" {
+		o, err := nats.NkeyOptionFromSeed(a.NKey)
+		if err != nil {
+			return nil, fmt.Errorf("ingest: nkey seed %s: %w", a.NKey, err)
+		}
+		opts = append(opts, o)
+	}
+	if a.Token != "" {
+		opts = append(opts, nats.Token(a.Token))
+	}
+	if a.TLSCA != "" {
+		opts = append(opts, nats.RootCAs(a.TLSCA))
+	}
+	if a.TLSCert != "" {
+		opts = append(opts, nats.ClientCert(a.TLSCert, a.TLSKey))
+	}
+	return opts, nil
+}
+
+// Redacted stands in for a secret in a printed URL.
+const Redacted = "REDACTED"
+
+// RedactURLs replaces the passwords (and tokens given as the user) in a
+// comma-separated list of NATS URLs. A part that does not parse but holds
+// user information loses everything before its '@'.
+func RedactURLs(list string) string {
+	parts := strings.Split(list, ",")
+	for i, p := range parts {
+		u, err := url.Parse(strings.TrimSpace(p))
+		switch {
+		case err != nil || (u.User == nil && strings.Contains(p, "@")):
+			// Did not parse, or parsed without user information though it
+			// holds an '@' (a secret with '/', '?' or '#' in it): everything
+			// between the scheme and the last '@' goes.
+			if at := strings.LastIndexByte(p, '@'); at >= 0 {
+				scheme, _, ok := strings.Cut(p, "://")
+				if !ok {
+					scheme = ""
+				} else {
+					scheme += "://"
+				}
+				parts[i] = scheme + Redacted + p[at:]
+			}
+		case u.User != nil:
+			if _, has := u.User.Password(); has {
+				u.User = url.UserPassword(u.User.Username(), Redacted)
+			} else {
+				u.User = url.User(Redacted) // a bare user part is a token
+			}
+			parts[i] = u.String()
+		}
+	}
+	return strings.Join(parts, ",")
+}
+
+// RedactErr returns err with every URL of list in its message (nats.go's
+// own messages quote the URL) in redacted form; it unwraps to err.
+func RedactErr(err error, list string) error {
+	if err == nil {
+		return nil
+	}
+	for _, p := range strings.Split(list, ",") {
+		if u, perr := url.Parse(strings.TrimSpace(p)); strings.Contains(p, "@") && (perr != nil || u.User == nil) {
+			// A URL that does not parse as URL and user: a parser's message
+			// would quote pieces of the secret. Say only that.
+			return &redactedError{msg: fmt.Sprintf("NATS URL %s does not parse (its error is not shown: it would quote the secret)", RedactURLs(p)), err: err}
+		}
+	}
+	return &redactedError{msg: redactIn(err.Error(), list), err: err}
+}
+
+// redactIn replaces, in text, every URL of list by its redacted form.
+func redactIn(text, list string) string {
+	for _, p := range strings.Split(list, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			text = strings.ReplaceAll(text, p, RedactURLs(p))
+		}
+	}
+	return text
+}
+
+// redactedError is an error whose message had secrets taken out; it still
+// unwraps to the original for errors.Is.
+type redactedError struct {
+	msg string
+	err error
+}
+
+func (e *redactedError) Error() string { return e.msg }
+func (e *redactedError) Unwrap() error { return e.err }
+
+// Checker judges messages for the reader of the durable streams (package
+// durable): the same checks, metrics, log lines and dead letters as the
+// core subscription's.
+type Checker struct{ c *checker }
+
+// NewChecker returns a checker on nc (for dead letters).
+func NewChecker(nc *nats.Conn, cfg Config, log *zap.Logger, m *Metrics) (*Checker, error) {
+	c, err := newChecker(nc, cfg, time.Now, log, m)
+	if err != nil {
+		return nil, err
+	}
+	return &Checker{c}, nil
+}
+
+// Check returns a message's topic, count and time (its "at", else
+// published), or ok false after rejecting it: the judgement is Judge's, a
+// function of the message and its stream timestamp alone.
+func (k *Checker) Check(subject string, data []byte, hdr nats.Header, published time.Time) (topic string, delta int64, at time.Time, ok bool) {
+	if Probe(hdr) {
+		return "", 0, time.Time{}, false // no mention, and no error either
+	}
+	topic, delta, at, reason := k.c.check(subject, data, hdr, published)
+	if reason != "" {
+		return "", 0, time.Time{}, false
+	}
+	if at.IsZero() {
+		at = published
+	}
+	return topic, delta, at, true
+}
+
+// Probe says whether a message with headers hdr is a probe (hotcount
+// stream create's, hotcount load's): read, never counted.
+func Probe(hdr nats.Header) bool { return hdr.Get(streams.ProbeHeader) != "" }
+
+// Accepted counts an accepted message of delta mentions.
+func (k *Checker) Accepted(delta int64) { k.c.accepted(delta) }
+
+// Partitions sets the partition gauges: of partitions in all (the one
+// stream of jetstream mode is one), owned are read by this sidecar.
+func (k *Checker) Partitions(partitions, owned int) {
+	k.c.metrics.configured.Set(float64(partitions))
+	k.c.metrics.partitions.Set(float64(owned))
+}

@@ -1,0 +1,269 @@
+package ingest
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"math"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/hotcount/hotcount/pipeline/store"
+)
+
+// Rejection reasons: the fixed label set of hotcount_ingest_invalid_total and
+// the value of the Hotcount-Error header on dead-lettered messages.
+const (
+	ReasonTopic   = "topic"   // empty, too long, not UTF-8, control characters
+	ReasonPayload = "payload" // too large, not JSON, no count field
+	ReasonCount   = "count"   // not a whole number in 1..max-count
+	ReasonAt      = "at"      // not a time, or outside max-lateness before now .. MaxAhead after
+)
+
+// MaxPayloadBytes bounds a mention's payload. `{"count": n}` needs a few
+// dozen bytes; anything near this is not a mention.
+const MaxPayloadBytes = 4096
+
+// Limits bound what a message may carry.
+type Limits struct {
+	// MaxCount is the largest count one message may add.
+	MaxCount int64
+	// MaxTopicBytes is the longest topic accepted, in bytes.
+	MaxTopicBytes int
+	// MaxLateness is how long before its reference time (its arrival in
+	// core mode, its publication in the durable modes) a message's "at"
+	// may be; 0 is DefaultMaxLateness.
+	MaxLateness time.Duration
+}
+
+// Defaults for Limits.
+const (
+	// DefaultMaxCount is the default largest count of one message.
+	DefaultMaxCount = 1_000_000
+	// DefaultMaxTopicBytes is the default longest topic. DynamoDB allows
+	// 2048-byte partition keys; this leaves room for the prefix and shard.
+	DefaultMaxTopicBytes = 256
+	// DefaultMaxLateness is the default bound of a mention's "at" in the
+	// past: a day, for a backfill after an outage of hours, well inside
+	// the minute buckets' default retention (store.DefaultMinuteRetention,
+	// two days) and JetStream's (ingest.DefaultStreamMaxAge).
+	DefaultMaxLateness = 24 * time.Hour
+	// MaxAhead is how far after its reference time a message's "at" may
+	// be: clocks that disagree by this much are still taken.
+	MaxAhead = time.Minute
+)
+
+// InvalidError is a message rejected by the parser; Reason is one of the
+// Reason constants.
+type InvalidError struct {
+	Reason string
+	Msg    string
+}
+
+func (e *InvalidError) Error() string { return "ingest: invalid " + e.Reason + ": " + e.Msg }
+
+func invalid(reason, format string, args ...any) *InvalidError {
+	return &InvalidError{Reason: reason, Msg: fmt.Sprintf(format, args...)}
+}
+
+// Topic returns the topic of a subject under prefix (which ends with a dot):
+// everything after the prefix, dots included, so `mentions.eu.west.k8s`
+// under `mentions.` is `eu.west.k8s`.
+func Topic(prefix, subject string, l Limits) (string, error) {
+	topic, ok := strings.CutPrefix(subject, prefix)
+	if !ok {
+		return "", invalid(ReasonTopic, "subject %q is not under %q", subject, prefix)
+	}
+	if err := ValidateTopic(topic, l.MaxTopicBytes); err != nil {
+		return "", err
+	}
+	return topic, nil
+}
+
+// ValidateTopic applies the store's topic rules (store.ValidateTopic) and
+// marks a violation as a topic rejection.
+func ValidateTopic(topic string, maxBytes int) error {
+	if err := store.ValidateTopic(topic, maxBytes); err != nil {
+		return invalid(ReasonTopic, "%v", err)
+	}
+	return nil
+}
+
+// Payload is what a mention message's payload says.
+type Payload struct {
+	// Count is the mentions the message adds.
+	Count int64
+	// At, when HasAt, is when they happened, in Unix milliseconds: the
+	// payload's "at".
+	At    int64
+	HasAt bool
+}
+
+// ParsePayload reads a mention's payload: empty is one mention; else a JSON
+// object with "count", a whole number in 1..max, and optionally "at", when
+// the mentions happened: an RFC 3339 string ("2026-03-01T12:00:00Z", any
+// fraction of a second, a zone required) or a whole number of Unix
+// milliseconds (1772366400000). An "at" of null is no "at". Other fields
+// are ignored.
+//
+// The common shapes, `{"count": n}` and `{"count": n, "at": ms}` in that
+// order with any whitespace, are read without encoding/json and without
+// allocating; anything else goes to the strict parser, and both give the
+// same answer for every payload (FuzzCount holds them to it).
+func ParsePayload(payload []byte, max int64) (Payload, error) {
+	if len(payload) == 0 {
+		return Payload{Count: 1}, nil
+	}
+	if p, ok := fastPayload(payload); ok && p.Count >= 1 && p.Count <= max && len(payload) <= MaxPayloadBytes {
+		return p, nil
+	}
+	return strictPayload(payload, max)
+}
+
+// Count returns the count a payload adds (ParsePayload's): 1 for an empty
+// payload, n for `{"count": n}` with n a whole number in 1..max.
+func Count(payload []byte, max int64) (int64, error) {
+	p, err := ParsePayload(payload, max)
+	return p.Count, err
+}
+
+// fastPayload reads a payload that is exactly `{"count":<int>}` or
+// `{"count":<int>,"at":<int>}` with JSON whitespace anywhere between
+// tokens, the integers in JSON's own grammar (no leading zeros, no fraction
+// or exponent) and within int64. ok is false for anything else, which the
+// strict parser then judges.
+func fastPayload(p []byte) (out Payload, ok bool) {
+	i := skipSpace(p, 0)
+	if i == len(p) || p[i] != '{' {
+		return Payload{}, false
+	}
+	if out.Count, i, ok = fastField(p, skipSpace(p, i+1), `"count"`); !ok {
+		return Payload{}, false
+	}
+	if i < len(p) && p[i] == ',' {
+		if out.At, i, ok = fastField(p, skipSpace(p, i+1), `"at"`); !ok {
+			return Payload{}, false
+		}
+		out.HasAt = true
+	}
+	if i == len(p) || p[i] != '}' || skipSpace(p, i+1) != len(p) {
+		return Payload{}, false
+	}
+	return out, true
+}
+
+// fastField reads `key : <int>` from p[i:] and returns the integer and the
+// index of the first byte after it that is not JSON whitespace.
+func fastField(p []byte, i int, key string) (n int64, next int, ok bool) {
+	if len(p)-i < len(key) || string(p[i:i+len(key)]) != key {
+		return 0, 0, false
+	}
+	i = skipSpace(p, i+len(key))
+	if i == len(p) || p[i] != ':' {
+		return 0, 0, false
+	}
+	i = skipSpace(p, i+1)
+	neg := i < len(p) && p[i] == '-'
+	if neg {
+		i++
+	}
+	start := i
+	for i < len(p) && p[i] >= '0' && p[i] <= '9' {
+		d := int64(p[i] - '0')
+		if n > (math.MaxInt64-d)/10 {
+			return 0, 0, false // past int64: the strict parser says so
+		}
+		n = n*10 + d
+		i++
+	}
+	if i == start || (p[start] == '0' && i-start > 1) {
+		return 0, 0, false // no digits, or a leading zero (not JSON)
+	}
+	if neg {
+		n = -n
+	}
+	return n, skipSpace(p, i), true
+}
+
+// skipSpace returns the index of the first byte at or after i that is not
+// JSON whitespace.
+func skipSpace(p []byte, i int) int {
+	for i < len(p) && (p[i] == ' ' || p[i] == '\t' || p[i] == '\n' || p[i] == '\r') {
+		i++
+	}
+	return i
+}
+
+// strictPayload is ParsePayload by encoding/json, for every payload shape.
+func strictPayload(payload []byte, max int64) (Payload, error) {
+	if len(payload) > MaxPayloadBytes {
+		return Payload{}, invalid(ReasonPayload, "payload is %d bytes, more than %d", len(payload), MaxPayloadBytes)
+	}
+	var p struct {
+		Count json.RawMessage `json:"count"`
+		At    json.RawMessage `json:"at"`
+	}
+	if err := json.Unmarshal(payload, &p); err != nil {
+		return Payload{}, invalid(ReasonPayload, "payload is not a JSON object: %v", err)
+	}
+	raw := bytes.TrimSpace(p.Count)
+	if len(raw) == 0 || bytes.Equal(raw, []byte("null")) {
+		return Payload{}, invalid(ReasonPayload, `payload has no "count"`)
+	}
+	// ParseInt refuses strings, fractions, exponents and out-of-range values:
+	// a count is a plain JSON integer or nothing.
+	n, err := strconv.ParseInt(string(raw), 10, 64)
+	if err != nil {
+		return Payload{}, invalid(ReasonCount, "count %.32s is not a whole number", raw)
+	}
+	if n < 1 || n > max {
+		return Payload{}, invalid(ReasonCount, "count %d is outside 1..%d", n, max)
+	}
+	raw = bytes.TrimSpace(p.At)
+	if len(raw) == 0 || bytes.Equal(raw, []byte("null")) {
+		return Payload{Count: n}, nil
+	}
+	at, err := parseAt(raw)
+	if err != nil {
+		return Payload{}, err
+	}
+	return Payload{Count: n, At: at, HasAt: true}, nil
+}
+
+// parseAt reads an "at" (valid JSON): an RFC 3339 string or a whole number
+// of Unix milliseconds.
+func parseAt(raw []byte) (int64, error) {
+	if raw[0] == '"' {
+		var s string
+		if err := json.Unmarshal(raw, &s); err == nil {
+			if t, err := time.Parse(time.RFC3339, s); err == nil {
+				return t.UnixMilli(), nil
+			}
+		}
+	} else if ms, err := strconv.ParseInt(string(raw), 10, 64); err == nil {
+		return ms, nil
+	}
+	return 0, invalid(ReasonAt, `at %.40s is not a time: an RFC 3339 string ("2026-03-01T12:00:00Z") or whole Unix milliseconds (1772366400000)`, raw)
+}
+
+// CheckAt returns the time of an "at" (Unix milliseconds), or refuses it
+// when it is more than maxLateness (0: DefaultMaxLateness) before ref or
+// more than MaxAhead after it. ref is the message's reference time: its
+// arrival in core mode, its publication in the durable modes, so that a
+// message redelivered later is judged as it was the first time.
+func CheckAt(at int64, ref time.Time, maxLateness time.Duration) (time.Time, error) {
+	if maxLateness <= 0 {
+		maxLateness = DefaultMaxLateness
+	}
+	t := time.UnixMilli(at)
+	switch {
+	case t.Before(ref.Add(-maxLateness)):
+		return time.Time{}, invalid(ReasonAt, "at %s is %s before the message's arrival or publication (%s): later than --max-lateness %s allows",
+			t.UTC().Format(time.RFC3339Nano), ref.Sub(t).Round(time.Millisecond), ref.UTC().Format(time.RFC3339Nano), maxLateness)
+	case t.After(ref.Add(MaxAhead)):
+		return time.Time{}, invalid(ReasonAt, "at %s is %s after the message's arrival or publication (%s): more than %s ahead",
+			t.UTC().Format(time.RFC3339Nano), t.Sub(ref).Round(time.Millisecond), ref.UTC().Format(time.RFC3339Nano), MaxAhead)
+	}
+	return t, nil
+}

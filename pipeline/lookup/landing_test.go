@@ -1,0 +1,148 @@
+package lookup_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/hotcount/hotcount/pipeline/lookup"
+	"github.com/hotcount/hotcount/pipeline/ownwrites"
+)
+
+// guard bounds a test's wait for an event that should come at once.
+const guard = 10 * time.Second
+
+// newView returns svc's view of a writer's writes, which the test tells
+// of them as the writer would.
+func newView(svc *lookup.Service, cfg lookup.Config) *ownwrites.View {
+	v := ownwrites.New(lookup.ViewConfig(cfg), time.Now)
+	svc.SeeWrites(v)
+	return v
+}
+
+// answer is a lookup's.
+type answer struct {
+	total lookup.Total
+	err   error
+}
+
+// lookupAsync looks topic up on a goroutine of its own.
+func lookupAsync(svc *lookup.Service, topic string) <-chan answer {
+	res := make(chan answer, 1)
+	go func() {
+		t, err := svc.Lookup(context.Background(), topic, lookup.Cached)
+		res <- answer{t, err}
+	}()
+	return res
+}
+
+// count waits up to within for the lookup's answer, its count.
+func count(t *testing.T, res <-chan answer, within time.Duration) int64 {
+	t.Helper()
+	select {
+	case a := <-res:
+		if a.err != nil {
+			t.Fatal(a.err)
+		}
+		return a.total.Count
+	case <-time.After(within):
+		t.Fatalf("the lookup did not return within %s", within)
+		return 0
+	}
+}
+
+// serviceConfig is newService's.
+var serviceConfig = lookup.Config{Shards: 4, CacheTTL: time.Minute, CacheStale: time.Minute, CacheSize: 100, MaxTopicBytes: 32}
+
+// TestLookupWaitsForAWriteToLand: a gather that finds a write of its
+// topic on its way waits for it to land and reads again: the answer holds
+// the write, whether it landed before the gather, during it or after it.
+func TestLookupWaitsForAWriteToLand(t *testing.T) {
+	st, b := newStore(t)
+	add(t, b, "golang", 0, 5)
+	st.gate = make(chan struct{})
+	svc, _ := newService(t, st, time.Minute, time.Minute, nil)
+	v := newView(svc, serviceConfig)
+	sent := time.Now()
+	v.Sent("golang", sent)
+
+	res := lookupAsync(svc, "golang")
+	st.gate <- struct{}{} // the first gather: 5, with the write on its way
+	add(t, b, "golang", 1, 3)
+	v.Answered([]ownwrites.Answer{{Topic: "golang", Delta: 3, Sent: sent, Outcome: ownwrites.Applied}})
+	close(st.gate)
+	if got := count(t, res, guard); got != 8 {
+		t.Errorf("count = %d, want 8, the landed write's included", got)
+	}
+	if n := st.consistent.Load(); n != 1 {
+		t.Errorf("%d strong gathers, want 1: the gather again once the write landed", n)
+	}
+}
+
+// TestLookupWaitsForAWriteThatDoesNotLand: a write that stops being on
+// its way without landing (in doubt, refused) ends the wait too.
+func TestLookupWaitsForAWriteThatDoesNotLand(t *testing.T) {
+	st, b := newStore(t)
+	add(t, b, "golang", 0, 5)
+	st.gate = make(chan struct{})
+	svc, _ := newService(t, st, time.Minute, time.Minute, nil)
+	v := newView(svc, serviceConfig)
+	sent := time.Now()
+	v.Sent("golang", sent)
+
+	res := lookupAsync(svc, "golang")
+	st.gate <- struct{}{}
+	v.Answered([]ownwrites.Answer{{Topic: "golang", Delta: 3, Sent: sent, Outcome: ownwrites.Refused}})
+	close(st.gate)
+	if got := count(t, res, guard); got != 5 {
+		t.Errorf("count = %d, want 5", got)
+	}
+}
+
+// TestCachedTotalCountsLandedWrites: a cached total counts a write of
+// this sidecar sent after its gather as soon as it lands, without a
+// gather; a write that raced the gather (sent before it ended, landed
+// after it began) makes the next reader gather again, and a write that
+// landed before the gather began is not counted twice.
+func TestCachedTotalCountsLandedWrites(t *testing.T) {
+	st, b := newStore(t)
+	add(t, b, "golang", 0, 5)
+	svc, _ := newService(t, st, time.Minute, time.Minute, nil)
+	v := newView(svc, serviceConfig)
+	ctx := context.Background()
+	lookupCount := func() int64 {
+		t.Helper()
+		got, err := svc.Lookup(ctx, "golang", lookup.Cached)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return got.Count
+	}
+	if got := lookupCount(); got != 5 {
+		t.Fatalf("first lookup: %d, want 5", got)
+	}
+	calls := st.calls.Load()
+
+	sent := time.Now() // after the gather ended
+	add(t, b, "golang", 1, 3)
+	v.Answered([]ownwrites.Answer{{Topic: "golang", Delta: 3, Sent: sent, Outcome: ownwrites.Applied}})
+	for range 2 { // raised once, then kept raised
+		if got := lookupCount(); got != 8 {
+			t.Errorf("after a landing: %d, want 8", got)
+		}
+	}
+	if st.calls.Load() != calls {
+		t.Errorf("%d gathers for a landing, want none", st.calls.Load()-calls)
+	}
+
+	// A write sent before the cached gather ended: it may or may not be
+	// in it, so the next reader gathers.
+	add(t, b, "golang", 2, 4)
+	v.Answered([]ownwrites.Answer{{Topic: "golang", Delta: 4, Sent: sent.Add(-time.Hour), Outcome: ownwrites.Applied}})
+	if got := lookupCount(); got != 12 {
+		t.Errorf("after a racing landing: %d, want 12", got)
+	}
+	if st.calls.Load() == calls {
+		t.Error("a racing landing was counted without a gather")
+	}
+}

@@ -1,0 +1,302 @@
+package trend
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"fmt"
+	"math"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+
+	"github.com/hotcount/hotcount/pipeline/store"
+)
+
+// Sketch bounds.
+const (
+	// SummaryTopics is the most topics of one minute one flush's summary
+	// names (the largest deltas): a million-topic flush stays one small
+	// message per minute.
+	SummaryTopics = 2000
+	// sketchTopics is how many topics the sketch keeps per minute, and per
+	// block of older minutes (the largest counts; it prunes back to this
+	// at twice as many).
+	sketchTopics = 1000
+	// recentMinutes are kept minute by minute; older ones are merged into
+	// blocks of blockMinutes: the baseline of a long window needs no finer
+	// grain, and the sketch stays within 60 + 24 maps of at most 2,000
+	// topics (under 15 MB however many topics the fleet has).
+	recentMinutes = 60
+	blockMinutes  = 10
+	// MaxTrendWindow is the longest /v1/trending window.
+	MaxTrendWindow = time.Hour
+	// Baselines is how many windows before the recent one make a topic's
+	// baseline.
+	Baselines = 4
+	// sketchMinutes is how far back the sketch keeps minutes: the longest
+	// window and its baseline.
+	sketchMinutes = int64(MaxTrendWindow/time.Minute) * (1 + Baselines)
+	// maxSkewMinutes is how far ahead of this sidecar's clock a summary's
+	// minute may be: a writer whose clock is further ahead would otherwise
+	// fill the sketch with minutes no window reads.
+	maxSkewMinutes = 2
+	// maxSummaryBytes keeps a summary message well under NATS's default
+	// 1 MB payload.
+	maxSummaryBytes = 256 << 10
+)
+
+// Summary is what one flush of one sidecar wrote to minute buckets: per
+// minute (Unix minute), per topic, the delta. Sidecars publish it on the
+// trend subject after each flush.
+type Summary struct {
+	Writer  string                     `json:"writer"`
+	Minutes map[int64]map[string]int64 `json:"minutes"`
+}
+
+// Sketch merges every sidecar's summaries into per-minute counts of the
+// fleet's busiest topics: the candidates of the trending list. It is safe
+// for concurrent use.
+type Sketch struct {
+	nc      *nats.Conn
+	subject string
+	writer  string
+	log     *zap.Logger
+	now     func() time.Time
+
+	mu      sync.Mutex
+	minutes map[int64]map[string]int64 // by minute: the last recentMinutes
+	blocks  map[int64]map[string]int64 // by first minute of a block: older
+	first   int64                      // the earliest minute merged: where the fleet's history starts, as far as this sidecar knows
+	late    *lateBook                  // told of summaries of settled minutes (nil: none)
+
+	merged, dropped prometheus.Counter
+}
+
+// NewSketch returns the sketch of the fleet's summaries on subject: Run
+// merges the other sidecars', Observe merges this sidecar's and publishes
+// them there. It starts nothing.
+func NewSketch(nc *nats.Conn, subject, writer string, reg prometheus.Registerer, log *zap.Logger, now func() time.Time) *Sketch {
+	s := newSketch(now)
+	s.nc, s.subject, s.writer, s.log = nc, subject, writer, log
+	reg.MustRegister(s.merged, s.dropped)
+	return s
+}
+
+// Run merges the other sidecars' summaries until ctx ends. This sidecar's
+// own are merged by Observe as it publishes them, so none is missed
+// however Run's subscription and the first flush are ordered.
+func (s *Sketch) Run(ctx context.Context) error {
+	sub, err := s.nc.Subscribe(s.subject, func(m *nats.Msg) {
+		var sum Summary
+		if err := json.Unmarshal(m.Data, &sum); err != nil {
+			s.dropped.Inc()
+			return
+		}
+		if sum.Writer == s.writer {
+			return // merged when Observe published it
+		}
+		s.Merge(sum)
+	})
+	if err != nil {
+		return fmt.Errorf("trend: subscribe to %s: %w", s.subject, err)
+	}
+	// A summary is merged in microseconds; a burst of them from a large
+	// fleet waits in a buffer of its own, bounded well inside the pod's
+	// memory: past it NATS drops summaries (slow consumer), and trending
+	// misses their candidates for a flush.
+	sub.SetPendingLimits(4096, 16<<20) //nolint:errcheck // only fails on a closed subscription
+	<-ctx.Done()
+	sub.Unsubscribe() //nolint:errcheck // the connection may be closed already
+	return nil
+}
+
+// newSketch returns an empty sketch on clock now, not subscribed.
+func newSketch(now func() time.Time) *Sketch {
+	return &Sketch{now: now, log: zap.NewNop(), minutes: make(map[int64]map[string]int64), blocks: make(map[int64]map[string]int64), first: math.MaxInt64,
+		merged: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "hotcount_trend_summaries_total",
+			Help: "Flush summaries (this sidecar's and the fleet's) merged into the trending sketch.",
+		}),
+		dropped: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "hotcount_trend_summary_errors_total",
+			Help: "Flush summaries that could not be published or read (the trending list then misses their candidates until the next flush).",
+		}),
+	}
+}
+
+// Observe is told what a flush wrote (flusher.Observer): its minute bucket
+// counters become this sidecar's summary, merged here and published to
+// the fleet.
+func (s *Sketch) Observe(written map[store.Counter]int64) {
+	per := make(map[int64][]topicCount)
+	for c, d := range written {
+		if c.Kind == store.MinuteBucket {
+			per[c.Index] = append(per[c.Index], topicCount{c.Topic, d})
+		}
+	}
+	if len(per) == 0 {
+		return
+	}
+	sum := Summary{Writer: s.writer, Minutes: make(map[int64]map[string]int64, len(per))}
+	size := 0
+	flush := func() {
+		if len(sum.Minutes) == 0 {
+			return
+		}
+		s.Merge(sum) // this sidecar's own, at once: Run skips its echo
+		b, err := json.Marshal(sum)
+		if err == nil {
+			err = s.nc.Publish(s.subject, b)
+		}
+		if err != nil {
+			s.dropped.Inc()
+			s.log.Warn("flush summary not published; trending misses it", zap.Error(err))
+		}
+		sum.Minutes, size = make(map[int64]map[string]int64), 0
+	}
+	for i, tcs := range per {
+		slices.SortFunc(tcs, func(a, b topicCount) int { return cmp.Compare(b.n, a.n) })
+		tcs = tcs[:min(len(tcs), SummaryTopics)]
+		m := make(map[string]int64, len(tcs))
+		for _, tc := range tcs {
+			if size+len(tc.topic)+24 > maxSummaryBytes {
+				sum.Minutes[i] = m
+				flush()
+				m = make(map[string]int64)
+			}
+			m[tc.topic] = tc.n
+			size += len(tc.topic) + 24
+		}
+		sum.Minutes[i] = m
+	}
+	flush()
+}
+
+type topicCount struct {
+	topic string
+	n     int64
+}
+
+// Merge adds a summary to the sketch.
+func (s *Sketch) Merge(sum Summary) {
+	at := s.now()
+	now := store.Minute.Index(at)
+	oldest := now - sketchMinutes
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i, topics := range sum.Minutes {
+		if i <= oldest || i > now+maxSkewMinutes {
+			continue // too old to matter, or from a clock far ahead
+		}
+		s.first = min(s.first, i)
+		s.late.wroteMinute(i, at) // if settled: a backfill, a flush retried
+		if i <= now-recentMinutes {
+			addAll(s.blocks, blockOf(i), topics) // a late summary
+			continue
+		}
+		addAll(s.minutes, i, topics)
+	}
+	for i, m := range s.minutes {
+		if i <= now-recentMinutes {
+			addAll(s.blocks, blockOf(i), m)
+			delete(s.minutes, i)
+		}
+	}
+	for b := range s.blocks {
+		if b+blockMinutes-1 <= oldest {
+			delete(s.blocks, b)
+		}
+	}
+	s.merged.Inc()
+}
+
+// blockOf is the first minute of minute i's block.
+func blockOf(i int64) int64 { return i - ((i%blockMinutes)+blockMinutes)%blockMinutes }
+
+// addAll adds topics to maps[k], pruning it past twice sketchTopics.
+func addAll(maps map[int64]map[string]int64, k int64, topics map[string]int64) {
+	m := maps[k]
+	if m == nil {
+		m = make(map[string]int64, len(topics))
+		maps[k] = m
+	}
+	for t, n := range topics {
+		m[t] += n
+	}
+	if len(m) > 2*sketchTopics {
+		maps[k] = prune(m, sketchTopics)
+	}
+}
+
+// prune keeps the n largest counts of m.
+func prune(m map[string]int64, n int) map[string]int64 {
+	tcs := make([]topicCount, 0, len(m))
+	for t, c := range m {
+		tcs = append(tcs, topicCount{t, c})
+	}
+	slices.SortFunc(tcs, func(a, b topicCount) int { return cmp.Compare(b.n, a.n) })
+	out := make(map[string]int64, n)
+	for _, tc := range tcs[:n] {
+		out[tc.topic] = tc.n
+	}
+	return out
+}
+
+// candidates ranks the sketch's topics by trend score over recent (a span
+// of minutes) against base (of minutes or hours) and returns the best n. A
+// sidecar's sketch knows only what it merged since it started: until it
+// holds a baseline, it ranks by the window's count.
+func (s *Sketch) candidates(recent, base Span, n int) []string {
+	s.mu.Lock()
+	// The baseline starts at the first whole minute this sketch has, as
+	// Trending cuts it at the fleet's history in the buckets.
+	if s.first != math.MaxInt64 {
+		if from := store.Minute.Start(s.first + 1); from.After(base.From) {
+			base.From = from
+		}
+	}
+	rec := make(map[string]int64)
+	old := make(map[string]int64)
+	// A block counts where its first minute falls: candidates need a
+	// fair ranking, the exact counts come from the buckets.
+	for _, maps := range []map[int64]map[string]int64{s.minutes, s.blocks} {
+		for i, m := range maps {
+			at := store.Minute.Start(i)
+			switch {
+			case i >= recent.First && i <= recent.Last:
+				for t, c := range m {
+					rec[t] += c
+				}
+			case !at.Before(base.From) && at.Before(base.To):
+				for t, c := range m {
+					old[t] += c
+				}
+			}
+		}
+	}
+	s.mu.Unlock()
+	type scored struct {
+		topic string
+		score float64
+	}
+	out := make([]scored, 0, len(rec))
+	for t, c := range rec {
+		out = append(out, scored{t, Score(c, expect(old[t], base, recent))})
+	}
+	slices.SortFunc(out, func(a, b scored) int {
+		if c := cmp.Compare(b.score, a.score); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.topic, b.topic)
+	})
+	topics := make([]string, 0, min(n, len(out)))
+	for _, sc := range out[:min(n, len(out))] {
+		topics = append(topics, sc.topic)
+	}
+	return topics
+}

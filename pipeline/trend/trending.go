@@ -1,0 +1,213 @@
+package trend
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"math"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/hotcount/hotcount/pipeline/store"
+)
+
+// Entry is one trending topic: its count in the window, its baseline (the
+// count expected in the window so far at the topic's rate over the
+// baseline span) and its score.
+type Entry struct {
+	Topic    string  `json:"topic"`
+	Count    int64   `json:"count"`
+	Baseline float64 `json:"baseline"`
+	Score    float64 `json:"score"`
+}
+
+// Trending is the fleet's trending list for a window, highest score first.
+type Trending struct {
+	Window string    `json:"window"`
+	From   time.Time `json:"from"`
+	To     time.Time `json:"to"`
+	// BaselineFrom and BaselineTo are the span the baselines come from
+	// (absent while there is none).
+	BaselineFrom time.Time `json:"baselineFrom,omitzero"`
+	BaselineTo   time.Time `json:"baselineTo,omitzero"`
+	Served
+	Topics []Entry `json:"topics"`
+	// Note says why the list is empty when it is for want of mentions or
+	// of history.
+	Note string `json:"note,omitempty"`
+}
+
+// maxTrendKeys bounds the bucket keys one trending read asks for (30
+// BatchGetItem calls with one shard a topic): it sets how many candidates
+// are read, whatever the window and limit.
+const maxTrendKeys = 3000
+
+// Score is a topic's trend score: how far its recent count stands above
+// the count its baseline expects, in Poisson standard deviations,
+// (recent − expected) / √(expected + 1). A steady topic scores about 0
+// however large it is; a small topic's spike scores by its size against
+// its noise, so 20 mentions where 1 was expected (13.4) do not beat 2,000
+// where 100 were (189).
+func Score(recent int64, expected float64) float64 {
+	return (float64(recent) - expected) / math.Sqrt(expected+1)
+}
+
+// UseSketch gives the service the fleet's summaries: /v1/trending then
+// answers, and late writes anywhere in the fleet (a backfill) refresh the
+// settled buckets this service has cached.
+func (s *Service) UseSketch(sk *Sketch) {
+	sk.mu.Lock()
+	sk.late = s.late
+	sk.mu.Unlock()
+	s.sketch = sk
+}
+
+// Trending ranks the fleet's topics by Score over the last window (whole
+// minutes, up to MaxTrendWindow) against their baseline, the Baselines
+// windows before it, and returns the best limit with a positive score.
+// Candidates come from the sketch; their counts from the buckets.
+//
+// The baseline starts no earlier than the fleet's history: the first full
+// minute (or hour) in which any candidate has a count, as the buckets
+// show, the same for every sidecar. Until there is a whole bucket of it
+// before the window, there is no baseline and the list is empty, with a
+// note that says so.
+func (s *Service) Trending(ctx context.Context, window string, limit int) (Trending, error) {
+	d, err := ParseWindow(window)
+	if err != nil {
+		return Trending{}, err
+	}
+	switch {
+	case s.sketch == nil || !s.cfg.Minutes:
+		return Trending{}, badRequest("trending needs minute buckets (--windows with 1m) and the fleet's summaries")
+	case d > MaxTrendWindow:
+		return Trending{}, badRequest("window %s is longer than trending's %s", FormatWindow(d), FormatWindow(MaxTrendWindow))
+	}
+	t, err := cached(ctx, s, "trending", s.trends, FormatWindow(d)+"\x00"+strconv.Itoa(limit), func(t *Trending) *Served { return &t.Served }, func() (Trending, error) {
+		return s.trending(ctx, d, limit)
+	})
+	t.Window = window // answered as asked, cached as canonical (see Window)
+	return t, err
+}
+
+// trending reads the list that Trending caches: the candidates' buckets
+// over the window and the baseline, then their ranking.
+func (s *Service) trending(ctx context.Context, d time.Duration, limit int) (Trending, error) {
+	now := s.now()
+	window, err := s.cfg.span(store.Minute, d, now)
+	if err != nil {
+		return Trending{}, err
+	}
+	base := s.cfg.baseline(window)
+	if keep := s.cfg.Retention.Of(base.G); now.Sub(base.From) > keep {
+		return Trending{}, badRequest("window %s and its baseline reach back past the %s buckets' retention (%s)", FormatWindow(d), base.G, keep)
+	}
+	// Candidates whose buckets fit a budget of reads: the window's and
+	// the baseline's buckets of each, maxTrendKeys in all.
+	n := min(max(3*limit, 30), max(maxTrendKeys/(window.Buckets()+base.Buckets()), 1))
+	cands := s.sketch.candidates(window, base, n)
+	t := Trending{Window: FormatWindow(d), From: window.From, To: now, Topics: []Entry{}}
+	if len(cands) == 0 {
+		t.Note = "no mentions in the window"
+		t.at = s.now()
+		return t, nil
+	}
+	sums, shards, err := s.readManyWithin(ctx, cands, []Span{window, base}, maxTrendKeys)
+	if err != nil {
+		return Trending{}, fmt.Errorf("trending: %w", err)
+	}
+	cands = slices.DeleteFunc(cands, func(c string) bool { _, ok := shards[c]; return !ok })
+	// The fleet's history starts where the buckets do: no baseline
+	// reaches before it.
+	first, err := s.historyStart(ctx)
+	if err != nil {
+		return Trending{}, fmt.Errorf("trending: %w", err)
+	}
+	nominal := base // the baseline read, before the cut
+	base = sinceHistory(base, first)
+	switch {
+	case first.IsZero():
+		t.Note = "no history yet: no time bucket has been written"
+	case base.First > base.Last:
+		t.Note = fmt.Sprintf("not enough history yet: the fleet's buckets start at %s, and a baseline needs a whole %s bucket of them before the window", first.UTC().Format(time.RFC3339), base.G)
+	default:
+		t.BaselineFrom, t.BaselineTo = base.From, base.To
+		t.Topics = rank(cands, sums, window, nominal, base, limit)
+	}
+	t.at = s.now()
+	return t, nil
+}
+
+// sinceHistory cuts base to start no earlier than the fleet's history,
+// first. When history began inside the baseline (or later), the baseline
+// starts at the next whole bucket, the first one counted in full; it may
+// then be empty (First > Last).
+func sinceHistory(base Span, first time.Time) Span {
+	if first.After(base.From) {
+		cut := max(base.First, base.G.Index(first)+1)
+		base.First, base.From = cut, base.G.Start(cut)
+	}
+	return base
+}
+
+// rank scores each candidate's count over window against its baseline.
+// sums[c] holds c's buckets of window and of nominal, the baseline as
+// read; only base, its part since the fleet's history began, counts. It
+// returns the best limit with a positive score, highest first (then by
+// topic, so that every sidecar lists the same).
+func rank(cands []string, sums map[string][][]int64, window, nominal, base Span, limit int) []Entry {
+	topics := []Entry{}
+	for _, c := range cands {
+		var count, old int64
+		for _, n := range sums[c][0] {
+			count, _ = satAdd(count, n, false)
+		}
+		for i, n := range sums[c][1] {
+			if nominal.First+int64(i) >= base.First {
+				old, _ = satAdd(old, n, false)
+			}
+		}
+		expected := expect(old, base, window)
+		if sc := Score(count, expected); sc > 0 {
+			topics = append(topics, Entry{Topic: c, Count: count, Baseline: round(expected), Score: round(sc)})
+		}
+	}
+	slices.SortFunc(topics, func(a, b Entry) int {
+		if c := cmp.Compare(b.Score, a.Score); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.Topic, b.Topic)
+	})
+	return topics[:min(limit, len(topics))]
+}
+
+// baseline is the span a window is scored against: the Baselines windows
+// before it, in minute buckets, or for a window of half an hour or more
+// in the whole hours before the window's first hour (as many as Baselines
+// windows take), which costs a few keys instead of hundreds.
+func (c Config) baseline(window Span) Span {
+	k := int64(window.Buckets())
+	b := Span{G: store.Minute, First: window.First - Baselines*k, Last: window.First - 1}
+	if c.Hours && k >= 30 {
+		h := store.Hour.Index(window.From)
+		b = Span{G: store.Hour, First: h - (Baselines*k+59)/60, Last: h - 1}
+	}
+	b.From, b.To = b.G.Start(b.First), b.G.Start(b.Last+1)
+	return b
+}
+
+// expect is the count span would expect at the rate of old over base: the
+// rate times span's length up to now (a window is read with its last
+// bucket still filling, and a steady topic must not look like it is
+// falling). 0 when base is empty.
+func expect(old int64, base, span Span) float64 {
+	if base.Buckets() <= 0 || !base.To.After(base.From) {
+		return 0
+	}
+	length := max(span.To.Sub(span.From), time.Second)
+	return float64(old) * float64(length) / float64(base.To.Sub(base.From))
+}
+
+// round keeps one decimal: the list reads the same on every sidecar.
+func round(x float64) float64 { return math.Round(x*10) / 10 }
