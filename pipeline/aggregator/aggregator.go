@@ -37,12 +37,18 @@ import (
 // DefaultMaxTopics is the default bound on distinct topics in one window.
 const DefaultMaxTopics = 100_000
 
-// TopicOverhead is what a buffered topic costs in memory beyond its name's
-// bytes: its slot in Deltas with the table's spare room (17 B at 79–95%
-// load) and its length byte (BenchmarkWindowMemory measures 33–35 B with
-// names of 12), rounded up for what a flush builds per topic. The memory
-// budget is counted in these.
-const TopicOverhead = 32
+// TopicOverhead is what the memory budget counts for a buffered topic
+// beyond its name's bytes. A window at rest takes 33–35 B a topic with
+// names of 12 (BenchmarkWindowMemory: its slot in Deltas with the table's
+// spare room, the length byte), but the budget must bound what an outage
+// holds at its height: a table growing keeps the one it grows from until
+// it is done, and a failed window merged back into the next holds both
+// until it is spilled. Counted at 32 B, BenchmarkOutageRSS/spill's heap
+// held 37.5 MiB live in Deltas' tables and names at its largest against
+// a budget of 28.8 MiB (an eighth of GOMEMLIMIT under the manifests'
+// 256 MiB limit), and its peak RSS went from 111-118 MiB to 123-160 MiB;
+// at 64 B it is 93-104 MiB.
+const TopicOverhead = 64
 
 // Spiller keeps windows on disk past the memory budget (spill.Dir is one).
 type Spiller interface {
