@@ -194,7 +194,7 @@ func buildTypeScriptClient(t *testing.T) (node, dir string) {
 			t.Fatalf("%s: %v\n%s", what, err, out)
 		}
 	}
-	run("openapi-typescript", filepath.Join(modules, ".bin", "openapi-typescript"), filepath.Join(root, "httpapi", "openapi.yaml"), "-o", filepath.Join(dir, "schema.d.ts"))
+	run("openapi-typescript", filepath.Join(modules, ".bin", "openapi-typescript"), filepath.Join(root, "pipeline", "httpapi", "openapi.yaml"), "-o", filepath.Join(dir, "schema.d.ts"))
 	// tsconfig.json's strict options, the generated schema.d.ts checked
 	// too (no skipLibCheck), and nothing emitted on an error.
 	run("tsc (the client does not type-check against the generated types)", filepath.Join(modules, ".bin", "tsc"), "-p", filepath.Join(dir, "tsconfig.json"))

@@ -90,6 +90,28 @@ func WithBudget(maxBytes int64, spill Spiller, log *zap.Logger) Option {
 // Window is a drained window: the per-topic deltas. The receiver owns it.
 type Window struct {
 	Deltas *Deltas
+	// fresh is how Pending finds a topic's Fresh counters in Deltas, as
+	// the aggregator kept it while the window was its own (Drain hands it
+	// over); the zero value finds none.
+	fresh freshIndex
+}
+
+// Pending is topic's delta in w as the aggregator's Pending counts it:
+// its total and its Fresh counters, found through the index the window
+// had when it was drained. It reads w only: a flush that plans a drained
+// window without changing it lets readers call Pending meanwhile.
+// Counters unspilled into the window at the drain are left out until the
+// plan is done, as they were while on disk.
+func (w Window) Pending(topic string) int64 {
+	v, _ := w.Deltas.Get(topic)
+	var name []byte
+	for _, m := range w.fresh.minutes[:w.fresh.n] {
+		name = freshOf(topic, m).AppendName(name[:0])
+		d, _ := w.Deltas.Get(string(name))
+		v = satAdd(v, d)
+	}
+	d, _ := w.fresh.spread.Get(topic)
+	return satAdd(v, d)
 }
 
 // Len is the number of topics in w.
@@ -360,6 +382,7 @@ func satAdd(x, y int64) int64 {
 func (a *Aggregator) Drain() Window {
 	a.mu.Lock()
 	w := a.cur
+	w.fresh = a.fresh // Window.Pending's index, the window's now
 	// Size the next window like the last one (busy topics come back), but
 	// not a huge one: a long tail leaves it behind at once.
 	a.cur = Window{Deltas: NewDeltas(min(w.Deltas.Len(), 1<<16))}

@@ -252,3 +252,36 @@ func BenchmarkPending(b *testing.B) {
 		})
 	}
 }
+
+// TestDrainedWindowPending: a drained window answers Pending as the
+// aggregator did before the drain, for windows whose minutes the index
+// looks up by name and for those spread over more (a day of late "at"s),
+// so that readers may read it while a flush plans it.
+func TestDrainedWindowPending(t *testing.T) {
+	for _, minutes := range []int{1, 60} {
+		t.Run(strconv.Itoa(minutes), func(t *testing.T) {
+			clk := testenv.NewClock(time.Date(2026, 12, 5, 10, 0, 0, 0, time.UTC))
+			a := aggregator.New(aggregator.DefaultMaxTopics, prometheus.NewRegistry(), aggregator.WithBuckets(clk.Now))
+			for m := range minutes {
+				at := clk.Now().Add(-time.Duration(m) * time.Minute)
+				for i := range 10 {
+					a.AddAt("topic-"+strconv.Itoa(i), int64(i+1), at)
+				}
+			}
+			want := a.Pending("topic-3")
+			if want != int64(4*minutes) {
+				t.Fatalf("before the drain: Pending = %d, want %d", want, 4*minutes)
+			}
+			w := a.Drain()
+			if got := w.Pending("topic-3"); got != want {
+				t.Errorf("the drained window: Pending = %d, want %d", got, want)
+			}
+			if got := a.Pending("topic-3"); got != 0 {
+				t.Errorf("the aggregator after the drain: Pending = %d, want 0", got)
+			}
+			if got := w.Pending("nobody"); got != 0 {
+				t.Errorf("a topic not in the window: Pending = %d, want 0", got)
+			}
+		})
+	}
+}

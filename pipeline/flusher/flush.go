@@ -2,6 +2,8 @@ package flusher
 
 import (
 	"context"
+	"maps"
+	"slices"
 	"time"
 
 	"github.com/hotcount/hotcount/pipeline/aggregator"
@@ -53,25 +55,48 @@ func (f *Flusher) Flush(ctx context.Context) error {
 }
 
 // drain takes the buffer's window and plans it; what the plan does not
-// write this flush goes back at once, in the same step for readers. From
-// then on the buffer owns the plan's held and untried windows: the flush
-// reads only their sizes.
+// write this flush goes back at once. The plan is built while readers see
+// the drained window as it came (Window.Pending), not under the view's
+// lock: a million-topic window takes seconds to plan. Only a probe of a
+// store that is down (a few counters) is planned in the drain's step.
+// From then on the buffer owns the plan's held and untried windows: the
+// flush reads only their sizes.
 func (f *Flusher) drain() plan {
+	down, waiting := f.down.Load(), f.ledger.waiting()
+	var w aggregator.Window
 	var p plan
 	f.view.Move(func() func(string) int64 {
-		p = newPlan(f.buf.Drain(), f.down.Load(), f.ledger.waiting(), f.planning)
-		if p.untried != nil {
-			rest := aggregator.Window{Deltas: p.untried}
-			f.metrics.requeued.Add(float64(rest.Mentions()))
-			f.buf.Merge(rest)
+		w = f.buf.Drain()
+		if !down {
+			return w.Pending
 		}
-		if p.heldCounters > 0 {
-			f.metrics.requeued.Add(float64(p.held.Mentions()))
-			f.buf.Merge(p.held)
-		}
+		p = newPlan(w, true, waiting, f.planning)
+		f.giveBack(p)
+		return held(p.write.Deltas)
+	})
+	if down {
+		return p
+	}
+	p = newPlan(w, false, waiting, f.planning)
+	f.view.Move(func() func(string) int64 {
+		f.giveBack(p)
 		return held(p.write.Deltas)
 	})
 	return p
+}
+
+// giveBack hands what plan p does not write this flush back to the
+// buffer.
+func (f *Flusher) giveBack(p plan) {
+	if p.untried != nil {
+		rest := aggregator.Window{Deltas: p.untried}
+		f.metrics.requeued.Add(float64(rest.Mentions()))
+		f.buf.Merge(rest)
+	}
+	if p.heldCounters > 0 {
+		f.metrics.requeued.Add(float64(p.held.Mentions()))
+		f.buf.Merge(p.held)
+	}
 }
 
 // held is what readers see the flush hold of a topic, in window d: its
@@ -229,21 +254,33 @@ func (f *Flusher) landed(a answer) {
 }
 
 // gather adds to u what the flush did not write of w, the window it holds
-// (not applied, not in doubt), in one step for readers, and leaves w
-// without counters. During an outage a million-topic window is handed
-// back without a copy: only the counters written leave it.
+// (not applied, not in doubt), and leaves w without counters. During an
+// outage a million-topic window is handed back without a copy: only the
+// counters written leave it. They leave in steps of gatherStep under the
+// view's lock: readers see an answered write's topic by its answer, not
+// by the window, so no step changes what they see, and none holds them
+// up for long. The hand-over to u is one step.
 func (f *Flusher) gather(w *aggregator.Window, r *round, u *aggregator.Window) {
+	left := w.Deltas
+	var name []byte // the window keeps counters by name; Delete keeps nothing of its argument
+	for i := 0; i < len(r.wrote); i += gatherStep {
+		f.view.Change(func() {
+			for _, x := range r.wrote[i:min(i+gatherStep, len(r.wrote))] {
+				name = x.counter.AppendName(name[:0])
+				left.Delete(string(name))
+			}
+		})
+	}
+	doubt := slices.Collect(maps.Keys(r.doubt)) // few, unless the store lost many answers
+	for i := 0; i < len(doubt); i += gatherStep {
+		f.view.Change(func() {
+			for _, c := range doubt[i:min(i+gatherStep, len(doubt))] {
+				name = c.AppendName(name[:0])
+				left.Delete(string(name))
+			}
+		})
+	}
 	f.view.Move(func() func(string) int64 {
-		left := w.Deltas
-		var name []byte // the window keeps counters by name; Delete keeps nothing of its argument
-		for _, x := range r.wrote {
-			name = x.counter.AppendName(name[:0])
-			left.Delete(string(name))
-		}
-		for c := range r.doubt {
-			name = c.AppendName(name[:0])
-			left.Delete(string(name))
-		}
 		if left.Len() > u.Deltas.Len() {
 			u.Deltas, left = left, u.Deltas
 		}
@@ -254,6 +291,10 @@ func (f *Flusher) gather(w *aggregator.Window, r *round, u *aggregator.Window) {
 		return held(u.Deltas) // refused or not sent: pending again
 	})
 }
+
+// gatherStep is how many written counters leave the window per step of
+// gather: a few milliseconds of the view's lock.
+const gatherStep = 4096
 
 // observe tells the observers what the flush wrote, new writes and
 // settled ones.

@@ -50,10 +50,12 @@ type plan struct {
 	untriedCounters int
 }
 
-// newPlan plans the drained window w, which it takes: the plan's windows
-// are made of its parts. down says the last flush found the store
-// refusing everything; waiting is the topics with a write in doubt. The
-// plan depends on nothing else, and newPlan has no other effect.
+// newPlan plans the drained window w. down says the last flush found the
+// store refusing everything; waiting is the topics with a write in doubt.
+// The plan depends on nothing else, and newPlan has no other effect. It
+// reads w and writes new windows, so that readers may read w while it
+// runs (Flusher.drain), except while the store is down: then the few
+// counters it probes leave w, and what is left of w is untried.
 func newPlan(w aggregator.Window, down bool, waiting map[string]bool, c planning) plan {
 	var untried *aggregator.Deltas
 	// While the store refuses everything, a flush only probes it with a
@@ -63,9 +65,10 @@ func newPlan(w aggregator.Window, down bool, waiting map[string]bool, c planning
 	if down {
 		untried = probe(&w, c.probe)
 	}
+	write := aggregator.Window{Deltas: aggregator.NewDeltas(w.Len())}
 	held := aggregator.Window{Deltas: aggregator.NewDeltas(0)}
-	sortOut(w.Deltas, held.Deltas, waiting, c)
-	return plan{write: w, held: held, untried: untried, heldCounters: held.Len(), untriedCounters: untried.Len()}
+	sortInto(w.Deltas, write.Deltas, held.Deltas, waiting, c)
+	return plan{write: write, held: held, untried: untried, heldCounters: held.Len(), untriedCounters: untried.Len()}
 }
 
 // probe keeps in w the first n counters of its window, the writes a flush
@@ -102,38 +105,31 @@ func counters(d *aggregator.Deltas) iter.Seq2[store.Counter, int64] {
 	}
 }
 
-// sortOut sorts the counters of d in one walk, in place, reading each
-// name once: those of the waiting topics move to held, and each minute
-// counter (store.Fresh) becomes the counters it is written to, its topic's
-// total and as --windows asks its minute and hour buckets (in held for a
-// waiting topic). What a flush cannot write goes back split, never as
-// Fresh, so a mention reaches each counter once.
-func sortOut(d, held *aggregator.Deltas, waiting map[string]bool, c planning) {
-	var fresh []counterDelta
-	for name, delta := range d.All() {
+// sortInto sorts the counters of src into write, or held for the waiting
+// topics, in one walk that reads each name once and changes nothing of
+// src: each minute counter (store.Fresh) becomes the counters it is
+// written to, its topic's total and as --windows asks its minute and hour
+// buckets. What a flush cannot write goes back split, never as Fresh, so
+// a mention reaches each counter once.
+func sortInto(src, write, held *aggregator.Deltas, waiting map[string]bool, c planning) {
+	for name, delta := range src.All() {
 		x := counterOf(name)
-		switch {
-		case x.Kind == store.Fresh:
-			fresh = append(fresh, counterDelta{x, delta})
-			d.Delete(name)
-		case waiting[x.Topic]:
-			held.Set(name, delta)
-			d.Delete(name)
-		}
-	}
-	// Split after the walk, which must not meet the counters it adds.
-	for _, f := range fresh {
-		into := d
-		if waiting[f.counter.Topic] {
+		into := write
+		if waiting[x.Topic] {
 			into = held
 		}
-		total, minute, hour := f.counter.Split()
-		addTo(into, total, f.delta)
+		if x.Kind != store.Fresh {
+			v, _ := into.Ref(name)
+			*v, _ = store.SatAdd(*v, delta)
+			continue
+		}
+		total, minute, hour := x.Split()
+		addTo(into, total, delta)
 		if c.minutes {
-			addTo(into, minute, f.delta)
+			addTo(into, minute, delta)
 		}
 		if c.hours {
-			addTo(into, hour, f.delta)
+			addTo(into, hour, delta)
 		}
 	}
 }

@@ -128,6 +128,16 @@ func (v *View) Move(fn func() (held func(topic string) int64)) {
 	}
 }
 
+// Change runs fn under the lock, for a change to the window the flush
+// holds that no reader's answer depends on (the counters of writes
+// already answered leave it): readers never read the window while it
+// changes. A large change goes in small steps: readers wait for each.
+func (v *View) Change(fn func()) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	fn()
+}
+
 // Sent marks a new write of topic's total as on its way since at.
 func (v *View) Sent(topic string, at time.Time) {
 	v.mu.Lock()
