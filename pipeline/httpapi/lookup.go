@@ -82,6 +82,11 @@ type Trend interface {
 // for another path, 503 when the store fails.
 func Lookup(svc Lookups, log *zap.Logger, x Extras) http.Handler {
 	h := &handler{svc: svc, cfg: svc.Config(), log: log.Named("lookup"), pending: x.Pending, hot: x.Hot, shardsOf: x.ShardsOf, trend: x.Trend}
+	// The Cache-Control values a total can get, made once: setting a
+	// header allocates its value's slice, per request, on the hot path.
+	for n := range min(int(h.cfg.CacheTTL/time.Second), maxAges) + 1 {
+		h.maxAge = append(h.maxAge, []string{"max-age=" + strconv.Itoa(n)})
+	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /v1/hot", h.hottest)
 	mux.HandleFunc("GET /v1/trending", h.trending)
@@ -104,7 +109,15 @@ type handler struct {
 	hot      func(int) []heavyhitters.Topic
 	shardsOf func(string) int
 	trend    Trend
+	maxAge   [][]string // Cache-Control: max-age=n, by n
 }
+
+// maxAges bounds the max-age values made ahead (an hour of TTL); a longer
+// one is made per answer.
+const maxAges = 3600
+
+// noCache is Cache-Control: no-cache, a header value shared by answers.
+var noCache = []string{"no-cache"}
 
 // hottest answers /v1/hot: the heavy hitters of the mentions this sidecar
 // flushed, by rate, with the shards each is spread over.
@@ -228,9 +241,11 @@ func (h *handler) one(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if o.pending {
-		h.addPending(&t)
+		p := t // only a total with pending mentions goes to the heap
+		h.addPending(&p)
+		t = p
 	}
-	w.Header().Set("Cache-Control", h.cacheControl(t, o))
+	w.Header()["Cache-Control"] = h.cacheControl(t, o)
 	buf := getBuf()
 	*buf = append(appendTotal(*buf, t), '\n')
 	writeBody(w, http.StatusOK, *buf)
@@ -391,15 +406,18 @@ func (h *handler) addPending(t *lookup.Total) { h.svc.WithPending(t) }
 
 // cacheControl lets an HTTP cache keep a fresh cached total for what is
 // left of its TTL, and nothing else.
-func (h *handler) cacheControl(t lookup.Total, o options) string {
+func (h *handler) cacheControl(t lookup.Total, o options) []string {
 	if t.Stale || o.pending || o.consistency != lookup.Cached {
-		return "no-cache"
+		return noCache
 	}
 	left := h.cfg.CacheTTL - time.Duration(t.AgeMs)*time.Millisecond
 	if left < time.Second {
-		return "no-cache"
+		return noCache
 	}
-	return "max-age=" + strconv.Itoa(int(left/time.Second))
+	if n := int(left / time.Second); n < len(h.maxAge) {
+		return h.maxAge[n]
+	}
+	return []string{"max-age=" + strconv.Itoa(int(left/time.Second))}
 }
 
 func (h *handler) shards(w http.ResponseWriter, r *http.Request) {

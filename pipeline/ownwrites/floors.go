@@ -34,7 +34,10 @@ func (f floors) cleanUp() { f.c.CleanUp() }
 // Floor returns count, or the highest total served of topic before (with
 // pending mentions, or without) if that is higher, and remembers it.
 func (v *View) Floor(topic string, count int64, pending bool) int64 {
-	fl, _ := v.floors.c.ComputeIfAbsent(topic, func() (*floor, bool) { return new(floor), false })
+	fl, ok := v.floors.c.GetIfPresent(topic) // a read, where a compute would lock the hot topic's entry
+	if !ok {
+		fl, _ = v.floors.c.ComputeIfAbsent(topic, func() (*floor, bool) { return new(floor), false })
+	}
 	x := &fl.plain
 	if pending {
 		x = &fl.pending
