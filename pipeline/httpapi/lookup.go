@@ -35,7 +35,7 @@ type Lookups interface {
 	Shards(ctx context.Context, topic string, consistent bool) (lookup.Total, []store.Shard, error)
 	// WithPending adds this sidecar's mentions not yet in t to t
 	// (include=pending).
-	WithPending(t *lookup.Total)
+	WithPending(ctx context.Context, t *lookup.Total)
 	// Config is the lookup's configuration: the handler reads the shard
 	// count, the cache TTL and the topic size limit from it, once.
 	Config() lookup.Config
@@ -242,7 +242,7 @@ func (h *handler) one(w http.ResponseWriter, r *http.Request) {
 	}
 	if o.pending {
 		p := t // only a total with pending mentions goes to the heap
-		h.addPending(&p)
+		h.addPending(r.Context(), &p)
 		t = p
 	}
 	w.Header()["Cache-Control"] = h.cacheControl(t, o)
@@ -295,7 +295,7 @@ func (h *handler) many(w http.ResponseWriter, r *http.Request) {
 	b := append(*buf, `{"topics":[`...)
 	for i := range ts {
 		if o.pending {
-			h.addPending(&ts[i])
+			h.addPending(r.Context(), &ts[i])
 		}
 		if i > 0 {
 			b = append(b, ',')
@@ -402,7 +402,7 @@ func (h *handler) answer(w http.ResponseWriter, r *http.Request, v any, err erro
 // for the topic: counts only grow, and a sum can still fall for a moment
 // when a gather that ended after a write was sent did not see it; each sum
 // served is a count the topic reached.
-func (h *handler) addPending(t *lookup.Total) { h.svc.WithPending(t) }
+func (h *handler) addPending(ctx context.Context, t *lookup.Total) { h.svc.WithPending(ctx, t) }
 
 // cacheControl lets an HTTP cache keep a fresh cached total for what is
 // left of its TTL, and nothing else.

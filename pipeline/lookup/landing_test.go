@@ -146,3 +146,49 @@ func TestCachedTotalCountsLandedWrites(t *testing.T) {
 		t.Error("a racing landing was counted without a gather")
 	}
 }
+
+// TestBatchLandingWhileAnotherTopicSettles: in a batch gather, a write of
+// one topic that lands while the gather waits for another topic's write
+// is counted: only the topic read again began later (an outside review
+// found every topic of the batch taken to have begun then, and the
+// landing taken to be in a read made before it).
+func TestBatchLandingWhileAnotherTopicSettles(t *testing.T) {
+	st, b := newStore(t)
+	add(t, b, "a", 0, 1)
+	add(t, b, "x", 0, 5)
+	st.gate = make(chan struct{})
+	svc, _ := newService(t, st, time.Minute, time.Minute, nil)
+	v := newView(svc, serviceConfig)
+	sentA := time.Now()
+	v.Sent("a", sentA)
+
+	res := make(chan []lookup.Total, 1)
+	go func() {
+		ts, err := svc.LookupMany(context.Background(), []string{"a", "x"}, lookup.Cached)
+		if err != nil {
+			t.Error(err)
+		}
+		res <- ts
+	}()
+	st.gate <- struct{}{} // the batch's first gather: a 1, x 5
+	add(t, b, "x", 1, 3)  // x's write lands while the gather waits for a's
+	v.Answered([]ownwrites.Answer{{Topic: "x", Delta: 3, Sent: time.Now(), Outcome: ownwrites.Applied}})
+	add(t, b, "a", 1, 2)
+	v.Answered([]ownwrites.Answer{{Topic: "a", Delta: 2, Sent: sentA, Outcome: ownwrites.Applied}})
+	close(st.gate)
+	var ts []lookup.Total
+	select {
+	case ts = <-res:
+	case <-time.After(guard):
+		t.Fatalf("the batch lookup did not return within %s", guard)
+	}
+	if len(ts) != 2 || ts[0].Count != 3 || ts[1].Count != 8 {
+		t.Errorf("counts %+v, want a 3 and x 8", ts)
+	}
+	for range 2 {
+		got, err := svc.Lookup(context.Background(), "x", lookup.Cached)
+		if err != nil || got.Count != 8 {
+			t.Errorf("x cached: %d (%v), want 8", got.Count, err)
+		}
+	}
+}

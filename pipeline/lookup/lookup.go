@@ -125,6 +125,7 @@ type Total struct {
 	// writes, before the floor; gather is what gathered it.
 	base   int64
 	gather ownwrites.Gather
+	cached bool // read at consistency=cached: WithPending may look it up again
 }
 
 // entry is a cached total.
@@ -542,9 +543,11 @@ func (s *Service) notFound(topic string, last bool) (Total, bool) {
 	return s.floored(entry{shards: s.cfg.Shards, at: now, started: now, mark: s.view.Mark(topic)}.total(topic, "store", now)), true
 }
 
-// floored holds t's count at the highest total served of its topic.
+// floored holds t's count at the highest total served of its topic; t
+// was read at consistency=cached.
 func (s *Service) floored(t Total) Total {
 	t.Count = s.view.Floor(t.Topic, t.Count, false)
+	t.cached = true
 	return t
 }
 
@@ -759,12 +762,14 @@ func (s *Service) loadOnce(ctx context.Context, topics []string, olds []entry, m
 	if err != nil {
 		return nil, nil, false, err
 	}
+	var settled map[string][]store.Shard // read again, strongly, from settledAt
+	var settledAt time.Time
 	if !consistent {
-		if again, at, ok := s.settle(ctx, topics); ok {
-			for topic, shards := range again {
+		var ok bool
+		if settled, settledAt, ok = s.settle(ctx, topics); ok {
+			for topic, shards := range settled {
 				m[topic] = shards
 			}
-			begun = at
 		}
 	}
 	now := s.now()
@@ -773,6 +778,9 @@ func (s *Service) loadOnce(ctx context.Context, topics []string, olds []entry, m
 	for i, topic := range topics {
 		e := newEntry(m[topic], now)
 		e.started, e.mark = begun, marks[i]
+		if _, again := settled[topic]; again {
+			e.started = settledAt // only the topics read again began later
+		}
 		if olds != nil {
 			old := olds[i]
 			if e.count < old.count || e.shards < old.shards {
@@ -836,6 +844,7 @@ func (s *Service) gatherNow(ctx context.Context, topics []string, consistent boo
 			// An eventual read may lag what was served: hold it. A strong
 			// read is the store's word and is served as it is.
 			t = s.floored(t)
+			t.cached = false // eventual: looked up again at eventual, not from the cache
 		}
 		out[topic] = t
 	}
@@ -857,9 +866,25 @@ func unique(topics []string) []string {
 // WithPending adds to t this sidecar's mentions of its topic that t's
 // gather cannot hold, and its writes landed since, read in one step from
 // the view (what it counts in the writer, it counts once), and holds the
-// sum at the highest such total served.
-func (s *Service) WithPending(t *Total) {
-	landed, pending, _ := s.view.Read(t.Topic, t.gather)
+// sum at the highest such total served. A total a landing raced (it may
+// or may not hold it) is looked up again, as Lookup would, up to
+// raceTries times; ctx bounds those lookups.
+func (s *Service) WithPending(ctx context.Context, t *Total) {
+	landed, pending, ok := s.view.Read(t.Topic, t.gather)
+	for try := 1; !ok && t.cached && try < raceTries; try++ {
+		s.cache.ComputeIfPresent(t.Topic, func(cur entry) (entry, otter.ComputeOp) {
+			if cur.mark == t.gather.Mark && cur.at.Equal(t.gather.At) {
+				return cur, otter.InvalidateOp
+			}
+			return cur, otter.CancelOp
+		})
+		again, err := s.Lookup(ctx, t.Topic, Cached)
+		if err != nil {
+			break
+		}
+		*t = again
+		landed, pending, ok = s.view.Read(t.Topic, t.gather)
+	}
 	count, sat := store.SatAdd(t.base, landed)
 	t.Saturated = t.Saturated || sat
 	t.Pending = pending

@@ -25,7 +25,7 @@ type track struct {
 	used     atomic.Int64  // UnixNano of the last Mark
 	first    uint64        // index of landings[0]
 	landings []landing
-	gone     bool // dropped from the view: its marks see no landings any more
+	gone     atomic.Bool // dropped from the view: its marks see no landings any more
 }
 
 // tracks are the tracks of the topics readers gathered lately, at most
@@ -57,7 +57,7 @@ func (ts *tracks) sweep(now time.Time, keep time.Duration) {
 	old := now.Add(-2 * keep).UnixNano()
 	for topic, t := range ts.topics {
 		if t.used.Load() < old {
-			t.gone = true
+			t.gone.Store(true)
 			delete(ts.topics, topic)
 		}
 	}
@@ -65,7 +65,7 @@ func (ts *tracks) sweep(now time.Time, keep time.Duration) {
 		if len(ts.topics) < ts.limit*3/4 {
 			break
 		}
-		t.gone = true
+		t.gone.Store(true)
 		delete(ts.topics, topic)
 	}
 }

@@ -209,11 +209,11 @@ func (v *View) answer(a Answer, now time.Time) bool {
 		case !doubted:
 			return false
 		case a.Outcome == Applied || a.Outcome == Covered:
+			// Covered, a write in doubt sent again was in the store
+			// already: its first send landed, at some time since.
 			delete(v.doubt, a.Topic)
-			if a.Outcome == Applied {
-				v.tracks.land(a.Topic, landing{sent: d.at, landed: now, delta: a.Delta}, v.cfg.Keep)
-				return true
-			}
+			v.tracks.land(a.Topic, landing{sent: d.at, landed: now, delta: a.Delta}, v.cfg.Keep)
+			return true
 		default:
 			d.onItsWay, d.back = false, a.Outcome == Refused
 			v.doubt[a.Topic] = d
@@ -230,7 +230,12 @@ func (v *View) answer(a Answer, now time.Time) bool {
 		v.tracks.land(a.Topic, landing{sent: a.Sent, landed: now, delta: a.Delta}, v.cfg.Keep)
 		return true
 	case Covered:
-		delete(v.sent, a.Topic)
+		// In the store by another writer's write, at a time this view
+		// cannot know: no longer pending (the window the flush holds
+		// still has it), and no landing to raise a total by. A total
+		// gathered before that write is short of it until its next
+		// gather, never counts it twice.
+		v.sent[a.Topic] = sending{at: a.Sent}
 		delete(v.doubt, a.Topic)
 	case InDoubt:
 		v.sent[a.Topic] = sending{at: a.Sent}
@@ -284,7 +289,7 @@ func (v *View) Mark(topic string) Mark {
 // Another sidecar's total is taken to hold every write that landed
 // before it came. Without a landing since g's mark it takes no lock.
 func (v *View) Landed(g Gather) (add int64, now Mark, ok bool) {
-	if g.Mark.t == nil || g.Mark.t.n.Load() == g.Mark.seen {
+	if t := g.Mark.t; t == nil || t.n.Load() == g.Mark.seen && !t.gone.Load() {
 		return 0, g.Mark, true
 	}
 	v.mu.RLock()
@@ -298,7 +303,7 @@ func (v *View) landedSince(g Gather) (add int64, now Mark, ok bool) {
 	if t == nil {
 		return 0, g.Mark, true
 	}
-	if t.gone || g.Mark.seen < t.first {
+	if t.gone.Load() || g.Mark.seen < t.first {
 		return 0, g.Mark, false
 	}
 	for _, l := range t.landings[g.Mark.seen-t.first:] {
