@@ -237,6 +237,14 @@ func when(flag, v string, now time.Time) (time.Time, error) {
 // printAudit writes the report for people: the summary, what was and was
 // not checked, then the counters that differ.
 func printAudit(w io.Writer, r audit.Report, cfg config.Config) {
+	printScope(w, r, cfg)
+	printChecks(w, r, cfg)
+	printDifferences(w, r)
+}
+
+// printScope says what the audit read: the streams and table, the range,
+// the messages and what of them was rejected or skipped, the passes.
+func printScope(w io.Writer, r audit.Report, cfg config.Config) {
 	names := make([]string, len(r.Streams))
 	for i, s := range r.Streams {
 		names[i] = s.Name
@@ -270,6 +278,10 @@ func printAudit(w io.Writer, r audit.Report, cfg config.Config) {
 	if r.Shares > 1 {
 		fmt.Fprintf(w, "passes: %d reads of the stream, the topics in %d shares to hold at most --max-counters counters at once\n", r.Passes, r.Shares)
 	}
+}
+
+// printChecks says what was compared and what was not, and the notes.
+func printChecks(w io.Writer, r audit.Report, cfg config.Config) {
 	if r.Totals.Checked {
 		fmt.Fprintf(w, "totals: %d compared, %d differ (the stream holds every mention it took)\n", r.Totals.Compared, r.Totals.Differ)
 	} else {
@@ -297,6 +309,10 @@ func printAudit(w io.Writer, r audit.Report, cfg config.Config) {
 	for _, n := range r.Notes {
 		fmt.Fprintf(w, "  - %s\n", n)
 	}
+}
+
+// printDifferences lists the counters that differ, or says none does.
+func printDifferences(w io.Writer, r audit.Report) {
 	if len(r.Differences) == 0 {
 		if r.Totals.Compared+r.Buckets.Compared > 0 {
 			fmt.Fprintln(w, "no difference: every counter checked matches the stream")

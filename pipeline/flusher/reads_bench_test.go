@@ -31,7 +31,7 @@ func (sink) Add(context.Context, store.Write, time.Time) error { return nil }
 // microseconds. Run with -benchtime 1x: each iteration fills and flushes
 // a million-topic window.
 func BenchmarkReadsDuringFlush(b *testing.B) {
-	const topics = 1_000_000
+	const topics, idleReads = 1_000_000, 2_000_000
 	now := func() time.Time { return time.Date(2026, 12, 5, 10, 0, 30, 0, time.UTC) }
 	var idle, busy []time.Duration
 	for b.Loop() {
@@ -56,15 +56,15 @@ func BenchmarkReadsDuringFlush(b *testing.B) {
 				*into = append(*into, time.Since(start))
 			}
 		}
-		// Idle: as many reads as during the flush, about.
+		// Idle: a fixed number of reads, no flush running.
+		for range idleReads {
+			start := time.Now()
+			v.Read("topic-7", ownwrites.Gather{At: now()})
+			idle = append(idle, time.Since(start))
+		}
+		b.StartTimer()
 		stop := make(chan struct{})
 		var wg sync.WaitGroup
-		wg.Go(func() { read(stop, &idle) })
-		time.Sleep(200 * time.Millisecond)
-		close(stop)
-		wg.Wait()
-		b.StartTimer()
-		stop = make(chan struct{})
 		wg.Go(func() { read(stop, &busy) })
 		if err := fl.Flush(context.Background()); err != nil {
 			b.Fatal(err)

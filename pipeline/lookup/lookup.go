@@ -496,23 +496,33 @@ func (s *Service) raised(c *otter.Cache[string, entry], topic string, e entry) (
 	if ok && mark == e.mark {
 		return e, true
 	}
-	was := e
-	if ok {
-		var sat bool
-		e.count, sat = store.SatAdd(e.count, add)
-		e.saturated = e.saturated || sat
-		e.mark = mark
+	if !ok {
+		replaceIn(c, topic, e.mark, e.at, nil)
+		return e, false
 	}
+	was := e.mark
+	var sat bool
+	e.count, sat = store.SatAdd(e.count, add)
+	e.saturated = e.saturated || sat
+	e.mark = mark
+	replaceIn(c, topic, was, e.at, &e)
+	return e, true
+}
+
+// replaceIn makes next topic's entry in c (nil: drops it) if the entry
+// is still the one of the gather that ended at at with mark, as raised so
+// far: another reader may have raised it, or gathered again, meanwhile.
+// A raise keeps the gather's refresh and expiry (lifetime.same).
+func replaceIn(c *otter.Cache[string, entry], topic string, mark ownwrites.Mark, at time.Time, next *entry) {
 	c.ComputeIfPresent(topic, func(cur entry) (entry, otter.ComputeOp) {
 		switch {
-		case cur.mark != was.mark || !cur.at.Equal(was.at):
-			return cur, otter.CancelOp // raised, or gathered again, meanwhile
-		case !ok:
+		case cur.mark != mark || !cur.at.Equal(at):
+			return cur, otter.CancelOp
+		case next == nil:
 			return cur, otter.InvalidateOp
 		}
-		return e, otter.WriteOp // the same gather: its refresh and expiry stand
+		return *next, otter.WriteOp
 	})
-	return e, ok
 }
 
 // unknown answers a topic gathered with no count within the TTL (raised
@@ -872,12 +882,9 @@ func unique(topics []string) []string {
 func (s *Service) WithPending(ctx context.Context, t *Total) {
 	landed, pending, ok := s.view.Read(t.Topic, t.gather)
 	for try := 1; !ok && t.cached && try < raceTries; try++ {
-		s.cache.ComputeIfPresent(t.Topic, func(cur entry) (entry, otter.ComputeOp) {
-			if cur.mark == t.gather.Mark && cur.at.Equal(t.gather.At) {
-				return cur, otter.InvalidateOp
-			}
-			return cur, otter.CancelOp
-		})
+		replaceIn(s.cache, t.Topic, t.gather.Mark, t.gather.At, nil)
+		replaceIn(s.absent, t.Topic, t.gather.Mark, t.gather.At, nil) // a topic known absent
+
 		again, err := s.Lookup(ctx, t.Topic, Cached)
 		if err != nil {
 			break
