@@ -88,6 +88,16 @@ type Config struct {
 	DeadLetterSubject string
 	DrainTimeout      time.Duration
 	Limits            Limits
+	// Contributors is told of each accepted mention that names its
+	// contributor ("by"), at the time it is counted at; nil: nobody.
+	Contributors Contributors
+}
+
+// Contributors counts who mentioned each topic: trending's estimate of
+// distinct contributors (trend.Contributors) is one. Saw must not keep
+// by, which is the message's memory.
+type Contributors interface {
+	Saw(topic string, at time.Time, by []byte)
 }
 
 // Prefix returns the topic prefix of a subscription subject, which must be
@@ -131,9 +141,20 @@ func newChecker(nc *nats.Conn, cfg Config, now func() time.Time, log *zap.Logger
 // "at" is judged against published, the message's publication in the
 // durable modes; zero (core mode) is its arrival, the sink's now.
 func (c *checker) check(subject string, data []byte, hdr nats.Header, published time.Time) (topic string, delta int64, at time.Time, reason string) {
-	topic, delta, at, err := judge(c.prefix, subject, data, published, c.now, c.cfg.Limits)
+	topic, delta, at, by, err := judge(c.prefix, subject, data, published, c.now, c.cfg.Limits)
 	if err != nil {
 		return "", 0, time.Time{}, c.reject(subject, data, hdr, err)
+	}
+	if by != nil && c.cfg.Contributors != nil {
+		when := at
+		switch {
+		case !when.IsZero():
+		case !published.IsZero():
+			when = published
+		default:
+			when = c.now()
+		}
+		c.cfg.Contributors.Saw(topic, when, by)
 	}
 	return topic, delta, at, ""
 }
@@ -146,34 +167,35 @@ func (c *checker) check(subject string, data []byte, hdr nats.Header, published 
 // the same code), for a reader of the stream that must agree with it:
 // hotcount audit. It keeps no state.
 func Judge(prefix, subject string, data []byte, published time.Time, l Limits) (topic string, delta int64, at time.Time, err error) {
-	topic, delta, at, err = judge(prefix, subject, data, published, nil, l)
+	topic, delta, at, _, err = judge(prefix, subject, data, published, nil, l)
 	if err == nil && at.IsZero() {
 		at = published
 	}
 	return topic, delta, at, err
 }
 
-// judge is check's and Judge's judgement: a message's topic, count and
-// "at" (zero without one). An "at" is judged against published, or when
-// that is zero against now() (core mode: the arrival).
-func judge(prefix, subject string, data []byte, published time.Time, now func() time.Time, l Limits) (topic string, delta int64, at time.Time, err error) {
+// judge is check's and Judge's judgement: a message's topic, count,
+// "at" (zero without one) and "by" (nil without one; data's memory). An
+// "at" is judged against published, or when that is zero against now()
+// (core mode: the arrival).
+func judge(prefix, subject string, data []byte, published time.Time, now func() time.Time, l Limits) (topic string, delta int64, at time.Time, by []byte, err error) {
 	topic, err = Topic(prefix, subject, l)
 	if err != nil {
-		return "", 0, time.Time{}, err
+		return "", 0, time.Time{}, nil, err
 	}
 	p, err := ParsePayload(data, l.MaxCount)
 	if err != nil {
-		return "", 0, time.Time{}, err
+		return "", 0, time.Time{}, nil, err
 	}
 	if p.HasAt {
 		if published.IsZero() && now != nil {
 			published = now()
 		}
 		if at, err = CheckAt(p.At, published, l.MaxLateness); err != nil {
-			return "", 0, time.Time{}, err
+			return "", 0, time.Time{}, nil, err
 		}
 	}
-	return topic, p.Count, at, nil
+	return topic, p.Count, at, p.By, nil
 }
 
 // accepted counts a message once its count is in the buffer: a reader
@@ -330,7 +352,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}),
 		invalid: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "hotcount_ingest_invalid_total",
-			Help: "Messages rejected, by reason (topic, payload, count, at).",
+			Help: "Messages rejected, by reason (topic, payload, count, at, by).",
 		}, []string{"reason"}),
 		dropped: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "hotcount_ingest_dropped_total",
@@ -347,7 +369,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Help: "Partitions of the stream (--partitions) in partitioned mode, 0 in the other modes: the fleet's sum of hotcount_ingest_partitions_owned should reach it.",
 	})
 	reg.MustRegister(m.events, m.mentions, m.invalid, m.dropped, m.partitions, m.configured)
-	for _, r := range []string{ReasonTopic, ReasonPayload, ReasonCount, ReasonAt} {
+	for _, r := range []string{ReasonTopic, ReasonPayload, ReasonCount, ReasonAt, ReasonBy} {
 		m.invalid.WithLabelValues(r)
 	}
 	for _, c := range []string{"slow_consumer", "shutdown", "dead_letter"} {

@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/hotcount/hotcount/pipeline/store"
 )
@@ -19,7 +21,12 @@ const (
 	ReasonPayload = "payload" // too large, not JSON, no count field
 	ReasonCount   = "count"   // not a whole number in 1..max-count
 	ReasonAt      = "at"      // not a time, or outside max-lateness before now .. MaxAhead after
+	ReasonBy      = "by"      // not a string of 1..MaxByBytes bytes of UTF-8 without control characters
 )
+
+// MaxByBytes bounds a mention's "by", its contributor's id: room for a
+// hash of a user id or a UUID, far less than a topic may take.
+const MaxByBytes = 128
 
 // MaxPayloadBytes bounds a mention's payload. `{"count": n}` needs a few
 // dozen bytes; anything near this is not a mention.
@@ -98,17 +105,23 @@ type Payload struct {
 	// payload's "at".
 	At    int64
 	HasAt bool
+	// By is who mentioned it (the payload's "by", nil without one): an
+	// opaque id of 1..MaxByBytes bytes that only trending's count of
+	// distinct contributors reads. It may share the payload's memory.
+	By []byte
 }
 
 // ParsePayload reads a mention's payload: empty is one mention; else a JSON
 // object with "count", a whole number in 1..max, and optionally "at", when
 // the mentions happened: an RFC 3339 string ("2026-03-01T12:00:00Z", any
 // fraction of a second, a zone required) or a whole number of Unix
-// milliseconds (1772366400000). An "at" of null is no "at". Other fields
-// are ignored.
+// milliseconds (1772366400000). An "at" of null is no "at". And optionally
+// "by", who mentioned it: a string of 1..MaxByBytes bytes of UTF-8 without
+// control characters (null is none). Other fields are ignored.
 //
-// The common shapes, `{"count": n}` and `{"count": n, "at": ms}` in that
-// order with any whitespace, are read without encoding/json and without
+// The common shapes, `{"count": n}`, `{"count": n, "at": ms}`, each with
+// `"by": "id"` last, in that order with any whitespace and a "by" of plain
+// ASCII without escapes, are read without encoding/json and without
 // allocating; anything else goes to the strict parser, and both give the
 // same answer for every payload (FuzzCount holds them to it).
 func ParsePayload(payload []byte, max int64) (Payload, error) {
@@ -141,11 +154,16 @@ func fastPayload(p []byte) (out Payload, ok bool) {
 	if out.Count, i, ok = fastField(p, skipSpace(p, i+1), `"count"`); !ok {
 		return Payload{}, false
 	}
-	if i < len(p) && p[i] == ',' {
+	if i < len(p) && p[i] == ',' && isKey(p, skipSpace(p, i+1), `"at"`) {
 		if out.At, i, ok = fastField(p, skipSpace(p, i+1), `"at"`); !ok {
 			return Payload{}, false
 		}
 		out.HasAt = true
+	}
+	if i < len(p) && p[i] == ',' {
+		if out.By, i, ok = fastString(p, skipSpace(p, i+1), `"by"`); !ok || ValidateBy(out.By) != nil {
+			return Payload{}, false
+		}
 	}
 	if i == len(p) || p[i] != '}' || skipSpace(p, i+1) != len(p) {
 		return Payload{}, false
@@ -153,10 +171,15 @@ func fastPayload(p []byte) (out Payload, ok bool) {
 	return out, true
 }
 
+// isKey says whether p[i:] starts with key.
+func isKey(p []byte, i int, key string) bool {
+	return len(p)-i >= len(key) && string(p[i:i+len(key)]) == key
+}
+
 // fastField reads `key : <int>` from p[i:] and returns the integer and the
 // index of the first byte after it that is not JSON whitespace.
 func fastField(p []byte, i int, key string) (n int64, next int, ok bool) {
-	if len(p)-i < len(key) || string(p[i:i+len(key)]) != key {
+	if !isKey(p, i, key) {
 		return 0, 0, false
 	}
 	i = skipSpace(p, i+len(key))
@@ -186,6 +209,54 @@ func fastField(p []byte, i int, key string) (n int64, next int, ok bool) {
 	return n, skipSpace(p, i), true
 }
 
+// fastString reads `key : "<printable ASCII but \" and \\>"` from p[i:]
+// and returns the string's bytes (p's own) and the index of the first
+// byte after it that is not JSON whitespace. Anything else (escapes,
+// non-ASCII) is the strict parser's.
+func fastString(p []byte, i int, key string) (s []byte, next int, ok bool) {
+	if !isKey(p, i, key) {
+		return nil, 0, false
+	}
+	i = skipSpace(p, i+len(key))
+	if i == len(p) || p[i] != ':' {
+		return nil, 0, false
+	}
+	i = skipSpace(p, i+1)
+	if i == len(p) || p[i] != '"' {
+		return nil, 0, false
+	}
+	start := i + 1
+	for i = start; i < len(p) && p[i] != '"'; i++ {
+		if p[i] < 0x20 || p[i] >= 0x7f || p[i] == '\\' {
+			return nil, 0, false
+		}
+	}
+	if i == len(p) {
+		return nil, 0, false
+	}
+	return p[start:i:i], skipSpace(p, i+1), true
+}
+
+// ValidateBy checks a mention's "by": 1..MaxByBytes bytes of UTF-8
+// without control characters, the rules of a topic (store.ValidateTopic)
+// with a shorter bound.
+func ValidateBy(by []byte) error {
+	switch {
+	case len(by) == 0:
+		return invalid(ReasonBy, "by is empty: leave it out for a mention of no one in particular")
+	case len(by) > MaxByBytes:
+		return invalid(ReasonBy, "by is %d bytes, longer than %d", len(by), MaxByBytes)
+	case !utf8.Valid(by):
+		return invalid(ReasonBy, "by is not valid UTF-8")
+	}
+	for _, r := range string(by) {
+		if unicode.IsControl(r) {
+			return invalid(ReasonBy, "by contains control character %U", r)
+		}
+	}
+	return nil
+}
+
 // skipSpace returns the index of the first byte at or after i that is not
 // JSON whitespace.
 func skipSpace(p []byte, i int) int {
@@ -203,6 +274,7 @@ func strictPayload(payload []byte, max int64) (Payload, error) {
 	var p struct {
 		Count json.RawMessage `json:"count"`
 		At    json.RawMessage `json:"at"`
+		By    json.RawMessage `json:"by"`
 	}
 	if err := json.Unmarshal(payload, &p); err != nil {
 		return Payload{}, invalid(ReasonPayload, "payload is not a JSON object: %v", err)
@@ -220,15 +292,24 @@ func strictPayload(payload []byte, max int64) (Payload, error) {
 	if n < 1 || n > max {
 		return Payload{}, invalid(ReasonCount, "count %d is outside 1..%d", n, max)
 	}
-	raw = bytes.TrimSpace(p.At)
-	if len(raw) == 0 || bytes.Equal(raw, []byte("null")) {
-		return Payload{Count: n}, nil
+	out := Payload{Count: n}
+	if raw = bytes.TrimSpace(p.At); len(raw) > 0 && !bytes.Equal(raw, []byte("null")) {
+		if out.At, err = parseAt(raw); err != nil {
+			return Payload{}, err
+		}
+		out.HasAt = true
 	}
-	at, err := parseAt(raw)
-	if err != nil {
-		return Payload{}, err
+	if raw = bytes.TrimSpace(p.By); len(raw) > 0 && !bytes.Equal(raw, []byte("null")) {
+		var by string
+		if raw[0] != '"' || json.Unmarshal(raw, &by) != nil {
+			return Payload{}, invalid(ReasonBy, "by %.40s is not a string", raw)
+		}
+		if err := ValidateBy([]byte(by)); err != nil {
+			return Payload{}, err
+		}
+		out.By = []byte(by)
 	}
-	return Payload{Count: n, At: at, HasAt: true}, nil
+	return out, nil
 }
 
 // parseAt reads an "at" (valid JSON): an RFC 3339 string or a whole number

@@ -1,6 +1,7 @@
 package ingest_test
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"math"
@@ -131,28 +132,38 @@ func FuzzCount(f *testing.F) {
 		`{"count":0,"at":"x"}`, `{"count":1,"at":}`, `{"count":1,"AT":7}`, `{"count":1,}`} {
 		f.Add([]byte(s))
 	}
+	for _, s := range []string{`{"count":1,"by":"u1"}`, `{"count":1,"at":1772366400000,"by":"u1"}`, ` { "count" : 2 , "by" : "a b" } `, `{"count":1,"by":""}`,
+		`{"count":1,"by":"\u0041"}`, `{"count":1,"by":"é"}`, `{"count":1,"by":"\n"}`, `{"count":1,"by":7}`, `{"count":1,"by":null}`, `{"by":"x","count":1}`,
+		`{"count":1,"by":"` + strings.Repeat("x", 129) + `"}`, `{"count":1,"by":"x","at":5}`, `{"count":1,"by":"x"`, `{"count":1,"by":"x}`} {
+		f.Add([]byte(s))
+	}
 	f.Fuzz(func(t *testing.T, payload []byte) {
 		p, err := ingest.ParsePayload(payload, limits.MaxCount)
 		if err == nil && (p.Count < 1 || p.Count > limits.MaxCount) {
 			t.Fatalf("ParsePayload(%q) = %+v accepted outside 1..%d", payload, p, limits.MaxCount)
 		}
-		if err != nil && p != (ingest.Payload{}) {
+		if err != nil && !same(p, ingest.Payload{}) {
 			t.Fatalf("ParsePayload(%q) = %+v with error %v", payload, p, err)
 		}
 		// The fast path changes nothing: the same count and time, or the
 		// same rejection, as the strict parser.
 		if len(payload) > 0 {
 			sp, serr := ingest.StrictPayload(payload, limits.MaxCount)
-			if p != sp || (err == nil) != (serr == nil) || (err != nil && err.Error() != serr.Error()) {
+			if !same(p, sp) || (err == nil) != (serr == nil) || (err != nil && err.Error() != serr.Error()) {
 				t.Fatalf("ParsePayload(%q) = %+v, %v; strict parser: %+v, %v", payload, p, err, sp, serr)
 			}
 		}
 	})
 }
 
+// same says whether two payloads say the same.
+func same(a, b ingest.Payload) bool {
+	return a.Count == b.Count && a.At == b.At && a.HasAt == b.HasAt && bytes.Equal(a.By, b.By) && (a.By == nil) == (b.By == nil)
+}
+
 // TestCountFastPathDoesNotAllocate pins the common payloads' cost.
 func TestCountFastPathDoesNotAllocate(t *testing.T) {
-	for _, payload := range [][]byte{nil, []byte(`{"count":1}`), []byte(`{"count":1,"at":1772366400000}`)} {
+	for _, payload := range [][]byte{nil, []byte(`{"count":1}`), []byte(`{"count":1,"at":1772366400000}`), []byte(`{"count":1,"by":"8f14e45f"}`)} {
 		if a := testing.AllocsPerRun(1000, func() { ingest.ParsePayload(payload, limits.MaxCount) }); a != 0 { //nolint:errcheck // measured
 			t.Errorf("ParsePayload(%s) allocates %v times", payload, a)
 		}
@@ -181,12 +192,23 @@ func TestPayloadAt(t *testing.T) {
 		{"bool", `{"count": 1, "at": true}`, ingest.Payload{}, ingest.ReasonAt},
 		{"beyond int64", `{"count": 1, "at": 99999999999999999999}`, ingest.Payload{}, ingest.ReasonAt},
 		{"bad count first", `{"count": 0, "at": "never"}`, ingest.Payload{}, ingest.ReasonCount},
+		{"by", `{"count": 1, "by": "u-42"}`, ingest.Payload{Count: 1, By: []byte("u-42")}, ""},
+		{"by after at", `{"count": 1, "at": 1772366400000, "by": "u-42"}`, ingest.Payload{Count: 1, At: ms, HasAt: true, By: []byte("u-42")}, ""},
+		{"by first", `{"by": "u-42", "count": 2}`, ingest.Payload{Count: 2, By: []byte("u-42")}, ""},
+		{"by escaped", `{"count": 1, "by": "caf\u00e9"}`, ingest.Payload{Count: 1, By: []byte("café")}, ""},
+		{"by at its bound", `{"count": 1, "by": "` + strings.Repeat("x", ingest.MaxByBytes) + `"}`, ingest.Payload{Count: 1, By: []byte(strings.Repeat("x", ingest.MaxByBytes))}, ""},
+		{"by null is none", `{"count": 1, "by": null}`, ingest.Payload{Count: 1}, ""},
+		{"by too long", `{"count": 1, "by": "` + strings.Repeat("x", ingest.MaxByBytes+1) + `"}`, ingest.Payload{}, ingest.ReasonBy},
+		{"by empty", `{"count": 1, "by": ""}`, ingest.Payload{}, ingest.ReasonBy},
+		{"by a number", `{"count": 1, "by": 42}`, ingest.Payload{}, ingest.ReasonBy},
+		{"by a control character", `{"count": 1, "by": "a\tb"}`, ingest.Payload{}, ingest.ReasonBy},
+		{"by not UTF-8 is JSON's U+FFFD", "{\"count\": 1, \"by\": \"\xff\"}", ingest.Payload{Count: 1, By: []byte("\uFFFD")}, ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			got, err := ingest.ParsePayload([]byte(tt.payload), limits.MaxCount)
 			checkReason(t, err, tt.reason)
-			if got != tt.want {
+			if !same(got, tt.want) {
 				t.Errorf("ParsePayload(%q) = %+v, want %+v", tt.payload, got, tt.want)
 			}
 		})
@@ -227,7 +249,7 @@ func TestCheckAt(t *testing.T) {
 // BenchmarkCount is the parse of each payload shape: the empty payload and
 // `{"count":1}` (no allocation), and those with an "at".
 func BenchmarkCount(b *testing.B) {
-	for _, payload := range []string{``, `{"count":1}`, `{"count":1,"at":1772366400000}`, `{"count":1,"at":"2026-03-01T12:00:00Z"}`} {
+	for _, payload := range []string{``, `{"count":1}`, `{"count":1,"at":1772366400000}`, `{"count":1,"at":"2026-03-01T12:00:00Z"}`, `{"count":1,"by":"8f14e45fceea167a"}`} {
 		b.Run(fmt.Sprintf("%q", payload), func(b *testing.B) {
 			p := []byte(payload)
 			b.ReportAllocs()
