@@ -85,6 +85,11 @@ type Config struct {
 	// TrendSubject is where the sidecars publish what each flush wrote,
 	// for the fleet-wide trending list.
 	TrendSubject string
+	// TrendingBy is what /v1/trending ranks by: mentions (the default) or
+	// contributors; TrendingMinContributors the least distinct
+	// contributors a topic needs in the window to trend by contributors.
+	TrendingBy              string
+	TrendingMinContributors int
 
 	HTTPAddr        string
 	HTTPTokenFile   string

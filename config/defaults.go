@@ -11,6 +11,7 @@ import (
 	"github.com/hotcount/hotcount/pipeline/lookup"
 	"github.com/hotcount/hotcount/pipeline/shardcount"
 	"github.com/hotcount/hotcount/pipeline/store"
+	"github.com/hotcount/hotcount/pipeline/trend"
 )
 
 // Defaults that belong to no stage.
@@ -116,6 +117,9 @@ func Default() Config {
 		ShutdownTimeout:   DefaultShutdownTimeout,
 		LogFormat:         DefaultLogFormat,
 		LogLevel:          DefaultLogLevel,
+
+		TrendingBy:              string(trend.ByMentions),
+		TrendingMinContributors: trend.DefaultMinContributors,
 	}
 }
 

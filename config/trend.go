@@ -3,6 +3,8 @@ package config
 import (
 	"strings"
 	"time"
+
+	"github.com/hotcount/hotcount/pipeline/trend"
 )
 
 // trendFlags are the time buckets and the flush summaries behind
@@ -11,6 +13,8 @@ var trendFlags = []setting{
 	{name: "windows", usage: "time buckets counted besides each topic's total, for ?window= reads and /v1/trending: 1m,1h (dev's default), 1m, 1h, or none (run's default); each costs one more write per busy topic per flush", bind: str(func(c *Config) *string { return &c.Windows })},
 	{name: "minute-retention", usage: "how long minute buckets are kept (their DynamoDB TTL); windows up to 3h (and up to this) read minutes, longer ones hours", bind: dur(func(c *Config) *time.Duration { return &c.MinuteRetention })},
 	{name: "hour-retention", usage: "how long hour buckets are kept (their DynamoDB TTL): the longest window", bind: dur(func(c *Config) *time.Duration { return &c.HourRetention })},
+	{name: "trending-by", usage: "what /v1/trending ranks by: mentions (each mention counts) or contributors (each contributor named by a mention's \"by\" counts once a minute, and a topic needs --trending-min-contributors to be listed)", bind: str(func(c *Config) *string { return &c.TrendingBy })},
+	{name: "trending-min-contributors", usage: "the least distinct contributors a topic needs in the window to trend by contributors", bind: integer(func(c *Config) *int { return &c.TrendingMinContributors })},
 	{name: "trend-subject", usage: "subject the sidecars publish each flush's summary on, from which every sidecar ranks /v1/trending for the whole fleet", bind: str(func(c *Config) *string { return &c.TrendSubject })},
 }
 
@@ -28,6 +32,10 @@ func (c *Config) checkWindows(p *problems, prefix string) {
 	}
 	p.durIn("minute-retention", c.MinuteRetention, time.Hour, 30*24*time.Hour)
 	p.durIn("hour-retention", c.HourRetention, 24*time.Hour, 400*24*time.Hour)
+	if c.TrendingBy != string(trend.ByMentions) && c.TrendingBy != string(trend.ByContributors) {
+		p.bad("trending-by", "%q is neither mentions nor contributors", c.TrendingBy)
+	}
+	p.intIn("trending-min-contributors", int64(c.TrendingMinContributors), 1, 1_000_000)
 	if c.TrendSubject == "" || strings.ContainsAny(c.TrendSubject, "*> \t") {
 		p.bad("trend-subject", "%q is not a plain NATS subject", c.TrendSubject)
 	} else if prefix != "" && strings.HasPrefix(c.TrendSubject, prefix) {

@@ -42,10 +42,11 @@ type parts struct {
 	// the one, asked by the other.
 	seen    *ownwrites.View
 	tr      *trend.Service
-	fl      *flusher.Flusher // core mode
-	eng     *durable.Engine  // the durable modes
-	out     writeStage       // fl or eng
-	members *fleet.Members   // partitioned mode only; run by Run, not in runs or services
+	who     ingest.Contributors // who mentioned what, for trending (nil: trending is off)
+	fl      *flusher.Flusher    // core mode
+	eng     *durable.Engine     // the durable modes
+	out     writeStage          // fl or eng
+	members *fleet.Members      // partitioned mode only; run by Run, not in runs or services
 	sub     source
 	// api is the lookup API's handler, without its token check; con is
 	// the console, which reads it in-process.
@@ -185,11 +186,18 @@ func (s *Sidecar) readers(_ context.Context, p *parts) error {
 		Retention: store.Retention{Minute: cfg.MinuteRetention, Hour: cfg.HourRetention},
 		CacheTTL:  cfg.CacheTTL,
 		CacheSize: cfg.CacheSize,
+
+		By:              trend.Ranking(cfg.TrendingBy),
+		MinContributors: cfg.TrendingMinContributors,
 	}, p.st, s.reg, s.clock)
 	if minutes {
-		// Every sidecar publishes what it wrote and merges what all wrote:
-		// each ranks the fleet's trending topics from the same summaries.
+		// Every sidecar publishes what it wrote and who mentioned it, and
+		// merges what all wrote: each ranks the fleet's trending topics
+		// from the same summaries.
 		sk := trend.NewSketch(p.nc, cfg.TrendSubject, p.writer, s.reg, s.log, s.clock)
+		who := trend.NewContributors(s.reg)
+		sk.CountContributors(who)
+		p.who = who
 		p.services = append(p.services, sk.Run)
 		p.tr.UseSketch(sk)
 	}
@@ -266,6 +274,7 @@ func (s *Sidecar) engine(p *parts, observers []flusher.Observer) error {
 		// A stream the journal engine read waits for hotcount stream adopt.
 		JournalConsumer: cfg.Consumer,
 		QuarantineAfter: cfg.QuarantineAfter,
+		Contributors:    p.who,
 	}
 	if cfg.NATSMode == config.ModePartitioned {
 		dcfg.Partitions = cfg.Partitions
@@ -297,6 +306,7 @@ func (s *Sidecar) ingest(_ context.Context, p *parts) error {
 		DeadLetterSubject: cfg.DeadLetterSubject,
 		DrainTimeout:      cfg.DrainTimeout,
 		Limits:            ingest.Limits{MaxCount: cfg.MaxCount, MaxTopicBytes: cfg.MaxTopicBytes, MaxLateness: cfg.Lateness()},
+		Contributors:      p.who,
 	}, p.agg, s.log, p.im)
 	if err != nil {
 		return err

@@ -97,14 +97,14 @@ func freeAddr(t testing.TB) string {
 
 // startDev runs `hotcount dev` on these ports and folder until the returned
 // stop, which checks that it exits cleanly and printed how to query.
-func startDev(t *testing.T, dataDir, natsPort, httpAddr, adminAddr string) (stop func()) {
+func startDev(t *testing.T, dataDir, natsPort, httpAddr, adminAddr string, more ...string) (stop func()) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	var stdout, stderr bytes.Buffer
 	go func() {
-		done <- dispatch(ctx, []string{"dev", "--nats-port", natsPort, "--http", httpAddr, "--admin", adminAddr,
-			"--data-dir", dataDir, "--flush-interval", "50ms", "--log-level", "warn"}, nil, &stdout, &stderr)
+		done <- dispatch(ctx, append([]string{"dev", "--nats-port", natsPort, "--http", httpAddr, "--admin", adminAddr,
+			"--data-dir", dataDir, "--flush-interval", "50ms", "--log-level", "warn"}, more...), nil, &stdout, &stderr)
 	}()
 	testenv.Eventually(t, 20*time.Second, func() error {
 		select {

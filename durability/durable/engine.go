@@ -69,6 +69,9 @@ type Config struct {
 	// Limits and DeadLetter are the ingest's checks of a message.
 	Limits     ingest.Limits
 	DeadLetter string
+	// Contributors is told who each mention that names one came from
+	// (trending's distinct contributors); nil: nobody.
+	Contributors ingest.Contributors
 	// QuarantineAfter is how long a counter's writes may be refused for
 	// good (store.Denied) before its mentions are held in its stream's
 	// checkpoint record, out of the window's way (0: never).
@@ -149,7 +152,7 @@ func New(cfg Config, nc *nats.Conn, st Store, owner Owner, log *zap.Logger, m *M
 	if err != nil {
 		return nil, err
 	}
-	check, err := ingest.NewChecker(nc, ingest.Config{Subject: cfg.Subject, DeadLetterSubject: cfg.DeadLetter, Limits: cfg.Limits}, log, im)
+	check, err := ingest.NewChecker(nc, ingest.Config{Subject: cfg.Subject, DeadLetterSubject: cfg.DeadLetter, Limits: cfg.Limits, Contributors: cfg.Contributors}, log, im)
 	if err != nil {
 		return nil, err
 	}

@@ -61,6 +61,11 @@ type Config struct {
 	// cache; CacheSize how many are kept.
 	CacheTTL  time.Duration
 	CacheSize int
+	// By is what trending ranks by (ByMentions when empty), and
+	// MinContributors the least distinct contributors a topic needs in
+	// the window to trend ByContributors (0: DefaultMinContributors).
+	By              Ranking
+	MinContributors int
 }
 
 // Count is a topic's count over a window, in the total's JSON shape with

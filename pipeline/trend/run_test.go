@@ -48,7 +48,7 @@ func TestSketchRunKeepsTheFleetsSummaries(t *testing.T) {
 	})
 	cfg := Config{Minutes: true, Hours: true}
 	window, _ := cfg.plan(5*time.Minute, now)
-	if got := sk.candidates(window, cfg.baseline(window), 5); !slices.Contains(got, "storm") {
+	if got := sk.candidates(window, cfg.baseline(window), 5, ByMentions, 0); !slices.Contains(got, "storm") {
 		t.Errorf("candidates %v, want the other sidecar's storm", got)
 	}
 
@@ -105,13 +105,13 @@ func TestOwnSummaryIsMergedOnce(t *testing.T) {
 		}
 		sk.mu.Lock()
 		defer sk.mu.Unlock()
-		if sk.minutes[minute]["theirs"] == 0 {
+		if sk.mentions.minutes[minute]["theirs"] == 0 {
 			return errors.New("the other sidecar's summary is not in yet")
 		}
 		return nil
 	})
 	sk.mu.Lock()
-	mine := sk.minutes[minute]["mine"]
+	mine := sk.mentions.minutes[minute]["mine"]
 	sk.mu.Unlock()
 	if mine != 9+rounds {
 		t.Errorf("mine counts %d in the sketch, want %d: this sidecar's summaries merged once each", mine, 9+rounds)

@@ -51,11 +51,14 @@ const (
 )
 
 // Summary is what one flush of one sidecar wrote to minute buckets: per
-// minute (Unix minute), per topic, the delta. Sidecars publish it on the
-// trend subject after each flush.
+// minute (Unix minute), per topic, the delta; and who mentioned the
+// topics since the flush before, per minute and topic a contributor
+// sketch (hyperloglog's binary form) of the mentions that named one.
+// Sidecars publish it on the trend subject after each flush.
 type Summary struct {
-	Writer  string                     `json:"writer"`
-	Minutes map[int64]map[string]int64 `json:"minutes"`
+	Writer       string                      `json:"writer"`
+	Minutes      map[int64]map[string]int64  `json:"minutes"`
+	Contributors map[int64]map[string][]byte `json:"contributors,omitempty"`
 }
 
 // Sketch merges every sidecar's summaries into per-minute counts of the
@@ -68,11 +71,13 @@ type Sketch struct {
 	log     *zap.Logger
 	now     func() time.Time
 
-	mu      sync.Mutex
-	minutes map[int64]map[string]int64 // by minute: the last recentMinutes
-	blocks  map[int64]map[string]int64 // by first minute of a block: older
-	first   int64                      // the earliest minute merged: where the fleet's history starts, as far as this sidecar knows
-	late    *lateBook                  // told of summaries of settled minutes (nil: none)
+	collect *Contributors // who this sidecar's mentions named (nil: none)
+
+	mu       sync.Mutex
+	mentions tally     // the fleet's counts
+	people   people    // the fleet's contributors
+	first    int64     // the earliest minute merged: where the fleet's history starts, as far as this sidecar knows
+	late     *lateBook // told of summaries of settled minutes (nil: none)
 
 	merged, dropped prometheus.Counter
 }
@@ -117,7 +122,7 @@ func (s *Sketch) Run(ctx context.Context) error {
 
 // newSketch returns an empty sketch on clock now, not subscribed.
 func newSketch(now func() time.Time) *Sketch {
-	return &Sketch{now: now, log: zap.NewNop(), minutes: make(map[int64]map[string]int64), blocks: make(map[int64]map[string]int64), first: math.MaxInt64,
+	return &Sketch{now: now, log: zap.NewNop(), mentions: newTally(), people: newPeople(), first: math.MaxInt64,
 		merged: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "hotcount_trend_summaries_total",
 			Help: "Flush summaries (this sidecar's and the fleet's) merged into the trending sketch.",
@@ -129,9 +134,13 @@ func newSketch(now func() time.Time) *Sketch {
 	}
 }
 
+// CountContributors has the sketch take what c collects into each
+// summary this sidecar publishes.
+func (s *Sketch) CountContributors(c *Contributors) { s.collect = c }
+
 // Observe is told what a flush wrote (flusher.Observer): its minute bucket
-// counters become this sidecar's summary, merged here and published to
-// the fleet.
+// counters become this sidecar's summary, with the contributors collected
+// since the last flush, merged here and published to the fleet.
 func (s *Sketch) Observe(written map[store.Counter]int64) {
 	per := make(map[int64][]topicCount)
 	for c, d := range written {
@@ -139,42 +148,90 @@ func (s *Sketch) Observe(written map[store.Counter]int64) {
 			per[c.Index] = append(per[c.Index], topicCount{c.Topic, d})
 		}
 	}
-	if len(per) == 0 {
+	var who map[int64][]topicWho
+	if s.collect != nil {
+		who = s.collect.take()
+	}
+	if len(per) == 0 && len(who) == 0 {
 		return
 	}
-	sum := Summary{Writer: s.writer, Minutes: make(map[int64]map[string]int64, len(per))}
-	size := 0
-	flush := func() {
-		if len(sum.Minutes) == 0 {
-			return
-		}
-		s.Merge(sum) // this sidecar's own, at once: Run skips its echo
-		b, err := json.Marshal(sum)
-		if err == nil {
-			err = s.nc.Publish(s.subject, b)
-		}
-		if err != nil {
-			s.dropped.Inc()
-			s.log.Warn("flush summary not published; trending misses it", zap.Error(err))
-		}
-		sum.Minutes, size = make(map[int64]map[string]int64), 0
-	}
+	b := summaryBuilder{s: s, sum: Summary{Writer: s.writer}}
 	for i, tcs := range per {
 		slices.SortFunc(tcs, func(a, b topicCount) int { return cmp.Compare(b.n, a.n) })
-		tcs = tcs[:min(len(tcs), SummaryTopics)]
-		m := make(map[string]int64, len(tcs))
-		for _, tc := range tcs {
-			if size+len(tc.topic)+24 > maxSummaryBytes {
-				sum.Minutes[i] = m
-				flush()
-				m = make(map[string]int64)
-			}
-			m[tc.topic] = tc.n
-			size += len(tc.topic) + 24
+		for _, tc := range tcs[:min(len(tcs), SummaryTopics)] {
+			b.count(i, tc.topic, tc.n)
 		}
-		sum.Minutes[i] = m
 	}
-	flush()
+	for i, tws := range who {
+		for _, tw := range tws {
+			if data, err := tw.who.MarshalBinary(); err == nil {
+				b.who(i, tw.topic, data)
+			}
+		}
+	}
+	b.flush()
+}
+
+// summaryBuilder makes a flush's summaries, as many as keep each under
+// maxSummaryBytes, and publishes them.
+type summaryBuilder struct {
+	s    *Sketch
+	sum  Summary
+	size int
+}
+
+func (b *summaryBuilder) count(i int64, topic string, n int64) {
+	b.room(len(topic) + 24)
+	if b.sum.Minutes == nil {
+		b.sum.Minutes = make(map[int64]map[string]int64)
+	}
+	m := b.sum.Minutes[i]
+	if m == nil {
+		m = make(map[string]int64)
+		b.sum.Minutes[i] = m
+	}
+	m[topic] = n
+}
+
+func (b *summaryBuilder) who(i int64, topic string, data []byte) {
+	b.room(len(topic) + 4*len(data)/3 + 32) // base64 in JSON
+	if b.sum.Contributors == nil {
+		b.sum.Contributors = make(map[int64]map[string][]byte)
+	}
+	m := b.sum.Contributors[i]
+	if m == nil {
+		m = make(map[string][]byte)
+		b.sum.Contributors[i] = m
+	}
+	m[topic] = data
+}
+
+// room publishes the summary so far if n more bytes would take it past
+// maxSummaryBytes, and counts them in.
+func (b *summaryBuilder) room(n int) {
+	if b.size+n > maxSummaryBytes {
+		b.flush()
+	}
+	b.size += n
+}
+
+// flush merges the summary so far here and publishes it.
+func (b *summaryBuilder) flush() {
+	if len(b.sum.Minutes) == 0 && len(b.sum.Contributors) == 0 {
+		return
+	}
+	s := b.s
+	s.Merge(b.sum) // this sidecar's own, at once: Run skips its echo
+	data, err := json.Marshal(b.sum)
+	if err == nil {
+		err = s.nc.Publish(s.subject, data)
+	}
+	if err != nil {
+		s.dropped.Inc()
+		s.log.Warn("flush summary not published; trending misses it", zap.Error(err))
+	}
+	b.sum = Summary{Writer: s.writer}
+	b.size = 0
 }
 
 type topicCount struct {
@@ -186,33 +243,94 @@ type topicCount struct {
 func (s *Sketch) Merge(sum Summary) {
 	at := s.now()
 	now := store.Minute.Index(at)
-	oldest := now - sketchMinutes
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for i, topics := range sum.Minutes {
-		if i <= oldest || i > now+maxSkewMinutes {
-			continue // too old to matter, or from a clock far ahead
+		if !inSketch(i, now) {
+			continue
 		}
 		s.first = min(s.first, i)
 		s.late.wroteMinute(i, at) // if settled: a backfill, a flush retried
-		if i <= now-recentMinutes {
-			addAll(s.blocks, blockOf(i), topics) // a late summary
-			continue
-		}
-		addAll(s.minutes, i, topics)
+		s.mentions.add(i, now, topics)
 	}
-	for i, m := range s.minutes {
-		if i <= now-recentMinutes {
-			addAll(s.blocks, blockOf(i), m)
-			delete(s.minutes, i)
+	bad := 0
+	for i, topics := range sum.Contributors {
+		if inSketch(i, now) {
+			bad += s.people.merge(i, now, topics)
 		}
 	}
-	for b := range s.blocks {
-		if b+blockMinutes-1 <= oldest {
-			delete(s.blocks, b)
-		}
-	}
+	s.mentions.roll(now)
+	s.people.roll(now)
 	s.merged.Inc()
+	if bad > 0 {
+		s.dropped.Inc()
+	}
+}
+
+// inSketch says whether minute i is one the sketch keeps: not too old to
+// matter, nor from a clock far ahead.
+func inSketch(i, now int64) bool {
+	return i > now-sketchMinutes && i <= now+maxSkewMinutes
+}
+
+// tally is a number per topic and minute: the last recentMinutes minute
+// by minute, older ones in blocks of blockMinutes back to sketchMinutes,
+// each map pruned to its largest sketchTopics at twice as many.
+type tally struct {
+	minutes map[int64]map[string]int64 // by minute
+	blocks  map[int64]map[string]int64 // by first minute of a block
+}
+
+func newTally() tally {
+	return tally{minutes: make(map[int64]map[string]int64), blocks: make(map[int64]map[string]int64)}
+}
+
+// add adds topics' numbers to minute i (now's minute is now).
+func (t *tally) add(i, now int64, topics map[string]int64) {
+	if i <= now-recentMinutes {
+		addAll(t.blocks, blockOf(i), topics) // a late summary
+		return
+	}
+	addAll(t.minutes, i, topics)
+}
+
+// roll folds the minutes past recentMinutes into blocks and drops the
+// blocks past sketchMinutes.
+func (t *tally) roll(now int64) {
+	for i, m := range t.minutes {
+		if i <= now-recentMinutes {
+			addAll(t.blocks, blockOf(i), m)
+			delete(t.minutes, i)
+		}
+	}
+	for b := range t.blocks {
+		if b+blockMinutes-1 <= now-sketchMinutes {
+			delete(t.blocks, b)
+		}
+	}
+}
+
+// over sums each topic's numbers over recent (a span of minutes) and over
+// base. A block counts where its first minute falls: candidates need a
+// fair ranking, the exact counts come from the buckets.
+func (t *tally) over(recent, base Span) (rec, old map[string]int64) {
+	rec, old = make(map[string]int64), make(map[string]int64)
+	for _, maps := range []map[int64]map[string]int64{t.minutes, t.blocks} {
+		for i, m := range maps {
+			at := store.Minute.Start(i)
+			switch {
+			case i >= recent.First && i <= recent.Last:
+				for topic, c := range m {
+					rec[topic] += c
+				}
+			case !at.Before(base.From) && at.Before(base.To):
+				for topic, c := range m {
+					old[topic] += c
+				}
+			}
+		}
+	}
+	return rec, old
 }
 
 // blockOf is the first minute of minute i's block.
@@ -248,38 +366,27 @@ func prune(m map[string]int64, n int) map[string]int64 {
 }
 
 // candidates ranks the sketch's topics by trend score over recent (a span
-// of minutes) against base (of minutes or hours) and returns the best n. A
-// sidecar's sketch knows only what it merged since it started: until it
-// holds a baseline, it ranks by the window's count.
-func (s *Sketch) candidates(recent, base Span, n int) []string {
-	s.mu.Lock()
-	// The baseline starts at the first whole minute this sketch has, as
-	// Trending cuts it at the fleet's history in the buckets.
-	if s.first != math.MaxInt64 {
-		if from := store.Minute.Start(s.first + 1); from.After(base.From) {
-			base.From = from
-		}
-	}
-	rec := make(map[string]int64)
-	old := make(map[string]int64)
-	// A block counts where its first minute falls: candidates need a
-	// fair ranking, the exact counts come from the buckets.
-	for _, maps := range []map[int64]map[string]int64{s.minutes, s.blocks} {
-		for i, m := range maps {
-			at := store.Minute.Start(i)
-			switch {
-			case i >= recent.First && i <= recent.Last:
-				for t, c := range m {
-					rec[t] += c
-				}
-			case !at.Before(base.From) && at.Before(base.To):
-				for t, c := range m {
-					old[t] += c
-				}
+// of minutes) against base (of minutes or hours) and returns the best n:
+// by their mentions, or with Ranking ByContributors by their contributors
+// per minute, among those with at least least distinct contributors in
+// recent. A sidecar's sketch knows only what it merged since it started:
+// until it holds a baseline, it ranks by the window's count.
+func (s *Sketch) candidates(recent, base Span, n int, by Ranking, least int64) []string {
+	var rec, old map[string]int64
+	if by == ByContributors {
+		crowds, o, cut := s.crowds(recent, base)
+		rec, old, base = make(map[string]int64, len(crowds)), o, cut
+		for t, c := range crowds {
+			if c.distinct >= least {
+				rec[t] = c.perMinute
 			}
 		}
+	} else {
+		s.mu.Lock()
+		base = s.cut(base)
+		rec, old = s.mentions.over(recent, base)
+		s.mu.Unlock()
 	}
-	s.mu.Unlock()
 	type scored struct {
 		topic string
 		score float64
@@ -299,4 +406,25 @@ func (s *Sketch) candidates(recent, base Span, n int) []string {
 		topics = append(topics, sc.topic)
 	}
 	return topics
+}
+
+// crowds returns each topic's contributors over recent, their per-minute
+// contributors over base as this sketch knows it, and that part of base.
+func (s *Sketch) crowds(recent, base Span) (rec map[string]crowd, old map[string]int64, cut Span) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	cut = s.cut(base)
+	rec, old = s.people.over(recent, cut)
+	return rec, old, cut
+}
+
+// cut is base from the first whole minute this sketch has on, as Trending
+// cuts it at the fleet's history in the buckets. s.mu is held.
+func (s *Sketch) cut(base Span) Span {
+	if s.first != math.MaxInt64 {
+		if from := store.Minute.Start(s.first + 1); from.After(base.From) {
+			base.From = from
+		}
+	}
+	return base
 }

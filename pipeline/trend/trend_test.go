@@ -127,24 +127,24 @@ func TestSketch(t *testing.T) {
 		}
 		s.Merge(Summary{Writer: "w", Minutes: map[int64]map[string]int64{i: m}})
 	}
-	if len(s.minutes) > recentMinutes || len(s.blocks) > int(sketchMinutes/blockMinutes)+1 {
-		t.Errorf("%d minute maps and %d blocks kept", len(s.minutes), len(s.blocks))
+	if len(s.mentions.minutes) > recentMinutes || len(s.mentions.blocks) > int(sketchMinutes/blockMinutes)+1 {
+		t.Errorf("%d minute maps and %d blocks kept", len(s.mentions.minutes), len(s.mentions.blocks))
 	}
-	for _, m := range s.minutes {
+	for _, m := range s.mentions.minutes {
 		if len(m) > 2*sketchTopics {
 			t.Errorf("a minute keeps %d topics", len(m))
 		}
 	}
 	cfg := Config{Minutes: true, Hours: true}
 	window, _ := cfg.plan(5*time.Minute, now)
-	got := s.candidates(window, cfg.baseline(window), 2)
+	got := s.candidates(window, cfg.baseline(window), 2, ByMentions, 0)
 	if len(got) != 2 || got[0] != "surge" {
 		t.Errorf("candidates %v, want surge first", got)
 	}
 	// An hour window is scored against hours, which reach into the blocks:
 	// steady stays steady.
 	window, _ = cfg.plan(time.Hour, now)
-	if got := s.candidates(window, cfg.baseline(window), 1); len(got) != 1 || got[0] != "surge" {
+	if got := s.candidates(window, cfg.baseline(window), 1, ByMentions, 0); len(got) != 1 || got[0] != "surge" {
 		t.Errorf("hour candidates %v, want surge", got)
 	}
 }

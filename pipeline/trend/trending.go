@@ -12,15 +12,37 @@ import (
 	"github.com/hotcount/hotcount/pipeline/store"
 )
 
-// Entry is one trending topic: its count in the window, its baseline (the
-// count expected in the window so far at the topic's rate over the
-// baseline span) and its score.
+// Entry is one trending topic: its count in the window (exact), its
+// distinct contributors in it (estimated: see Precision), its baseline
+// (what the window would hold so far at the topic's rate over the baseline
+// span, in the ranking's unit: mentions, or contributors per minute) and
+// its score.
 type Entry struct {
-	Topic    string  `json:"topic"`
-	Count    int64   `json:"count"`
-	Baseline float64 `json:"baseline"`
-	Score    float64 `json:"score"`
+	Topic        string  `json:"topic"`
+	Count        int64   `json:"count"`
+	Contributors int64   `json:"contributors"`
+	Baseline     float64 `json:"baseline"`
+	Score        float64 `json:"score"`
 }
+
+// Ranking is what trending ranks topics by.
+type Ranking string
+
+// Rankings.
+const (
+	// ByMentions scores a topic's mentions in the window against its
+	// baseline's: the default.
+	ByMentions Ranking = "mentions"
+	// ByContributors scores its contributors per minute (one contributor's
+	// mentions count once a minute) against its baseline's, and lists
+	// only topics with at least Config.MinContributors distinct
+	// contributors in the window: a few accounts flooding a topic cannot
+	// put it on top.
+	ByContributors Ranking = "contributors"
+	// DefaultMinContributors is the least distinct contributors a topic
+	// needs in the window to trend by contributors.
+	DefaultMinContributors = 5
+)
 
 // Trending is the fleet's trending list for a window, highest score first.
 type Trending struct {
@@ -106,7 +128,8 @@ func (s *Service) trending(ctx context.Context, d time.Duration, limit int) (Tre
 	// Candidates whose buckets fit a budget of reads: the window's and
 	// the baseline's buckets of each, maxTrendKeys in all.
 	n := min(max(3*limit, 30), max(maxTrendKeys/(window.Buckets()+base.Buckets()), 1))
-	cands := s.sketch.candidates(window, base, n)
+	by, least := s.cfg.ranking()
+	cands := s.sketch.candidates(window, base, n, by, least)
 	t := Trending{Window: FormatWindow(d), From: window.From, To: now, Topics: []Entry{}}
 	if len(cands) == 0 {
 		t.Note = "no mentions in the window"
@@ -133,7 +156,16 @@ func (s *Service) trending(ctx context.Context, d time.Duration, limit int) (Tre
 		t.Note = fmt.Sprintf("not enough history yet: the fleet's buckets start at %s, and a baseline needs a whole %s bucket of them before the window", first.UTC().Format(time.RFC3339), base.G)
 	default:
 		t.BaselineFrom, t.BaselineTo = base.From, base.To
-		t.Topics = rank(cands, sums, window, nominal, base, limit)
+		crowds, old, cut := s.sketch.crowds(window, base)
+		if by == ByContributors {
+			t.BaselineFrom = cut.From
+			t.Topics = rankContributors(cands, sums, crowds, old, window, cut, least, limit)
+		} else {
+			t.Topics = rank(cands, sums, window, nominal, base, limit)
+			for i := range t.Topics {
+				t.Topics[i].Contributors = crowds[t.Topics[i].Topic].distinct
+			}
+		}
 	}
 	t.at = s.now()
 	return t, nil
@@ -173,6 +205,36 @@ func rank(cands []string, sums map[string][][]int64, window, nominal, base Span,
 			topics = append(topics, Entry{Topic: c, Count: count, Baseline: round(expected), Score: round(sc)})
 		}
 	}
+	return best(topics, limit)
+}
+
+// rankContributors scores each candidate's contributors per minute over
+// window (crowds) against its baseline's (old, over cut, the part of the
+// baseline the sketch has seen), with its count from sums as rank reads
+// it. A candidate with fewer than least distinct contributors is left
+// out. It returns the best limit with a positive score, as rank does.
+func rankContributors(cands []string, sums map[string][][]int64, crowds map[string]crowd, old map[string]int64, window, cut Span, least int64, limit int) []Entry {
+	topics := []Entry{}
+	for _, c := range cands {
+		who := crowds[c]
+		if who.distinct < least {
+			continue
+		}
+		var count int64
+		for _, n := range sums[c][0] {
+			count, _ = satAdd(count, n, false)
+		}
+		expected := expect(old[c], cut, window)
+		if sc := Score(who.perMinute, expected); sc > 0 {
+			topics = append(topics, Entry{Topic: c, Count: count, Contributors: who.distinct, Baseline: round(expected), Score: round(sc)})
+		}
+	}
+	return best(topics, limit)
+}
+
+// best sorts topics by score, highest first (then by topic, so that every
+// sidecar lists the same), and returns the first limit.
+func best(topics []Entry, limit int) []Entry {
 	slices.SortFunc(topics, func(a, b Entry) int {
 		if c := cmp.Compare(b.Score, a.Score); c != 0 {
 			return c
@@ -180,6 +242,18 @@ func rank(cands []string, sums map[string][][]int64, window, nominal, base Span,
 		return cmp.Compare(a.Topic, b.Topic)
 	})
 	return topics[:min(limit, len(topics))]
+}
+
+// ranking is the configured ranking and the least distinct contributors
+// it lists a topic with (0 by mentions).
+func (c Config) ranking() (Ranking, int64) {
+	if c.By != ByContributors {
+		return ByMentions, 0
+	}
+	if c.MinContributors <= 0 {
+		return ByContributors, DefaultMinContributors
+	}
+	return ByContributors, int64(c.MinContributors)
 }
 
 // baseline is the span a window is scored against: the Baselines windows
