@@ -61,6 +61,7 @@ COUNT ?= 3
 bench: deps
 	$(GO) test -run '^$$' -bench 'BenchmarkAdd|BenchmarkLookupHTTP|BenchmarkWindowLookup|BenchmarkLookupCached|BenchmarkHandler|BenchmarkIngest' -benchmem -count $(COUNT) ./pipeline/aggregator/ ./pipeline/lookup/ ./pipeline/httpapi/ ./pipeline/ingest/ | tee bench.out
 	$(GO) test -run '^$$' -bench 'BenchmarkWindowMemory|BenchmarkPersist' -benchtime 1x -count $(COUNT) ./pipeline/aggregator/ | tee -a bench.out
+	$(GO) test -run '^$$' -bench BenchmarkContributorsMemory -benchtime 1x -count $(COUNT) ./pipeline/trend/ | tee -a bench.out
 	$(GO) test -run '^$$' -bench BenchmarkJetStream -benchtime 200000x -count $(COUNT) ./sidecar/ | tee -a bench.out
 	$(GO) test -run '^$$' -bench 'BenchmarkIngest|BenchmarkCounters|BenchmarkWindowWrites' -benchtime 1000000x -count $(COUNT) ./bench/ | tee -a bench.out
 	$(GO) test -run '^$$' -bench BenchmarkClusterPartitions -benchtime 200000x -count $(COUNT) ./bench/ | tee -a bench.out

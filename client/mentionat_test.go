@@ -2,7 +2,9 @@ package client_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -50,6 +52,50 @@ func TestMentionAtCarriesItsTime(t *testing.T) {
 		}
 	}
 	if want := `[9@0 1@1 1@none("")]`; fmt.Sprint(got) != want {
+		t.Errorf("messages %v, want %s", got, want)
+	}
+}
+
+// TestMentionByCarriesItsContributor: MentionBy's messages carry "by" as
+// the sidecar reads it (any UTF-8 id, quoted as JSON); mentions add up
+// into one message only with those of their topic by the same
+// contributor; an id the sidecar would refuse is refused here, and
+// nothing of it is sent.
+func TestMentionByCarriesItsContributor(t *testing.T) {
+	ns := testenv.NATS(t)
+	sp := newSpy(t, ns.ClientURL())
+	nc := testenv.Connect(t, ns.ClientURL())
+	pub, err := client.NewPublisher(nc, client.WithCoreNATS(), client.WithLinger(time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	for _, m := range []struct {
+		by string
+		n  int64
+	}{{"u1", 2}, {"u2", 1}, {"u1", 3}, {`"quoted" \ café`, 1}} {
+		if err := pub.MentionBy(ctx, "golang", m.by, m.n, time.Time{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, bad := range []string{"", strings.Repeat("x", ingest.MaxByBytes+1), "a\nb"} {
+		if err := pub.MentionBy(ctx, "golang", bad, 1, time.Time{}); !errors.Is(err, client.ErrInvalidBy) {
+			t.Errorf("MentionBy(%q) = %v, want ErrInvalidBy", bad, err)
+		}
+	}
+	if err := pub.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	sp.sync(t, nc)
+	var got []string
+	for _, m := range sp.received() {
+		p, err := ingest.ParsePayload(m.Data, ingest.DefaultMaxCount)
+		if err != nil {
+			t.Fatalf("%q: %v", m.Data, err)
+		}
+		got = append(got, fmt.Sprintf("%d by %s", p.Count, p.By))
+	}
+	if want := `[5 by u1 1 by u2 1 by "quoted" \ café]`; fmt.Sprint(got) != want {
 		t.Errorf("messages %v, want %s", got, want)
 	}
 }

@@ -2,6 +2,7 @@ package client
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -51,6 +52,9 @@ var (
 	// long, not UTF-8, control characters) or that cannot end a NATS
 	// subject (an empty part between dots, a wildcard, a space).
 	ErrInvalidTopic = errors.New("client: invalid topic")
+	// ErrInvalidBy wraps a contributor id the sidecar would refuse: empty,
+	// longer than ingest.MaxByBytes, not UTF-8, control characters.
+	ErrInvalidBy = errors.New("client: invalid contributor")
 	// ErrInvalidCount wraps a count outside 1..max-count: the sidecar
 	// takes nothing else in one message.
 	ErrInvalidCount = errors.New("client: invalid count")
@@ -192,14 +196,16 @@ type message struct {
 	gen   uint64
 	at    int64
 	timed bool
+	by    string // who mentioned it ("" for no one in particular)
 }
 
 // openKey is what mentions share to add up into one message: the topic,
-// and for MentionAt's, the time.
+// for MentionAt's the time, and for MentionBy's the contributor.
 type openKey struct {
 	topic string
 	at    int64
 	timed bool
+	by    string
 }
 
 // NewPublisher returns a Publisher on nc, a connection the caller owns and
@@ -296,6 +302,30 @@ func (p *Publisher) MentionAt(ctx context.Context, topic string, n int64, at tim
 	return p.mention(ctx, message{topic: topic, count: n, at: at.UnixMilli(), timed: true})
 }
 
+// MentionBy is Mention for mentions by one contributor, by: an opaque id
+// the caller chooses (a hash of a user id, say) of 1..ingest.MaxByBytes
+// bytes of UTF-8 without control characters. Counts are the same; with
+// --trending-by contributors the sidecars rank trending topics by how many
+// distinct contributors mention them, each once a minute, so that a few
+// accounts flooding a topic cannot put it on top. Mentions add up into one
+// message only with others of their topic by the same contributor. A
+// non-zero at is MentionAt's. An invalid by is ErrInvalidBy.
+func (p *Publisher) MentionBy(ctx context.Context, topic, by string, n int64, at time.Time) error {
+	if err := ingest.ValidateBy([]byte(by)); err != nil {
+		var ie *ingest.InvalidError
+		msg := err.Error()
+		if errors.As(err, &ie) {
+			msg = ie.Msg
+		}
+		return fmt.Errorf("%w %.64q: %s", ErrInvalidBy, by, msg)
+	}
+	m := message{topic: topic, count: n, by: by}
+	if !at.IsZero() {
+		m.at, m.timed = at.UnixMilli(), true
+	}
+	return p.mention(ctx, m)
+}
+
 func (p *Publisher) mention(ctx context.Context, m message) error {
 	if err := p.check(m.topic, m.count); err != nil {
 		return err
@@ -357,7 +387,7 @@ func validTopic(topic string, maxBytes int) error {
 // message while the batch has room. It reports whether it did. p.mu is
 // held.
 func (p *Publisher) add(m message) bool {
-	key := openKey{m.topic, m.at, m.timed}
+	key := openKey{m.topic, m.at, m.timed, m.by}
 	if i, ok := p.open[key]; ok && p.batch[i].count <= p.o.maxCount-m.count {
 		p.batch[i].count += m.count
 		return true
@@ -621,15 +651,19 @@ func final(err error) bool {
 }
 
 // payload is a message's body: empty for one mention (the sidecar reads
-// it as 1, and it is the cheapest), else {"count":n}, and with a time
-// {"count":n,"at":<Unix ms>}.
+// it as 1, and it is the cheapest), else {"count":n}, with a time
+// {"count":n,"at":<Unix ms>}, and with a contributor "by" last.
 func payload(m message) []byte {
-	if m.count == 1 && !m.timed {
+	if m.count == 1 && !m.timed && m.by == "" {
 		return nil
 	}
 	b := strconv.AppendInt([]byte(`{"count":`), m.count, 10)
 	if m.timed {
 		b = strconv.AppendInt(append(b, `,"at":`...), m.at, 10)
+	}
+	if m.by != "" {
+		by, _ := json.Marshal(m.by) // a string: cannot fail
+		b = append(append(b, `,"by":`...), by...)
 	}
 	return append(b, '}')
 }

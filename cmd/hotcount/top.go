@@ -86,10 +86,11 @@ func printTrending(w io.Writer, t trend.Trending, from string) {
 		return
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "#\tTOPIC\tCOUNT\tBASELINE\tSCORE\t")
+	fmt.Fprintln(tw, "#\tTOPIC\tCOUNT\tCONTRIBUTORS\tBASELINE\tSCORE\t")
 	for i, e := range t.Topics {
-		fmt.Fprintf(tw, "%d\t%s\t%d\t%.1f\t%.1f\t\n", i+1, e.Topic, e.Count, e.Baseline, e.Score)
+		fmt.Fprintf(tw, "%d\t%s\t%d\t%d\t%.1f\t%.1f\t\n", i+1, e.Topic, e.Count, e.Contributors, e.Baseline, e.Score)
 	}
 	tw.Flush() //nolint:errcheck // w's errors are the caller's to see
-	fmt.Fprintln(w, "\nscore: (count - baseline) / sqrt(baseline + 1); baseline: the count expected at the topic's rate in the windows before")
+	fmt.Fprintln(w, "\nscore: (recent - baseline) / sqrt(baseline + 1), recent the count, or with --trending-by contributors the contributors per minute;")
+	fmt.Fprintln(w, "baseline: what the windows before expect at the topic's rate; contributors: distinct, estimated, of the mentions that name one")
 }

@@ -111,11 +111,11 @@ func TestTrendingDemo(t *testing.T) {
 	}
 	var first []string
 	for _, line := range strings.Split(stdout.String(), "\n") {
-		if f := strings.Fields(line); len(f) == 5 && f[0] == "1" {
+		if f := strings.Fields(line); len(f) == 6 && f[0] == "1" {
 			first = f
 		}
 	}
-	if len(first) != 5 || first[1] != "surge" {
+	if len(first) != 6 || first[1] != "surge" {
 		t.Errorf("top's first row is %q, want the surge:\n%s", first, stdout.String())
 	}
 

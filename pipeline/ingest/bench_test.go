@@ -14,18 +14,25 @@ import (
 	"github.com/hotcount/hotcount/internal/testtools/testenv"
 	"github.com/hotcount/hotcount/pipeline/aggregator"
 	"github.com/hotcount/hotcount/pipeline/ingest"
+	"github.com/hotcount/hotcount/pipeline/trend"
 )
 
 // BenchmarkIngest compares hotcount's subscriber (parse, validate, add to
 // the aggregator) with a bare nats.go subscriber that only counts messages:
 // same in-process server, same publisher, same 1,000 topics, same run. The
-// ratio of their ns/op is hotcount's ingest cost against NATS's own.
+// ratio of their ns/op is hotcount's ingest cost against NATS's own. The
+// payload is `{"count":1}`, as a producer sends it; hotcount-by's is
+// `{"count":1,"by":"<id>"}` with a million distinct ids, each mention's
+// contributor sketched for trending (trend.Contributors, as the sidecar
+// runs it with time buckets on): its ratio to hotcount is the cost of
+// "by".
 func BenchmarkIngest(b *testing.B) {
 	topics := make([]string, 1000)
 	for i := range topics {
 		topics[i] = "mentions.topic-" + strconv.Itoa(i)
 	}
-	run := func(b *testing.B, subscribe func(nc *nats.Conn, got *atomic.Int64) (stop func())) {
+	count := func(buf []byte, _ int) []byte { return append(buf[:0], `{"count":1}`...) }
+	run := func(b *testing.B, payload func(buf []byte, i int) []byte, subscribe func(nc *nats.Conn, got *atomic.Int64) (stop func())) {
 		ns := testenv.NATS(b)
 		sub, err := nats.Connect(ns.ClientURL())
 		if err != nil {
@@ -38,8 +45,10 @@ func BenchmarkIngest(b *testing.B) {
 		pub := testenv.Connect(b, ns.ClientURL())
 		b.ReportAllocs()
 		b.ResetTimer()
+		var buf []byte
 		for i := range b.N {
-			if err := pub.Publish(topics[i%len(topics)], nil); err != nil {
+			buf = payload(buf, i)
+			if err := pub.Publish(topics[i%len(topics)], buf); err != nil {
 				b.Fatal(err)
 			}
 		}
@@ -58,7 +67,7 @@ func BenchmarkIngest(b *testing.B) {
 	}
 
 	b.Run("bare", func(b *testing.B) {
-		run(b, func(nc *nats.Conn, got *atomic.Int64) func() {
+		run(b, count, func(nc *nats.Conn, got *atomic.Int64) func() {
 			s, err := nc.QueueSubscribe("mentions.>", "hotcount", func(*nats.Msg) { got.Add(1) })
 			if err != nil {
 				b.Fatal(err)
@@ -68,12 +77,13 @@ func BenchmarkIngest(b *testing.B) {
 			return func() { s.Unsubscribe() }  //nolint:errcheck // closing anyway
 		})
 	})
-	b.Run("hotcount", func(b *testing.B) {
-		run(b, func(nc *nats.Conn, got *atomic.Int64) func() {
+	subscriber := func(b *testing.B, who ingest.Contributors) func(nc *nats.Conn, got *atomic.Int64) func() {
+		return func(nc *nats.Conn, got *atomic.Int64) func() {
 			reg := prometheus.NewRegistry()
 			s, err := ingest.NewSubscriber(nc, ingest.Config{
 				Subject: "mentions.>", QueueGroup: "hotcount", DrainTimeout: time.Second,
-				Limits: ingest.Limits{MaxCount: ingest.DefaultMaxCount, MaxTopicBytes: ingest.DefaultMaxTopicBytes},
+				Limits:       ingest.Limits{MaxCount: ingest.DefaultMaxCount, MaxTopicBytes: ingest.DefaultMaxTopicBytes},
+				Contributors: who,
 			}, countingSink{aggregator.New(aggregator.DefaultMaxTopics, reg), got}, zap.NewNop(), ingest.NewMetrics(reg))
 			if err != nil {
 				b.Fatal(err)
@@ -86,7 +96,18 @@ func BenchmarkIngest(b *testing.B) {
 			}
 			nc.Flush() //nolint:errcheck // the publisher flushes too
 			return func() { cancel(); <-done }
-		})
+		}
+	}
+	b.Run("hotcount", func(b *testing.B) {
+		run(b, count, subscriber(b, nil))
+	})
+	b.Run("hotcount-by", func(b *testing.B) {
+		by := func(buf []byte, i int) []byte {
+			buf = append(buf[:0], `{"count":1,"by":"c`...)
+			buf = strconv.AppendInt(buf, int64(i%1_000_000), 10)
+			return append(buf, `"}`...)
+		}
+		run(b, by, subscriber(b, trend.NewContributors(prometheus.NewRegistry())))
 	})
 }
 

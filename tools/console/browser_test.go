@@ -137,6 +137,11 @@ type pageView struct {
 	Pending   string   `json:"pending"`
 	Freshness string   `json:"freshness"`
 	Shards    []string `json:"shards"`
+	// Trending is the trending panel: whether it shows, and its rows or
+	// its note.
+	Trending     bool     `json:"trending"`
+	TrendingRows []string `json:"trendingRows"`
+	TrendingNote string   `json:"trendingNote"`
 }
 
 const readPage = `({
@@ -146,6 +151,9 @@ const readPage = `({
 	pending: document.getElementById("pending").textContent,
 	freshness: (document.getElementById("freshness") || {}).textContent || "",
 	shards: [...document.querySelectorAll("#shards .shard-count")].map(e => e.textContent),
+	trending: !document.getElementById("trending").hidden,
+	trendingRows: [...document.querySelectorAll("#trending-rows tr")].map(e => e.textContent),
+	trendingNote: document.getElementById("trending-note").textContent,
 })`
 
 // raceView is what the page shows of the race: mentions, writes and
@@ -203,6 +211,9 @@ func waitPage(t *testing.T, ctx context.Context, dev *devSidecar, topic string) 
 			return fmt.Errorf("%s: the page shows shards %v, the store has %v", topic, shown, wantShards)
 		case v.Freshness != "fresh" && v.Freshness != "stale":
 			return fmt.Errorf("%s: the page does not say whether the total is fresh: %q", topic, v.Freshness)
+		case !v.Trending || (len(v.TrendingRows) == 0 && v.TrendingNote == ""):
+			// dev keeps minute buckets: the fleet's list shows, or why it is empty.
+			return fmt.Errorf("the trending panel shows %v, rows %q, note %q", v.Trending, v.TrendingRows, v.TrendingNote)
 		}
 		return nil
 	})

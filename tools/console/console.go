@@ -235,9 +235,26 @@ type state struct {
 	RaceEnabled bool        `json:"raceEnabled"`
 	Topics      []hotTopic  `json:"topics"`
 	Topic       *topicState `json:"topic,omitempty"`
+	Trending    *trending   `json:"trending,omitempty"`
 	Series      series      `json:"series"`
 	Race        *raceState  `json:"race"`
 }
+
+// trending is the fleet's trending list as /v1/trending answers it (absent
+// where the sidecar keeps no minute buckets).
+type trending struct {
+	Window string `json:"window"`
+	Note   string `json:"note,omitempty"`
+	Topics []struct {
+		Topic        string  `json:"topic"`
+		Count        int64   `json:"count"`
+		Contributors int64   `json:"contributors"`
+		Score        float64 `json:"score"`
+	} `json:"topics"`
+}
+
+// trendingWindow is the window of the console's trending list.
+const trendingWindow = "5m"
 
 // hotTopic is one entry of /v1/hot.
 // Raise is a change of a topic's write shard count, as the page shows it.
@@ -326,6 +343,12 @@ func (c *Console) state(w http.ResponseWriter, r *http.Request) {
 	}
 	if name := r.URL.Query().Get("topic"); name != "" {
 		out.Topic = c.topic(ctx, name)
+	}
+	var tr trending
+	if err := c.call(ctx, "/v1/trending?window="+trendingWindow+"&limit=10", &tr); err == nil {
+		out.Trending = &tr // cached by the trend service: a viewer costs no read
+	} else {
+		c.log.Debug("trending", zap.Error(err))
 	}
 	c.mu.Lock()
 	if c.current != nil {

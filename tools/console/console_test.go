@@ -33,6 +33,13 @@ func (f *fakeAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	mux.HandleFunc("GET /v1/hot", func(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprint(w, `{"topics":[{"topic":"golang","count":50,"error":0,"rate":5,"shards":4}]}`)
 	})
+	mux.HandleFunc("GET /v1/trending", func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Query().Get("window") != trendingWindow {
+			http.Error(w, `{"error":"window"}`, http.StatusBadRequest)
+			return
+		}
+		fmt.Fprint(w, `{"window":"5m","topics":[{"topic":"organic","count":800,"contributors":400,"baseline":0,"score":400}]}`)
+	})
 	mux.HandleFunc("GET /v1/topics/{topic}", func(w http.ResponseWriter, r *http.Request) {
 		if r.PathValue("topic") == "bad" {
 			w.WriteHeader(http.StatusBadRequest)
@@ -105,6 +112,9 @@ func TestStateIsTheAPIs(t *testing.T) {
 	}
 	if s.Race != nil || s.RaceEnabled {
 		t.Errorf("race %+v enabled %v, want none", s.Race, s.RaceEnabled)
+	}
+	if tr := s.Trending; tr == nil || len(tr.Topics) != 1 || tr.Topics[0].Topic != "organic" || tr.Topics[0].Contributors != 400 || tr.Topics[0].Count != 800 {
+		t.Errorf("trending %+v, want the API's list with its contributors", tr)
 	}
 
 	var bad state

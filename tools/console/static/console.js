@@ -39,7 +39,27 @@ function render(s) {
   renderTopics(s.topics || []);
   renderTopic(s.topic);
   renderFlow(s.series, s.now);
+  renderTrending(s.trending);
   renderRace(s.race, s.raceEnabled);
+}
+
+// --- trending across the fleet ----------------------------------------------
+
+function renderTrending(t) {
+  $("trending").hidden = !t;
+  if (!t) return;
+  const body = $("trending-rows");
+  body.replaceChildren();
+  for (const [i, e] of (t.topics || []).entries()) {
+    const tr = document.createElement("tr");
+    for (const v of [i + 1, e.topic, fmt(e.count), fmt(e.contributors), e.score.toFixed(1)]) {
+      const td = document.createElement("td");
+      td.textContent = v;
+      tr.append(td);
+    }
+    body.append(tr);
+  }
+  $("trending-note").textContent = t.note || ((t.topics || []).length ? "" : "nothing stands above its baseline");
 }
 
 // --- topic picker -------------------------------------------------------
