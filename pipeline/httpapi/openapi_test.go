@@ -116,7 +116,7 @@ func TestOpenAPISchemaKeywords(t *testing.T) {
 		{"TrendingTopic", `{"topic":"a","count":3,"contributors":2,"baseline":1,"score":0.5}`, true},
 		{"TrendingTopic", `{"topic":"a","count":1,"contributors":0,"baseline":1,"score":0}`, false}, // exclusiveMinimum
 		{"Trending", `{"window":"5m","from":"2026-12-03T10:48:00Z","to":"2026-12-03T10:52:30Z","source":"store","ageMs":0,"topics":[],"note":"no mentions in the window"}`, true},
-		{"Trending", `{"window":"5m","from":"2026-12-03T10:48:00Z","to":"2026-12-03T10:52:30Z","source":"store","ageMs":0,"topics":[{"topic":"a","count":3,"contributors":0,"baseline":1,"score":1}],"note":"x"}`, false},                             // dependentSchemas
+		{"Trending", `{"window":"5m","from":"2026-12-03T10:48:00Z","to":"2026-12-03T10:52:30Z","source":"store","ageMs":0,"topics":[{"topic":"a","count":3,"contributors":0,"baseline":1,"score":1}],"note":"x"}`, false},            // dependentSchemas
 		{"Trending", `{"window":"5m","from":"2026-12-03T10:48:00Z","to":"2026-12-03T10:52:30Z","baselineFrom":"2026-12-03T10:46:00Z","baselineTo":"2026-12-03T10:48:00Z","source":"store","ageMs":0,"topics":[],"note":"x"}`, false}, // dependentSchemas
 		{"Trending", `{"window":"5m","from":"2026-12-03T10:48:00Z","to":"2026-12-03T10:52:30Z","baselineFrom":"2026-12-03T10:46:00Z","source":"store","ageMs":0,"topics":[]}`, false},                                                // dependentRequired
 		{"Health", `{"status":"fail","dependencies":{"nats":"ok","store":"ok"}}`, false},                                                                                                                                             // if/then
