@@ -65,16 +65,20 @@ func flushedAll(t testing.TB, fleet []*env, n int64) {
 }
 
 // TestTrendingAcrossTheFleet plays a known script into three sidecars on
-// one NATS server and one table, half an hour of it on a stepped clock: a
+// one NATS server and one table, 16 minutes of it on a stepped clock: a
 // steady Zipf background over 200 topics, 1,000 mentions a minute, and
 // one topic, "surge", at 10 a minute that jumps to 200 (20x) for the last
-// five minutes. Every sidecar ranks the surge first with the steady heavy
-// hitters out of the top 5; the two that ran throughout give the same
-// list, and one restarted eight minutes before the end puts the surge first
-// too; the windowed counts and series equal the script's, minute by minute
-// and hour by hour (the half hour crosses an hour), on every sidecar.
+// two minutes. Every sidecar ranks the surge first in a 2-minute window
+// (against the 8 minutes before) with the steady heavy hitters out of the
+// top 5; the two that ran throughout give the same list, and one restarted
+// eight minutes before the end puts the surge first too; the windowed
+// counts and series equal the script's, minute by minute and hour by hour
+// (the script crosses an hour), on every sidecar.
 func TestTrendingAcrossTheFleet(t *testing.T) {
-	clk := testenv.NewClock(hoursAgo(3).Add(45*time.Minute + 30*time.Second)) // stepped a minute at a time
+	// Stepped a minute at a time, a second before each minute's end: each
+	// minute's mentions are published at once, so the window, read up to
+	// now, holds its last minute nearly whole, as its baseline expects.
+	clk := testenv.NewClock(hoursAgo(3).Add(45*time.Minute + 59*time.Second))
 	tune := func(c *config.Config) {
 		c.FlushInterval = 50 * time.Millisecond
 		c.CacheTTL = time.Millisecond
@@ -96,7 +100,7 @@ func TestTrendingAcrossTheFleet(t *testing.T) {
 	// 200 topics: each minute writes about 150 of them, three counters each.
 	z := rand.NewZipf(rand.New(rand.NewPCG(1, 2)), 1.1, 1, 199)
 	var published, flushedBefore int64 // flushedBefore: by the sidecar restarted
-	const minutes = 30
+	const minutes = 16 // the window (2) and its baseline (8), and the restart's 8 before the end
 	for m := range minutes {
 		if m > 0 {
 			clk.Add(time.Minute)
@@ -110,7 +114,7 @@ func TestTrendingAcrossTheFleet(t *testing.T) {
 			count(topic, minute)
 		}
 		surge := 10
-		if m >= minutes-5 {
+		if m >= minutes-2 {
 			surge = 200
 		}
 		for range surge {
@@ -152,7 +156,7 @@ func TestTrendingAcrossTheFleet(t *testing.T) {
 		lists = lists[:0]
 		for _, e := range fleet {
 			var tr trend.Trending
-			getJSON(t, e, "/v1/trending?window=5m&limit=10", &tr)
+			getJSON(t, e, "/v1/trending?window=2m&limit=10", &tr)
 			lists = append(lists, tr.Topics)
 		}
 		if !slices.Equal(lists[0], lists[1]) {
@@ -164,14 +168,14 @@ func TestTrendingAcrossTheFleet(t *testing.T) {
 		return nil
 	})
 	top := lists[0]
-	t.Logf("trending, 5m: %+v", top)
+	t.Logf("trending, 2m: %+v", top)
 	if len(top) == 0 || top[0].Topic != "surge" {
 		t.Fatalf("the surge is not first: %+v", top)
 	}
-	// The window is read up to now, half a minute into its last bucket: 4.5
-	// minutes at the 10 a minute before.
-	if top[0].Count != sumOf("surge", last-4, last) || top[0].Baseline != 45 {
-		t.Errorf("surge: count %d, baseline %v; the script has %d and 10 a minute before (45 in 4.5 minutes)", top[0].Count, top[0].Baseline, sumOf("surge", last-4, last))
+	// The window is read up to now, 59 s into its last bucket: 1 min 59 s
+	// at the 10 a minute before.
+	if top[0].Count != sumOf("surge", last-1, last) || top[0].Baseline != 19.8 {
+		t.Errorf("surge: count %d, baseline %v; the script has %d and 10 a minute before (19.8 in 1 min 59 s)", top[0].Count, top[0].Baseline, sumOf("surge", last-1, last))
 	}
 	for _, e := range top[:min(5, len(top))] {
 		for i := range 5 {
