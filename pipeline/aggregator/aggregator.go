@@ -24,6 +24,7 @@ import (
 	"maps"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unsafe"
 
@@ -188,6 +189,31 @@ type Aggregator struct {
 	// are out of the folder only for the flush that writes them.
 	carrying bool
 	spillMu  sync.Mutex // one spill write at a time
+
+	// shown is what the gauges and Stats read without the lock: the
+	// window's topics, mentions and bytes, stored under mu by every change
+	// (show), so that a scrape never waits for the ingest, nor it for one.
+	shown struct{ topics, mentions, bytes atomic.Int64 }
+}
+
+// added publishes what an add changed for the gauges, the mentions and,
+// if the window grew, its topics and bytes, and reports whether it is at
+// its bound; mu must be held.
+func (a *Aggregator) added(grew bool) (full bool) {
+	a.shown.mentions.Store(a.total)
+	if !grew {
+		return false
+	}
+	a.shown.topics.Store(int64(a.cur.Deltas.Len() - a.buckets))
+	a.shown.bytes.Store(a.bytes)
+	return a.atBound()
+}
+
+// show publishes the window's figures for the gauges; mu must be held.
+func (a *Aggregator) show() {
+	a.shown.topics.Store(int64(a.cur.Deltas.Len() - a.buckets))
+	a.shown.mentions.Store(a.total)
+	a.shown.bytes.Store(a.bytes)
 }
 
 // New returns an empty aggregator. When a window reaches maxTopics distinct
@@ -226,7 +252,7 @@ func New(maxTopics int, reg prometheus.Registerer, opts ...Option) *Aggregator {
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "hotcount_aggregator_buffered_bytes",
 			Help: "Memory of the current window as the budget counts it: topic names plus a fixed overhead per topic.",
-		}, func() float64 { a.mu.Lock(); defer a.mu.Unlock(); return float64(a.bytes) }),
+		}, func() float64 { return float64(a.shown.bytes.Load()) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "hotcount_aggregator_spill_bytes",
 			Help: "Bytes of deltas in the spill folder, waiting for the store.",
@@ -261,7 +287,7 @@ func (a *Aggregator) Add(topic string, delta int64) {
 		at = a.now()
 	}
 	a.mu.Lock()
-	full := a.add(topic, delta, at) && a.atBound()
+	full := a.added(a.add(topic, delta, at))
 	a.mu.Unlock()
 	a.signal(full)
 }
@@ -271,7 +297,7 @@ func (a *Aggregator) Add(topic string, delta int64) {
 // the arrival's. Without buckets it is Add.
 func (a *Aggregator) AddAt(topic string, delta int64, at time.Time) {
 	a.mu.Lock()
-	full := a.add(topic, delta, at) && a.atBound()
+	full := a.added(a.add(topic, delta, at))
 	a.mu.Unlock()
 	a.signal(full)
 }
@@ -407,6 +433,7 @@ func (a *Aggregator) Drain() Window {
 		a.skip = a.backoff
 	}
 	a.drained, a.merged, a.carrying = drained, 0, false
+	a.show()
 	a.mu.Unlock()
 	// The drained window is the caller's: segments are read into it
 	// without the lock, so the ingest never waits for the disk.
@@ -521,6 +548,7 @@ func (a *Aggregator) Merge(w Window) {
 		a.cur.Deltas = NewDeltas(0)
 		a.total, a.bytes, a.buckets, a.fresh = 0, 0, 0, freshIndex{}
 	}
+	a.show()
 	a.mu.Unlock()
 	if out != nil {
 		a.spillOut(out, mentions, back)
@@ -542,6 +570,7 @@ func (a *Aggregator) Persist() (int64, error) {
 	out, mentions := a.cur.Deltas, a.total
 	a.cur.Deltas = NewDeltas(0)
 	a.total, a.bytes, a.buckets, a.fresh = 0, 0, 0, freshIndex{}
+	a.show()
 	a.mu.Unlock()
 	a.spillMu.Lock()
 	err := a.spill.Keep(out) // lost otherwise
@@ -553,6 +582,7 @@ func (a *Aggregator) Persist() (int64, error) {
 		for name, d := range out.All() {
 			a.addNamed(name, d)
 		}
+		a.show()
 		a.mu.Unlock()
 		return 0, err
 	}
@@ -737,9 +767,7 @@ func (a *Aggregator) addNamed(name string, delta int64) {
 // Stats returns the number of topics and the sum of the deltas in the
 // current window.
 func (a *Aggregator) Stats() (topics int, mentions int64) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return a.cur.Deltas.Len() - a.buckets, a.total
+	return int(a.shown.topics.Load()), a.shown.mentions.Load()
 }
 
 // Full is signalled (without blocking the sender) when the window reaches
