@@ -116,6 +116,7 @@ func loadFlagSet(cfg *config.Config, o *loadOptions) *pflag.FlagSet {
 	fs.StringVar(&lc.Surge, "surge", "", "a topic to publish besides the others, at --surge-rate from --surge-after: one that starts trending (see /v1/trending)")
 	fs.IntVar(&lc.SurgeRate, "surge-rate", 200, "messages per second of the --surge topic")
 	fs.DurationVar(&lc.SurgeAfter, "surge-after", 0, "how long into the run the --surge topic starts")
+	fs.IntVar(&lc.Contributors, "contributors", 0, `name a contributor in each message ({"count": n, "by": "c<k>"}), drawn from this many; 0: none (see --trending-by contributors)`)
 	fs.BoolVar(&lc.Backfill, "backfill", false, `publish the run as history, as fast as NATS takes it: --duration of mentions at --rate (and the --surge), each stamped with its time in the --duration before now ({"count": n, "at": <Unix ms>}), which the sidecar counts in that time's minute and hour buckets; a sidecar refuses mentions older than its --max-lateness (24h by default)`)
 	fs.Uint64Var(&lc.Seed, "seed", 0, "seed of the topic sequence; 0 picks one at random and prints it, to repeat the run with")
 	fs.StringVar(&o.report, "report", "", "write the per-topic counts published (acknowledged by the stream, or received by the NATS server) to this JSON file")

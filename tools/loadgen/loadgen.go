@@ -62,6 +62,10 @@ type Config struct {
 	// It needs a Duration and a Rate; the sidecar refuses mentions older
 	// than its --max-lateness (a day by default).
 	Backfill bool
+	// Contributors, when above 0, has each message name its contributor
+	// ("by"): one of that many ids (c0, c1, ...), drawn uniformly, the
+	// same sequence for the same seed.
+	Contributors int
 }
 
 // Validate checks c.
@@ -77,6 +81,8 @@ func (c Config) Validate() error {
 		return errors.New("loadgen: set a duration or a number of messages")
 	case c.Surge != "" && c.SurgeRate < 1:
 		return errors.New("loadgen: a surge needs a surge rate of at least 1 message per second")
+	case c.Contributors < 0:
+		return errors.New("loadgen: contributors must not be negative")
 	case c.SurgeAfter < 0:
 		return errors.New("loadgen: surge-after must not be negative")
 	case c.Count < 1 || c.Count > ingest.DefaultMaxCount:
@@ -232,6 +238,7 @@ type generator struct {
 	p      *client.Publisher
 	topics []string
 	pick   func() int // the index in topics of the next mention's topic
+	who    *rand.Rand // draws each message's contributor
 	start  time.Time
 	// virtual is a backfill's clock: it moves a slot at a time without
 	// waiting, from Duration before the start to the start.
@@ -245,7 +252,8 @@ func newGenerator(c Config, p *client.Publisher) *generator {
 	for i := range topics {
 		topics[i] = Topic(i)
 	}
-	return &generator{c: c, p: p, topics: topics, pick: picker(c), start: time.Now()}
+	who := rand.New(rand.NewPCG(c.Seed^0x5bd1e995, c.Seed))
+	return &generator{c: c, p: p, topics: topics, pick: picker(c), who: who, start: time.Now()}
 }
 
 // picker returns the topic sequence: uniform, or with Zipf skew, the same
@@ -327,8 +335,12 @@ func (g *generator) send(ctx context.Context, e time.Duration, k int64, topic fu
 // mention publishes one message of topic; in a backfill, stamped with the
 // time the run's time e stands for.
 func (g *generator) mention(ctx context.Context, topic string, e time.Duration) error {
+	var at time.Time
 	if g.c.Backfill {
-		return g.p.MentionAt(ctx, topic, g.c.Count, g.start.Add(e-g.c.Duration))
+		at = g.start.Add(e - g.c.Duration)
 	}
-	return g.p.Mention(ctx, topic, g.c.Count)
+	if g.c.Contributors > 0 {
+		return g.p.MentionBy(ctx, topic, "c"+strconv.Itoa(g.who.IntN(g.c.Contributors)), g.c.Count, at)
+	}
+	return g.p.MentionAt(ctx, topic, g.c.Count, at)
 }

@@ -2,10 +2,14 @@ package loadgen_test
 
 import (
 	"context"
+	"fmt"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/hotcount/hotcount/internal/testtools/testenv"
@@ -70,4 +74,58 @@ func TestLoadCoreReportIsWhatTheServerReceived(t *testing.T) {
 		t.Fatalf("report: %d messages, %d mentions; want 3000 of each", rep.Messages, rep.Mentions)
 	}
 	testenv.Eventually(t, 10*time.Second, func() error { return tally.Is(rep.PerTopic) })
+}
+
+// TestLoadNamesContributors: with Contributors, each message names one of
+// that many ids, as the sidecar reads "by", and the run draws them all.
+func TestLoadNamesContributors(t *testing.T) {
+	ns := testenv.NATS(t)
+	nc := testenv.Connect(t, ns.ClientURL())
+	var mu sync.Mutex
+	who := map[string]int{}
+	bad := 0
+	sub, err := nc.Subscribe("mentions.>", func(m *nats.Msg) {
+		p, err := ingest.ParsePayload(m.Data, ingest.DefaultMaxCount)
+		mu.Lock()
+		defer mu.Unlock()
+		if err != nil || p.By == nil {
+			bad++
+			return
+		}
+		who[string(p.By)]++
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe() //nolint:errcheck // test teardown
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	rep, err := loadgen.Run(context.Background(), testenv.Connect(t, ns.ClientURL()),
+		loadgen.Config{Prefix: "mentions.", Topics: 5, Messages: 2_000, Count: 1, Seed: 4, Contributors: 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 10*time.Second, func() error {
+		mu.Lock()
+		defer mu.Unlock()
+		n := bad
+		for _, k := range who {
+			n += k
+		}
+		if int64(n) != rep.Messages {
+			return fmt.Errorf("%d of %d messages received", n, rep.Messages)
+		}
+		return nil
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	if bad != 0 || len(who) != 20 {
+		t.Errorf("%d messages without a contributor; contributors %v, want c0..c19", bad, who)
+	}
+	for id := range who {
+		if n, err := strconv.Atoi(strings.TrimPrefix(id, "c")); err != nil || n < 0 || n >= 20 {
+			t.Errorf("contributor %q is not one of c0..c19", id)
+		}
+	}
 }
