@@ -63,6 +63,21 @@ func (s *Service) UseSketch(sk *Sketch) {
 	s.sketch = sk
 }
 
+// Moderation is the operators' say over the list (package moderation):
+// it screens every answer, cached or not, so that a topic hidden since
+// the answer was cached is gone from the next one. It must be safe for
+// concurrent use.
+type Moderation interface {
+	// Screen returns the entries of ranked (highest first) that may be
+	// listed, at most limit of them, in order, never nil; it may note
+	// those held back for review. It neither changes nor keeps ranked,
+	// which a cached answer shares.
+	Screen(ranked []Entry, limit int) []Entry
+}
+
+// UseModeration has every trending answer screened by m.
+func (s *Service) UseModeration(m Moderation) { s.mod = m }
+
 // Trending ranks the fleet's topics by Score over the last window (whole
 // minutes, up to MaxTrendWindow) against their baseline, the Baselines
 // windows before it, and returns the best limit with a positive score.
@@ -88,6 +103,15 @@ func (s *Service) Trending(ctx context.Context, window string, limit int) (Trend
 		return s.trending(ctx, d, limit)
 	})
 	t.Window = window // answered as asked, cached as canonical (see Window)
+	if err == nil {
+		// The cached list ranks every candidate with a positive score;
+		// moderation may drop some, and the list is cut to limit after.
+		if s.mod != nil {
+			t.Topics = s.mod.Screen(t.Topics, limit)
+		} else {
+			t.Topics = t.Topics[:min(limit, len(t.Topics))]
+		}
+	}
 	return t, err
 }
 
@@ -133,7 +157,7 @@ func (s *Service) trending(ctx context.Context, d time.Duration, limit int) (Tre
 		t.Note = fmt.Sprintf("not enough history yet: the fleet's buckets start at %s, and a baseline needs a whole %s bucket of them before the window", first.UTC().Format(time.RFC3339), base.G)
 	default:
 		t.BaselineFrom, t.BaselineTo = base.From, base.To
-		t.Topics = rank(cands, sums, window, nominal, base, limit)
+		t.Topics = rank(cands, sums, window, nominal, base)
 	}
 	t.at = s.now()
 	return t, nil
@@ -154,9 +178,10 @@ func sinceHistory(base Span, first time.Time) Span {
 // rank scores each candidate's count over window against its baseline.
 // sums[c] holds c's buckets of window and of nominal, the baseline as
 // read; only base, its part since the fleet's history began, counts. It
-// returns the best limit with a positive score, highest first (then by
-// topic, so that every sidecar lists the same).
-func rank(cands []string, sums map[string][][]int64, window, nominal, base Span, limit int) []Entry {
+// returns every one with a positive score, highest first (then by topic,
+// so that every sidecar lists the same): Trending cuts the list to its
+// limit after moderation, which may drop some.
+func rank(cands []string, sums map[string][][]int64, window, nominal, base Span) []Entry {
 	topics := []Entry{}
 	for _, c := range cands {
 		var count, old int64
@@ -179,7 +204,7 @@ func rank(cands []string, sums map[string][][]int64, window, nominal, base Span,
 		}
 		return cmp.Compare(a.Topic, b.Topic)
 	})
-	return topics[:min(limit, len(topics))]
+	return topics
 }
 
 // baseline is the span a window is scored against: the Baselines windows
