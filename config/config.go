@@ -85,6 +85,12 @@ type Config struct {
 	// TrendSubject is where the sidecars publish what each flush wrote,
 	// for the fleet-wide trending list.
 	TrendSubject string
+	// TrendingBucket is the JetStream key-value bucket of the trending
+	// list's moderation (package moderation).
+	TrendingBucket string
+	// TrendingReview lists a topic as trending only once an operator has
+	// allowed it.
+	TrendingReview bool
 
 	HTTPAddr        string
 	HTTPTokenFile   string
