@@ -239,10 +239,17 @@ func (b *Bucket) decide(ctx context.Context, d Decision) (Decision, error) {
 		return Decision{}, fmt.Errorf("moderation: %s %q: %w", d.State, d.Topic, err)
 	}
 	// Purged rather than deleted: no history of it is kept, and its
-	// marker goes after markerTTL, so allowed topics leave nothing behind.
-	// Should this fail, every sidecar already ignores the waiting entry
-	// of a decided topic, and it expires.
-	if err := b.kv.Purge(ctx, waitingKey(d.Topic), jetstream.PurgeTTL(b.cfg.markerTTL())); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
+	// marker goes after markerTTL, so allowed topics leave nothing behind;
+	// and only when there, or every decision would leave a marker. One
+	// left behind (written meanwhile, or this failing) does no harm:
+	// every sidecar ignores the waiting entry of a decided topic, and it
+	// expires.
+	key := waitingKey(d.Topic)
+	_, err = b.kv.Get(ctx, key)
+	if err == nil {
+		err = b.kv.Purge(ctx, key, jetstream.PurgeTTL(b.cfg.markerTTL()))
+	}
+	if err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
 		return d, fmt.Errorf("moderation: %s %q: recorded, but its waiting entry is left (it expires): %w", d.State, d.Topic, err)
 	}
 	return d, nil

@@ -459,3 +459,35 @@ func TestScreensTheTrendingList(t *testing.T) {
 		return nil
 	})
 }
+
+// TestWatchOutlivesARestart: while the NATS server restarts, the watcher
+// screens with the copy it has (the hidden topic stays hidden); once the
+// server is back, the watch is too, and a hide made then reaches it.
+func TestWatchOutlivesARestart(t *testing.T) {
+	srv := testenv.NATS(t)
+	cfg := Config{Bucket: "trending_restart"}
+	w := startWatcher(t, srv.ClientURL(), cfg, false)
+	ctx := context.Background()
+	if _, err := openBucket(t, srv.ClientURL(), cfg).Hide(ctx, "bots", "alice", "", time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	ranked := entries("bots", "spam", "golang")
+	screened(t, w.Watcher, ranked, 3, "spam", "golang")
+
+	srv = testenv.RestartNATS(t, srv)
+	if got := names(w.Screen(ranked, 3)); !slices.Equal(got, []string{"spam", "golang"}) {
+		t.Errorf("across the restart: %v, want bots still hidden", got)
+	}
+	if _, err := openBucket(t, srv.ClientURL(), cfg).Hide(ctx, "spam", "alice", "", time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	// The watch comes back once the connection has (it ends a watch),
+	// after waits.Watch's first wait: seconds, not the 20 s and more
+	// its consumer takes to notice missing heartbeats.
+	testenv.Eventually(t, 15*time.Second, func() error {
+		if got := names(w.Screen(ranked, 3)); !slices.Equal(got, []string{"golang"}) {
+			return fmt.Errorf("after the restart: %v, want spam hidden too", got)
+		}
+		return nil
+	})
+}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/cenkalti/backoff/v5"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
@@ -121,7 +122,7 @@ func (w *Watcher) Run(ctx context.Context) error {
 	if w.b == nil {
 		b, err := backoff.Retry(ctx, func() (*Bucket, error) {
 			b, err := Open(ctx, w.js, w.cfg)
-			if err != nil && ctx.Err() != nil {
+			if err != nil && (ctx.Err() != nil || w.closed()) {
 				return nil, backoff.Permanent(err)
 			}
 			return b, err
@@ -140,14 +141,20 @@ func (w *Watcher) Run(ctx context.Context) error {
 	return nil
 }
 
-// watch runs watches until ctx ends: after one ends early, another after
-// waits.Watch's wait, from its first again once a watch had read the
-// bucket.
+// closed says whether the NATS connection is closed for good.
+func (w *Watcher) closed() bool { return w.js.Conn().IsClosed() }
+
+// watch runs watches until ctx ends or the connection closes: after one
+// ends early, another after waits.Watch's wait, from its first again once
+// a watch had read the bucket.
 func (w *Watcher) watch(ctx context.Context) {
 	b := waits.Watch()
 	backoff.Retry(ctx, func() (struct{}, error) { //nolint:errcheck // it ends with ctx alone
 		read, err := w.watchOnce(ctx, false)
-		if ctx.Err() != nil {
+		if ctx.Err() != nil || w.closed() {
+			// The sidecar's shutdown closes NATS before the services
+			// stop: a closed connection never comes back, and the last
+			// copy screens the answers until the listeners stop.
 			return struct{}{}, nil
 		}
 		if read {
@@ -171,12 +178,21 @@ func (w *Watcher) watchOnce(ctx context.Context, untilRead bool) (read bool, err
 	if err != nil {
 		return false, fmt.Errorf("moderation: watch %s: %w", w.cfg.Bucket, err)
 	}
-	defer wt.Stop()    //nolint:errcheck // the watch's end
+	defer wt.Stop() //nolint:errcheck // the watch's end
+	// The watch's consumer finds out on its own that the server restarted
+	// only after missing its heartbeats (20 s and more); a change made
+	// meanwhile would wait that long. A reconnection ends the watch: the
+	// next one reads the bucket again.
+	nc := w.js.Conn()
+	reconnected := nc.StatusChanged(nats.CONNECTED)
+	defer nc.RemoveStatusListener(reconnected)
 	next := newState() // the reading under way
 	for {
 		select {
 		case <-ctx.Done():
 			return read, nil
+		case <-reconnected:
+			return read, errors.New("moderation: NATS reconnected: watching again")
 		case e, ok := <-wt.Updates():
 			switch {
 			case !ok:
@@ -350,7 +366,7 @@ func (w *Watcher) record(ctx context.Context) {
 				}
 				w.mu.Unlock()
 				failing = false
-			} else if ctx.Err() == nil {
+			} else if ctx.Err() == nil && !w.closed() {
 				w.m.unrecorded.Inc()
 				if !failing { // once per run of failures: the next answers try again
 					w.log.Warn("trending moderation: cannot record a topic waiting for review", zap.String("topic", e.Topic), zap.Error(err))
