@@ -4,11 +4,17 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
+	natsserver "github.com/nats-io/nats-server/v2/server"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
+
 	"github.com/hotcount/hotcount/config"
 	"github.com/hotcount/hotcount/internal/testtools/testenv"
+	"github.com/hotcount/hotcount/internal/testtools/testenv/sidecartest"
 	"github.com/hotcount/hotcount/pipeline/trend"
 	"github.com/hotcount/hotcount/sidecar"
 	"github.com/hotcount/hotcount/tools/loadgen"
@@ -121,4 +127,46 @@ func TestHiddenAcrossTheFleet(t *testing.T) {
 		t.Fatalf("unhide: changed %v, %v", changed, err)
 	}
 	each(2*flush, "the surge back", func(l []string) bool { return slices.Contains(l, "surge") })
+}
+
+// TestModerationWithoutJetStream: a core-mode sidecar against a NATS
+// server without JetStream says once that trending moderation is off and
+// lists every topic; asked for review, which it cannot honour, it does
+// not start, and says why.
+func TestModerationWithoutJetStream(t *testing.T) {
+	ns, err := natsserver.NewServer(&natsserver.Options{Host: "127.0.0.1", Port: -1, NoLog: true, NoSigs: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go ns.Start()
+	t.Cleanup(ns.Shutdown)
+	if !ns.ReadyForConnections(10 * time.Second) {
+		t.Fatal("NATS not ready")
+	}
+	cfg := config.Default()
+	cfg.NATSURL = ns.ClientURL()
+	cfg.Store = config.StoreBolt
+	cfg.Windows = config.DevWindows
+	cfg.HTTPAddr, cfg.AdminAddr = "127.0.0.1:0", "127.0.0.1:0"
+
+	cfg.DataDir = t.TempDir()
+	core, logs := observer.New(zap.WarnLevel)
+	sc := sidecartest.Run(t, cfg, zap.New(core))
+	if n := logs.FilterMessageSnippet("trending moderation is off").Len(); n != 1 {
+		t.Errorf("the warning that moderation is off logged %d times, want once:\n%v", n, logs.All())
+	}
+	var tr trend.Trending
+	getURL(t, sc.URL()+"/v1/trending?window=5m", &tr) // answers, unscreened
+	if err := sc.Stop(); err != nil {
+		t.Fatal(err)
+	}
+
+	cfg.DataDir = t.TempDir()
+	cfg.TrendingReview = true
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := sidecartest.Start(cfg, zap.NewNop()); err == nil || !strings.Contains(err.Error(), "--trending-review needs JetStream") {
+		t.Errorf("start with review and no JetStream: %v, want a refusal that says why", err)
+	}
 }

@@ -481,13 +481,20 @@ func TestWatchOutlivesARestart(t *testing.T) {
 	if _, err := openBucket(t, srv.ClientURL(), cfg).Hide(ctx, "spam", "alice", "", time.Now()); err != nil {
 		t.Fatal(err)
 	}
-	// The watch comes back once the connection has (it ends a watch),
-	// after waits.Watch's first wait: seconds, not the 20 s and more
-	// its consumer takes to notice missing heartbeats.
-	testenv.Eventually(t, 15*time.Second, func() error {
+	// The watch comes back once the connection has (the reconnection
+	// ends the watch), after waits.Watch's waits while JetStream
+	// recovers: seconds (3 to 9 here), not the 20 s and more its consumer
+	// takes to notice missing heartbeats.
+	testenv.Eventually(t, 30*time.Second, func() error {
 		if got := names(w.Screen(ranked, 3)); !slices.Equal(got, []string{"golang"}) {
 			return fmt.Errorf("after the restart: %v, want spam hidden too", got)
 		}
 		return nil
 	})
+	reconnected := func(e observer.LoggedEntry) bool {
+		return e.ContextMap()["error"] == "moderation: NATS reconnected: watching again"
+	}
+	if !slices.ContainsFunc(w.logs.FilterMessageSnippet("watch ended").All(), reconnected) {
+		t.Errorf("the reconnection did not end the watch: %v", w.logs.All())
+	}
 }

@@ -105,14 +105,6 @@ func (w *Watcher) Load(ctx context.Context) error {
 	return err
 }
 
-// Ready says whether the bucket has been read whole once: until then
-// Screen lists, without review, every topic; with review, none.
-func (w *Watcher) Ready() bool {
-	w.mu.RLock()
-	defer w.mu.RUnlock()
-	return w.read
-}
-
 // Run keeps the copy until ctx ends: it opens the bucket if Load did not,
 // then watches it, watching again whenever a watch ends early (waits.Watch
 // between), and writes the waiting topics Screen notes. It returns nil
