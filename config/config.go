@@ -90,6 +90,12 @@ type Config struct {
 	// contributors a topic needs in the window to trend by contributors.
 	TrendingBy              string
 	TrendingMinContributors int
+	// TrendingBucket is the JetStream key-value bucket of the trending
+	// list's moderation (package moderation).
+	TrendingBucket string
+	// TrendingReview lists a topic as trending only once an operator has
+	// allowed it.
+	TrendingReview bool
 
 	HTTPAddr        string
 	HTTPTokenFile   string

@@ -129,6 +129,8 @@ func TestValidate(t *testing.T) {
 		{"public lookup on an address without a token", func(c *config.Config) { c.HTTPAddr = "10.1.2.3:8080" }, "--http-public"},
 		{"lateness negative", func(c *config.Config) { c.MaxLateness = -time.Second }, "max-lateness: -1s is outside 0s..9600h0m0s"},
 		{"lateness past the minutes", func(c *config.Config) { c.Windows, c.MaxLateness = "1m,1h", 49*time.Hour }, "max-lateness: 49h0m0s is longer than minute-retention 48h0m0s"},
+		{"trending bucket", func(c *config.Config) { c.TrendingBucket = "hotcount.trending" }, `trending-bucket: "hotcount.trending" is not a key-value bucket name`},
+		{"review without minutes", func(c *config.Config) { c.TrendingReview = true }, "trending-review: there is no trending list to review without minute buckets (--windows none)"},
 		{"lateness past the hours", func(c *config.Config) { c.Windows, c.MaxLateness = "1h", 900*time.Hour }, "max-lateness: 900h0m0s is longer than hour-retention 840h0m0s"},
 	}
 	for _, tt := range tests {

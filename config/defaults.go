@@ -9,6 +9,7 @@ import (
 	"github.com/hotcount/hotcount/pipeline/httpapi"
 	"github.com/hotcount/hotcount/pipeline/ingest"
 	"github.com/hotcount/hotcount/pipeline/lookup"
+	"github.com/hotcount/hotcount/pipeline/moderation"
 	"github.com/hotcount/hotcount/pipeline/shardcount"
 	"github.com/hotcount/hotcount/pipeline/store"
 	"github.com/hotcount/hotcount/pipeline/trend"
@@ -112,6 +113,7 @@ func Default() Config {
 		MinuteRetention:   store.DefaultMinuteRetention,
 		HourRetention:     store.DefaultHourRetention,
 		TrendSubject:      DefaultTrendSubject,
+		TrendingBucket:    moderation.DefaultBucket,
 		HTTPAddr:          httpapi.DefaultLookupAddr,
 		AdminAddr:         httpapi.DefaultAdminAddr,
 		ShutdownTimeout:   DefaultShutdownTimeout,

@@ -159,10 +159,10 @@ func (s *Sidecar) connect(_ context.Context, p *parts) error {
 	return nil
 }
 
-// readers builds the read side: the lookup cache, the trend reader and the
-// fleet's trend sketch, the hot topics, and the shard counts they share
-// with the writers.
-func (s *Sidecar) readers(_ context.Context, p *parts) error {
+// readers builds the read side: the lookup cache, the trend reader, the
+// fleet's trend sketch and the moderation of its list, the hot topics, and
+// the shard counts they share with the writers.
+func (s *Sidecar) readers(ctx context.Context, p *parts) error {
 	cfg := s.cfg
 	p.hottest = heavyhitters.New(heavyhitters.DefaultCapacity, heavyhitters.DefaultPeriod, time.Now)
 	p.book = shardcount.New(shardcount.Config{Default: cfg.Shards, Adaptive: cfg.Adaptive, Max: cfg.MaxShards, Every: cfg.ShardsCache}, p.st, s.log, s.reg, time.Now)
@@ -200,6 +200,9 @@ func (s *Sidecar) readers(_ context.Context, p *parts) error {
 		p.who = who
 		p.services = append(p.services, sk.Run)
 		p.tr.UseSketch(sk)
+		if err := s.moderate(ctx, p); err != nil {
+			return err
+		}
 	}
 	if cfg.SharesTotals() {
 		sh := fleet.NewShares(p.nc, cfg.ShareSubject, p.writer, cfg.StoreScope(), p.lk, s.reg, s.log)

@@ -37,15 +37,21 @@ func OpenQuarantine(ctx context.Context, cfg config.Config, nc *nats.Conn) (quar
 	}
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
+	return quarantine.OpenKV(ctx, js, quarantine.DefaultBucket, mentionsReplicas(ctx, cfg, js))
+}
+
+// mentionsReplicas is the replication of the mentions' stream (in
+// partitioned mode, of its first partition stream), which the buckets
+// hotcount creates beside it take: 1 when there is none (core mode).
+func mentionsReplicas(ctx context.Context, cfg config.Config, js jetstream.JetStream) int {
 	stream := cfg.Stream
 	if cfg.NATSMode == config.ModePartitioned {
 		stream = streams.Layout{Stream: cfg.Stream, Partitions: cfg.Partitions}.Name(0)
 	}
-	replicas := 1
 	if s, err := js.Stream(ctx, stream); err == nil {
-		replicas = s.CachedInfo().Config.Replicas
+		return s.CachedInfo().Config.Replicas
 	}
-	return quarantine.OpenKV(ctx, js, quarantine.DefaultBucket, replicas)
+	return 1
 }
 
 // QuarantineJournal is how `hotcount quarantine replay` reads the journal

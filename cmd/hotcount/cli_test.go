@@ -24,6 +24,7 @@ import (
 var commands = [][]string{
 	{"run"}, {"dev"}, {"table"}, {"table", "create"}, {"stream"}, {"stream", "create"},
 	{"load"}, {"top"}, {"shards"}, {"shards", "show"}, {"shards", "set"}, {"demo"}, {"check-config"}, {"help"},
+	{"trending"}, {"trending", "hide"}, {"trending", "unhide"}, {"trending", "allow"}, {"trending", "list"},
 }
 
 // TestHelpEverywhere: --help (and -h) on every command and subcommand prints

@@ -8,6 +8,7 @@
 //	hotcount stream status  where the partition streams are, and their backlog
 //	hotcount load           publish synthetic mentions
 //	hotcount shards         show or set a topic's shard count
+//	hotcount trending       hide, unhide or allow topics on the trending list
 //	hotcount audit          recount the stream and compare it with the table
 //	hotcount demo           the hot-partition problem and its fix, live
 //	hotcount check-config   validate settings and print them
@@ -53,6 +54,10 @@ Usage:
   hotcount quarantine replay      write them, each exactly once, once the store takes them
   hotcount load [flags]           publish synthetic mentions
   hotcount top [flags]            the fleet's trending topics, live with --watch
+  hotcount trending hide TOPIC    take a topic off the trending list, fleet-wide (still counted)
+  hotcount trending unhide TOPIC  let a hidden topic trend again
+  hotcount trending allow TOPIC   with --trending-review: let a topic trend
+  hotcount trending list          the hidden and allowed topics, and those waiting for review
   hotcount shards show TOPIC...   a topic's shard counts and shards
   hotcount shards set TOPIC N     set a topic's shard count (reads never shrink)
   hotcount audit [flags]          recount the stream and compare it with the table
@@ -117,6 +122,8 @@ func dispatch(ctx context.Context, args, environ []string, stdout, stderr io.Wri
 		return cmdTop(ctx, rest, environ, stdout, stderr)
 	case "shards":
 		return cmdShards(ctx, rest, environ, stdout, stderr)
+	case "trending":
+		return cmdTrending(ctx, rest, environ, stdout, stderr)
 	case "audit":
 		return cmdAudit(ctx, rest, environ, stdout, stderr)
 	case "demo":

@@ -96,15 +96,17 @@ func freeAddr(t testing.TB) string {
 // mentions, reads them back over HTTP, stops it, starts it again on the same
 
 // startDev runs `hotcount dev` on these ports and folder until the returned
-// stop, which checks that it exits cleanly and printed how to query.
-func startDev(t *testing.T, dataDir, natsPort, httpAddr, adminAddr string, more ...string) (stop func()) {
+// stop, which checks that it exits cleanly and printed how to query. extra
+// flags come last: they override the flush interval of 50 ms.
+func startDev(t *testing.T, dataDir, natsPort, httpAddr, adminAddr string, extra ...string) (stop func()) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	var stdout, stderr bytes.Buffer
+	args := append([]string{"dev", "--nats-port", natsPort, "--http", httpAddr, "--admin", adminAddr,
+		"--data-dir", dataDir, "--flush-interval", "50ms", "--log-level", "warn"}, extra...)
 	go func() {
-		done <- dispatch(ctx, append([]string{"dev", "--nats-port", natsPort, "--http", httpAddr, "--admin", adminAddr,
-			"--data-dir", dataDir, "--flush-interval", "50ms", "--log-level", "warn"}, more...), nil, &stdout, &stderr)
+		done <- dispatch(ctx, args, nil, &stdout, &stderr)
 	}()
 	testenv.Eventually(t, 20*time.Second, func() error {
 		select {

@@ -136,7 +136,8 @@ type Service struct {
 	late    *lateBook
 	m       metrics
 
-	sketch *Sketch // the fleet's summaries; nil: no trending
+	sketch *Sketch    // the fleet's summaries; nil: no trending
+	mod    Moderation // screens the trending list; nil: none
 
 	// marked is the earliest minute this process has recorded as the
 	// fleet's history start (math.MaxInt64: none yet).

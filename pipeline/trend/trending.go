@@ -85,6 +85,21 @@ func (s *Service) UseSketch(sk *Sketch) {
 	s.sketch = sk
 }
 
+// Moderation is the operators' say over the list (package moderation):
+// it screens every answer, cached or not, so that a topic hidden since
+// the answer was cached is gone from the next one. It must be safe for
+// concurrent use.
+type Moderation interface {
+	// Screen returns the entries of ranked (highest first) that may be
+	// listed, at most limit of them, in order, never nil; it may note
+	// those held back for review. It neither changes nor keeps ranked,
+	// which a cached answer shares.
+	Screen(ranked []Entry, limit int) []Entry
+}
+
+// UseModeration has every trending answer screened by m.
+func (s *Service) UseModeration(m Moderation) { s.mod = m }
+
 // Trending ranks the fleet's topics by Score over the last window (whole
 // minutes, up to MaxTrendWindow) against their baseline, the Baselines
 // windows before it, and returns the best limit with a positive score.
@@ -110,6 +125,15 @@ func (s *Service) Trending(ctx context.Context, window string, limit int) (Trend
 		return s.trending(ctx, d, limit)
 	})
 	t.Window = window // answered as asked, cached as canonical (see Window)
+	if err == nil {
+		// The cached list ranks every candidate with a positive score;
+		// moderation may drop some, and the list is cut to limit after.
+		if s.mod != nil {
+			t.Topics = s.mod.Screen(t.Topics, limit)
+		} else {
+			t.Topics = t.Topics[:min(limit, len(t.Topics))]
+		}
+	}
 	return t, err
 }
 
@@ -159,9 +183,9 @@ func (s *Service) trending(ctx context.Context, d time.Duration, limit int) (Tre
 		crowds, old, cut := s.sketch.crowds(window, base)
 		if by == ByContributors {
 			t.BaselineFrom = cut.From
-			t.Topics = rankContributors(cands, sums, crowds, old, window, cut, least, limit)
+			t.Topics = rankContributors(cands, sums, crowds, old, window, cut, least)
 		} else {
-			t.Topics = rank(cands, sums, window, nominal, base, limit)
+			t.Topics = rank(cands, sums, window, nominal, base)
 			for i := range t.Topics {
 				t.Topics[i].Contributors = crowds[t.Topics[i].Topic].distinct
 			}
@@ -186,9 +210,10 @@ func sinceHistory(base Span, first time.Time) Span {
 // rank scores each candidate's count over window against its baseline.
 // sums[c] holds c's buckets of window and of nominal, the baseline as
 // read; only base, its part since the fleet's history began, counts. It
-// returns the best limit with a positive score, highest first (then by
-// topic, so that every sidecar lists the same).
-func rank(cands []string, sums map[string][][]int64, window, nominal, base Span, limit int) []Entry {
+// returns every one with a positive score, highest first (then by topic,
+// so that every sidecar lists the same): Trending cuts the list to its
+// limit after moderation, which may drop some.
+func rank(cands []string, sums map[string][][]int64, window, nominal, base Span) []Entry {
 	topics := []Entry{}
 	for _, c := range cands {
 		var count, old int64
@@ -205,15 +230,15 @@ func rank(cands []string, sums map[string][][]int64, window, nominal, base Span,
 			topics = append(topics, Entry{Topic: c, Count: count, Baseline: round(expected), Score: round(sc)})
 		}
 	}
-	return best(topics, limit)
+	return best(topics)
 }
 
 // rankContributors scores each candidate's contributors per minute over
 // window (crowds) against its baseline's (old, over cut, the part of the
 // baseline the sketch has seen), with its count from sums as rank reads
 // it. A candidate with fewer than least distinct contributors is left
-// out. It returns the best limit with a positive score, as rank does.
-func rankContributors(cands []string, sums map[string][][]int64, crowds map[string]crowd, old map[string]int64, window, cut Span, least int64, limit int) []Entry {
+// out. It returns every one with a positive score, in rank's order.
+func rankContributors(cands []string, sums map[string][][]int64, crowds map[string]crowd, old map[string]int64, window, cut Span, least int64) []Entry {
 	topics := []Entry{}
 	for _, c := range cands {
 		who := crowds[c]
@@ -229,19 +254,19 @@ func rankContributors(cands []string, sums map[string][][]int64, crowds map[stri
 			topics = append(topics, Entry{Topic: c, Count: count, Contributors: who.distinct, Baseline: round(expected), Score: round(sc)})
 		}
 	}
-	return best(topics, limit)
+	return best(topics)
 }
 
 // best sorts topics by score, highest first (then by topic, so that every
-// sidecar lists the same), and returns the first limit.
-func best(topics []Entry, limit int) []Entry {
+// sidecar lists the same).
+func best(topics []Entry) []Entry {
 	slices.SortFunc(topics, func(a, b Entry) int {
 		if c := cmp.Compare(b.Score, a.Score); c != 0 {
 			return c
 		}
 		return cmp.Compare(a.Topic, b.Topic)
 	})
-	return topics[:min(limit, len(topics))]
+	return topics
 }
 
 // ranking is the configured ranking and the least distinct contributors
