@@ -141,9 +141,13 @@ func newChecker(nc *nats.Conn, cfg Config, now func() time.Time, log *zap.Logger
 // "at" is judged against published, the message's publication in the
 // durable modes; zero (core mode) is its arrival, the sink's now.
 func (c *checker) check(subject string, data []byte, hdr nats.Header, published time.Time) (topic string, delta int64, at time.Time, reason string) {
-	topic, delta, at, by, err := judge(c.prefix, subject, data, published, c.now, c.cfg.Limits)
+	topic, delta, at, by, byErr, err := judge(c.prefix, subject, data, published, c.now, c.cfg.Limits)
 	if err != nil {
 		return "", 0, time.Time{}, c.reject(subject, data, hdr, err)
+	}
+	if byErr != nil {
+		c.metrics.byIgnored.Inc()
+		c.sampled.Warn("contributor ignored; the mention counts", zap.String("subject", subject), zap.Error(byErr))
 	}
 	if by != nil && c.cfg.Contributors != nil {
 		when := at
@@ -167,7 +171,7 @@ func (c *checker) check(subject string, data []byte, hdr nats.Header, published 
 // the same code), for a reader of the stream that must agree with it:
 // hotcount audit. It keeps no state.
 func Judge(prefix, subject string, data []byte, published time.Time, l Limits) (topic string, delta int64, at time.Time, err error) {
-	topic, delta, at, _, err = judge(prefix, subject, data, published, nil, l)
+	topic, delta, at, _, _, err = judge(prefix, subject, data, published, nil, l)
 	if err == nil && at.IsZero() {
 		at = published
 	}
@@ -175,27 +179,28 @@ func Judge(prefix, subject string, data []byte, published time.Time, l Limits) (
 }
 
 // judge is check's and Judge's judgement: a message's topic, count,
-// "at" (zero without one) and "by" (nil without one; data's memory). An
-// "at" is judged against published, or when that is zero against now()
-// (core mode: the arrival).
-func judge(prefix, subject string, data []byte, published time.Time, now func() time.Time, l Limits) (topic string, delta int64, at time.Time, by []byte, err error) {
+// "at" (zero without one) and "by" (nil without one; data's memory), or
+// why a "by" was ignored. An "at" is judged against published, or when
+// that is zero against now() (core mode: the arrival). A "by" decides
+// no count.
+func judge(prefix, subject string, data []byte, published time.Time, now func() time.Time, l Limits) (topic string, delta int64, at time.Time, by []byte, byErr, err error) {
 	topic, err = Topic(prefix, subject, l)
 	if err != nil {
-		return "", 0, time.Time{}, nil, err
+		return "", 0, time.Time{}, nil, nil, err
 	}
 	p, err := ParsePayload(data, l.MaxCount)
 	if err != nil {
-		return "", 0, time.Time{}, nil, err
+		return "", 0, time.Time{}, nil, nil, err
 	}
 	if p.HasAt {
 		if published.IsZero() && now != nil {
 			published = now()
 		}
 		if at, err = CheckAt(p.At, published, l.MaxLateness); err != nil {
-			return "", 0, time.Time{}, nil, err
+			return "", 0, time.Time{}, nil, nil, err
 		}
 	}
-	return topic, p.Count, at, p.By, nil
+	return topic, p.Count, at, p.By, p.ByErr, nil
 }
 
 // accepted counts a message once its count is in the buffer: a reader
@@ -331,6 +336,8 @@ type Metrics struct {
 	mentions prometheus.Counter
 	invalid  *prometheus.CounterVec
 	dropped  *prometheus.CounterVec
+	// byIgnored counts mentions whose "by" was ignored (they count).
+	byIgnored prometheus.Counter
 	// The durable modes (Checker.Partitions)
 	partitions prometheus.Gauge // owned now
 	configured prometheus.Gauge // --partitions
@@ -352,7 +359,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}),
 		invalid: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "hotcount_ingest_invalid_total",
-			Help: "Messages rejected, by reason (topic, payload, count, at, by).",
+			Help: "Messages rejected, by reason (topic, payload, count, at).",
 		}, []string{"reason"}),
 		dropped: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "hotcount_ingest_dropped_total",
@@ -360,6 +367,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"cause"}),
 		seenDropped: make(map[*nats.Subscription]int),
 	}
+	m.byIgnored = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "hotcount_ingest_contributors_ignored_total",
+		Help: "Mentions accepted whose contributor (\"by\") was ignored: not a string of 1..128 bytes of UTF-8 without control characters. They count; trending does not see who made them.",
+	})
 	m.partitions = prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "hotcount_ingest_partitions_owned",
 		Help: "Partitions of the stream this sidecar consumes now (partitioned mode).",
@@ -368,8 +379,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Name: "hotcount_ingest_partitions",
 		Help: "Partitions of the stream (--partitions) in partitioned mode, 0 in the other modes: the fleet's sum of hotcount_ingest_partitions_owned should reach it.",
 	})
-	reg.MustRegister(m.events, m.mentions, m.invalid, m.dropped, m.partitions, m.configured)
-	for _, r := range []string{ReasonTopic, ReasonPayload, ReasonCount, ReasonAt, ReasonBy} {
+	reg.MustRegister(m.events, m.mentions, m.invalid, m.dropped, m.byIgnored, m.partitions, m.configured)
+	for _, r := range []string{ReasonTopic, ReasonPayload, ReasonCount, ReasonAt} {
 		m.invalid.WithLabelValues(r)
 	}
 	for _, c := range []string{"slow_consumer", "shutdown", "dead_letter"} {

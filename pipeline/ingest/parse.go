@@ -21,7 +21,10 @@ const (
 	ReasonPayload = "payload" // too large, not JSON, no count field
 	ReasonCount   = "count"   // not a whole number in 1..max-count
 	ReasonAt      = "at"      // not a time, or outside max-lateness before now .. MaxAhead after
-	ReasonBy      = "by"      // not a string of 1..MaxByBytes bytes of UTF-8 without control characters
+	// ReasonBy is a "by" that is not a string of 1..MaxByBytes bytes of
+	// UTF-8 without control characters: not a rejection, the mention
+	// counts without its contributor (Payload.ByErr).
+	ReasonBy = "by"
 )
 
 // MaxByBytes bounds a mention's "by", its contributor's id: room for a
@@ -109,6 +112,10 @@ type Payload struct {
 	// opaque id of 1..MaxByBytes bytes that only trending's count of
 	// distinct contributors reads. It may share the payload's memory.
 	By []byte
+	// ByErr says why a "by" was ignored (an *InvalidError of ReasonBy):
+	// the mention counts all the same, without its contributor, so that
+	// a contributor id never decides a count.
+	ByErr error
 }
 
 // ParsePayload reads a mention's payload: empty is one mention; else a JSON
@@ -117,7 +124,8 @@ type Payload struct {
 // fraction of a second, a zone required) or a whole number of Unix
 // milliseconds (1772366400000). An "at" of null is no "at". And optionally
 // "by", who mentioned it: a string of 1..MaxByBytes bytes of UTF-8 without
-// control characters (null is none). Other fields are ignored.
+// control characters (null is none; any other value is ignored, ByErr
+// says why). Other fields are ignored.
 //
 // The common shapes, `{"count": n}`, `{"count": n, "at": ms}`, each with
 // `"by": "id"` last, in that order with any whitespace and a "by" of plain
@@ -301,13 +309,14 @@ func strictPayload(payload []byte, max int64) (Payload, error) {
 	}
 	if raw = bytes.TrimSpace(p.By); len(raw) > 0 && !bytes.Equal(raw, []byte("null")) {
 		var by string
-		if raw[0] != '"' || json.Unmarshal(raw, &by) != nil {
-			return Payload{}, invalid(ReasonBy, "by %.40s is not a string", raw)
+		switch {
+		case raw[0] != '"' || json.Unmarshal(raw, &by) != nil:
+			out.ByErr = invalid(ReasonBy, "by %.40s is not a string", raw)
+		default:
+			if out.ByErr = ValidateBy([]byte(by)); out.ByErr == nil {
+				out.By = []byte(by)
+			}
 		}
-		if err := ValidateBy([]byte(by)); err != nil {
-			return Payload{}, err
-		}
-		out.By = []byte(by)
 	}
 	return out, nil
 }

@@ -156,9 +156,13 @@ func FuzzCount(f *testing.F) {
 	})
 }
 
+// byErr is the error of a "by" ignored for msg.
+func byErr(msg string) error { return &ingest.InvalidError{Reason: ingest.ReasonBy, Msg: msg} }
+
 // same says whether two payloads say the same.
 func same(a, b ingest.Payload) bool {
-	return a.Count == b.Count && a.At == b.At && a.HasAt == b.HasAt && bytes.Equal(a.By, b.By) && (a.By == nil) == (b.By == nil)
+	return a.Count == b.Count && a.At == b.At && a.HasAt == b.HasAt && bytes.Equal(a.By, b.By) && (a.By == nil) == (b.By == nil) &&
+		(a.ByErr == nil) == (b.ByErr == nil) && (a.ByErr == nil || a.ByErr.Error() == b.ByErr.Error())
 }
 
 // TestCountFastPathDoesNotAllocate pins the common payloads' cost.
@@ -198,10 +202,12 @@ func TestPayloadAt(t *testing.T) {
 		{"by escaped", `{"count": 1, "by": "caf\u00e9"}`, ingest.Payload{Count: 1, By: []byte("café")}, ""},
 		{"by at its bound", `{"count": 1, "by": "` + strings.Repeat("x", ingest.MaxByBytes) + `"}`, ingest.Payload{Count: 1, By: []byte(strings.Repeat("x", ingest.MaxByBytes))}, ""},
 		{"by null is none", `{"count": 1, "by": null}`, ingest.Payload{Count: 1}, ""},
-		{"by too long", `{"count": 1, "by": "` + strings.Repeat("x", ingest.MaxByBytes+1) + `"}`, ingest.Payload{}, ingest.ReasonBy},
-		{"by empty", `{"count": 1, "by": ""}`, ingest.Payload{}, ingest.ReasonBy},
-		{"by a number", `{"count": 1, "by": 42}`, ingest.Payload{}, ingest.ReasonBy},
-		{"by a control character", `{"count": 1, "by": "a\tb"}`, ingest.Payload{}, ingest.ReasonBy},
+		// A "by" that is not an id is ignored: the mention counts.
+		{"by too long", `{"count": 5, "by": "` + strings.Repeat("x", ingest.MaxByBytes+1) + `"}`, ingest.Payload{Count: 5, ByErr: byErr("by is 129 bytes, longer than 128")}, ""},
+		{"by empty", `{"count": 5, "by": ""}`, ingest.Payload{Count: 5, ByErr: byErr("by is empty: leave it out for a mention of no one in particular")}, ""},
+		{"by a number", `{"count": 5, "by": 42}`, ingest.Payload{Count: 5, ByErr: byErr("by 42 is not a string")}, ""},
+		{"by an object", `{"count": 5, "By": {"id": 7}}`, ingest.Payload{Count: 5, ByErr: byErr(`by {"id": 7} is not a string`)}, ""},
+		{"by a control character", `{"count": 5, "by": "a\tb"}`, ingest.Payload{Count: 5, ByErr: byErr("by contains control character U+0009")}, ""},
 		{"by not UTF-8 is JSON's U+FFFD", "{\"count\": 1, \"by\": \"\xff\"}", ingest.Payload{Count: 1, By: []byte("\uFFFD")}, ""},
 	}
 	for _, tt := range tests {

@@ -181,7 +181,7 @@ type summaryBuilder struct {
 }
 
 func (b *summaryBuilder) count(i int64, topic string, n int64) {
-	b.room(len(topic) + 24)
+	b.room(jsonLen(topic) + 24)
 	if b.sum.Minutes == nil {
 		b.sum.Minutes = make(map[int64]map[string]int64)
 	}
@@ -194,7 +194,7 @@ func (b *summaryBuilder) count(i int64, topic string, n int64) {
 }
 
 func (b *summaryBuilder) who(i int64, topic string, data []byte) {
-	b.room(len(topic) + 4*len(data)/3 + 32) // base64 in JSON
+	b.room(jsonLen(topic) + 4*len(data)/3 + 32) // base64 in JSON
 	if b.sum.Contributors == nil {
 		b.sum.Contributors = make(map[int64]map[string][]byte)
 	}
@@ -204,6 +204,24 @@ func (b *summaryBuilder) who(i int64, topic string, data []byte) {
 		b.sum.Contributors[i] = m
 	}
 	m[topic] = data
+}
+
+// jsonLen is topic's length as encoding/json writes it: a topic is valid
+// UTF-8 without control characters (store.ValidateTopic), but <, > and &
+// take 6 bytes each, and so do U+2028 and U+2029 (3 bytes in UTF-8).
+func jsonLen(topic string) int {
+	n := len(topic) + 2
+	for _, r := range topic {
+		switch r {
+		case '<', '>', '&':
+			n += 5
+		case '\u2028', '\u2029':
+			n += 3
+		case '"', '\\':
+			n++
+		}
+	}
+	return n
 }
 
 // room publishes the summary so far if n more bytes would take it past
@@ -241,10 +259,12 @@ type topicCount struct {
 
 // Merge adds a summary to the sketch.
 func (s *Sketch) Merge(sum Summary) {
-	at := s.now()
-	now := store.Minute.Index(at)
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	// The clock is read under the lock: a merge that waited for it must
+	// not roll the sketch back to an older minute.
+	at := s.now()
+	now := store.Minute.Index(at)
 	for i, topics := range sum.Minutes {
 		if !inSketch(i, now) {
 			continue
@@ -414,6 +434,18 @@ func (s *Sketch) crowds(recent, base Span) (rec map[string]crowd, old map[string
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	cut = s.cut(base)
+	// The estimates cover minutes from now − sketchMinutes on, and past
+	// recentMinutes by whole blocks (a block counts where its first minute
+	// falls): the baseline starts at a whole block within them, so that
+	// its length and its sum cover the same minutes.
+	now := store.Minute.Index(s.now())
+	if f := store.Minute.Index(cut.From); f <= now-recentMinutes {
+		first := blockOf(now - sketchMinutes + blockMinutes) // the oldest block kept whole
+		if b := blockOf(f); b != f {
+			f = b + blockMinutes
+		}
+		cut.From = store.Minute.Start(max(f, first))
+	}
 	rec, old = s.people.over(recent, cut)
 	return rec, old, cut
 }

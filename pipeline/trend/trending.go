@@ -157,6 +157,9 @@ func (s *Service) trending(ctx context.Context, d time.Duration, limit int) (Tre
 	t := Trending{Window: FormatWindow(d), From: window.From, To: now, Topics: []Entry{}}
 	if len(cands) == 0 {
 		t.Note = "no mentions in the window"
+		if by == ByContributors {
+			t.Note = fmt.Sprintf("no topic has %d distinct contributors in the window (--trending-min-contributors), as far as mentions name them (\"by\")", least)
+		}
 		t.at = s.now()
 		return t, nil
 	}
@@ -181,7 +184,12 @@ func (s *Service) trending(ctx context.Context, d time.Duration, limit int) (Tre
 	default:
 		t.BaselineFrom, t.BaselineTo = base.From, base.To
 		crowds, old, cut := s.sketch.crowds(window, base)
-		if by == ByContributors {
+		if by == ByContributors && !cut.To.After(cut.From) {
+			// A sidecar started since the baseline's end: the buckets hold
+			// counts, not contributors, and its sketch has none before.
+			t.BaselineFrom, t.BaselineTo = time.Time{}, time.Time{}
+			t.Note = "not enough contributor history on this sidecar yet: its sketch of the fleet's contributors has no whole minute before the window (it started since); other sidecars rank as usual"
+		} else if by == ByContributors {
 			t.BaselineFrom = cut.From
 			t.Topics = rankContributors(cands, sums, crowds, old, window, cut, least)
 		} else {
