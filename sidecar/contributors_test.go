@@ -45,7 +45,17 @@ func TestTrendingByContributorsAcrossTheFleet(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
+				sent := 0
 				publish = func(subject string, payload []byte) error {
+					// In windows of 1,000 acknowledgements: the stream takes
+					// them at its pace, not the async publisher's stall limit.
+					if sent++; sent%1000 == 0 {
+						select {
+						case <-js.PublishAsyncComplete():
+						case <-time.After(time.Minute):
+							return fmt.Errorf("the stream did not acknowledge 1,000 mentions within a minute")
+						}
+					}
 					_, err := js.PublishAsync(subject, payload)
 					return err
 				}
