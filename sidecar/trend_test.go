@@ -100,7 +100,7 @@ func TestTrendingAcrossTheFleet(t *testing.T) {
 	// 200 topics: each minute writes about 150 of them, three counters each.
 	z := rand.NewZipf(rand.New(rand.NewPCG(1, 2)), 1.1, 1, 199)
 	var published, flushedBefore int64 // flushedBefore: by the sidecar restarted
-	const minutes = 16 // the window (2) and its baseline (8), and the restart's 8 before the end
+	const minutes = 16                 // the window (2) and its baseline (8), and the restart's 8 before the end
 	for m := range minutes {
 		if m > 0 {
 			clk.Add(time.Minute)
