@@ -20,14 +20,14 @@ import (
 const moderationLoad = 5 * time.Second
 
 // OpenModeration opens the fleet's moderation of the trending list
-// (--trending-bucket) on nc, for `hotcount trending`: creating the bucket
-// if no sidecar has yet, on as many replicas as the mentions' stream.
+// (--trending-bucket) on nc, for `hotcount trending`: the bucket the
+// sidecars made, never a new one that none of them would watch.
 func OpenModeration(ctx context.Context, cfg config.Config, nc *nats.Conn) (*moderation.Bucket, error) {
 	js, err := jetstream.New(nc)
 	if err != nil {
 		return nil, fmt.Errorf("sidecar: moderation: %w", err)
 	}
-	return moderation.Open(ctx, js, moderation.Config{Bucket: cfg.TrendingBucket, Replicas: mentionsReplicas(ctx, cfg, js)})
+	return moderation.Open(ctx, js, moderation.Config{Bucket: cfg.TrendingBucket, Existing: true})
 }
 
 // moderate screens the trending list with the fleet's moderation: a

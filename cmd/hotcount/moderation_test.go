@@ -279,4 +279,10 @@ func TestTrendingUsage(t *testing.T) {
 	checkExits(t, []exitCase{
 		{"no JetStream", []string{"trending", "hide", "x", "--nats-url", ns.ClientURL()}, user, exitError, "no JetStream"},
 	})
+	// A server no sidecar made the bucket on (a wrong --nats-url or
+	// --trending-bucket): the command makes none, and says so.
+	js := testenv.NATS(t)
+	checkExits(t, []exitCase{
+		{"no bucket", []string{"trending", "hide", "x", "--nats-url", js.ClientURL()}, user, exitError, "no bucket hotcount_trending on this server"},
+	})
 }

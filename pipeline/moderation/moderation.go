@@ -106,6 +106,10 @@ type Config struct {
 	Replicas int
 	// WaitingTTL is how long a waiting entry lasts (0: DefaultWaitingTTL).
 	WaitingTTL time.Duration
+	// Existing binds only a bucket that exists: the operators' commands,
+	// whose decision in a bucket no sidecar watches (a wrong --nats-url or
+	// --trending-bucket) would change nothing while saying it did.
+	Existing bool
 }
 
 func (c Config) waitingTTL() time.Duration {
@@ -149,6 +153,9 @@ func Open(ctx context.Context, js jetstream.JetStream, cfg Config) (*Bucket, err
 		return nil, fmt.Errorf("%w: its JetStream API level is %d", ErrUnavailable, info.API.Level)
 	}
 	kv, err := js.KeyValue(ctx, cfg.Bucket)
+	if errors.Is(err, jetstream.ErrBucketNotFound) && cfg.Existing {
+		return nil, fmt.Errorf("moderation: no bucket %s on this server: the sidecars make it when they start with minute buckets on (--windows 1m); check --nats-url and --trending-bucket against theirs", cfg.Bucket)
+	}
 	if errors.Is(err, jetstream.ErrBucketNotFound) {
 		kv, err = js.CreateKeyValue(ctx, jetstream.KeyValueConfig{
 			Bucket:         cfg.Bucket,
@@ -299,13 +306,24 @@ type List struct {
 	Waiting []Waiting `json:"waiting"`
 }
 
+// stopWatch ends a watch. nats.go's callback may be blocked handing the
+// watch an update it will never take (its channel holds 256): what is
+// left is drained, or that goroutine would stay forever.
+func stopWatch(w jetstream.KeyWatcher) {
+	w.Stop() //nolint:errcheck // the watch's end
+	go func() {
+		for range w.Updates() { //nolint:revive // drained, not read
+		}
+	}()
+}
+
 // List reads the bucket whole.
 func (b *Bucket) List(ctx context.Context) (List, error) {
 	w, err := b.kv.WatchAll(ctx)
 	if err != nil {
 		return List{}, fmt.Errorf("moderation: list: %w", err)
 	}
-	defer w.Stop() //nolint:errcheck // a watch's end
+	defer stopWatch(w)
 	s := newState()
 	for {
 		select {

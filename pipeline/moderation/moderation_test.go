@@ -498,3 +498,28 @@ func TestWatchOutlivesARestart(t *testing.T) {
 		t.Errorf("the reconnection did not end the watch: %v", w.logs.All())
 	}
 }
+
+// TestWaitingIsBounded: past MaxWaiting topics waiting for review, a new
+// one is not recorded, and counted: anyone who reads the list chooses the
+// windows and limits that note topics, and every sidecar holds them all.
+func TestWaitingIsBounded(t *testing.T) {
+	srv := testenv.NATS(t)
+	w := startWatcher(t, srv.ClientURL(), Config{Bucket: "trending_bounded"}, true)
+	w.mu.Lock()
+	for k := range MaxWaiting {
+		topic := fmt.Sprintf("old-%d", k)
+		w.cur.waiting[topic] = Waiting{Topic: topic}
+	}
+	w.mu.Unlock()
+	if got := w.Screen(entries("new"), 3); len(got) != 0 {
+		t.Errorf("under review with nothing allowed: %v listed", names(got))
+	}
+	if n := testutil.ToFloat64(w.m.unrecorded); n != 1 {
+		t.Errorf("unrecorded %v, want 1: the waiting list is full", n)
+	}
+	w.qmu.Lock()
+	defer w.qmu.Unlock()
+	if len(w.queued) != 0 {
+		t.Errorf("%d topics queued past MaxWaiting", len(w.queued))
+	}
+}

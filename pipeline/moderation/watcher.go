@@ -170,7 +170,7 @@ func (w *Watcher) watchOnce(ctx context.Context, untilRead bool) (read bool, err
 	if err != nil {
 		return false, fmt.Errorf("moderation: watch %s: %w", w.cfg.Bucket, err)
 	}
-	defer wt.Stop() //nolint:errcheck // the watch's end
+	defer stopWatch(wt)
 	// The watch's consumer finds out on its own that the server restarted
 	// only after missing its heartbeats (20 s and more); a change made
 	// meanwhile would wait that long. A reconnection ends the watch: the
@@ -281,6 +281,21 @@ func (w *Watcher) gauge(s *state) {
 	w.m.moderated.WithLabelValues("waiting").Set(float64(len(s.waiting)))
 }
 
+// Verdict implements trend.Moderation: whether topic is hidden, or held
+// for review (under review, not allowed) as the bucket was last read.
+func (w *Watcher) Verdict(topic string) (hidden, held bool) {
+	w.mu.RLock()
+	defer w.mu.RUnlock()
+	d, decided := w.cur.decided[topic]
+	switch {
+	case decided && d.State == Hidden:
+		return true, false
+	case w.review && !decided:
+		return false, true
+	}
+	return false, false
+}
+
 // Screen implements trend.Moderation: of ranked (highest first), the first
 // limit that may be listed, in order. Hidden topics never are; under
 // review only allowed ones are, and each that would have been in the list
@@ -319,12 +334,26 @@ func (w *Watcher) Screen(ranked []trend.Entry, limit int) []trend.Entry {
 	return out
 }
 
+// MaxWaiting bounds the topics waiting for review: anyone who may read
+// /v1/trending picks the window and limit that note them, and each
+// waiting entry is held by every sidecar and read at each start. Past it
+// a topic is not recorded (counted) until operators allow, hide or let
+// entries expire (a day).
+const MaxWaiting = 1000
+
 // note queues e's topic for Run to record as waiting, unless it is queued
-// already; a full queue drops it (counted).
+// already; a full queue, or MaxWaiting topics waiting, drops it (counted).
 func (w *Watcher) note(e trend.Entry) {
+	w.mu.RLock()
+	waiting := len(w.cur.waiting)
+	w.mu.RUnlock()
 	w.qmu.Lock()
 	defer w.qmu.Unlock()
 	if w.queued[e.Topic] {
+		return
+	}
+	if waiting+len(w.queued) >= MaxWaiting {
+		w.m.unrecorded.Inc()
 		return
 	}
 	select {

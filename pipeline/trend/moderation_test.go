@@ -28,6 +28,12 @@ func (h *hiding) set(topic string, hidden bool) {
 	h.hidden[topic] = hidden
 }
 
+func (h *hiding) Verdict(topic string) (hidden, held bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.hidden[topic], false
+}
+
 func (h *hiding) Screen(ranked []Entry, limit int) []Entry {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -120,5 +126,16 @@ func TestHiddenTopicsLeaveAFullList(t *testing.T) {
 	}
 	if got, w := list("cache"), want(39, 37, 35, 33, 31, 29, 27, 25, 23, 21); !slices.Equal(got, w) {
 		t.Errorf("half hidden: %v, want %v", got, w)
+	}
+
+	// The best 30 hidden, as many as the candidates: hidden topics take
+	// no candidate's place, so once the cached answer has aged the list
+	// holds the next 10, not nothing.
+	for k := range 40 {
+		mod.set("new-"+strconv.Itoa(k), k >= 10)
+	}
+	now = now.Add(2 * time.Minute)
+	if got, w := list("store"), want(9, 8, 7, 6, 5, 4, 3, 2, 1, 0); !slices.Equal(got, w) {
+		t.Errorf("the best 30 hidden: %v, want %v", got, w)
 	}
 }

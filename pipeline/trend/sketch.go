@@ -392,6 +392,13 @@ func prune(m map[string]int64, n int) map[string]int64 {
 // recent. A sidecar's sketch knows only what it merged since it started:
 // until it holds a baseline, it ranks by the window's count.
 func (s *Sketch) candidates(recent, base Span, n int, by Ranking, least int64) []string {
+	return s.candidatesScreened(recent, base, n, by, least, 0, nil)
+}
+
+// candidatesScreened is candidates with moderation's verdicts: hidden
+// topics are no candidates, and of those held for review at most held
+// are, besides the n others.
+func (s *Sketch) candidatesScreened(recent, base Span, n int, by Ranking, least int64, held int, verdict func(string) (hidden, held bool)) []string {
 	var rec, old map[string]int64
 	if by == ByContributors {
 		crowds, o, cut := s.crowds(recent, base)
@@ -422,8 +429,24 @@ func (s *Sketch) candidates(recent, base Span, n int, by Ranking, least int64) [
 		return cmp.Compare(a.topic, b.topic)
 	})
 	topics := make([]string, 0, min(n, len(out)))
-	for _, sc := range out[:min(n, len(out))] {
+	taken, holding := 0, 0
+	for _, sc := range out {
+		if taken == n {
+			break
+		}
+		if verdict != nil {
+			if hidden, h := verdict(sc.topic); hidden {
+				continue
+			} else if h {
+				if holding < held {
+					topics = append(topics, sc.topic)
+					holding++
+				}
+				continue
+			}
+		}
 		topics = append(topics, sc.topic)
+		taken++
 	}
 	return topics
 }

@@ -95,6 +95,11 @@ type Moderation interface {
 	// those held back for review. It neither changes nor keeps ranked,
 	// which a cached answer shares.
 	Screen(ranked []Entry, limit int) []Entry
+	// Verdict says, before the candidates are read, whether topic is
+	// hidden (never a candidate: hidden topics still count, and would
+	// take every place a list has) or held for review (a candidate only
+	// for Screen to note it as waiting).
+	Verdict(topic string) (hidden, held bool)
 }
 
 // UseModeration has every trending answer screened by m.
@@ -153,7 +158,11 @@ func (s *Service) trending(ctx context.Context, d time.Duration, limit int) (Tre
 	// the baseline's buckets of each, maxTrendKeys in all.
 	n := min(max(3*limit, 30), max(maxTrendKeys/(window.Buckets()+base.Buckets()), 1))
 	by, least := s.cfg.ranking()
-	cands := s.sketch.candidates(window, base, n, by, least)
+	var verdict func(string) (hidden, held bool)
+	if s.mod != nil {
+		verdict = s.mod.Verdict
+	}
+	cands := s.sketch.candidatesScreened(window, base, n, by, least, limit, verdict)
 	t := Trending{Window: FormatWindow(d), From: window.From, To: now, Topics: []Entry{}}
 	if len(cands) == 0 {
 		t.Note = "no mentions in the window"
