@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	natsserver "github.com/nats-io/nats-server/v2/server"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
 
@@ -134,15 +133,7 @@ func TestHiddenAcrossTheFleet(t *testing.T) {
 // lists every topic; asked for review, which it cannot honour, it does
 // not start, and says why.
 func TestModerationWithoutJetStream(t *testing.T) {
-	ns, err := natsserver.NewServer(&natsserver.Options{Host: "127.0.0.1", Port: -1, NoLog: true, NoSigs: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	go ns.Start()
-	t.Cleanup(ns.Shutdown)
-	if !ns.ReadyForConnections(10 * time.Second) {
-		t.Fatal("NATS not ready")
-	}
+	ns := testenv.NATSWithoutJetStream(t)
 	cfg := config.Default()
 	cfg.NATSURL = ns.ClientURL()
 	cfg.Store = config.StoreBolt

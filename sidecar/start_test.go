@@ -5,12 +5,12 @@ import (
 	"testing"
 	"time"
 
-	natsserver "github.com/nats-io/nats-server/v2/server"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/hotcount/hotcount/config"
+	"github.com/hotcount/hotcount/internal/testtools/testenv"
 )
 
 // TestSIGTERMDuringStartReturns starts a JetStream-mode sidecar against a
@@ -28,15 +28,7 @@ func TestSIGTERMDuringStartReturns(t *testing.T) {
 		retryAt      = 4
 		returnWithin = 2 * time.Second
 	)
-	ns, err := natsserver.NewServer(&natsserver.Options{Host: "127.0.0.1", Port: -1, NoLog: true, NoSigs: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	go ns.Start()
-	t.Cleanup(ns.Shutdown)
-	if !ns.ReadyForConnections(10 * time.Second) {
-		t.Fatal("NATS not ready")
-	}
+	ns := testenv.NATSWithoutJetStream(t)
 	cfg := config.Default()
 	cfg.NATSURL = ns.ClientURL()
 	cfg.NATSMode = config.ModeJetStream

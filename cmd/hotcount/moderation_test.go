@@ -16,7 +16,6 @@ import (
 	"testing"
 	"time"
 
-	natsserver "github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/hotcount/hotcount/internal/testtools/testenv"
@@ -267,15 +266,7 @@ func TestTrendingUsage(t *testing.T) {
 		{"unknown flag", []string{"trending", "list", "--reason", "x"}, nil, exitUsage, "unknown flag: --reason"},
 	})
 
-	ns, err := natsserver.NewServer(&natsserver.Options{Host: "127.0.0.1", Port: -1, NoLog: true, NoSigs: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	go ns.Start()
-	t.Cleanup(ns.Shutdown)
-	if !ns.ReadyForConnections(10 * time.Second) {
-		t.Fatal("NATS not ready")
-	}
+	ns := testenv.NATSWithoutJetStream(t)
 	checkExits(t, []exitCase{
 		{"no JetStream", []string{"trending", "hide", "x", "--nats-url", ns.ClientURL()}, user, exitError, "no JetStream"},
 	})

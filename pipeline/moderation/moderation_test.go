@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	natsserver "github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -372,15 +371,7 @@ func TestBadTopics(t *testing.T) {
 // TestNoJetStream: a NATS server without JetStream cannot keep the
 // moderation, and Open says so (ErrUnavailable), at once.
 func TestNoJetStream(t *testing.T) {
-	ns, err := natsserver.NewServer(&natsserver.Options{Host: "127.0.0.1", Port: -1, NoLog: true, NoSigs: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	go ns.Start()
-	t.Cleanup(ns.Shutdown)
-	if !ns.ReadyForConnections(10 * time.Second) {
-		t.Fatal("NATS not ready")
-	}
+	ns := testenv.NATSWithoutJetStream(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if _, err := Open(ctx, js(t, ns.ClientURL()), Config{Bucket: DefaultBucket}); !errors.Is(err, ErrUnavailable) {

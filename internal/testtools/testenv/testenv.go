@@ -50,6 +50,22 @@ func unavailable(t testing.TB, format string, args ...any) {
 // stops it when the test ends.
 func NATS(t testing.TB) *server.Server { t.Helper(); return NATSMapped(t, nil) }
 
+// NATSWithoutJetStream is a NATS server with JetStream off: a plain
+// server, as core mode may run against.
+func NATSWithoutJetStream(t testing.TB) *server.Server {
+	t.Helper()
+	ns, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, NoLog: true, NoSigs: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go ns.Start()
+	t.Cleanup(ns.Shutdown)
+	if !ns.ReadyForConnections(10 * time.Second) {
+		t.Fatal("NATS not ready")
+	}
+	return ns
+}
+
 // Partitioned is the server mapping of partitioned mode's layout l, for
 // NATSMapped and NATSCluster: what deploy/nats/hotcount.conf sets.
 func Partitioned(l streams.Layout) map[string]string {
