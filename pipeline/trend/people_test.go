@@ -220,7 +220,7 @@ func TestOneAccountIsOneContributor(t *testing.T) {
 	if got := rec["bot"]; got.distinct != 1 || got.perMinute != 60 {
 		t.Errorf("bot over an hour: %+v, want 1 distinct and 60 per minute", got)
 	}
-	if got := s.candidates(window, Span{G: store.Minute, First: first - 240, Last: first - 1, From: store.Minute.Start(first - 240), To: store.Minute.Start(first)}, 10, ByContributors, DefaultMinContributors); len(got) != 0 {
+	if got := s.candidates(window, Span{G: store.Minute, First: first - 240, Last: first - 1, From: store.Minute.Start(first - 240), To: store.Minute.Start(first)}, 10, ByContributors, DefaultMinContributors, 0, nil); len(got) != 0 {
 		t.Errorf("one account is a candidate by contributors: %v", got)
 	}
 }

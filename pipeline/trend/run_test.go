@@ -48,7 +48,7 @@ func TestSketchRunKeepsTheFleetsSummaries(t *testing.T) {
 	})
 	cfg := Config{Minutes: true, Hours: true}
 	window, _ := cfg.plan(5*time.Minute, now)
-	if got := sk.candidates(window, cfg.baseline(window), 5, ByMentions, 0); !slices.Contains(got, "storm") {
+	if got := sk.candidates(window, cfg.baseline(window), 5, ByMentions, 0, 0, nil); !slices.Contains(got, "storm") {
 		t.Errorf("candidates %v, want the other sidecar's storm", got)
 	}
 

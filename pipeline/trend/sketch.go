@@ -389,16 +389,11 @@ func prune(m map[string]int64, n int) map[string]int64 {
 // of minutes) against base (of minutes or hours) and returns the best n:
 // by their mentions, or with Ranking ByContributors by their contributors
 // per minute, among those with at least least distinct contributors in
-// recent. A sidecar's sketch knows only what it merged since it started:
-// until it holds a baseline, it ranks by the window's count.
-func (s *Sketch) candidates(recent, base Span, n int, by Ranking, least int64) []string {
-	return s.candidatesScreened(recent, base, n, by, least, 0, nil)
-}
-
-// candidatesScreened is candidates with moderation's verdicts: hidden
-// topics are no candidates, and of those held for review at most held
-// are, besides the n others.
-func (s *Sketch) candidatesScreened(recent, base Span, n int, by Ranking, least int64, held int, verdict func(string) (hidden, held bool)) []string {
+// recent. With moderation's verdicts (nil: none), hidden topics are no
+// candidates, and of those held for review at most held are, besides the
+// n others. A sidecar's sketch knows only what it merged since it
+// started: until it holds a baseline, it ranks by the window's count.
+func (s *Sketch) candidates(recent, base Span, n int, by Ranking, least int64, held int, verdict func(string) (hidden, held bool)) []string {
 	var rec, old map[string]int64
 	if by == ByContributors {
 		crowds, o, cut := s.crowds(recent, base)

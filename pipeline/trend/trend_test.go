@@ -137,14 +137,14 @@ func TestSketch(t *testing.T) {
 	}
 	cfg := Config{Minutes: true, Hours: true}
 	window, _ := cfg.plan(5*time.Minute, now)
-	got := s.candidates(window, cfg.baseline(window), 2, ByMentions, 0)
+	got := s.candidates(window, cfg.baseline(window), 2, ByMentions, 0, 0, nil)
 	if len(got) != 2 || got[0] != "surge" {
 		t.Errorf("candidates %v, want surge first", got)
 	}
 	// An hour window is scored against hours, which reach into the blocks:
 	// steady stays steady.
 	window, _ = cfg.plan(time.Hour, now)
-	if got := s.candidates(window, cfg.baseline(window), 1, ByMentions, 0); len(got) != 1 || got[0] != "surge" {
+	if got := s.candidates(window, cfg.baseline(window), 1, ByMentions, 0, 0, nil); len(got) != 1 || got[0] != "surge" {
 		t.Errorf("hour candidates %v, want surge", got)
 	}
 }

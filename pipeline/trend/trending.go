@@ -162,7 +162,7 @@ func (s *Service) trending(ctx context.Context, d time.Duration, limit int) (Tre
 	if s.mod != nil {
 		verdict = s.mod.Verdict
 	}
-	cands := s.sketch.candidatesScreened(window, base, n, by, least, limit, verdict)
+	cands := s.sketch.candidates(window, base, n, by, least, limit, verdict)
 	t := Trending{Window: FormatWindow(d), From: window.From, To: now, Topics: []Entry{}}
 	if len(cands) == 0 {
 		t.Note = "no mentions in the window"
