@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	natsserver "github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go/jetstream"
 	yamlv3 "go.yaml.in/yaml/v3"
 	appsv1 "k8s.io/api/apps/v1"
@@ -512,7 +513,19 @@ func TestStreamDefinition(t *testing.T) {
 	if sc.Name != cfg.Stream || !slices.Equal(sc.Subjects, []string{cfg.Subject}) || sc.Storage != jetstream.FileStorage || sc.Duplicates <= 0 {
 		t.Errorf("stream %+v: want %s on %s, file storage, a duplicate window", sc, cfg.Stream, cfg.Subject)
 	}
-	ns := testenv.NATS(t)
+	// A server whose file store may hold the stream's max_bytes (10 GiB)
+	// whatever this machine's free disk: by default JetStream takes 75% of
+	// it, and refused the stream on a machine with 13 GB free.
+	ns, err := natsserver.NewServer(&natsserver.Options{Host: "127.0.0.1", Port: -1, NoLog: true, NoSigs: true,
+		JetStream: true, StoreDir: t.TempDir(), JetStreamMaxStore: 1 << 40})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go ns.Start()
+	t.Cleanup(ns.Shutdown)
+	if !ns.ReadyForConnections(10 * time.Second) {
+		t.Fatal("NATS not ready")
+	}
 	js, err := jetstream.New(testenv.Connect(t, ns.ClientURL()))
 	if err != nil {
 		t.Fatal(err)
