@@ -490,27 +490,42 @@ func TestWatchOutlivesARestart(t *testing.T) {
 	}
 }
 
-// TestWaitingIsBounded: past MaxWaiting topics waiting for review, a new
-// one is not recorded, and counted: anyone who reads the list chooses the
-// windows and limits that note topics, and every sidecar holds them all.
+// TestWaitingIsBounded: past MaxWaiting topics waiting for review (here
+// two), a new one is not recorded, and counted: anyone who reads the list
+// chooses the windows and limits that note topics, and every sidecar
+// holds them all.
 func TestWaitingIsBounded(t *testing.T) {
 	srv := testenv.NATS(t)
-	w := startWatcher(t, srv.ClientURL(), Config{Bucket: "trending_bounded"}, true)
-	w.mu.Lock()
-	for k := range MaxWaiting {
-		topic := fmt.Sprintf("old-%d", k)
-		w.cur.waiting[topic] = Waiting{Topic: topic}
-	}
-	w.mu.Unlock()
-	if got := w.Screen(entries("new"), 3); len(got) != 0 {
+	cfg := Config{Bucket: "trending_bounded"}
+	w := startWatcher(t, srv.ClientURL(), cfg, true)
+	w.maxWaiting = 2 // before any Screen: Run does not read it
+	b := openBucket(t, srv.ClientURL(), cfg)
+	ctx := context.Background()
+	if got := w.Screen(entries("a", "b"), 3); len(got) != 0 {
 		t.Errorf("under review with nothing allowed: %v listed", names(got))
 	}
+	testenv.Eventually(t, 10*time.Second, func() error {
+		l, err := b.List(ctx)
+		if err != nil {
+			return err
+		}
+		if len(l.Waiting) != 2 {
+			return fmt.Errorf("%d waiting, want a and b", len(l.Waiting))
+		}
+		w.qmu.Lock()
+		defer w.qmu.Unlock()
+		if len(w.queued) != 0 {
+			return fmt.Errorf("%d still queued", len(w.queued))
+		}
+		return nil
+	})
+	w.Screen(entries("c"), 3)
 	if n := testutil.ToFloat64(w.m.unrecorded); n != 1 {
 		t.Errorf("unrecorded %v, want 1: the waiting list is full", n)
 	}
 	w.qmu.Lock()
 	defer w.qmu.Unlock()
 	if len(w.queued) != 0 {
-		t.Errorf("%d topics queued past MaxWaiting", len(w.queued))
+		t.Errorf("%d topics queued past the bound", len(w.queued))
 	}
 }

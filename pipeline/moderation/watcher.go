@@ -58,6 +58,8 @@ type Watcher struct {
 	notes  chan trend.Entry
 	qmu    sync.Mutex
 	queued map[string]bool
+	// maxWaiting is MaxWaiting (a test's own, smaller).
+	maxWaiting int
 }
 
 type metrics struct {
@@ -70,9 +72,10 @@ type metrics struct {
 func NewWatcher(js jetstream.JetStream, cfg Config, review bool, reg prometheus.Registerer, log *zap.Logger, now func() time.Time) *Watcher {
 	w := &Watcher{
 		js: js, cfg: cfg, review: review, log: log.Named("moderation"), now: now,
-		cur:    newState(),
-		notes:  make(chan trend.Entry, notesQueue),
-		queued: make(map[string]bool),
+		cur:        newState(),
+		notes:      make(chan trend.Entry, notesQueue),
+		queued:     make(map[string]bool),
+		maxWaiting: MaxWaiting,
 		m: metrics{
 			moderated: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 				Name: "hotcount_trending_moderated",
@@ -352,7 +355,7 @@ func (w *Watcher) note(e trend.Entry) {
 	if w.queued[e.Topic] {
 		return
 	}
-	if waiting+len(w.queued) >= MaxWaiting {
+	if waiting+len(w.queued) >= w.maxWaiting {
 		w.m.unrecorded.Inc()
 		return
 	}
