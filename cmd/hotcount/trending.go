@@ -52,44 +52,10 @@ func cmdTrending(ctx context.Context, args, environ []string, stdout, stderr io.
 		fmt.Fprint(stdout, trendingUsage)
 		return nil
 	}
-	verbs := []string{"hide", "unhide", "allow", "list"}
-	if len(args) == 0 || !slices.Contains(verbs, args[0]) {
-		return usageError{fmt.Errorf(`"trending" takes a subcommand: %s (hotcount trending --help)`, strings.Join(verbs, ", "))}
-	}
-	verb := args[0]
-	cfg := config.Default()
-	fs := cfg.FlagSet("hotcount trending "+verb, trendingSettings)
-	var by, reason string
-	var asJSON bool
-	if verb == "list" {
-		fs.BoolVar(&asJSON, "json", false, "print the decisions and the waiting topics as JSON")
-	} else {
-		fs.StringVar(&by, "by", "", "who decides, for the audit (default $USER)")
-		fs.StringVar(&reason, "reason", "", "why, for the audit")
-	}
-	if err := parse(&cfg, fs, args[1:], environ, stderr); err != nil {
+	cfg, call, err := parseTrending(args, environ, stderr)
+	if err != nil {
 		return err
 	}
-	var topic string
-	switch rest := fs.Args(); {
-	case verb == "list" && len(rest) > 0:
-		return usageError{fmt.Errorf("trending list takes no topic (got %q)", rest)}
-	case verb == "list":
-	case len(rest) != 1:
-		return usageError{fmt.Errorf("trending %s takes one TOPIC (got %d arguments; quote a topic with spaces)", verb, len(rest))}
-	default:
-		topic = rest[0]
-		if err := store.ValidateTopic(topic, cfg.MaxTopicBytes); err != nil {
-			return usageError{fmt.Errorf("trending %s %q: %w", verb, topic, err)}
-		}
-		if by == "" {
-			by = envValue(environ, "USER")
-		}
-		if by == "" {
-			return usageError{errors.New("--by: say who decides, for the audit ($USER is not set)")}
-		}
-	}
-
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	nc, err := connect(cfg, "hotcount-trending")
@@ -104,22 +70,73 @@ func cmdTrending(ctx context.Context, args, environ []string, stdout, stderr io.
 	if err != nil {
 		return err
 	}
+	return call.run(ctx, b, stdout)
+}
+
+// trendingCall is one `hotcount trending` command as its line says it.
+type trendingCall struct {
+	verb, topic, by, reason string
+	asJSON                  bool
+}
+
+// parseTrending reads a `hotcount trending` command line: its settings
+// and the call, or a usage error before any connection.
+func parseTrending(args, environ []string, stderr io.Writer) (config.Config, trendingCall, error) {
+	verbs := []string{"hide", "unhide", "allow", "list"}
+	if len(args) == 0 || !slices.Contains(verbs, args[0]) {
+		return config.Config{}, trendingCall{}, usageError{fmt.Errorf(`"trending" takes a subcommand: %s (hotcount trending --help)`, strings.Join(verbs, ", "))}
+	}
+	c := trendingCall{verb: args[0]}
+	cfg := config.Default()
+	fs := cfg.FlagSet("hotcount trending "+c.verb, trendingSettings)
+	if c.verb == "list" {
+		fs.BoolVar(&c.asJSON, "json", false, "print the decisions and the waiting topics as JSON")
+	} else {
+		fs.StringVar(&c.by, "by", "", "who decides, for the audit (default $USER)")
+		fs.StringVar(&c.reason, "reason", "", "why, for the audit")
+	}
+	if err := parse(&cfg, fs, args[1:], environ, stderr); err != nil {
+		return cfg, c, err
+	}
+	switch rest := fs.Args(); {
+	case c.verb == "list" && len(rest) > 0:
+		return cfg, c, usageError{fmt.Errorf("trending list takes no topic (got %q)", rest)}
+	case c.verb == "list":
+	case len(rest) != 1:
+		return cfg, c, usageError{fmt.Errorf("trending %s takes one TOPIC (got %d arguments; quote a topic with spaces)", c.verb, len(rest))}
+	default:
+		c.topic = rest[0]
+		if err := store.ValidateTopic(c.topic, cfg.MaxTopicBytes); err != nil {
+			return cfg, c, usageError{fmt.Errorf("trending %s %q: %w", c.verb, c.topic, err)}
+		}
+		if c.by == "" {
+			c.by = envValue(environ, "USER")
+		}
+		if c.by == "" {
+			return cfg, c, usageError{errors.New("--by: say who decides, for the audit ($USER is not set)")}
+		}
+	}
+	return cfg, c, nil
+}
+
+// run makes the call's change in b, or lists b, and says what it did.
+func (c trendingCall) run(ctx context.Context, b *moderation.Bucket, stdout io.Writer) error {
 	now := time.Now()
-	switch verb {
+	switch c.verb {
 	case "hide":
-		d, err := b.Hide(ctx, topic, by, reason, now)
+		d, err := b.Hide(ctx, c.topic, c.by, c.reason, now)
 		if err != nil {
 			return err
 		}
-		fmt.Fprintf(stdout, "hidden %q from the trending list, fleet-wide (%s): every sidecar leaves it out of its next answer; its mentions are still counted\n", topic, decided(d))
+		fmt.Fprintf(stdout, "hidden %q from the trending list, fleet-wide (%s): every sidecar leaves it out of its next answer; its mentions are still counted\n", c.topic, decided(d))
 	case "allow":
-		d, err := b.Allow(ctx, topic, by, reason, now)
+		d, err := b.Allow(ctx, c.topic, c.by, c.reason, now)
 		if err != nil {
 			return err
 		}
-		fmt.Fprintf(stdout, "allowed %q onto the trending list, fleet-wide (%s): sidecars with --trending-review list it from their next answer while it trends; it is no longer hidden or waiting\n", topic, decided(d))
+		fmt.Fprintf(stdout, "allowed %q onto the trending list, fleet-wide (%s): sidecars with --trending-review list it from their next answer while it trends; it is no longer hidden or waiting\n", c.topic, decided(d))
 	case "unhide":
-		was, changed, err := b.Unhide(ctx, topic, by, reason, now)
+		was, changed, err := b.Unhide(ctx, c.topic, c.by, c.reason, now)
 		if err != nil {
 			return err
 		}
@@ -128,16 +145,16 @@ func cmdTrending(ctx context.Context, args, environ []string, stdout, stderr io.
 			if was.State != "" {
 				state = string(was.State)
 			}
-			fmt.Fprintf(stdout, "%q is not hidden (%s): nothing to do\n", topic, state)
+			fmt.Fprintf(stdout, "%q is not hidden (%s): nothing to do\n", c.topic, state)
 			return nil
 		}
-		fmt.Fprintf(stdout, "unhidden %q, fleet-wide (by %s; hidden by %s at %s): it may trend again from every sidecar's next answer (with --trending-review, once allowed)\n", topic, by, was.By, was.At.Format(time.RFC3339))
+		fmt.Fprintf(stdout, "unhidden %q, fleet-wide (by %s; hidden by %s at %s): it may trend again from every sidecar's next answer (with --trending-review, once allowed)\n", c.topic, c.by, was.By, was.At.Format(time.RFC3339))
 	case "list":
 		l, err := b.List(ctx)
 		if err != nil {
 			return err
 		}
-		if asJSON {
+		if c.asJSON {
 			return json.NewEncoder(stdout).Encode(l)
 		}
 		return printModeration(stdout, l)
