@@ -31,23 +31,37 @@ deps: $(DYNALITE) $(OPENAPI_TS)
 	$(GO) mod download
 
 # Every test binary is built and linked once, as many at once as there
-# are cores (on a cold cache the compile is minutes), into build/test; then
-# test/run-tests runs them without linking again (go test links on every
-# run): every package but sidecar two at a time, cmd/hotcount first (its
-# long tests, SIGKILLs, frozen processes and a NATS cluster, mostly wait on processes,
-# while the light ones take the other core), then sidecar alone: its
-# suites keep several sidecars, dynalite and NATS busy under deadlines that
-# a second such package on a 2-core machine would stretch. -trimpath keeps
-# the folder out of the build cache's keys, so that another clone or
-# worktree of the module reuses what this one compiled (without it, a
-# fresh clone compiled every package of the module again: about 90 s of a
-# 2-core machine).
+# are cores, into build/test (go test would link each again on every run);
+# then test/run-tests runs them in two lanes at once, each a list of
+# packages in turn, balanced by the times the tests take on a 2-core
+# machine (docs/DEVELOPMENT.md has them). The lanes keep the heaviest
+# suites apart: cmd/hotcount's (SIGKILLs, frozen processes, a NATS
+# cluster, several sidecar processes under deadlines) runs beside the
+# light packages, and sidecar's, cut in two halves, runs after each.
+#
+# deploy's binary is compiled in the background, at idle priority, while
+# the tests run, and run last: its Helm, Kustomize and Compose dependencies
+# are about 700 packages, 4 to 5 of a cold build's 10 minutes on 2 cores,
+# that the tests' idle time can take.
+#
+# -trimpath keeps the folder out of the build cache's keys, so that another
+# clone or worktree of the module reuses what this one compiled.
 TESTBIN := build/test
+# sidecar's tests in the first lane (after cmd/hotcount): the fleets and
+# the Regions; the rest of sidecar runs in the second.
+SIDECAR_FIRST := ^Test(GlobalTable|Trending|Hidden|PartitionedFleet)
 test: deps
-	rm -rf $(TESTBIN) && mkdir -p $(TESTBIN)
-	$(GO) test -race -trimpath -c -o $(TESTBIN)/ ./...
-	test/run-tests $(TESTBIN) 2 ./cmd/hotcount/ $$($(GO) list ./... | grep -v -e '/sidecar$$' -e '/cmd/hotcount$$')
-	test/run-tests $(TESTBIN) 1 ./sidecar/
+	rm -rf $(TESTBIN) && mkdir -p $(TESTBIN)/late
+	$(GO) test -race -trimpath -c -o $(TESTBIN)/ $$($(GO) list ./... | grep -v '/deploy$$')
+	touch $(TESTBIN)/building; \
+	{ chrt --idle 0 $(GO) test -race -trimpath -c -o $(TESTBIN)/late/ ./deploy/ && mv $(TESTBIN)/late/deploy.test $(TESTBIN)/; \
+	  rm -f $(TESTBIN)/building; } & \
+	status=0; \
+	test/run-tests $(TESTBIN) \
+	  "./cmd/hotcount/ ./sidecar/@$(SIDECAR_FIRST)" \
+	  "$$($(GO) list ./... | grep -v -e '/sidecar$$' -e '/cmd/hotcount$$' -e '/deploy$$') ./sidecar/!$(SIDECAR_FIRST) ./deploy/" \
+	  || status=$$?; \
+	wait; exit $$status
 
 lint:
 	$(GO) vet ./...
