@@ -244,12 +244,15 @@ func checkEntrypoint(t *testing.T, dockerfile string) {
 	}
 }
 
-// buildHotcount builds the hotcount command, as the image does.
+// buildHotcount builds the hotcount command, as the image (and make
+// build) does: the same flags, so that make test's background build of
+// them has compiled it already.
 func buildHotcount(t *testing.T) string {
 	t.Helper()
 	bin := filepath.Join(t.TempDir(), "hotcount")
-	cmd := exec.Command("go", "build", "-o", bin, "./cmd/hotcount")
+	cmd := exec.Command("go", "build", "-trimpath", "-ldflags", "-s -w", "-o", bin, "./cmd/hotcount")
 	cmd.Dir = ".."
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("go build ./cmd/hotcount: %v\n%s", err, out)
 	}

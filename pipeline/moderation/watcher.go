@@ -347,15 +347,24 @@ const MaxWaiting = 1000
 // note queues e's topic for Run to record as waiting, unless it is queued
 // already; a full queue, or MaxWaiting topics waiting, drops it (counted).
 func (w *Watcher) note(e trend.Entry) {
+	// Both locks (mu, then qmu, as nowhere else takes both): record adds a
+	// topic it wrote to waiting before it takes it out of queued, and a
+	// topic in both is one topic. Counted twice, it filled the bound a
+	// topic early (TestWaitingIsBounded, under load).
 	w.mu.RLock()
-	waiting := len(w.cur.waiting)
-	w.mu.RUnlock()
+	defer w.mu.RUnlock()
 	w.qmu.Lock()
 	defer w.qmu.Unlock()
 	if w.queued[e.Topic] {
 		return
 	}
-	if waiting+len(w.queued) >= w.maxWaiting {
+	n := len(w.cur.waiting)
+	for topic := range w.queued { // at most notesQueue
+		if _, ok := w.cur.waiting[topic]; !ok {
+			n++
+		}
+	}
+	if n >= w.maxWaiting {
 		w.m.unrecorded.Inc()
 		return
 	}
