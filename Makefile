@@ -41,8 +41,8 @@ deps: $(DYNALITE) $(OPENAPI_TS)
 #
 # deploy's binary is compiled in the background, at idle priority, while
 # the tests run, and run last: its Helm, Kustomize and Compose dependencies
-# are about 700 packages, 4 minutes of 2 cores from an empty build cache,
-# that the tests' idle time can take. Then, as idle, what deploy's compose
+# are 541 packages no other test needs (of 1,299), 4 min 20 s of both
+# cores from an empty build cache, that the tests' idle time can take. Then, as idle, what deploy's compose
 # test builds (the binary as the image and make build build it).
 #
 # -trimpath keeps the folder out of the build cache's keys, so that another
@@ -51,8 +51,9 @@ deps: $(DYNALITE) $(OPENAPI_TS)
 # links (a panic's trace still has files and lines; go test, run by hand,
 # builds a binary a debugger can read).
 TESTBIN := build/test
-# sidecar's tests in the first lane (after cmd/hotcount): the fleets and
-# the Regions; the rest of sidecar runs in the second.
+# sidecar's tests in the first lane (after cmd/hotcount): TestGlobalTable*,
+# TestTrending*, TestHidden* and TestPartitionedFleet*, about 130 s alone;
+# the rest of sidecar, about 170 s, runs in the second lane.
 SIDECAR_FIRST := ^Test(GlobalTable|Trending|Hidden|PartitionedFleet)
 test: deps
 	rm -rf $(TESTBIN) && mkdir -p $(TESTBIN)/late

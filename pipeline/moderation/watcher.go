@@ -355,8 +355,8 @@ func (w *Watcher) note(e trend.Entry) {
 	defer w.mu.RUnlock()
 	w.qmu.Lock()
 	defer w.qmu.Unlock()
-	if w.queued[e.Topic] {
-		return
+	if _, ok := w.cur.waiting[e.Topic]; ok || w.queued[e.Topic] {
+		return // recorded, or about to be
 	}
 	n := len(w.cur.waiting)
 	for topic := range w.queued { // at most notesQueue
