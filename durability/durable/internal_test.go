@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -22,17 +23,8 @@ import (
 // a failover). Ending where the server runs out would claim mentions it
 // never counted: the loss TestPositionClusterLosesNothing met once.
 func TestRecountReadsThroughItsSpan(t *testing.T) {
-	srv := testenv.NATS(t)
-	nc := testenv.Connect(t, srv.ClientURL())
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	nc, js, st := mentionsStream(t)
 	ctx := context.Background()
-	st, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "MENTIONS", Subjects: []string{"mentions.>"}})
-	if err != nil {
-		t.Fatal(err)
-	}
 	publish := func(n int) {
 		for range n {
 			if _, err := js.Publish(ctx, "mentions.a", []byte(`{"count":1}`)); err != nil {
@@ -57,16 +49,7 @@ func TestRecountReadsThroughItsSpan(t *testing.T) {
 		rest, err := e.recount(ctx, k, 1, 5)
 		done <- answer{rest, err}
 	}()
-	testenv.Eventually(t, 10*time.Second, func() error { // the recount's consumer is reading
-		info, err := st.Info(ctx)
-		if err != nil {
-			return err
-		}
-		if info.State.Consumers == 0 {
-			return fmt.Errorf("no consumer yet")
-		}
-		return nil
-	})
+	recountReads(t, st)
 	select {
 	case a := <-done:
 		t.Fatalf("the recount ended at the server's last sequence, 3, before its span's end, 5: %+v, %v", a.rest, a.err)
@@ -80,6 +63,37 @@ func TestRecountReadsThroughItsSpan(t *testing.T) {
 	if a.rest.delta != 5 || a.rest.first != 1 || a.rest.last != 5 {
 		t.Errorf("recount of 1..5: %+v, want 5 mentions at 1..5", a.rest)
 	}
+}
+
+// mentionsStream is a NATS server with the stream MENTIONS on mentions.>.
+func mentionsStream(t *testing.T) (*nats.Conn, jetstream.JetStream, jetstream.Stream) {
+	t.Helper()
+	srv := testenv.NATS(t)
+	nc := testenv.Connect(t, srv.ClientURL())
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := js.CreateStream(context.Background(), jetstream.StreamConfig{Name: "MENTIONS", Subjects: []string{"mentions.>"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return nc, js, st
+}
+
+// recountReads waits until a recount's consumer reads st.
+func recountReads(t *testing.T, st jetstream.Stream) {
+	t.Helper()
+	testenv.Eventually(t, 10*time.Second, func() error {
+		info, err := st.Info(context.Background())
+		if err != nil {
+			return err
+		}
+		if info.State.Consumers == 0 {
+			return fmt.Errorf("no recount reads yet")
+		}
+		return nil
+	})
 }
 
 // refuser refuses every write for good, as an IAM condition would.
@@ -149,20 +163,11 @@ func TestMoved(t *testing.T) {
 // at once (a killed reader's successor finds its total and its buckets
 // overlapping at one position) share one read of the stream, and each
 // takes from it what is its own: the total every mention, a minute's
-// bucket that minute's. Both recounts wait on a span whose end is not in
-// the stream yet, so that the second finds the first under way.
+// bucket that minute's. The recounts wait on a span whose end is not in
+// the stream yet, so that the later ones find the first under way.
 func TestRecountSharesARead(t *testing.T) {
-	srv := testenv.NATS(t)
-	nc := testenv.Connect(t, srv.ClientURL())
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	nc, js, st := mentionsStream(t)
 	ctx := context.Background()
-	st, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "MENTIONS", Subjects: []string{"mentions.>"}})
-	if err != nil {
-		t.Fatal(err)
-	}
 	now := time.Now().UTC()
 	earlier := now.Add(-3 * time.Minute)
 	publish := func(at time.Time, n int) {
@@ -199,17 +204,8 @@ func TestRecountSharesARead(t *testing.T) {
 			done[i] <- answer{rest, err}
 		}()
 	}
-	testenv.Eventually(t, 10*time.Second, func() error { // a read is under way, waiting for 6
-		info, err := st.Info(ctx)
-		if err != nil {
-			return err
-		}
-		if info.State.Consumers == 0 {
-			return fmt.Errorf("no consumer yet")
-		}
-		return nil
-	})
-	publish(now, 3) // 4..6
+	recountReads(t, st) // waiting for 6
+	publish(now, 3)     // 4..6
 	want := []int64{10, 6, 4}
 	for i, c := range counters {
 		a := <-done[i]
