@@ -516,16 +516,8 @@ func TestStreamDefinition(t *testing.T) {
 	// A server whose file store may hold the stream's max_bytes (10 GiB)
 	// whatever this machine's free disk: by default JetStream takes 75% of
 	// it, and refused the stream on a machine with 13 GB free.
-	ns, err := natsserver.NewServer(&natsserver.Options{Host: "127.0.0.1", Port: -1, NoLog: true, NoSigs: true,
+	ns := testenv.NATSWith(t, &natsserver.Options{Host: "127.0.0.1", Port: -1,
 		JetStream: true, StoreDir: t.TempDir(), JetStreamMaxStore: 1 << 40})
-	if err != nil {
-		t.Fatal(err)
-	}
-	go ns.Start()
-	t.Cleanup(ns.Shutdown)
-	if !ns.ReadyForConnections(10 * time.Second) {
-		t.Fatal("NATS not ready")
-	}
 	js, err := jetstream.New(testenv.Connect(t, ns.ClientURL()))
 	if err != nil {
 		t.Fatal(err)

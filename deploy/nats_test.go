@@ -84,16 +84,7 @@ func probeServer(t *testing.T, path string) {
 // probeWith starts a NATS server with opts (read from the file at path)
 // and probes it as probeServer does.
 func probeWith(t *testing.T, path string, opts *server.Options) {
-	opts.NoSigs, opts.NoLog = true, true
-	ns, err := server.NewServer(opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ns.Start()
-	t.Cleanup(func() { ns.Shutdown(); ns.WaitForShutdown() })
-	if !ns.ReadyForConnections(10 * time.Second) {
-		t.Fatal("server not ready")
-	}
+	ns := testenv.NATSWith(t, opts)
 	cfg := config.Default()
 	l := streams.Layout{Stream: cfg.Stream, Subject: cfg.Subject, Partitions: config.DefaultPartitions}
 	js, err := jetstream.New(testenv.Connect(t, ns.ClientURL()))

@@ -33,7 +33,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
-	"golang.org/x/sync/singleflight"
 
 	"github.com/hotcount/hotcount/internal/waits"
 	"github.com/hotcount/hotcount/pipeline/ingest"
@@ -130,9 +129,6 @@ type Engine struct {
 	// ordered consumers made at once swamped a loaded server until each
 	// timed out, and the next flush made them all again.
 	recounting chan struct{}
-	// rereads shares one read of a span among the topic's counters that
-	// recount it at once (recount).
-	rereads singleflight.Group
 
 	lastProgress atomic.Int64
 	lastWrite    atomic.Int64 // lastProgress less the flushes refused for good only

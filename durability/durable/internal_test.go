@@ -9,7 +9,6 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/testutil"
 	"go.uber.org/zap"
 
 	"github.com/hotcount/hotcount/internal/testtools/testenv"
@@ -156,70 +155,5 @@ func TestMoved(t *testing.T) {
 		if got := moved(c.p, old); got != c.want {
 			t.Errorf("moved(%+v, %+v) = %v, want %v", c.p, old, got, c.want)
 		}
-	}
-}
-
-// TestRecountSharesARead: a topic's counters that recount the same span
-// at once (a killed reader's successor finds its total and its buckets
-// overlapping at one position) share one read of the stream, and each
-// takes from it what is its own: the total every mention, a minute's
-// bucket that minute's. The recounts wait on a span whose end is not in
-// the stream yet, so that the later ones find the first under way.
-func TestRecountSharesARead(t *testing.T) {
-	nc, js, st := mentionsStream(t)
-	ctx := context.Background()
-	now := time.Now().UTC()
-	earlier := now.Add(-3 * time.Minute)
-	publish := func(at time.Time, n int) {
-		for range n {
-			data := fmt.Sprintf(`{"count":2,"at":%q}`, at.Format(time.RFC3339Nano))
-			if _, err := js.Publish(ctx, "mentions.a", []byte(data)); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
-	if _, err := js.Publish(ctx, "mentions.b", []byte(`{"count":1}`)); err != nil { // another topic's, at 1
-		t.Fatal(err)
-	}
-	publish(earlier, 2) // 2..3
-	reg := prometheus.NewRegistry()
-	m := NewMetrics(reg)
-	e, err := New(Config{Stream: "MENTIONS", Subject: "mentions.>", Minutes: true, Hours: true,
-		Limits: ingest.Limits{MaxCount: 1000, MaxTopicBytes: 256, MaxLateness: time.Hour}},
-		nc, nil, nil, zap.NewNop(), m, ingest.NewMetrics(reg), time.Now)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := stream{name: "MENTIONS", epoch: epochOf(st.CachedInfo())}
-	counters := []store.Counter{store.TotalOf("a"), store.BucketOf("a", store.Minute, store.Minute.Index(now)), store.BucketOf("a", store.Minute, store.Minute.Index(earlier))}
-	type answer struct {
-		rest entry
-		err  error
-	}
-	done := make([]chan answer, len(counters))
-	for i, c := range counters {
-		done[i] = make(chan answer, 1)
-		go func() {
-			rest, err := e.recount(ctx, key{s: s, c: c}, 1, 6)
-			done[i] <- answer{rest, err}
-		}()
-	}
-	recountReads(t, st) // waiting for 6
-	publish(now, 3)     // 4..6
-	want := []int64{10, 6, 4}
-	for i, c := range counters {
-		a := <-done[i]
-		if a.err != nil {
-			t.Fatal(a.err)
-		}
-		if a.rest.delta != want[i] || a.rest.first != 1 || a.rest.last != 6 {
-			t.Errorf("recount of %v at 1..6: %+v, want %d", c, a.rest, want[i])
-		}
-	}
-	// One read, unless a recount started after the read ended (it cannot
-	// end before the publish above, long after they all started): three,
-	// one a counter, is what sharing nothing reads.
-	if n := testutil.ToFloat64(m.recounts); n >= float64(len(counters)) {
-		t.Errorf("%v reads of the stream for the %d counters of one span", n, len(counters))
 	}
 }

@@ -289,14 +289,13 @@ func (w *Watcher) gauge(s *state) {
 func (w *Watcher) Verdict(topic string) (hidden, held bool) {
 	w.mu.RLock()
 	defer w.mu.RUnlock()
+	return w.verdict(topic)
+}
+
+// verdict is Verdict under w.mu.
+func (w *Watcher) verdict(topic string) (hidden, held bool) {
 	d, decided := w.cur.decided[topic]
-	switch {
-	case decided && d.State == Hidden:
-		return true, false
-	case w.review && !decided:
-		return false, true
-	}
-	return false, false
+	return decided && d.State == Hidden, w.review && !decided
 }
 
 // Screen implements trend.Moderation: of ranked (highest first), the first
@@ -316,11 +315,10 @@ func (w *Watcher) Screen(ranked []trend.Entry, limit int) []trend.Entry {
 		if len(out) == limit {
 			break
 		}
-		d, decided := w.cur.decided[e.Topic]
-		switch {
-		case decided && d.State == Hidden:
+		switch hidden, held := w.verdict(e.Topic); {
+		case hidden:
 			continue
-		case w.review && !decided:
+		case held:
 			if _, known := w.cur.waiting[e.Topic]; !known && w.read && unhidden < limit {
 				wait = append(wait, e)
 			}

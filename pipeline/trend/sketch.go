@@ -429,19 +429,19 @@ func (s *Sketch) candidates(recent, base Span, n int, by Ranking, least int64, h
 		if taken == n {
 			break
 		}
+		var hidden, h bool
 		if verdict != nil {
-			if hidden, h := verdict(sc.topic); hidden {
-				continue
-			} else if h {
-				if holding < held {
-					topics = append(topics, sc.topic)
-					holding++
-				}
-				continue
-			}
+			hidden, h = verdict(sc.topic)
 		}
-		topics = append(topics, sc.topic)
-		taken++
+		switch {
+		case hidden:
+		case h && holding < held:
+			topics = append(topics, sc.topic)
+			holding++
+		case !h:
+			topics = append(topics, sc.topic)
+			taken++
+		}
 	}
 	return topics
 }

@@ -54,12 +54,21 @@ func NATS(t testing.TB) *server.Server { t.Helper(); return NATSMapped(t, nil) }
 // server, as core mode may run against.
 func NATSWithoutJetStream(t testing.TB) *server.Server {
 	t.Helper()
-	ns, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, NoLog: true, NoSigs: true})
+	return NATSWith(t, &server.Options{Host: "127.0.0.1", Port: -1})
+}
+
+// NATSWith starts an in-process NATS server with opts (quiet, and deaf
+// to signals) and stops it when the test ends: a server the other
+// helpers do not make, such as one from a configuration file.
+func NATSWith(t testing.TB, opts *server.Options) *server.Server {
+	t.Helper()
+	opts.NoLog, opts.NoSigs = true, true
+	ns, err := server.NewServer(opts)
 	if err != nil {
 		t.Fatal(err)
 	}
 	go ns.Start()
-	t.Cleanup(ns.Shutdown)
+	t.Cleanup(func() { ns.Shutdown(); ns.WaitForShutdown() })
 	if !ns.ReadyForConnections(10 * time.Second) {
 		t.Fatal("NATS not ready")
 	}
