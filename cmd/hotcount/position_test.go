@@ -87,9 +87,15 @@ func faultRun(t *testing.T, mode string, f fault) {
 	table := d.Table(t, "frozen")
 	testenv.AWSEnv(t)
 	args = append(args, "--dynamodb-endpoint", d.Endpoint, "--table", table)
-	// The second sidecar reaches NATS through a proxy the split cuts.
-	cut := testenv.NewSplit(t, strings.TrimPrefix(url, "nats://"))
-	kids := []*child{startChild(t, append(args, "--nats-url", url)...), startChild(t, append(args, "--nats-url", "nats://"+cut.Addr())...)}
+	// Each sidecar reaches NATS through a proxy a split can cut: which of
+	// the two owns partitions is the fleet's hash of their ids, and one of
+	// them may own all four (1 run in 8).
+	var kids []*child
+	var cuts []*testenv.Split
+	for range 2 {
+		cuts = append(cuts, testenv.NewSplit(t, strings.TrimPrefix(url, "nats://")))
+		kids = append(kids, startChild(t, append(args, "--nats-url", "nats://"+cuts[len(cuts)-1].Addr())...))
+	}
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -103,16 +109,13 @@ func faultRun(t *testing.T, mode string, f fault) {
 		sent <- result{rep, err}
 	}()
 	// Freeze a sidecar that reads and has written (its window holds what
-	// it read since its last flush), or cut the second one off from NATS
-	// once it does.
+	// it read since its last flush), or cut it off from NATS.
 	var frozen, other *child
+	var cut *testenv.Split
 	testenv.Eventually(t, 60*time.Second, func() error {
 		for i, c := range kids {
-			if f == split && i == 0 {
-				continue
-			}
 			if c.metric(t, "hotcount_ingest_partitions_owned") > 0 && c.metric(t, "hotcount_flusher_flushed_mentions_total") > 0 {
-				frozen, other = c, kids[1-i]
+				frozen, other, cut = c, kids[1-i], cuts[i]
 				return nil
 			}
 		}
