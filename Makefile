@@ -39,10 +39,12 @@ deps: $(DYNALITE) $(OPENAPI_TS)
 # cluster, several sidecar processes under deadlines) runs beside the
 # light packages, and sidecar's, cut in two halves, runs after each.
 #
-# deploy's binary is compiled in the background, at idle priority, while
-# the tests run, and run last: its Helm, Kustomize and Compose dependencies
+# deploy's binary is compiled in the background, at idle priority, from
+# the start, and run last: its Helm, Kustomize and Compose dependencies
 # are 541 packages no other test needs (of 1,299), 2 minutes of both
-# cores from an empty build cache, that the tests' idle time can take.
+# cores from an empty build cache, that the idle time of the other
+# binaries' compile (a core waits while nats-server's package compiles)
+# and of the tests can take.
 # (The go builds inside tests, deploy's of the hotcount command and
 # sidecar's of the generated client, use the test binary's own flags,
 # testenv.GoBuild, and find their packages compiled.)
@@ -61,12 +63,12 @@ TESTBIN := build/test
 SIDECAR_FIRST := ^Test(GlobalTable|Trending|Hidden|PartitionedFleet)
 test: deps
 	rm -rf $(TESTBIN) && mkdir -p $(TESTBIN)/late
-	$(GO) test -race -vet=off -trimpath -ldflags=-w -c -o $(TESTBIN)/ $$($(GO) list ./... | grep -v '/deploy$$')
 	touch $(TESTBIN)/building; \
 	{ chrt --idle 0 $(GO) test -race -vet=off -trimpath -ldflags=-w -c -o $(TESTBIN)/late/ ./deploy/ && mv $(TESTBIN)/late/deploy.test $(TESTBIN)/; \
 	  rm -f $(TESTBIN)/building; } & \
 	status=0; \
-	test/run-tests $(TESTBIN) \
+	$(GO) test -race -vet=off -trimpath -ldflags=-w -c -o $(TESTBIN)/ $$($(GO) list ./... | grep -v '/deploy$$') || status=$$?; \
+	[ $$status -ne 0 ] || test/run-tests $(TESTBIN) \
 	  "./cmd/hotcount/ ./sidecar/@$(SIDECAR_FIRST)" \
 	  "$$($(GO) list ./... | grep -v -e '/sidecar$$' -e '/cmd/hotcount$$' -e '/deploy$$') ./sidecar/!$(SIDECAR_FIRST) ./deploy/" \
 	  || status=$$?; \
