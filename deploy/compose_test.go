@@ -34,6 +34,7 @@ import (
 // setup jobs, run against a local NATS and dynalite, create what the
 // sidecars use.
 func TestCompose(t *testing.T) {
+	t.Parallel() // with the other two longest of deploy's tests: it runs last in make test, a core free
 	p := loadCompose(t)
 	bin := buildHotcount(t)
 

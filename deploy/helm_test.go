@@ -872,6 +872,7 @@ func settingsFlags() map[string]*pflag.Flag {
 // settings, one key per flag and no other; each reaches hotcount as its
 // own variable; and the schema's bounds and choices are hotcount's own.
 func TestHelmSettings(t *testing.T) {
+	t.Parallel() // with the other two longest of deploy's tests: it runs last in make test, a core free
 	props := schemaProperties(t, "hotcount")
 	flags := settingsFlags()
 	for flag := range flags {
@@ -1144,11 +1145,12 @@ func TestHelmCrossChecks(t *testing.T) {
 }
 
 // TestHelmSetupJobs runs the setup hooks' commands of
-// ci/standalone-jetstream-values.yaml with the real binary, as their
-// containers would (the image's entrypoint is /hotcount: the args are its
-// arguments), against a local NATS and dynalite instead of the cluster's:
+// ci/standalone-jetstream-values.yaml with the hotcount command (built as
+// this test binary was, buildHotcount) as their containers would (the
+// image's entrypoint is /hotcount: the args are its arguments), against a local NATS and dynalite instead of the cluster's:
 // afterwards the table and the stream the pool uses exist.
 func TestHelmSetupJobs(t *testing.T) {
+	t.Parallel() // with the other two longest of deploy's tests: it runs last in make test, a core free
 	vals := readValues(t, filepath.Join(chartDir, "ci", "standalone-jetstream-values.yaml"))
 	r := renderChart(t, chartDir, "hotcount", vals)
 	if len(r.jobs) != 2 {
