@@ -37,10 +37,11 @@ deps: $(DYNALITE) $(OPENAPI_TS)
 # machine (docs/DEVELOPMENT.md has them). The lanes keep the heaviest
 # suites apart: cmd/hotcount's (SIGKILLs, frozen processes, a NATS
 # cluster, several sidecar processes under deadlines) runs beside the
-# light packages, and sidecar's, cut in two halves, runs after each.
+# light packages, and sidecar's, cut in two halves, runs after each;
+# deploy ends the first lane.
 #
 # deploy's binary is compiled in the background, at idle priority, while
-# the tests run, and run last: its Helm, Kustomize and Compose dependencies
+# the tests run, and run last in its lane: its Helm, Kustomize and Compose dependencies
 # are 541 packages no other test needs (of 1,299), 2 minutes of both
 # cores from an empty build cache, that the tests' idle time can take.
 # (Started with the other binaries' compile instead, it was no sooner
@@ -79,8 +80,8 @@ test: deps
 	late=$$!; trap 'kill -- -$$late 2>/dev/null; exit 130' INT TERM; \
 	status=0; \
 	test/run-tests $(TESTBIN) \
-	  "./cmd/hotcount/ ./sidecar/@$(SIDECAR_FIRST)" \
-	  "$$($(GO) list ./... | grep -v -e '/sidecar$$' -e '/cmd/hotcount$$' -e '/deploy$$') ./sidecar/!$(SIDECAR_FIRST) ./deploy/" \
+	  "./cmd/hotcount/ ./sidecar/@$(SIDECAR_FIRST) ./deploy/" \
+	  "$$($(GO) list ./... | grep -v -e '/sidecar$$' -e '/cmd/hotcount$$' -e '/deploy$$') ./sidecar/!$(SIDECAR_FIRST)" \
 	  || status=$$?; \
 	[ $$status -eq 0 ] || kill -- -$$late 2>/dev/null; \
 	wait; exit $$status
