@@ -1147,8 +1147,9 @@ func TestHelmCrossChecks(t *testing.T) {
 // TestHelmSetupJobs runs the setup hooks' commands of
 // ci/standalone-jetstream-values.yaml with the hotcount command (built as
 // this test binary was, buildHotcount) as their containers would (the
-// image's entrypoint is /hotcount: the args are its arguments), against a local NATS and dynalite instead of the cluster's:
-// afterwards the table and the stream the pool uses exist.
+// image's entrypoint is /hotcount: the args are its arguments), against a
+// local NATS and dynalite instead of the cluster's: afterwards the table
+// and the stream the pool uses exist.
 func TestHelmSetupJobs(t *testing.T) {
 	t.Parallel() // with the other two longest of deploy's tests: it runs last in make test, a core free
 	vals := readValues(t, filepath.Join(chartDir, "ci", "standalone-jetstream-values.yaml"))
