@@ -41,9 +41,10 @@ deps: $(DYNALITE) $(OPENAPI_TS)
 # deploy ends the first lane.
 #
 # deploy's binary is compiled in the background, at idle priority, while
-# the tests run, and run last in its lane: its Helm, Kustomize and Compose dependencies
-# are 541 packages no other test needs (of 1,299), 2 minutes of both
-# cores from an empty build cache, that the tests' idle time can take.
+# the tests run, and run last in its lane: its Helm, Kustomize and Compose
+# dependencies are 541 packages no other test needs (of 1,299), 2 minutes
+# of both cores from an empty build cache, that the tests' idle time can
+# take.
 # (Started with the other binaries' compile instead, it was no sooner
 # ready: a second go command compiles again the packages the first is
 # compiling.) It runs in a session of its own (setsid), so that a Ctrl-C
@@ -56,10 +57,9 @@ deps: $(DYNALITE) $(OPENAPI_TS)
 # only (the tests run as users' processes do): the compiler collects
 # less often, about 10% less CPU (pipeline/store's test binary from an
 # empty cache: 2 min 5 s and 2 min 12 s of user time, against 1 min 46 s
-# and 2 min 0 s).
-# (The go builds inside tests, deploy's of the hotcount command and
-# sidecar's of the generated client, use the test binary's own flags,
-# testenv.GoBuild, and find their packages compiled.)
+# and 2 min 0 s). The go builds inside tests (deploy's of the hotcount
+# command, sidecar's of the generated client) use the test binary's own
+# flags, testenv.GoBuild, and find their packages compiled.
 #
 # -trimpath keeps the folder out of the build cache's keys, so that another
 # clone or worktree of the module reuses what this one compiled; -ldflags=-w

@@ -2,6 +2,7 @@ package sidecar_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -40,15 +41,9 @@ func BenchmarkJetStream(b *testing.B) {
 		b.StartTimer()
 		return ns.ClientURL(), js
 	}
-	// until polls done, then stops the clock.
-	until := func(b *testing.B, done func() bool) {
-		deadline := time.Now().Add(5 * time.Minute)
-		for !done() {
-			if time.Now().After(deadline) {
-				b.Fatal("not done after 5 minutes")
-			}
-			time.Sleep(5 * time.Millisecond)
-		}
+	// until waits for done (testenv.Eventually), then stops the clock.
+	until := func(b *testing.B, done func() error) {
+		testenv.Eventually(b, 5*time.Minute, done)
 		b.StopTimer()
 		b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "msgs/s")
 	}
@@ -66,9 +61,15 @@ func BenchmarkJetStream(b *testing.B) {
 			b.Fatal(err)
 		}
 		defer cc.Stop()
-		until(b, func() bool {
+		until(b, func() error {
 			info, err := cons.Info(context.Background())
-			return err == nil && info.NumPending == 0 && info.NumAckPending == 0 && info.Delivered.Stream >= uint64(b.N)
+			if err != nil {
+				return err
+			}
+			if info.NumPending != 0 || info.NumAckPending != 0 || info.Delivered.Stream < uint64(b.N) {
+				return fmt.Errorf("consumer: %d pending, %d unacknowledged, %d of %d delivered", info.NumPending, info.NumAckPending, info.Delivered.Stream, b.N)
+			}
+			return nil
 		})
 	})
 	b.Run("hotcount", func(b *testing.B) {
@@ -79,8 +80,11 @@ func BenchmarkJetStream(b *testing.B) {
 		cfg.HTTPAddr, cfg.AdminAddr = "127.0.0.1:0", "127.0.0.1:0"
 		cfg.FlushInterval = 100 * time.Millisecond
 		sc := sidecartest.Run(b, cfg, nil)
-		until(b, func() bool {
-			return testenv.Metric(b, sc.Registry(), "hotcount_flusher_flushed_mentions_total") >= float64(b.N)
+		until(b, func() error {
+			if n := testenv.Metric(b, sc.Registry(), "hotcount_flusher_flushed_mentions_total"); n < float64(b.N) {
+				return fmt.Errorf("%v of %d mentions written", n, b.N)
+			}
+			return nil
 		})
 		if err := sc.Stop(); err != nil {
 			b.Fatal(err)
