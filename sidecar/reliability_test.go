@@ -237,9 +237,13 @@ func TestReliabilityLostAnswers(t *testing.T) {
 			e := newFaultEnv(t, &ddbfault.Config{WriteUnits: 3, WriteBurst: 1}, func(c *config.Config) {
 				c.NATSMode = mode
 				c.FlushInterval = 50 * time.Millisecond
-				c.WriteTimeout = 300 * time.Millisecond
+				// Longer than a write takes on a loaded machine: under
+				// --write-timeout=300ms and a third of a core, every
+				// write ran out, each retry too, and nothing was written
+				// for a minute (CI saw it). A hang still outlasts it.
+				c.WriteTimeout = 2 * time.Second
 			})
-			e.fault.SetHang(2 * time.Second)
+			e.fault.SetHang(5 * time.Second)
 			js := mode == config.ModeJetStream
 			var reps []loadgen.Report
 			// One phase per kind of lost answer, so that each is exercised.
@@ -304,6 +308,11 @@ func TestReliabilityLostAnswers(t *testing.T) {
 			}
 			if applied+notApplied != amb || lost != 0 {
 				t.Errorf("in doubt %v, settled %v + %v, unresolvable %v: every write in doubt must settle", amb, applied, notApplied, lost)
+			}
+			// What the sidecar says it wrote is what it wrote: a write
+			// whose lost answer the SDK's retry settled counts too.
+			if f := testenv.Metric(t, reg, "hotcount_flusher_flushed_mentions_total"); f != float64(published) {
+				t.Errorf("hotcount_flusher_flushed_mentions_total = %v, want the %d published and in the table", f, published)
 			}
 		})
 	}

@@ -138,6 +138,28 @@ func TestSDKRetryOfLostAnswer(t *testing.T) {
 	}
 }
 
+// TestSDKRetryOfLostSpanAnswer: the same for a write with stream
+// positions. The SDK's retry finds the item past the span, which only this
+// call's first attempt can have put there: the call applied it, and says
+// so (nil), not ErrCovered, which a caller reads as another writer's.
+func TestSDKRetryOfLostSpanAnswer(t *testing.T) {
+	f := newFaultStore(t, ddbfault.Config{})
+	f.proxy.AmbiguousNext(1)
+	w := spanWrite("golang", 5, "MENTIONS-0", epoch1, 1, 3)
+	if err := f.st.Add(context.Background(), w, time.Now()); err != nil {
+		t.Fatalf("Add: %v, want nil: the call's own attempt applied it", err)
+	}
+	if got := f.count(t, w.Key()); got != 5 {
+		t.Errorf("item count %d, want 5", got)
+	}
+	if got := f.metric(t, "hotcount_store_resolved_total", "outcome", "applied"); got != 1 {
+		t.Errorf(`resolved{outcome="applied"} = %v, want 1`, got)
+	}
+	if err := f.st.Add(context.Background(), w, time.Now()); !errors.Is(err, store.ErrCovered) {
+		t.Errorf("the same write in a new call = %v, want ErrCovered", err)
+	}
+}
+
 // TestRetryOfUnappliedWrite: a 500 that applied nothing is in doubt too;
 // the retry applies the delta, once, and says it had not been applied.
 func TestRetryOfUnappliedWrite(t *testing.T) {

@@ -225,10 +225,12 @@ func (m *Metrics) settleSpan(err error) {
 }
 
 // addSpan is Add for a write with a Span: one conditional UpdateItem, no
-// marks, no trims. It returns nil when this call applied it, ErrCovered
-// (wrapped) when the item includes its positions already (an earlier
-// attempt of it included), *OverlapError, ErrOverflow, or the errors of
-// Add (ErrThrottled, ErrAmbiguous, ErrDenied).
+// marks, no trims. It returns nil when this call applied it (an attempt of
+// this call whose answer was lost included, which the SDK's retry then
+// found in the item), ErrCovered (wrapped) when the item included its
+// positions before this call (an earlier call of it in doubt included),
+// *OverlapError, ErrOverflow, or the errors of Add (ErrThrottled,
+// ErrAmbiguous, ErrDenied).
 func (d *DynamoDB) addSpan(ctx context.Context, w Write, now time.Time) error {
 	if err := w.Span.check(); err != nil {
 		return fmt.Errorf("store: update %s: %w", d.key(w), err)
@@ -246,6 +248,14 @@ func (d *DynamoDB) addSpan(ctx context.Context, w Write, now time.Time) error {
 	}
 	if errors.Is(err, ErrOverflow) {
 		d.metrics.failed("write", err)
+	}
+	if firstTry && doubt && errors.Is(err, ErrCovered) {
+		// The item was past the span only because this call's own
+		// attempt had applied it: this call applied it. Covered, the
+		// caller would take it for another writer's write and count
+		// its mentions written nowhere (CI saw the flushed total stop
+		// short of the store's).
+		return nil
 	}
 	return err
 }
