@@ -3,6 +3,7 @@ package deploy_test
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"net"
 	"net/url"
 	"os"
@@ -11,6 +12,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -245,24 +247,53 @@ func checkEntrypoint(t *testing.T, dockerfile string) {
 	}
 }
 
-// buildHotcount builds the hotcount command as this test binary was
-// built (testenv.GoBuild), so that only its main package compiles: the
+// buildHotcount returns the hotcount command built as this test binary
+// was (testenv.GoBuild), so that only its main package compiles: the
 // image's static build (make build, the Dockerfile's flags) would compile
 // every package again, about 2 minutes of make test from an empty build
 // cache. What this test checks, that the binary takes each service's
 // command and environment, does not depend on those flags; CI builds and
 // runs the static binary itself after make test.
+//
+// It builds once per test binary (TestMain removes it): TestCompose and
+// TestHelmSetupJobs run at once, and two go builds of one package at once
+// both compile and link it, the build cache notwithstanding (about a
+// minute of CPU with the race detector).
 func buildHotcount(t *testing.T) string {
 	t.Helper()
-	bin := filepath.Join(t.TempDir(), "hotcount")
+	bin, err := hotcountBuild()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return bin
+}
+
+// hotcountDir is the folder of buildHotcount's build; TestMain removes it.
+var hotcountDir string
+
+var hotcountBuild = sync.OnceValues(func() (string, error) {
+	dir, err := os.MkdirTemp("", "hotcount-deploy-test-")
+	if err != nil {
+		return "", err
+	}
+	hotcountDir = dir
+	bin := filepath.Join(dir, "hotcount")
 	args, env := testenv.GoBuild()
 	cmd := exec.Command("go", append(append([]string{"build"}, args...), "-o", bin, "./cmd/hotcount")...)
 	cmd.Dir = ".."
 	cmd.Env = env
 	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("go build ./cmd/hotcount: %v\n%s", err, out)
+		return "", fmt.Errorf("go build ./cmd/hotcount: %w\n%s", err, out)
 	}
-	return bin
+	return bin, nil
+})
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if hotcountDir != "" {
+		os.RemoveAll(hotcountDir) //nolint:errcheck // a temporary folder
+	}
+	os.Exit(code)
 }
 
 // hotcount runs the binary with args and exactly the environment env, as

@@ -139,9 +139,9 @@ func TestSDKRetryOfLostAnswer(t *testing.T) {
 }
 
 // TestSDKRetryOfLostSpanAnswer: the same for a write with stream
-// positions. The SDK's retry finds the item past the span, which only this
-// call's first attempt can have put there: the call applied it, and says
-// so (nil), not ErrCovered, which a caller reads as another writer's.
+// positions. The SDK's retry finds the item at the span's end, written at
+// this call's time: its first attempt applied it, and the call says so
+// (nil), not ErrCovered, which a caller reads as another writer's write.
 func TestSDKRetryOfLostSpanAnswer(t *testing.T) {
 	f := newFaultStore(t, ddbfault.Config{})
 	f.proxy.AmbiguousNext(1)
@@ -154,6 +154,9 @@ func TestSDKRetryOfLostSpanAnswer(t *testing.T) {
 	}
 	if got := f.metric(t, "hotcount_store_resolved_total", "outcome", "applied"); got != 1 {
 		t.Errorf(`resolved{outcome="applied"} = %v, want 1`, got)
+	}
+	if got := f.metric(t, "hotcount_store_ambiguous_total"); got != 1 {
+		t.Errorf("hotcount_store_ambiguous_total = %v, want 1", got)
 	}
 	if err := f.st.Add(context.Background(), w, time.Now()); !errors.Is(err, store.ErrCovered) {
 		t.Errorf("the same write in a new call = %v, want ErrCovered", err)

@@ -159,11 +159,13 @@ func decodePosition(v string) (Position, error) {
 }
 
 // recorded is what decides a span write: the item's position for its
-// stream (has: one is recorded) and its count.
+// stream (has: one is recorded) and its count; and when the write that last
+// applied was made (updatedAt, Unix ms).
 type recorded struct {
-	pos   Position
-	has   bool
-	count int64
+	pos     Position
+	has     bool
+	count   int64
+	updated int64
 }
 
 // verdict is what the item's record makes of a span write.
@@ -226,11 +228,10 @@ func (m *Metrics) settleSpan(err error) {
 
 // addSpan is Add for a write with a Span: one conditional UpdateItem, no
 // marks, no trims. It returns nil when this call applied it (an attempt of
-// this call whose answer was lost included, which the SDK's retry then
-// found in the item), ErrCovered (wrapped) when the item included its
-// positions before this call (an earlier call of it in doubt included),
-// *OverlapError, ErrOverflow, or the errors of Add (ErrThrottled,
-// ErrAmbiguous, ErrDenied).
+// it whose answer was lost included: see errAppliedHere), ErrCovered
+// (wrapped) when the item included its positions already (an earlier call
+// of it in doubt included), *OverlapError, ErrOverflow, or the errors of
+// Add (ErrThrottled, ErrAmbiguous, ErrDenied).
 func (d *DynamoDB) addSpan(ctx context.Context, w Write, now time.Time) error {
 	if err := w.Span.check(); err != nil {
 		return fmt.Errorf("store: update %s: %w", d.key(w), err)
@@ -238,7 +239,7 @@ func (d *DynamoDB) addSpan(ctx context.Context, w Write, now time.Time) error {
 	d.metrics.writes.Inc()
 	firstTry := !w.Retry && !w.Replay
 	var doubt bool // an attempt of this call may have been applied
-	err := d.sendSpan(ctx, w, d.spanInput(w, now), &doubt)
+	err := d.sendSpan(ctx, w, d.spanInput(w, now), UnixMilli(now), &doubt)
 	ambiguous := errors.Is(err, ErrAmbiguous)
 	if firstTry && (doubt || ambiguous) {
 		d.metrics.ambiguous.Inc() // the doubt begins: counted once per write
@@ -249,21 +250,21 @@ func (d *DynamoDB) addSpan(ctx context.Context, w Write, now time.Time) error {
 	if errors.Is(err, ErrOverflow) {
 		d.metrics.failed("write", err)
 	}
-	if firstTry && doubt && errors.Is(err, ErrCovered) {
-		// The item was past the span only because this call's own
-		// attempt had applied it: this call applied it. Covered, the
-		// caller would take it for another writer's write and count
-		// its mentions written nowhere (CI saw the flushed total stop
-		// short of the store's).
+	if errors.Is(err, errAppliedHere) {
 		return nil
 	}
 	return err
 }
 
-// sendSpan sends the span write, and again (up to spanAttempts) while a
-// refusal turns out to allow it. *doubt is set once an attempt may have
-// been applied.
-func (d *DynamoDB) sendSpan(ctx context.Context, w Write, in *dynamodb.UpdateItemInput, doubt *bool) error {
+// errAppliedHere marks a span write refused as covered by the write of an
+// earlier attempt of the same call, whose answer was lost: the call
+// applied it (addSpan returns nil).
+var errAppliedHere = errors.New("store: applied by an attempt of this call whose answer was lost")
+
+// sendSpan sends the span write, made at the time written (Unix ms), and
+// again (up to spanAttempts) while a refusal turns out to allow it. *doubt
+// is set once an attempt may have been applied.
+func (d *DynamoDB) sendSpan(ctx context.Context, w Write, in *dynamodb.UpdateItemInput, written int64, doubt *bool) error {
 	for attempt := 1; ; attempt++ {
 		if attempt > 1 {
 			d.metrics.writes.Inc() // each send is an UpdateItem call
@@ -284,7 +285,18 @@ func (d *DynamoDB) sendSpan(ctx context.Context, w Write, in *dynamodb.UpdateIte
 		if err != nil {
 			return err
 		}
-		if v := judge(*w.Span, w.Delta, r); v != applies {
+		v := judge(*w.Span, w.Delta, r)
+		if v == covered && *doubt && r.pos.Seq == w.Span.Last && r.updated == written {
+			// The item ends at this span, written at this call's time,
+			// after an attempt whose answer was lost: that attempt applied
+			// it. Covered, the caller would take it for another writer's
+			// write and count its mentions flushed nowhere, nor show them
+			// to trending (CI saw the flushed total stop short of the
+			// table's). This writer's next span of the counter waits
+			// behind this one, so no later write of its own can be there.
+			return fmt.Errorf("%w: %w", errAppliedHere, refusal(d.key(w), *w.Span, w.Delta, r, v))
+		}
+		if v != applies {
 			return refusal(d.key(w), *w.Span, w.Delta, r, v)
 		}
 		// A refused write applied nothing; allowed now, it goes again.
@@ -380,6 +392,9 @@ func recordedIn(item map[string]types.AttributeValue, attr string) (recorded, er
 	if r.count, err = numberAttr(item, AttrCount); err != nil {
 		return r, err
 	}
+	if r.updated, err = numberAttr(item, AttrUpdatedAt); err != nil {
+		return r, err
+	}
 	r.pos, r.has, err = positionAttr(item, attr)
 	return r, err
 }
@@ -409,8 +424,8 @@ func (d *DynamoDB) readPosition(ctx context.Context, key, attr string, consisten
 		TableName:                &d.table,
 		Key:                      map[string]types.AttributeValue{AttrPK: &types.AttributeValueMemberS{Value: key}},
 		ConsistentRead:           aws.Bool(consistent),
-		ProjectionExpression:     aws.String("#p, #count"),
-		ExpressionAttributeNames: map[string]string{"#p": attr, "#count": AttrCount},
+		ProjectionExpression:     aws.String("#p, #count, #updatedAt"),
+		ExpressionAttributeNames: map[string]string{"#p": attr, "#count": AttrCount, "#updatedAt": AttrUpdatedAt},
 	})
 	if err != nil {
 		err = classify(err)
