@@ -27,7 +27,10 @@ func TestDemo(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer stop()
-	cfg := demo.Config{Endpoint: endpoint, Table: "demo", Ceiling: 50, Shards: []int{1, 2}, Writers: 8,
+	// 32 writers: each waits for its write, and two shards' 100 writes a
+	// second need them to take under 320 ms (8 writers reached 68 a
+	// second on a loaded machine, their writes slower than 80 ms).
+	cfg := demo.Config{Endpoint: endpoint, Table: "demo", Ceiling: 50, Shards: []int{1, 2}, Writers: 32,
 		Duration: time.Second, FlushInterval: 100 * time.Millisecond}
 	res, err := demo.Run(context.Background(), cfg, io.Discard)
 	if err != nil {
