@@ -291,8 +291,8 @@ func (d *DynamoDB) sendSpan(ctx context.Context, w Write, in *dynamodb.UpdateIte
 			// after an attempt whose answer was lost: that attempt applied
 			// it. Covered, the caller would take it for another writer's
 			// write and count its mentions flushed nowhere, nor show them
-			// to trending (CI saw the flushed total stop short of the
-			// table's). This writer's next span of the counter waits
+			// to trending (a loaded run saw the flushed total stop short
+			// of the table's). This writer's next span of the counter waits
 			// behind this one, so no later write of its own can be there.
 			return fmt.Errorf("%w: %w", errAppliedHere, refusal(d.key(w), *w.Span, w.Delta, r, v))
 		}
