@@ -71,7 +71,10 @@ func readYourWrites(t *testing.T, mode string) {
 
 	var wg sync.WaitGroup
 	published := make(chan loadgen.Report, 1)
+	var publishing atomic.Bool // the publisher still runs
+	publishing.Store(true)
 	wg.Go(func() {
+		defer publishing.Store(false)
 		// JetStream publishes report what the stream stored.
 		published <- publish(t, e.nats, loadgen.Config{Prefix: "mentions.", Topics: 1, Rate: 2000, Duration: 4 * time.Second, Count: 1, Seed: 70, JetStream: mode == config.ModeJetStream})
 	})
@@ -114,6 +117,9 @@ func readYourWrites(t *testing.T, mode string) {
 
 	var last int64
 	reads, blips := 0, 0
+	// Reads served while mentions were being published, and reads tried
+	// while the store was away (served or failed): the run must have both.
+	whilePublishing, overBlip := 0, 0
 	// Reads for 5 s, over the publishing and the blip, and on until 100
 	// reads are in (a loaded machine served 31 in the 5 s): each later one
 	// checks the same, against a count the flushes still raise.
@@ -127,13 +133,19 @@ func readYourWrites(t *testing.T, mode string) {
 	for time.Now().Before(deadline) || reads < 100 && time.Now().Before(enough) {
 		accepted := int64(testenv.Metric(t, e.sc.Registry(), "hotcount_ingest_mentions_total"))
 		doubtBefore := unsettled()
-		start := time.Now()
+		start, wasPublishing := time.Now(), publishing.Load()
 		got, err := read()
+		if inBlip(start, time.Now()) {
+			overBlip++
+		}
 		if err != nil {
 			blips++ // a miss while the store is away may fail; a cached total does not
 			continue
 		}
 		reads++
+		if wasPublishing {
+			whilePublishing++
+		}
 		if got < accepted && !inBlip(start, time.Now()) && !doubtBefore && !unsettled() {
 			t.Errorf("read %d: %d, but %d mentions were accepted before it: %s", reads, got, accepted, lastBody)
 			break // not Fatal: the publisher and the blip still run, and wg.Wait below waits for them
@@ -146,8 +158,8 @@ func readYourWrites(t *testing.T, mode string) {
 	}
 	wg.Wait()
 	rep := <-published
-	if reads < 100 {
-		t.Errorf("only %d reads", reads)
+	if reads < 100 || whilePublishing < 10 || overBlip == 0 {
+		t.Errorf("%d reads, %d while publishing (want 100 and 10), %d during the store's blip (want one)", reads, whilePublishing, overBlip)
 	}
 	// Once everything is written the answer is exactly what was
 	// published: no read along the way held an over-count.

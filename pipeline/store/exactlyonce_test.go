@@ -163,6 +163,28 @@ func TestSDKRetryOfLostSpanAnswer(t *testing.T) {
 	}
 }
 
+// TestSDKRetryFindsAnotherWritersSpan: the first attempt answers 500
+// (in doubt; it applied nothing) and the SDK's retry finds the span in the
+// item, written a minute before by another writer: covered, not this
+// call's, though the item ends at the span's last position.
+func TestSDKRetryFindsAnotherWritersSpan(t *testing.T) {
+	f := newFaultStore(t, ddbfault.Config{})
+	w := spanWrite("golang", 5, "MENTIONS-0", epoch1, 1, 3)
+	if err := f.st.Add(context.Background(), w, time.Now().Add(-time.Minute)); err != nil {
+		t.Fatalf("the other writer's write: %v", err)
+	}
+	f.proxy.FailNext(1, 500)
+	if err := f.st.Add(context.Background(), w, time.Now()); !errors.Is(err, store.ErrCovered) {
+		t.Fatalf("Add after a 500, the span another writer's = %v, want ErrCovered", err)
+	}
+	if st := f.proxy.Stats(); st.Did[ddbfault.Failed] != 1 {
+		t.Fatalf("the emulator failed %d requests, want the first attempt", st.Did[ddbfault.Failed])
+	}
+	if got := f.count(t, w.Key()); got != 5 {
+		t.Errorf("item count %d, want 5", got)
+	}
+}
+
 // TestRetryOfUnappliedWrite: a 500 that applied nothing is in doubt too;
 // the retry applies the delta, once, and says it had not been applied.
 func TestRetryOfUnappliedWrite(t *testing.T) {
