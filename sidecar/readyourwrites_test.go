@@ -178,5 +178,5 @@ func readYourWrites(t *testing.T, mode string) {
 		t.Fatalf("shutdown: %v", err)
 	}
 	exact(t, e, rep)
-	t.Logf("%d reads (%d failed during the blip), last %d of %d published", reads, blips, last, rep.Mentions)
+	t.Logf("%d reads (%d while publishing, %d failed during the blip), last %d of %d published", reads, whilePublishing, blips, last, rep.Mentions)
 }

@@ -265,7 +265,7 @@ func (e *Engine) send(ctx context.Context, j job, answers chan<- ownwrites.Answe
 		case j.retry:
 			e.view.Resent(j.k.c.Topic)
 		default:
-			e.view.Sent(j.k.c.Topic, sent)
+			sent = e.view.Sent(j.k.c.Topic)
 		}
 		err := e.add(ctx, j)
 		var overlap *store.OverlapError

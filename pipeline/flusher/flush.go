@@ -209,7 +209,7 @@ func (f *Flusher) send(ctx context.Context, w aggregator.Window, shards shardTab
 		}
 		x, n, sentAt := shards.newWrite(c, delta, f.cfg.Writer), shards.of(c), f.now()
 		if c.Kind == store.Total {
-			f.view.Sent(c.Topic, sentAt)
+			sentAt = f.view.Sent(c.Topic)
 		}
 		b.run(func() answer {
 			a := f.writer.send(ctx, x, n)

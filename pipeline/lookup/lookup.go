@@ -480,12 +480,13 @@ func (s *Service) Lookup(ctx context.Context, topic string, c Consistency) (Tota
 	}
 }
 
-// raceTries bounds the gathers of a read whose total a write of this
-// sidecar raced (it landed during the gather: the total may or may not
-// hold it). Each gather after the first is strong and waits for writes on
-// their way, so a second race needs a write sent within its few
-// milliseconds; past the last the total is served as gathered, as a read
-// of the store at that moment.
+// raceTries bounds the reads of one gather of a topic whose writes by
+// this sidecar race it (sent before a read ended and landed after it
+// began: the read may or may not hold the write), and the lookups of a
+// read whose cached total a write raced. Each read after the first is
+// strong and waits for the write on its way, so another race needs a
+// write sent during its few milliseconds; past the last the total is
+// served as gathered, as a read of the store at that moment.
 const raceTries = 3
 
 // raised returns e with this sidecar's writes that landed since its
@@ -702,16 +703,50 @@ func (s *Service) load(ctx context.Context, topics []string, olds []entry) (map[
 	defer cancel()
 	stop := context.AfterFunc(s.bgCtx, cancel)
 	defer stop()
-	out, absent, raced, err := s.loadOnce(ctx, topics, olds, s.marks(topics), false)
-	if err == nil && raced {
-		out = s.again(ctx, topics, olds, out, absent)
+	m, err := s.gather(ctx, topics, false)
+	if err != nil {
+		return nil, err
 	}
-	if err == nil && s.share != nil {
+	out := make(map[string]entry, len(topics))
+	var behind []string
+	for i, topic := range topics {
+		e := m[topic].entry()
+		if olds != nil {
+			old := olds[i]
+			if e.count < old.count || e.shards < old.shards {
+				behind = append(behind, topic)
+				// Until a strong read says more, the old total stands.
+				e.count, e.shards, e.saturated = old.count, old.shards, old.saturated
+			}
+		}
+		out[topic] = e
+	}
+	if len(behind) > 0 {
+		s.metrics.regressions.Add(float64(len(behind)))
+		if strong, err := s.gather(ctx, behind, true); err == nil {
+			// The strong read is the store's word. Lower than the cached
+			// total, it means that total was too high (a wrong shared
+			// total): it is replaced, and the floors hold what was served
+			// for --cache-stale at most.
+			for topic, r := range strong {
+				out[topic] = r.entry()
+			}
+		}
+	}
+	if olds == nil {
+		for topic, e := range out {
+			if e.count == 0 {
+				s.absent.Set(topic, e)
+				delete(out, topic)
+			}
+		}
+	}
+	if s.share != nil {
 		for topic, e := range out {
 			s.share.Share(topic, e.count, e.shards)
 		}
 	}
-	return out, err
+	return out, nil
 }
 
 // marks returns topics' marks in the view, taken before gathering them.
@@ -723,133 +758,82 @@ func (s *Service) marks(topics []string) []ownwrites.Mark {
 	return marks
 }
 
-// again reads topics again, strongly, after a write of this sidecar landed
-// while load ran, sent before it ended: the gather may or may not have
-// seen it.
-func (s *Service) again(ctx context.Context, topics []string, olds []entry, out map[string]entry, absent []string) map[string]entry {
-	for _, topic := range absent {
-		s.absent.Invalidate(topic)
-	}
-	if again, _, _, err := s.loadOnce(ctx, topics, olds, s.marks(topics), true); err == nil {
-		return again
-	}
-	return out
+// read is a gather's shards of one topic: its mark in the view, taken
+// before the read, and when the read began and ended.
+type read struct {
+	shards      []store.Shard
+	mark        ownwrites.Mark
+	started, at time.Time
 }
 
-// settle handles the topics of a gather that this sidecar was writing as
-// it ran: it waits for those writes to land (they are bounded by
-// --write-timeout) and gathers the topics again, strongly, returning the
-// new shards and when that read began.
-func (s *Service) settle(ctx context.Context, topics []string) (map[string][]store.Shard, time.Time, bool) {
-	var racing []string
-	for _, t := range topics {
-		if s.view.OnItsWay(t) {
-			racing = append(racing, t)
-		}
-	}
-	if len(racing) == 0 {
-		return nil, time.Time{}, false
-	}
-	for _, t := range racing {
-		if !s.view.UntilLanded(ctx, t) {
-			return nil, time.Time{}, false
-		}
-	}
-	begun := s.now()
-	m, err := s.store.GatherMany(ctx, racing, s.cfg.Shards, true)
-	if err != nil {
-		return nil, time.Time{}, false
-	}
-	return m, begun, true
+func (r read) entry() entry {
+	e := newEntry(r.shards, r.at)
+	e.started, e.mark = r.started, r.mark
+	return e
 }
 
-// loadOnce is one gather of load, of topics marked with marks; it
-// returns the topics it found absent, and whether a write of this
-// sidecar raced the gather (Landed).
-func (s *Service) loadOnce(ctx context.Context, topics []string, olds []entry, marks []ownwrites.Mark, consistent bool) (out map[string]entry, absent []string, raced bool, err error) {
-	begun := s.now()
-	m, err := s.store.GatherMany(ctx, topics, s.cfg.Shards, consistent)
-	if err != nil {
-		return nil, nil, false, err
-	}
-	var settled map[string][]store.Shard // read again, strongly, from settledAt
-	var settledAt time.Time
-	if !consistent {
-		var ok bool
-		if settled, settledAt, ok = s.settle(ctx, topics); ok {
-			for topic, shards := range settled {
-				m[topic] = shards
+// gather reads topics, and again, strongly, those a write of this
+// sidecar raced, up to raceTries reads in all. A read raced a write
+// sent before it ended that landed after it began (Landed): it may or
+// may not hold it. A write still on its way as the read ends is waited
+// for first, bounded by --write-timeout. Each read's end is taken before
+// asking what is on its way, and a write is shown on its way with the
+// time it was sent (ownwrites.View.Sent): a write the question misses
+// was sent after the read ended, and is pending for it. Past the last
+// read, or if ctx ends while waiting, a topic keeps the read it has: its
+// readers gather again (Lookup, WithPending).
+func (s *Service) gather(ctx context.Context, topics []string, consistent bool) (map[string]read, error) {
+	out := make(map[string]read, len(topics))
+	for try := 0; len(topics) > 0; try++ {
+		marks := s.marks(topics)
+		started := s.now()
+		m, err := s.store.GatherMany(ctx, topics, s.cfg.Shards, consistent)
+		if err != nil {
+			if try == 0 {
+				return nil, err
+			}
+			return out, nil // the first read stands
+		}
+		at := s.now()
+		for i, t := range topics {
+			out[t] = read{shards: m[t], mark: marks[i], started: started, at: at}
+		}
+		if try == raceTries-1 {
+			break
+		}
+		var racing []string
+		for _, t := range topics {
+			if s.view.OnItsWay(t) {
+				if !s.view.UntilLanded(ctx, t) {
+					return out, nil
+				}
+				racing = append(racing, t)
+				continue
+			}
+			r := out[t]
+			if _, _, ok := s.view.Landed(ownwrites.Gather{Mark: r.mark, Started: r.started, At: r.at}); !ok {
+				racing = append(racing, t)
 			}
 		}
+		topics, consistent = racing, true
 	}
-	now := s.now()
-	out = make(map[string]entry, len(topics))
-	var behind []string
-	for i, topic := range topics {
-		e := newEntry(m[topic], now)
-		e.started, e.mark = begun, marks[i]
-		if _, again := settled[topic]; again {
-			e.started = settledAt // only the topics read again began later
-		}
-		if olds != nil {
-			old := olds[i]
-			if e.count < old.count || e.shards < old.shards {
-				behind = append(behind, topic)
-				// Until a strong read says more, the old total stands.
-				e.count, e.shards, e.saturated = old.count, old.shards, old.saturated
-			}
-		}
-		out[topic] = e
-	}
-	if len(behind) > 0 && !consistent {
-		s.metrics.regressions.Add(float64(len(behind)))
-		again := s.now()
-		if strong, err := s.store.GatherMany(ctx, behind, s.cfg.Shards, true); err == nil {
-			// The strong read is the store's word. Lower than the cached
-			// total, it means that total was too high (a wrong shared
-			// total): it is replaced, and the floors hold what was served
-			// for --cache-stale at most.
-			for topic, shards := range strong {
-				e := newEntry(shards, s.now())
-				e.started, e.mark = again, out[topic].mark
-				out[topic] = e
-			}
-		}
-	}
-	for _, e := range out {
-		if _, _, ok := s.view.Landed(e.gather()); !ok {
-			raced = true
-		}
-	}
-	if olds == nil {
-		for topic, e := range out {
-			if e.count == 0 {
-				s.absent.Set(topic, e)
-				absent = append(absent, topic)
-				delete(out, topic)
-			}
-		}
-	}
-	return out, absent, raced, nil
+	return out, nil
 }
 
-// gatherNow reads topics from the store in one GatherMany, bypassing the
-// cache (eventual or strong, paid for by one caller).
+// gatherNow reads topics from the store, bypassing the cache (eventual or
+// strong, paid for by one caller): one GatherMany, and another for the
+// topics a write of this sidecar raced (gather).
 func (s *Service) gatherNow(ctx context.Context, topics []string, consistent bool) (map[string]Total, error) {
 	ctx, cancel := context.WithTimeout(ctx, gatherTimeout)
 	defer cancel()
-	marks := s.marks(topics)
-	begun := s.now()
-	m, err := s.store.GatherMany(ctx, topics, s.cfg.Shards, consistent)
+	m, err := s.gather(ctx, topics, consistent)
 	if err != nil {
 		return nil, fmt.Errorf("lookup: %w", err)
 	}
 	now := s.now()
 	out := make(map[string]Total, len(m))
-	for i, topic := range topics {
-		e := newEntry(m[topic], now)
-		e.started, e.mark = begun, marks[i]
-		t := e.total(topic, "store", now)
+	for _, topic := range topics {
+		t := m[topic].entry().total(topic, "store", now)
 		if !consistent {
 			// An eventual read may lag what was served: hold it. A strong
 			// read is the store's word and is served as it is.

@@ -138,11 +138,19 @@ func (v *View) Change(fn func()) {
 	fn()
 }
 
-// Sent marks a new write of topic's total as on its way since at.
-func (v *View) Sent(topic string, at time.Time) {
+// Sent marks a new write of topic's total as on its way from now, and
+// returns that time: the writer sends it next, and its answer carries
+// it (Answer.Sent). The time is read under the lock that shows the write
+// to readers, so that a reader that did not see it on its way gathered
+// before it was sent: a time read before the lock could be older than a
+// gather that ended while the writer waited for it, and the reader would
+// take that gather to hold a write it cannot.
+func (v *View) Sent(topic string) time.Time {
 	v.mu.Lock()
 	defer v.mu.Unlock()
+	at := v.now()
 	v.sent[topic] = sending{at: at, onItsWay: true}
+	return at
 }
 
 // Resent marks topic's write in doubt as on its way again.
@@ -329,7 +337,11 @@ func (v *View) landedSince(g Gather) (add int64, now Mark, ok bool) {
 // flush holds and has not sent, or in a write (in doubt included) first
 // sent after the gather ended and not landed. A write sent before it
 // ended is left out: it may be in the store already, and counting it
-// could count it twice.
+// could count it twice. ok is false, as for Landed, also when such a
+// write is still on its way: g may or may not hold it, and the total
+// must be gathered again, which waits for it to land (a gather settles
+// the writes it raced, but only up to a few reads). Another sidecar's
+// total stands, as for Landed.
 func (v *View) Read(topic string, g Gather) (landed, pending int64, ok bool) {
 	v.mu.RLock()
 	defer v.mu.RUnlock()
@@ -344,8 +356,11 @@ func (v *View) Read(topic string, g Gather) (landed, pending int64, ok bool) {
 	// A new write answered is landed or in doubt (below); one still on
 	// its way is left out of a total gathered after it was sent, which
 	// may hold it already.
-	if s, ok := v.sent[topic]; ok && (!s.onItsWay || !g.At.Before(s.at)) {
+	if s, sent := v.sent[topic]; sent && (!s.onItsWay || !g.At.Before(s.at)) {
 		q = 0
+		if s.onItsWay && !g.Peer {
+			ok = false
+		}
 	}
 	if d, ok := v.doubt[topic]; ok && g.At.Before(d.at) {
 		q += d.delta // first sent after the gather ended: it cannot be in it

@@ -44,9 +44,13 @@ func TestViewFollowsAWrite(t *testing.T) {
 	if n := pendingAt(v, "golang", before); n != 7 {
 		t.Errorf("held by the flush: %d, want 7", n)
 	}
-	v.Sent("golang", sent)
+	c.t = sent
+	v.Sent("golang")
 	if !v.OnItsWay("golang") || pendingAt(v, "golang", before) != 7 || pendingAt(v, "golang", after) != 2 {
 		t.Errorf("on its way: %v, %d before, %d after; want true, 7, 2", v.OnItsWay("golang"), pendingAt(v, "golang", before), pendingAt(v, "golang", after))
+	}
+	if _, _, ok := v.Read("golang", Gather{Mark: mark, Started: before, At: after}); ok {
+		t.Error("on its way, for a total gathered after it was sent: ok, want gathered again (it may or may not hold it)")
 	}
 	v.Answered([]Answer{{Topic: "golang", Delta: 5, Sent: sent, Outcome: InDoubt}})
 	if v.OnItsWay("golang") || pendingAt(v, "golang", before) != 7 || pendingAt(v, "golang", after) != 2 {
@@ -87,8 +91,8 @@ func TestViewRefusedWrite(t *testing.T) {
 	v := newTestView(c, nil)
 	mark := v.Mark("x")
 	v.Move(heldOf(map[string]int64{"x": 3, "y": 4}))
-	v.Sent("x", noon)
-	v.Sent("y", noon)
+	v.Sent("x")
+	v.Sent("y")
 	v.Answered([]Answer{{Topic: "x", Delta: 3, Sent: noon, Outcome: Refused}, {Topic: "y", Delta: 4, Sent: noon, Outcome: Covered}})
 	if v.OnItsWay("x") || pendingAt(v, "x", noon.Add(time.Hour)) != 3 {
 		t.Errorf("refused: %v, pending %d; want false, 3", v.OnItsWay("x"), pendingAt(v, "x", noon.Add(time.Hour)))
@@ -109,7 +113,8 @@ func TestViewCoveredRetry(t *testing.T) {
 	v := newTestView(c, nil)
 	g := Gather{Mark: v.Mark("z"), Started: noon, At: noon}
 	v.Move(heldOf(map[string]int64{"z": 6}))
-	v.Sent("z", noon.Add(time.Second))
+	c.t = noon.Add(time.Second)
+	v.Sent("z")
 	v.Answered([]Answer{{Topic: "z", Delta: 6, Sent: noon.Add(time.Second), Outcome: InDoubt}})
 	v.Move(func() func(string) int64 { return nil })
 	v.Resent("z")
@@ -161,7 +166,7 @@ func TestViewForgetsSafely(t *testing.T) {
 // next look.
 func TestUntilLandedWakesAtOnce(t *testing.T) {
 	v := newTestView(&clock{noon}, nil)
-	v.Sent("golang", noon)
+	v.Sent("golang")
 	done := make(chan bool)
 	go func() { done <- v.untilLanded(context.Background(), "golang", time.Hour) }()
 	v.Answered([]Answer{{Topic: "golang", Delta: 1, Sent: noon, Outcome: Applied}})
@@ -169,7 +174,7 @@ func TestUntilLandedWakesAtOnce(t *testing.T) {
 		t.Error("UntilLanded returned false for a write that landed")
 	}
 
-	v.Sent("x", noon)
+	v.Sent("x")
 	go func() { done <- v.untilLanded(context.Background(), "x", time.Millisecond) }()
 	v.Answered([]Answer{{Topic: "x", Delta: 1, Sent: noon, Outcome: Refused}})
 	if !<-done {
@@ -177,7 +182,7 @@ func TestUntilLandedWakesAtOnce(t *testing.T) {
 	}
 
 	ctx, cancel := context.WithCancel(context.Background())
-	v.Sent("y", noon)
+	v.Sent("y")
 	go func() { done <- v.untilLanded(ctx, "y", time.Hour) }()
 	cancel()
 	if <-done {
@@ -194,7 +199,7 @@ func TestAnsweredFromBatches(t *testing.T) {
 	go func() { v.AnsweredFrom(ch); close(done) }()
 	for i := range 100 {
 		topic := string(rune('a' + i%26))
-		v.Sent(topic, noon)
+		v.Sent(topic)
 		ch <- Answer{Topic: topic, Delta: 1, Sent: noon, Outcome: InDoubt}
 	}
 	close(ch)
