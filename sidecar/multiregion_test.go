@@ -92,6 +92,12 @@ func publishEverywhere(t *testing.T, regions []*region, messages int64, seed uin
 		nc := testenv.Connect(t, r.nats)
 		wg.Go(func() {
 			rep, err := loadgen.Run(context.Background(), nc, loadgen.Config{Prefix: "mentions.", Topics: 20, Zipf: 1.2, Messages: messages, Rate: 4_000, Count: 1 + int64(i), Seed: seed + uint64(i), JetStream: true})
+			if err == nil && rep.Unacknowledged > 0 {
+				// Given up, each may or may not be stored: the counts
+				// the test wants are not known (a run beside a package
+				// install gave up 1,771 that were stored).
+				err = fmt.Errorf("%d publishes not acknowledged in time: the exact counts are unknown", rep.Unacknowledged)
+			}
 			per[i], errs[i] = rep.PerTopic, err
 		})
 	}

@@ -400,8 +400,9 @@ func (h *handler) answer(w http.ResponseWriter, r *http.Request, v any, err erro
 // addPending adds this sidecar's mentions not yet in t to t
 // (lookup.Service.WithPending). The sum is held at the highest one served
 // for the topic: counts only grow, and a sum can still fall for a moment
-// when a gather that ended after a write was sent did not see it; each sum
-// served is a count the topic reached.
+// where a write of this sidecar may or may not be in a total (in doubt,
+// or racing every read of a gather, see docs/API.md); each sum served is
+// a count the topic reached.
 func (h *handler) addPending(ctx context.Context, t *lookup.Total) { h.svc.WithPending(ctx, t) }
 
 // cacheControl lets an HTTP cache keep a fresh cached total for what is

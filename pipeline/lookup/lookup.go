@@ -125,7 +125,7 @@ type Total struct {
 	// writes, before the floor; gather is what gathered it.
 	base   int64
 	gather ownwrites.Gather
-	cached bool // read at consistency=cached: WithPending may look it up again
+	read   Consistency // what it was read at: WithPending reads it again so
 }
 
 // entry is a cached total.
@@ -486,7 +486,8 @@ func (s *Service) Lookup(ctx context.Context, topic string, c Consistency) (Tota
 // read whose cached total a write raced. Each read after the first is
 // strong and waits for the write on its way, so another race needs a
 // write sent during its few milliseconds; past the last the total is
-// served as gathered, as a read of the store at that moment.
+// served as gathered, with the landings it certainly does not hold
+// (WithPending).
 const raceTries = 3
 
 // raised returns e with this sidecar's writes that landed since its
@@ -558,7 +559,6 @@ func (s *Service) notFound(topic string, last bool) (Total, bool) {
 // was read at consistency=cached.
 func (s *Service) floored(t Total) Total {
 	t.Count = s.view.Floor(t.Topic, t.Count, false)
-	t.cached = true
 	return t
 }
 
@@ -776,7 +776,8 @@ func (r read) entry() entry {
 // sidecar raced, up to raceTries reads in all. A read raced a write
 // sent before it ended that landed after it began (Landed): it may or
 // may not hold it. A write still on its way as the read ends is waited
-// for first, bounded by --write-timeout. Each read's end is taken before
+// for first, for as long as the writer's --write-timeout lets it be on
+// its way, and ctx (a gather's 5 s) allows. Each read's end is taken before
 // asking what is on its way, and a write is shown on its way with the
 // time it was sent (ownwrites.View.Sent): a write the question misses
 // was sent after the read ended, and is pending for it. Past the last
@@ -821,8 +822,8 @@ func (s *Service) gather(ctx context.Context, topics []string, consistent bool) 
 }
 
 // gatherNow reads topics from the store, bypassing the cache (eventual or
-// strong, paid for by one caller): one GatherMany, and another for the
-// topics a write of this sidecar raced (gather).
+// strong, paid for by one caller): one GatherMany, and up to two more of
+// the topics a write of this sidecar raced (gather).
 func (s *Service) gatherNow(ctx context.Context, topics []string, consistent bool) (map[string]Total, error) {
 	ctx, cancel := context.WithTimeout(ctx, gatherTimeout)
 	defer cancel()
@@ -834,11 +835,12 @@ func (s *Service) gatherNow(ctx context.Context, topics []string, consistent boo
 	out := make(map[string]Total, len(m))
 	for _, topic := range topics {
 		t := m[topic].entry().total(topic, "store", now)
+		t.read = Strong
 		if !consistent {
 			// An eventual read may lag what was served: hold it. A strong
 			// read is the store's word and is served as it is.
 			t = s.floored(t)
-			t.cached = false // eventual: looked up again at eventual, not from the cache
+			t.read = Eventual
 		}
 		out[topic] = t
 	}
@@ -860,16 +862,22 @@ func unique(topics []string) []string {
 // WithPending adds to t this sidecar's mentions of its topic that t's
 // gather cannot hold, and its writes landed since, read in one step from
 // the view (what it counts in the writer, it counts once), and holds the
-// sum at the highest such total served. A total a landing raced (it may
-// or may not hold it) is looked up again, as Lookup would, up to
-// raceTries times; ctx bounds those lookups.
+// sum at the highest such total served. A total a write of this sidecar
+// raced (it may or may not hold it) is read again at its consistency, as
+// its lookup would, up to raceTries times; ctx bounds those lookups. Past
+// them it counts what the view knows is not in it.
 func (s *Service) WithPending(ctx context.Context, t *Total) {
 	landed, pending, ok := s.view.Read(t.Topic, t.gather)
-	for try := 1; !ok && t.cached && try < raceTries; try++ {
-		replaceIn(s.cache, t.Topic, t.gather.Mark, t.gather.At, nil)
-		replaceIn(s.absent, t.Topic, t.gather.Mark, t.gather.At, nil) // a topic known absent
-
-		again, err := s.Lookup(ctx, t.Topic, Cached)
+	for try := 1; !ok && try < raceTries; try++ {
+		var again Total
+		var err error
+		if t.read == Cached {
+			replaceIn(s.cache, t.Topic, t.gather.Mark, t.gather.At, nil)
+			replaceIn(s.absent, t.Topic, t.gather.Mark, t.gather.At, nil) // a topic known absent
+			again, err = s.Lookup(ctx, t.Topic, Cached)
+		} else {
+			again, err = s.Lookup(ctx, t.Topic, t.read)
+		}
 		if err != nil {
 			break
 		}

@@ -293,7 +293,8 @@ func (v *View) Mark(topic string) Mark {
 // Landed returns what this sidecar's writes that landed since g's mark
 // add to g's total, and the mark that counts them. ok is false when g
 // may or may not hold one of them (its gather overlapped the write), or
-// its landings are no longer kept: the total must be gathered again.
+// its landings are no longer kept: the total must be gathered again, and
+// add is only what g certainly does not hold.
 // Another sidecar's total is taken to hold every write that landed
 // before it came. Without a landing since g's mark it takes no lock.
 func (v *View) Landed(g Gather) (add int64, now Mark, ok bool) {
@@ -314,6 +315,7 @@ func (v *View) landedSince(g Gather) (add int64, now Mark, ok bool) {
 	if t.gone.Load() || g.Mark.seen < t.first {
 		return 0, g.Mark, false
 	}
+	ok = true
 	for _, l := range t.landings[g.Mark.seen-t.first:] {
 		switch {
 		case l.landed.Before(g.Started):
@@ -325,8 +327,11 @@ func (v *View) landedSince(g Gather) (add int64, now Mark, ok bool) {
 			// again would undo the sharing, so the total stands (the
 			// floor with pending holds the answer) until the next one.
 		default:
-			return 0, g.Mark, false
+			ok = false // it may or may not: add is only what it cannot hold
 		}
+	}
+	if !ok {
+		return add, g.Mark, false
 	}
 	return add, Mark{t: t, seen: t.first + uint64(len(t.landings))}, true
 }
