@@ -401,7 +401,8 @@ func (h *handler) answer(w http.ResponseWriter, r *http.Request, v any, err erro
 // (lookup.Service.WithPending). The sum is held at the highest one served
 // for the topic: counts only grow, and a sum can still fall for a moment
 // where a write of this sidecar may or may not be in a total (in doubt,
-// or racing every read of a gather, see docs/API.md); each sum served is
+// or racing every read of the gathers it allows, see docs/API.md); each
+// sum served is
 // a count the topic reached.
 func (h *handler) addPending(ctx context.Context, t *lookup.Total) { h.svc.WithPending(ctx, t) }
 

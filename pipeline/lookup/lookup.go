@@ -125,7 +125,9 @@ type Total struct {
 	// writes, before the floor; gather is what gathered it.
 	base   int64
 	gather ownwrites.Gather
-	read   Consistency // what it was read at: WithPending reads it again so
+	// consistency is what it was read at (Cached, the zero value, on
+	// every cached path): WithPending reads a raced total again at it.
+	consistency Consistency
 }
 
 // entry is a cached total.
@@ -555,8 +557,8 @@ func (s *Service) notFound(topic string, last bool) (Total, bool) {
 	return s.floored(entry{shards: s.cfg.Shards, at: now, started: now, mark: s.view.Mark(topic)}.total(topic, "store", now)), true
 }
 
-// floored holds t's count at the highest total served of its topic; t
-// was read at consistency=cached.
+// floored holds t's count at the highest total served of its topic
+// without pending mentions: a cached or eventual read may lag it.
 func (s *Service) floored(t Total) Total {
 	t.Count = s.view.Floor(t.Topic, t.Count, false)
 	return t
@@ -835,12 +837,12 @@ func (s *Service) gatherNow(ctx context.Context, topics []string, consistent boo
 	out := make(map[string]Total, len(m))
 	for _, topic := range topics {
 		t := m[topic].entry().total(topic, "store", now)
-		t.read = Strong
-		if !consistent {
-			// An eventual read may lag what was served: hold it. A strong
-			// read is the store's word and is served as it is.
+		if consistent {
+			t.consistency = Strong // the store's word: served as it is
+		} else {
+			// An eventual read may lag what was served: hold it.
 			t = s.floored(t)
-			t.read = Eventual
+			t.consistency = Eventual
 		}
 		out[topic] = t
 	}
@@ -864,20 +866,16 @@ func unique(topics []string) []string {
 // the view (what it counts in the writer, it counts once), and holds the
 // sum at the highest such total served. A total a write of this sidecar
 // raced (it may or may not hold it) is read again at its consistency, as
-// its lookup would, up to raceTries times; ctx bounds those lookups. Past
+// its lookup would, up to raceTries lookups in all; ctx bounds them. Past
 // them it counts what the view knows is not in it.
 func (s *Service) WithPending(ctx context.Context, t *Total) {
 	landed, pending, ok := s.view.Read(t.Topic, t.gather)
 	for try := 1; !ok && try < raceTries; try++ {
-		var again Total
-		var err error
-		if t.read == Cached {
+		if t.consistency == Cached {
 			replaceIn(s.cache, t.Topic, t.gather.Mark, t.gather.At, nil)
 			replaceIn(s.absent, t.Topic, t.gather.Mark, t.gather.At, nil) // a topic known absent
-			again, err = s.Lookup(ctx, t.Topic, Cached)
-		} else {
-			again, err = s.Lookup(ctx, t.Topic, t.read)
 		}
+		again, err := s.Lookup(ctx, t.Topic, t.consistency)
 		if err != nil {
 			break
 		}

@@ -225,3 +225,23 @@ func TestFloor(t *testing.T) {
 		t.Errorf("with pending, apart: %d, want 4", got)
 	}
 }
+
+// TestLandedKeepsWhatARaceCannotHold: a total a landing raced must be
+// gathered again (not ok), and what it is told to add meanwhile is the
+// landings it certainly does not hold: those sent after it ended.
+func TestLandedKeepsWhatARaceCannotHold(t *testing.T) {
+	c := &clock{noon}
+	v := newTestView(c, nil)
+	g := Gather{Mark: v.Mark("golang"), Started: noon, At: noon.Add(time.Second)}
+	c.t = noon.Add(2 * time.Second) // both land after the gather began
+	v.Answered([]Answer{
+		{Topic: "golang", Delta: 3, Sent: noon, Outcome: Applied},                      // sent before it ended: may be in it
+		{Topic: "golang", Delta: 4, Sent: noon.Add(2 * time.Second), Outcome: Applied}, // sent after: cannot be
+	})
+	if add, _, ok := v.Landed(g); ok || add != 4 {
+		t.Errorf("Landed: %d (ok %v), want 4 and not ok", add, ok)
+	}
+	if landed, _, ok := v.Read("golang", g); ok || landed != 4 {
+		t.Errorf("Read: landed %d (ok %v), want 4 and not ok", landed, ok)
+	}
+}
