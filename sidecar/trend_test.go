@@ -64,6 +64,43 @@ func flushedAll(t testing.TB, fleet []*env, n int64) {
 	})
 }
 
+// mergedAll waits until each of merging has merged every summary the
+// fleet published (before: by sidecars no longer in fleet). A trending
+// list is cached until the clock moves, and a stepped clock that has
+// stopped never does: a list read before the merges would rank from part
+// of the fleet's summaries for good. A flush publishes its summary after
+// its mentions count as flushed, so the fleet's count is read once each
+// sidecar has flushed twice more: the flush that wrote the last mention
+// has ended.
+func mergedAll(t testing.TB, merging, fleet []*env, before float64) {
+	t.Helper()
+	metric := func(e *env, name string) float64 { return testenv.Metric(t, e.sc.Registry(), name) }
+	var since []float64
+	for _, e := range fleet {
+		since = append(since, metric(e, "hotcount_flusher_flushes_total"))
+	}
+	testenv.Eventually(t, 10*time.Second, func() error {
+		for i, e := range fleet {
+			if n := metric(e, "hotcount_flusher_flushes_total") - since[i]; n < 2 {
+				return fmt.Errorf("sidecar %d flushed %v times since, want 2", i, n)
+			}
+		}
+		return nil
+	})
+	published := before
+	for _, e := range fleet {
+		published += metric(e, "hotcount_trend_summaries_published_total")
+	}
+	testenv.Eventually(t, 10*time.Second, func() error {
+		for i, e := range merging {
+			if n := metric(e, "hotcount_trend_summaries_total"); n != published {
+				return fmt.Errorf("sidecar %d merged %v summaries, the fleet published %v", i, n, published)
+			}
+		}
+		return nil
+	})
+}
+
 // TestTrendingAcrossTheFleet plays a known script into three sidecars on
 // one NATS server and one table, 16 minutes of it on a stepped clock: a
 // steady Zipf background over 200 topics, 1,000 mentions a minute, and
@@ -100,6 +137,7 @@ func TestTrendingAcrossTheFleet(t *testing.T) {
 	// 200 topics: each minute writes about 150 of them, three counters each.
 	z := rand.NewZipf(rand.New(rand.NewPCG(1, 2)), 1.1, 1, 199)
 	var published, flushedBefore int64 // flushedBefore: by the sidecar restarted
+	var summariesBefore float64        // published by the sidecar restarted
 	const minutes = 16                 // the window (2) and its baseline (8), and the restart's 8 before the end
 	for m := range minutes {
 		if m > 0 {
@@ -137,6 +175,7 @@ func TestTrendingAcrossTheFleet(t *testing.T) {
 				t.Fatal(err)
 			}
 			flushedBefore += int64(testenv.Metric(t, fleet[2].sc.Registry(), "hotcount_flusher_flushed_mentions_total"))
+			summariesBefore += testenv.Metric(t, fleet[2].sc.Registry(), "hotcount_trend_summaries_published_total")
 			fleet[2] = newEnvOn(t, a, func(c *config.Config) { c.DataDir = t.TempDir() })
 		}
 	}
@@ -148,25 +187,23 @@ func TestTrendingAcrossTheFleet(t *testing.T) {
 		return n
 	}
 
+	mergedAll(t, fleet[:2], fleet, summariesBefore)
+
 	// The list, the same on every sidecar that merged every summary; the
 	// one restarted eight minutes ago has the surge first too (its
 	// baseline comes from the buckets, not from its own memory).
 	var lists [][]trend.Entry
-	testenv.Eventually(t, 10*time.Second, func() error {
-		lists = lists[:0]
-		for _, e := range fleet {
-			var tr trend.Trending
-			getJSON(t, e, "/v1/trending?window=2m&limit=10", &tr)
-			lists = append(lists, tr.Topics)
-		}
-		if !slices.Equal(lists[0], lists[1]) {
-			return fmt.Errorf("sidecar 0 ranks %v, sidecar 1 %v", lists[0], lists[1])
-		}
-		if len(lists[2]) == 0 || lists[2][0] != lists[0][0] {
-			return fmt.Errorf("the restarted sidecar ranks %v, the others %v", lists[2], lists[0])
-		}
-		return nil
-	})
+	for _, e := range fleet {
+		var tr trend.Trending
+		getJSON(t, e, "/v1/trending?window=2m&limit=10", &tr)
+		lists = append(lists, tr.Topics)
+	}
+	if !slices.Equal(lists[0], lists[1]) {
+		t.Errorf("sidecar 0 ranks %v, sidecar 1 %v", lists[0], lists[1])
+	}
+	if len(lists[2]) == 0 || lists[2][0] != lists[0][0] {
+		t.Errorf("the restarted sidecar ranks %v, the others %v", lists[2], lists[0])
+	}
 	top := lists[0]
 	t.Logf("trending, 2m: %+v", top)
 	if len(top) == 0 || top[0].Topic != "surge" {

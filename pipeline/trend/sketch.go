@@ -79,7 +79,7 @@ type Sketch struct {
 	first    int64     // the earliest minute merged: where the fleet's history starts, as far as this sidecar knows
 	late     *lateBook // told of summaries of settled minutes (nil: none)
 
-	merged, dropped prometheus.Counter
+	merged, published, dropped prometheus.Counter
 }
 
 // NewSketch returns the sketch of the fleet's summaries on subject: Run
@@ -88,7 +88,7 @@ type Sketch struct {
 func NewSketch(nc *nats.Conn, subject, writer string, reg prometheus.Registerer, log *zap.Logger, now func() time.Time) *Sketch {
 	s := newSketch(now)
 	s.nc, s.subject, s.writer, s.log = nc, subject, writer, log
-	reg.MustRegister(s.merged, s.dropped)
+	reg.MustRegister(s.merged, s.published, s.dropped)
 	return s
 }
 
@@ -126,6 +126,10 @@ func newSketch(now func() time.Time) *Sketch {
 		merged: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "hotcount_trend_summaries_total",
 			Help: "Flush summaries (this sidecar's and the fleet's) merged into the trending sketch.",
+		}),
+		published: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "hotcount_trend_summaries_published_total",
+			Help: "Flush summaries this sidecar published to the fleet: each sidecar that merges fewer than the fleet published ranks from part of it.",
 		}),
 		dropped: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "hotcount_trend_summary_errors_total",
@@ -247,6 +251,8 @@ func (b *summaryBuilder) flush() {
 	if err != nil {
 		s.dropped.Inc()
 		s.log.Warn("flush summary not published; trending misses it", zap.Error(err))
+	} else {
+		s.published.Inc()
 	}
 	b.sum = Summary{Writer: s.writer}
 	b.size = 0
