@@ -772,7 +772,7 @@ func counterSidecar(b *testing.B, url, mode string, tune ...func(*config.Config)
 // and store writes per mention, and fails if a mention was counted twice.
 func reportCounted(b *testing.B, sc *sidecar.Sidecar, cpu *cpuMeter) {
 	flushed := func() float64 { return testenv.Metric(b, sc.Registry(), "hotcount_flusher_flushed_mentions_total") }
-	// Every 50 ms, not testenv.Eventually's 10: a gather reads the whole
+	// Every 50 ms, not the 10 of testenv.Eventually's first second: a gather reads the whole
 	// registry and /proc (the process collector), and at 100 a second it
 	// was a tenth of the CPU this benchmark charges to hotcount. The end
 	// is seen at most 50 ms late: under 1% of a run.

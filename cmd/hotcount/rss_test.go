@@ -75,7 +75,7 @@ func BenchmarkSidecarRSS(b *testing.B) {
 		pub.Publish(subjects[i%len(subjects)], nil) //nolint:errcheck // flushed below
 	}
 	pub.Flush() //nolint:errcheck // checked by the count
-	testenv.Eventually(b, 2*time.Minute, func() error {
+	testenv.EventuallyEvery(b, 2*time.Minute, 10*time.Millisecond, func() error {
 		body, err := child.get("/metrics")
 		if err != nil {
 			return err
