@@ -69,7 +69,7 @@ func TestHiddenAcrossTheFleet(t *testing.T) {
 		}
 		publishMinute(surge)
 	}
-	mergedAll(t, fleet, fleet, 0) // the lists are cached on a clock that has stopped
+	mergedAll(t, fleet, 0, []float64{0, 0}) // the lists are cached on a clock that has stopped
 
 	lists := func() [][]string {
 		var out [][]string

@@ -198,6 +198,9 @@ func (s *Sidecar) readers(ctx context.Context, p *parts) error {
 		who := trend.NewContributors(s.reg)
 		sk.CountContributors(who)
 		p.who = who
+		if err := sk.Listen(); err != nil {
+			return err
+		}
 		p.services = append(p.services, sk.Run)
 		p.tr.UseSketch(sk)
 		if err := s.moderate(ctx, p); err != nil {

@@ -400,13 +400,13 @@ func TestReliabilityShutdownStoreDown(t *testing.T) {
 
 // TestReliabilitySpill: core mode, the store refusing every write while
 // 3,000 distinct topics of 411 bytes arrive through a 1 MiB window budget
-// (each takes about 475 B in its minute's counter, more once a refused
+// (each takes about 480 B in its minute's counter, more once a refused
 // flush has split it into its total and minute): the window goes to the
 // spill folder instead of growing, and once the store takes writes again
 // the table holds every mention. Long names and minute buckets only, so
 // that the window passes its budget however the flushes fall (15,000
 // short names stayed under it when no flush happened to split them) and
-// the catch-up is 6,000 writes, not 45,000 (dynalite takes some 500 a
+// the catch-up is some 6,000 writes, not 45,000 (dynalite takes some 500 a
 // second: the catch-up is most of the test's time).
 func TestReliabilitySpill(t *testing.T) {
 	const budget = 1 << 20 // under the 3,000 distinct topics' 1.4 MiB at the least

@@ -64,17 +64,21 @@ func flushedAll(t testing.TB, fleet []*env, n int64) {
 	})
 }
 
-// mergedAll waits until each of merging has merged every summary the
-// fleet published (before: by sidecars no longer in fleet). A trending
-// list is cached until the clock moves, and a stepped clock that has
-// stopped never does: a list read before the merges would rank from part
-// of the fleet's summaries for good. A flush publishes its summary after
-// its mentions count as flushed, so the fleet's count is read once each
-// sidecar has flushed twice more: the flush that wrote the last mention
-// has ended.
-func mergedAll(t testing.TB, merging, fleet []*env, before float64) {
+// quiet waits until no sidecar of fleet holds a mention or a write in
+// doubt, and each has then flushed twice more: the flush that wrote its
+// last mention has ended, and published its summary (a flush publishes
+// it after its mentions count as flushed).
+func quiet(t testing.TB, fleet []*env) {
 	t.Helper()
 	metric := func(e *env, name string) float64 { return testenv.Metric(t, e.sc.Registry(), name) }
+	testenv.Eventually(t, 10*time.Second, func() error {
+		for i, e := range fleet {
+			if n := metric(e, "hotcount_aggregator_buffered_mentions") + metric(e, "hotcount_flusher_pending_writes"); n != 0 {
+				return fmt.Errorf("sidecar %d holds %v mentions or writes in doubt", i, n)
+			}
+		}
+		return nil
+	})
 	var since []float64
 	for _, e := range fleet {
 		since = append(since, metric(e, "hotcount_flusher_flushes_total"))
@@ -87,14 +91,38 @@ func mergedAll(t testing.TB, merging, fleet []*env, before float64) {
 		}
 		return nil
 	})
-	published := before
-	for _, e := range fleet {
-		published += metric(e, "hotcount_trend_summaries_published_total")
+}
+
+// summaries is how many summaries fleet published, and before them
+// sidecars no longer in it (before). A summary that could not be
+// published or read fails the test: a sidecar merges its own before it
+// publishes it, and the counts would no longer match.
+func summaries(t testing.TB, fleet []*env, before float64) float64 {
+	t.Helper()
+	n := before
+	for i, e := range fleet {
+		if bad := testenv.Metric(t, e.sc.Registry(), "hotcount_trend_summary_errors_total"); bad != 0 {
+			t.Fatalf("sidecar %d: %v summaries not published or not read", i, bad)
+		}
+		n += testenv.Metric(t, e.sc.Registry(), "hotcount_trend_summaries_published_total")
 	}
+	return n
+}
+
+// mergedAll waits until the fleet is quiet and each of its sidecars has
+// merged every summary published since it listened: from[i] is how many
+// had been published then (summaries, with before as there). A trending
+// list is cached until the clock moves, and a stepped clock that has
+// stopped never does: a list read before the merges would rank from part
+// of the fleet's summaries for good.
+func mergedAll(t testing.TB, fleet []*env, before float64, from []float64) {
+	t.Helper()
+	quiet(t, fleet)
 	testenv.Eventually(t, 10*time.Second, func() error {
-		for i, e := range merging {
-			if n := metric(e, "hotcount_trend_summaries_total"); n != published {
-				return fmt.Errorf("sidecar %d merged %v summaries, the fleet published %v", i, n, published)
+		published := summaries(t, fleet, before)
+		for i, e := range fleet {
+			if n := testenv.Metric(t, e.sc.Registry(), "hotcount_trend_summaries_total"); n < published-from[i] {
+				return fmt.Errorf("sidecar %d merged %v summaries, the fleet published %v since it listened", i, n, published-from[i])
 			}
 		}
 		return nil
@@ -136,9 +164,10 @@ func TestTrendingAcrossTheFleet(t *testing.T) {
 	}
 	// 200 topics: each minute writes about 150 of them, three counters each.
 	z := rand.NewZipf(rand.New(rand.NewPCG(1, 2)), 1.1, 1, 199)
-	var published, flushedBefore int64 // flushedBefore: by the sidecar restarted
-	var summariesBefore float64        // published by the sidecar restarted
-	const minutes = 16                 // the window (2) and its baseline (8), and the restart's 8 before the end
+	var published, flushedBefore int64  // flushedBefore: by the sidecar restarted
+	var summariesBefore float64         // published by the sidecar restarted
+	from := make([]float64, len(fleet)) // summaries published before each listened
+	const minutes = 16                  // the window (2) and its baseline (8), and the restart's 8 before the end
 	for m := range minutes {
 		if m > 0 {
 			clk.Add(time.Minute)
@@ -177,6 +206,8 @@ func TestTrendingAcrossTheFleet(t *testing.T) {
 			flushedBefore += int64(testenv.Metric(t, fleet[2].sc.Registry(), "hotcount_flusher_flushed_mentions_total"))
 			summariesBefore += testenv.Metric(t, fleet[2].sc.Registry(), "hotcount_trend_summaries_published_total")
 			fleet[2] = newEnvOn(t, a, func(c *config.Config) { c.DataDir = t.TempDir() })
+			quiet(t, fleet)
+			from[2] = summaries(t, fleet, summariesBefore) // it listened before it was ready
 		}
 	}
 	last := store.Minute.Index(clk.Now())
@@ -187,7 +218,7 @@ func TestTrendingAcrossTheFleet(t *testing.T) {
 		return n
 	}
 
-	mergedAll(t, fleet[:2], fleet, summariesBefore)
+	mergedAll(t, fleet, summariesBefore, from)
 
 	// The list, the same on every sidecar that merged every summary; the
 	// one restarted eight minutes ago has the surge first too (its

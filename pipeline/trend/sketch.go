@@ -68,6 +68,7 @@ type Sketch struct {
 	nc      *nats.Conn
 	subject string
 	writer  string
+	sub     *nats.Subscription // set by Listen, before Run
 	log     *zap.Logger
 	now     func() time.Time
 
@@ -92,10 +93,15 @@ func NewSketch(nc *nats.Conn, subject, writer string, reg prometheus.Registerer,
 	return s
 }
 
-// Run merges the other sidecars' summaries until ctx ends. This sidecar's
-// own are merged by Observe as it publishes them, so none is missed
-// however Run's subscription and the first flush are ordered.
-func (s *Sketch) Run(ctx context.Context) error {
+// Listen subscribes to the fleet's summaries and returns once the NATS
+// server has the subscription: every summary published after it returns
+// is merged. The sidecar listens before it serves, so that one started
+// next to a running fleet hears the summaries of every flush after its
+// start (a subscription made by Run, in a goroutine of its own, could come
+// after the first of them). This sidecar's own are merged by Observe as
+// it publishes them, so none is missed however the subscription and the
+// first flush are ordered.
+func (s *Sketch) Listen() error {
 	sub, err := s.nc.Subscribe(s.subject, func(m *nats.Msg) {
 		var sum Summary
 		if err := json.Unmarshal(m.Data, &sum); err != nil {
@@ -115,8 +121,24 @@ func (s *Sketch) Run(ctx context.Context) error {
 	// memory: past it NATS drops summaries (slow consumer), and trending
 	// misses their candidates for a flush.
 	sub.SetPendingLimits(4096, 16<<20) //nolint:errcheck // only fails on a closed subscription
+	if err := s.nc.Flush(); err != nil {
+		sub.Unsubscribe() //nolint:errcheck // the connection failed already
+		return fmt.Errorf("trend: subscribe to %s: %w", s.subject, err)
+	}
+	s.sub = sub
+	return nil
+}
+
+// Run merges the other sidecars' summaries until ctx ends, then stops
+// listening. It listens first if Listen was not called.
+func (s *Sketch) Run(ctx context.Context) error {
+	if s.sub == nil {
+		if err := s.Listen(); err != nil {
+			return err
+		}
+	}
 	<-ctx.Done()
-	sub.Unsubscribe() //nolint:errcheck // the connection may be closed already
+	s.sub.Unsubscribe() //nolint:errcheck // the connection may be closed already
 	return nil
 }
 
@@ -129,7 +151,7 @@ func newSketch(now func() time.Time) *Sketch {
 		}),
 		published: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "hotcount_trend_summaries_published_total",
-			Help: "Flush summaries this sidecar published to the fleet: each sidecar that merges fewer than the fleet published ranks from part of it.",
+			Help: "Flush summaries this sidecar published to the fleet (it merged each before, and the others merge each they hear).",
 		}),
 		dropped: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "hotcount_trend_summary_errors_total",
