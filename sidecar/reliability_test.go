@@ -446,14 +446,6 @@ func TestReliabilitySpill(t *testing.T) {
 		}
 		return nil
 	})
-	close(stop)
-	<-sampled
-	// The window passes its budget by what arrives before the next flush
-	// hands it back; at 5,000 topics a second and a 200 ms interval, that
-	// is about 1,000 topics (under 0.5 MiB).
-	if peak > 2*budget {
-		t.Errorf("window peaked at %.0f bytes, budget %d", peak, budget)
-	}
 	e.fault.SetWriteFailure(false)
 	// Written while running, not only by the final flush.
 	testenv.Eventually(t, 150*time.Second, func() error {
@@ -462,6 +454,15 @@ func TestReliabilitySpill(t *testing.T) {
 		}
 		return nil
 	})
+	close(stop)
+	<-sampled
+	// The window passes its budget by what arrives before the next flush
+	// hands it back; at 5,000 topics a second and a 200 ms interval, that
+	// is about 1,000 topics (under 0.5 MiB). Taking the spill back while
+	// the store catches up never takes it past its budget.
+	if peak > 2*budget {
+		t.Errorf("window peaked at %.0f bytes through the outage and the catch-up, budget %d", peak, budget)
+	}
 	if n := testenv.Metric(t, e.sc.Registry(), "hotcount_aggregator_spill_bytes"); n != 0 {
 		t.Errorf("%v bytes still spilled after everything was written", n)
 	}
