@@ -110,19 +110,19 @@ func summaries(t testing.TB, fleet []*env, before float64) float64 {
 }
 
 // mergedAll waits until the fleet is quiet and each of its sidecars has
-// merged every summary published since it listened: from[i] is how many
-// had been published then (summaries, with before as there). A trending
+// merged every summary published since it listened: unheard[i] is how
+// many had been published then (summaries, with before as there). A trending
 // list is cached until the clock moves, and a stepped clock that has
 // stopped never does: a list read before the merges would rank from part
 // of the fleet's summaries for good.
-func mergedAll(t testing.TB, fleet []*env, before float64, from []float64) {
+func mergedAll(t testing.TB, fleet []*env, before float64, unheard []float64) {
 	t.Helper()
 	quiet(t, fleet)
 	testenv.Eventually(t, 10*time.Second, func() error {
 		published := summaries(t, fleet, before)
 		for i, e := range fleet {
-			if n := testenv.Metric(t, e.sc.Registry(), "hotcount_trend_summaries_total"); n < published-from[i] {
-				return fmt.Errorf("sidecar %d merged %v summaries, the fleet published %v since it listened", i, n, published-from[i])
+			if n := testenv.Metric(t, e.sc.Registry(), "hotcount_trend_summaries_total"); n < published-unheard[i] {
+				return fmt.Errorf("sidecar %d merged %v summaries, the fleet published %v since it listened", i, n, published-unheard[i])
 			}
 		}
 		return nil
@@ -164,10 +164,10 @@ func TestTrendingAcrossTheFleet(t *testing.T) {
 	}
 	// 200 topics: each minute writes about 150 of them, three counters each.
 	z := rand.NewZipf(rand.New(rand.NewPCG(1, 2)), 1.1, 1, 199)
-	var published, flushedBefore int64  // flushedBefore: by the sidecar restarted
-	var summariesBefore float64         // published by the sidecar restarted
-	from := make([]float64, len(fleet)) // summaries published before each listened
-	const minutes = 16                  // the window (2) and its baseline (8), and the restart's 8 before the end
+	var published, flushedBefore int64     // flushedBefore: by the sidecar restarted
+	var summariesBefore float64            // published by the sidecar restarted
+	unheard := make([]float64, len(fleet)) // summaries published before each listened
+	const minutes = 16                     // the window (2) and its baseline (8), and the restart's 8 before the end
 	for m := range minutes {
 		if m > 0 {
 			clk.Add(time.Minute)
@@ -207,7 +207,7 @@ func TestTrendingAcrossTheFleet(t *testing.T) {
 			summariesBefore += testenv.Metric(t, fleet[2].sc.Registry(), "hotcount_trend_summaries_published_total")
 			fleet[2] = newEnvOn(t, a, func(c *config.Config) { c.DataDir = t.TempDir() })
 			quiet(t, fleet)
-			from[2] = summaries(t, fleet, summariesBefore) // it listened before it was ready
+			unheard[2] = summaries(t, fleet, summariesBefore) // it listened before it was ready
 		}
 	}
 	last := store.Minute.Index(clk.Now())
@@ -218,7 +218,7 @@ func TestTrendingAcrossTheFleet(t *testing.T) {
 		return n
 	}
 
-	mergedAll(t, fleet, summariesBefore, from)
+	mergedAll(t, fleet, summariesBefore, unheard)
 
 	// The list, the same on every sidecar that merged every summary; the
 	// one restarted eight minutes ago has the surge first too (its
