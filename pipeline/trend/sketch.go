@@ -83,9 +83,9 @@ type Sketch struct {
 	merged, published, dropped prometheus.Counter
 }
 
-// NewSketch returns the sketch of the fleet's summaries on subject: Run
-// merges the other sidecars', Observe merges this sidecar's and publishes
-// them there. It starts nothing.
+// NewSketch returns the sketch of the fleet's summaries on subject: from
+// Listen (or Run) on it merges the other sidecars', Observe merges this
+// sidecar's and publishes them there. It starts nothing.
 func NewSketch(nc *nats.Conn, subject, writer string, reg prometheus.Registerer, log *zap.Logger, now func() time.Time) *Sketch {
 	s := newSketch(now)
 	s.nc, s.subject, s.writer, s.log = nc, subject, writer, log
