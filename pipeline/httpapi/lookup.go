@@ -402,8 +402,7 @@ func (h *handler) answer(w http.ResponseWriter, r *http.Request, v any, err erro
 // for the topic: counts only grow, and a sum can still fall for a moment
 // where a write of this sidecar may or may not be in a total (in doubt,
 // or racing every read of the gathers it allows, see docs/API.md); each
-// sum served is
-// a count the topic reached.
+// sum served is a count the topic reached.
 func (h *handler) addPending(ctx context.Context, t *lookup.Total) { h.svc.WithPending(ctx, t) }
 
 // cacheControl lets an HTTP cache keep a fresh cached total for what is
