@@ -276,6 +276,7 @@ func (s *Sidecar) engine(p *parts, observers []flusher.Observer) error {
 		Interval: cfg.FlushInterval, WriteTimeout: cfg.WriteTimeout, Concurrency: cfg.FlushWrites(),
 		MaxCounters: cfg.MaxTopics, Minutes: minutes, Hours: hours,
 		Limits:     ingest.Limits{MaxCount: cfg.MaxCount, MaxTopicBytes: cfg.MaxTopicBytes, MaxLateness: cfg.Lateness()},
+		Table:      cfg.Table, Retention: store.Retention{Minute: cfg.MinuteRetention, Hour: cfg.HourRetention},
 		DeadLetter: cfg.DeadLetterSubject,
 		// A stream the journal engine read waits for hotcount stream adopt.
 		JournalConsumer: cfg.Consumer,
@@ -284,6 +285,12 @@ func (s *Sidecar) engine(p *parts, observers []flusher.Observer) error {
 	}
 	if cfg.NATSMode == config.ModePartitioned {
 		dcfg.Partitions = cfg.Partitions
+	}
+	if cfg.Store == config.StoreBolt {
+		dcfg.Table = "embedded"
+	}
+	if d, ok := p.st.(*store.DynamoDB); ok {
+		dcfg.Region = d.Regions.Own // as resolved: a global table's Region layout
 	}
 	obs := make([]durable.Observer, len(observers))
 	for i, o := range observers {
@@ -301,11 +308,16 @@ func (s *Sidecar) engine(p *parts, observers []flusher.Observer) error {
 
 // ingest builds what takes mentions from NATS into the window in core
 // mode (the durable engine reads its streams itself).
-func (s *Sidecar) ingest(_ context.Context, p *parts) error {
+func (s *Sidecar) ingest(ctx context.Context, p *parts) error {
 	if p.eng != nil {
 		return nil
 	}
 	cfg := s.cfg
+	guard, err := newCoreGuard(ctx, p.nc, cfg.Subject, s.log)
+	if err != nil {
+		return err
+	}
+	p.runs = append(p.runs, guard.run)
 	sub, err := ingest.NewSubscriber(p.nc, ingest.Config{
 		Subject:           cfg.Subject,
 		QueueGroup:        cfg.QueueGroup,

@@ -127,6 +127,14 @@ func cmdAudit(ctx context.Context, args, environ []string, stdout, stderr io.Wri
 	}
 	defer table.Close()
 	acfg.Checkpoints = durable.NewCheckpoints(js, "")
+	for i, s := range acfg.Streams {
+		if !s.Durable {
+			continue
+		}
+		if acfg.Streams[i].Rules, err = durable.ReadRules(ctx, js, "", s.Name); err != nil {
+			return fmt.Errorf("the rules of stream %s: %w", s.Name, err)
+		}
+	}
 	rep, err := audit.Run(ctx, js, table, acfg)
 	if err != nil {
 		return err

@@ -19,6 +19,7 @@ import (
 
 	"github.com/hotcount/hotcount/config"
 	"github.com/hotcount/hotcount/durability/durable"
+	"github.com/hotcount/hotcount/durability/rules"
 	"github.com/hotcount/hotcount/durability/journal"
 	"github.com/hotcount/hotcount/durability/streams"
 	"github.com/hotcount/hotcount/pipeline/ingest"
@@ -252,6 +253,18 @@ func cmdStreamStatus(ctx context.Context, args, environ []string, stdout, stderr
 	if err != nil {
 		return err
 	}
+	for i := range parts {
+		if parts[i].Missing {
+			continue
+		}
+		h, err := durable.ReadRules(ctx, js, "", parts[i].Stream)
+		if err != nil {
+			return err
+		}
+		if c, ok := h.Latest(); ok {
+			parts[i].Rules, parts[i].RuleChanges = &c, len(h)
+		}
+	}
 	if *asJSON {
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
@@ -282,6 +295,7 @@ func cmdStreamStatus(ctx context.Context, args, environ []string, stdout, stderr
 	}
 	tw.Flush()
 	fmt.Fprintf(stdout, "leaders: %s\n", formatLeaders(streams.Leaders(ps)))
+	printRules(stdout, parts)
 	if missing > 0 {
 		if cfg.NATSMode == config.ModeJetStream {
 			return fmt.Errorf("stream %s missing: run `hotcount stream create --nats-mode jetstream`", cfg.Stream)
@@ -300,6 +314,35 @@ type partitionStatus struct {
 	Checkpoint      *durable.Checkpoint `json:"checkpoint,omitempty"` // nil: none in the stream's epoch
 	Unwritten       uint64              `json:"unwritten"`
 	OldestUnwritten time.Duration       `json:"oldest_unwritten_ns"`
+	// Rules is the last change of the stream's rules (nil: none
+	// recorded yet), one of RuleChanges.
+	Rules       *rules.Change `json:"rules,omitempty"`
+	RuleChanges int           `json:"rule_changes"`
+}
+
+// printRules prints the rules in force: once when every stream has the
+// same, else per stream.
+func printRules(w io.Writer, parts []partitionStatus) {
+	seen := make(map[string][]string)
+	var order []string
+	for _, p := range parts {
+		d := "none recorded yet (the first sidecar to read the stream records its settings)"
+		if p.Rules != nil {
+			d = describe(p.Rules.Rules) + fmt.Sprintf(" (set %s by %s: %s; %d changes)", p.Rules.At.Format(time.RFC3339), p.Rules.By, p.Rules.Why, p.RuleChanges)
+		}
+		if seen[d] == nil {
+			order = append(order, d)
+		}
+		seen[d] = append(seen[d], p.Stream)
+	}
+	for _, d := range order {
+		if len(order) == 1 {
+			fmt.Fprintf(w, "rules: %s\n", d)
+		} else {
+			fmt.Fprintf(w, "rules of %s: %s\n", strings.Join(seen[d], ","), d)
+		}
+	}
+	fmt.Fprintln(w, "history: hotcount stream rules show")
 }
 
 // Held is the counters held in the checkpoint record.

@@ -12,6 +12,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/hotcount/hotcount/durability/rules"
 	"github.com/hotcount/hotcount/pipeline/store"
 )
 
@@ -220,4 +221,35 @@ func Adopt(ctx context.Context, js jetstream.JetStream, stream, bucket string, s
 		return err
 	}
 	return c.advance(ctx, stream, store.Position{Epoch: epochOf(info), Seq: seq})
+}
+
+// OpenRules returns the book of the streams' rules (package rules), whose
+// histories are kept in the checkpoint bucket ("": the default), created
+// on replicas if absent.
+func OpenRules(ctx context.Context, js jetstream.JetStream, bucket string, replicas int) (*rules.Book, error) {
+	if bucket == "" {
+		bucket = DefaultCheckpointBucket
+	}
+	c, err := openCheckpoints(ctx, js, bucket, replicas)
+	if err != nil {
+		return nil, err
+	}
+	return rules.NewBook(js, c.kv), nil
+}
+
+// ReadRules returns stream's rules history, changing nothing: none when
+// the checkpoint bucket ("": the default) is not there and the stream
+// holds no rules.
+func ReadRules(ctx context.Context, js jetstream.JetStream, bucket, stream string) (rules.History, error) {
+	if bucket == "" {
+		bucket = DefaultCheckpointBucket
+	}
+	kv, err := js.KeyValue(ctx, bucket)
+	if errors.Is(err, jetstream.ErrBucketNotFound) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	return rules.NewBook(js, kv).History(ctx, stream)
 }

@@ -34,6 +34,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
+	"github.com/hotcount/hotcount/durability/rules"
 	"github.com/hotcount/hotcount/internal/waits"
 	"github.com/hotcount/hotcount/pipeline/ingest"
 	"github.com/hotcount/hotcount/pipeline/ownwrites"
@@ -66,8 +67,17 @@ type Config struct {
 	// (--consumer): a stream without a checkpoint that has it was read by
 	// that engine, and is not read here until adopted (Adopt).
 	JournalConsumer string
-	// Limits and DeadLetter are the ingest's checks of a message.
-	Limits     ingest.Limits
+	// Limits, Minutes and Hours (above), Table, Region and Retention are
+	// this sidecar's settings of the rules that decide a count. They are
+	// recorded as a stream's first rules when it has none; after that
+	// every message is judged by its stream's rules (package rules), and
+	// a sidecar whose Table, Region or Retention differ from them does not
+	// read the stream.
+	Limits    ingest.Limits
+	Table     string
+	Region    string
+	Retention store.Retention
+	// DeadLetter is where rejected messages go.
 	DeadLetter string
 	// Contributors is told who each mention that names one came from
 	// (trending's distinct contributors); nil: nobody.
@@ -116,6 +126,12 @@ type Engine struct {
 
 	win     *window
 	ckpt    *checkpoints
+	book    *rules.Book
+	// hist is each stream's rules history as this sidecar knows it (by
+	// name), for the recounts: a reading switches its own rules as it
+	// meets each change, and adds it here.
+	histMu sync.Mutex
+	hist   map[string]rules.History
 	flushed broadcast
 
 	flushMu  sync.Mutex
@@ -164,7 +180,7 @@ func New(cfg Config, nc *nats.Conn, st Store, owner Owner, log *zap.Logger, m *M
 	}
 	log = log.Named("durable")
 	e := &Engine{cfg: cfg, js: js, st: st, owner: owner, check: check, prefix: prefix, observers: observers,
-		log: log, metrics: m, now: now, win: newWindow(), doubt: make(map[key]job), advanced: make(map[string]store.Position),
+		log: log, metrics: m, now: now, win: newWindow(), hist: make(map[string]rules.History), doubt: make(map[key]job), advanced: make(map[string]store.Position),
 		denied: make(map[key]time.Time), recounting: make(chan struct{}, maxRecounts), held: heldSet{keys: make(map[key]bool), per: make(map[string]int), gauge: m.held, most: m.heldMost},
 		sampled: log.WithOptions(zap.WrapCore(func(c zapcore.Core) zapcore.Core {
 			return zapcore.NewSamplerWithOptions(c, time.Second, 1, 0)
@@ -205,7 +221,21 @@ func (e *Engine) open(ctx context.Context) error {
 		return err
 	}
 	e.ckpt = c
+	e.book = rules.NewBook(e.js, c.kv)
 	return nil
+}
+
+// Own are the rules this sidecar's settings give: recorded as a stream's
+// first, and compared with the stream's.
+func (e *Engine) Own() rules.Rules {
+	r := rules.Rules{Mode: rules.ModeJetStream, Subject: e.cfg.Subject, Table: e.cfg.Table, Region: e.cfg.Region,
+		MaxCount: e.cfg.Limits.MaxCount, MaxTopicBytes: e.cfg.Limits.MaxTopicBytes, MaxLateness: rules.Duration(e.cfg.Limits.MaxLateness),
+		Minutes: e.cfg.Minutes, Hours: e.cfg.Hours,
+		MinuteRetention: rules.Duration(e.cfg.Retention.Of(store.Minute)), HourRetention: rules.Duration(e.cfg.Retention.Of(store.Hour))}
+	if e.cfg.Partitions > 0 {
+		r.Mode, r.Partitions = rules.ModePartitioned, e.cfg.Partitions
+	}
+	return r
 }
 
 // replicas is the checkpoint bucket's replication: Config.Replicas, else
@@ -339,6 +369,8 @@ type Metrics struct {
 	retentionLost prometheus.Counter
 	backwards     prometheus.Counter
 	unadopted     prometheus.Counter
+	ruleDiffs     *prometheus.GaugeVec
+	ruleChanges   prometheus.Counter
 	checkpoint    prometheus.Gauge
 	held          prometheus.Gauge
 	heldMost      prometheus.Gauge
@@ -370,6 +402,11 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Stream messages dropped before any reader counted them (by the stream's limits, or with the stream, deleted while a recount of them was due): lost. Expected 0."}),
 		backwards: prometheus.NewCounter(prometheus.CounterOpts{Name: "hotcount_durable_backwards_total",
 			Help: "Readings refused because a stream's sequences went back below its checkpoint in the same epoch (a stream restored from a backup keeps its creation time): its new mentions would read as counted. Expected 0; see the log."}),
+		ruleDiffs: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "hotcount_rules_differing_settings",
+			Help: "This sidecar's settings that differ from the rules of the stream it last started reading or met a change of: followed (the sidecar judges by the stream's rules, not its own: --max-count, --max-topic-bytes, --max-lateness, --windows) or refused (the sidecar does not read the stream: --nats-mode, --subject, --partitions, --table, --region, the retentions). See hotcount stream status."},
+			[]string{"kind"}),
+		ruleChanges: prometheus.NewCounter(prometheus.CounterOpts{Name: "hotcount_rules_changes_total",
+			Help: "Changes of a stream's rules met while reading it (hotcount stream rules set): the reading judges by the new rules from the next message on."}),
 		unadopted: prometheus.NewCounter(prometheus.CounterOpts{Name: "hotcount_durable_unadopted_total",
 			Help: "Readings refused because a stream the journal engine read has no checkpoint yet: run hotcount stream adopt. See the log."}),
 		held: prometheus.NewGauge(prometheus.GaugeOpts{Name: "hotcount_durable_held_counters",
@@ -404,7 +441,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Help: "Mentions of topic totals held so (a bucket's repeat its total's): missing from the table until the store takes them."})
 	m.flushes.WithLabelValues("ok")
 	m.flushes.WithLabelValues("error")
-	reg.MustRegister(m.writes, m.recounts, m.retentionLost, m.backwards, m.unadopted, m.held, m.heldMost, m.checkpoint, m.oldest, m.maxAge,
+	reg.MustRegister(m.writes, m.recounts, m.retentionLost, m.backwards, m.unadopted, m.ruleDiffs, m.ruleChanges, m.held, m.heldMost, m.checkpoint, m.oldest, m.maxAge,
 		m.flushes, m.duration, m.flushed, m.requeued, m.lastSuccess, m.pending, m.quarantined, m.quarantinedMentions)
 	return m
 }

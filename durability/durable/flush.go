@@ -56,7 +56,7 @@ func (e *Engine) Flush(ctx context.Context) error {
 	var d drained
 	e.view.Move(func() func(string) int64 { d = e.win.drain(); return heldTotals(d.counters) })
 	rd := newRound()
-	e.tally(rd, e.sendAll(ctx, e.plan(ctx, rd, split(d.counters, e.cfg.Minutes, e.cfg.Hours))))
+	e.tally(rd, e.sendAll(ctx, e.plan(ctx, rd, split(d.counters))))
 	e.observe(rd.observed)
 	e.progress(rd)
 	e.checkpoint(ctx, d.read, rd.back, rd.changes)

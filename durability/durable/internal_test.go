@@ -125,7 +125,7 @@ func TestRefusedSpanMergesWithTheNewer(t *testing.T) {
 	e.doubt[k] = job{k: k, e: entry{delta: 10, first: 1, last: 10}, retry: true} // sent, answer lost
 	e.denied[k] = time.Now().Add(-time.Hour)                                     // refused for good since long
 	for seq := uint64(11); seq <= 20; seq++ {
-		e.win.add(s, seq, 1, k.c, time.Now()) // the newer span, waiting behind the doubt
+		e.win.add(s, seq, 1, time.Now(), k.c) // the newer span, waiting behind the doubt
 	}
 	nc.Close() // the record cannot be stored
 	_ = e.Flush(ctx)

@@ -4,13 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/zap"
 
+	"github.com/hotcount/hotcount/durability/rules"
 	"github.com/hotcount/hotcount/durability/streams"
 	"github.com/hotcount/hotcount/internal/waits"
 	"github.com/hotcount/hotcount/pipeline/store"
@@ -65,7 +65,7 @@ func (e *Engine) read(ctx context.Context, p int) {
 // acknowledgements: what this reader has taken is its window's, and what
 // is in the store the items record.
 func (e *Engine) readOnce(ctx context.Context, p int) error {
-	s, from, err := e.start(ctx, p)
+	s, from, j, err := e.start(ctx, p)
 	if err != nil {
 		return err
 	}
@@ -75,16 +75,16 @@ func (e *Engine) readOnce(ctx context.Context, p int) error {
 	}
 	// jetstream mode reads --subject of a stream that may take more (a
 	// user's own): the rest is not mentions, neither counted nor
-	// dead-lettered. A partition stream holds mentions only.
-	filter := ""
-	if subjects := st.CachedInfo().Config.Subjects; e.cfg.Partitions == 0 && !slices.Equal(subjects, []string{e.cfg.Subject}) {
-		filter = e.cfg.Subject
+	// dead-lettered. A partition stream holds mentions and its rules only.
+	var filter []string
+	if e.cfg.Partitions == 0 && !onlyMentions(st.CachedInfo().Config, e.cfg.Subject) {
+		filter = []string{e.cfg.Subject, rules.Subject(s.name)}
 	}
 	cons, err := st.CreateConsumer(ctx, jetstream.ConsumerConfig{
 		AckPolicy:         jetstream.AckNonePolicy,
 		DeliverPolicy:     jetstream.DeliverByStartSequencePolicy,
 		OptStartSeq:       from,
-		FilterSubject:     filter,
+		FilterSubjects:    filter,
 		MemoryStorage:     true,
 		InactiveThreshold: time.Minute, // the server removes it if this process is gone
 	})
@@ -99,7 +99,18 @@ func (e *Engine) readOnce(ctx context.Context, p int) error {
 	} else if epochOf(info) != s.epoch {
 		return errRestart
 	}
-	return e.consume(ctx, st, cons, s, from, filter != "")
+	return e.consume(ctx, st, cons, s, from, j, filter != nil)
+}
+
+// onlyMentions says whether a stream of configuration c takes only
+// subject and its rules.
+func onlyMentions(c jetstream.StreamConfig, subject string) bool {
+	for _, s := range c.Subjects {
+		if s != subject && s != rules.Subject(c.Name) {
+			return false
+		}
+	}
+	return true
 }
 
 // consume takes cons's messages of s from sequence from, in a reading
@@ -108,10 +119,11 @@ func (e *Engine) readOnce(ctx context.Context, p int) error {
 // ctx ends, the reading fails or the library stops (a terminal error:
 // the consumer deleted, the connection closed). It returns only once no
 // callback runs or will run: the reading is this call's alone.
-func (e *Engine) consume(ctx context.Context, st jetstream.Stream, cons jetstream.Consumer, s stream, from uint64, filtered bool) error {
+func (e *Engine) consume(ctx context.Context, st jetstream.Stream, cons jetstream.Consumer, s stream, from uint64, j judgement, filtered bool) error {
 	rctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	r := newReading(rctx, e, st, s, from)
+	r.j = j
 	if filtered {
 		r.limits = &st.CachedInfo().Config
 	}
@@ -153,6 +165,9 @@ type reading struct {
 	// skipped.
 	delivered, last uint64
 	lastAt          time.Time // when the message at last was published
+	// j is how messages are judged: the stream's rules in force at the
+	// next sequence. A rules message changes it.
+	j judgement
 	// limits are the stream's, when the reading is filtered (jetstream
 	// mode on a stream of more than --subject): a gap in its sequences is
 	// then mostly other subjects, and asked about only when the stream
@@ -210,7 +225,13 @@ func (r *reading) take(msg jetstream.Msg) error {
 		}
 	}
 	r.last, r.lastAt = d.streamSeq, d.published
-	r.e.take(r.s, r.last, msg, d.published)
+	if rules.IsRules(msg.Subject()) {
+		if err := r.e.changed(r, msg); err != nil {
+			return err
+		}
+	} else {
+		r.e.take(r.s, r.last, msg, d.published, &r.j)
+	}
 	if d.pending == 0 || r.delivered%256 == 0 { // the gauge needs no more, and a store per message allocates
 		r.e.behind(r.s, d.pending, d.published)
 	}
@@ -258,7 +279,30 @@ func (r *reading) stopped() error {
 // one after what this process has read of it, or after its checkpoint.
 // Mentions the stream dropped before they were read (its limits) are
 // counted and logged: they are lost.
-func (e *Engine) start(ctx context.Context, p int) (stream, uint64, error) {
+func (e *Engine) start(ctx context.Context, p int) (stream, uint64, judgement, error) {
+	s, next, err := e.begin(ctx, p)
+	if err != nil {
+		return stream{}, 0, judgement{}, err
+	}
+	h, err := e.book.Open(ctx, s.name, e.Own())
+	if errors.Is(err, rules.ErrRolledBack) {
+		e.metrics.backwards.Inc()
+	}
+	if err != nil {
+		return stream{}, 0, judgement{}, err
+	}
+	e.histMu.Lock()
+	e.hist[s.name] = h
+	e.histMu.Unlock()
+	r, _ := h.In(s.epoch, next)
+	if err := e.agree(s.name, r); err != nil {
+		return stream{}, 0, judgement{}, err
+	}
+	return s, next, judgementOf(r), nil
+}
+
+// begin is start's look at p's stream and its checkpoint.
+func (e *Engine) begin(ctx context.Context, p int) (stream, uint64, error) {
 	st, err := e.js.Stream(ctx, e.streamName(p))
 	if err != nil {
 		return stream{}, 0, err
@@ -350,35 +394,37 @@ func (e *Engine) whilePaused(ctx context.Context) error {
 
 // take counts one message into the window, or skips it when the ingest
 // rejects it (counted, logged, dead-lettered there). Its judgement is a
-// function of the message and its stream timestamp alone, so any reader
-// of the same sequence, at any time, makes the same counts of it.
-func (e *Engine) take(s stream, seq uint64, msg jetstream.Msg, published time.Time) {
+// function of the message, its stream timestamp and the stream's rules
+// at its sequence (j), so any reader of the same sequence, at any time,
+// with any settings, makes the same counts of it.
+func (e *Engine) take(s stream, seq uint64, msg jetstream.Msg, published time.Time, j *judgement) {
 	subject := msg.Subject()
 	if e.cfg.Partitions > 0 {
 		subject = streams.Unstored(subject)
 	}
-	topic, delta, at, ok := e.check.Check(subject, msg.Data(), msg.Headers(), published)
+	topic, delta, at, ok := e.check.Check(j.limits, subject, msg.Data(), msg.Headers(), published)
 	if !ok {
 		e.win.skip(s, seq)
 		return
 	}
-	e.win.add(s, seq, delta, e.counter(topic, at), published)
+	switch {
+	case j.minutes && j.hours:
+		// One Fresh counter, which the flush splits: one map operation
+		// per mention in the usual case.
+		e.win.add(s, seq, delta, published, freshOf(topic, store.Minute.Index(at)))
+	case j.minutes:
+		e.win.add(s, seq, delta, published, store.TotalOf(topic), store.BucketOf(topic, store.Minute, store.Minute.Index(at)))
+	case j.hours:
+		e.win.add(s, seq, delta, published, store.TotalOf(topic), store.BucketOf(topic, store.Hour, store.Hour.Index(at)))
+	default:
+		e.win.add(s, seq, delta, published, store.TotalOf(topic))
+	}
 	e.check.Accepted(delta)
 }
 
-// counter is the window's counter of a mention of topic at at: its
-// total, or with time buckets on its Fresh counter of at's minute, which
-// the flush splits into the total and the buckets.
-func (e *Engine) counter(topic string, at time.Time) store.Counter {
-	if !e.cfg.Minutes && !e.cfg.Hours {
-		return store.TotalOf(topic)
-	}
-	return freshOf(topic, store.Minute.Index(at))
-}
-
-// countsIn says whether a mention of topic at at counts in c: its total,
-// its minute's bucket or its hour's, as they are on.
-func (e *Engine) countsIn(c store.Counter, topic string, at time.Time) bool {
+// countsIn says whether a mention of topic at at counts in c under j:
+// its total, its minute's bucket or its hour's, as they are on.
+func countsIn(j judgement, c store.Counter, topic string, at time.Time) bool {
 	if c.Topic != topic {
 		return false
 	}
@@ -386,9 +432,9 @@ func (e *Engine) countsIn(c store.Counter, topic string, at time.Time) bool {
 	case store.Total:
 		return true
 	case store.MinuteBucket:
-		return e.cfg.Minutes && c.Index == store.Minute.Index(at)
+		return j.minutes && c.Index == store.Minute.Index(at)
 	case store.HourBucket:
-		return e.cfg.Hours && c.Index == store.Hour.Index(at)
+		return j.hours && c.Index == store.Hour.Index(at)
 	}
 	return false
 }

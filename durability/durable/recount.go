@@ -86,7 +86,7 @@ func (e *Engine) recount(ctx context.Context, k key, from, to uint64) (entry, er
 			if md.Sequence.Stream > to {
 				return e.still(ctx, st, k, rest)
 			}
-			rest.delta += e.counts(k.c, msg, md.Timestamp)
+			rest.delta += e.counts(e.judgementAt(k.s, md.Sequence.Stream), k.c, msg, md.Timestamp)
 			if md.Sequence.Stream == to {
 				return e.still(ctx, st, k, rest)
 			}
@@ -102,13 +102,13 @@ func (e *Engine) recount(ctx context.Context, k key, from, to uint64) (entry, er
 
 // counts is what msg adds to counter c: the reader's judgement (take),
 // made again.
-func (e *Engine) counts(c store.Counter, msg jetstream.Msg, published time.Time) int64 {
+func (e *Engine) counts(j judgement, c store.Counter, msg jetstream.Msg, published time.Time) int64 {
 	subject := msg.Subject()
 	if e.cfg.Partitions > 0 {
 		subject = streams.Unstored(subject)
 	}
-	topic, delta, at, err := ingest.Judge(e.prefix, subject, msg.Data(), published, e.cfg.Limits)
-	if err != nil || ingest.Probe(msg.Headers()) || !e.countsIn(c, topic, at) {
+	topic, delta, at, err := ingest.Judge(e.prefix, subject, msg.Data(), published, j.limits)
+	if err != nil || ingest.Probe(msg.Headers()) || !countsIn(j, c, topic, at) {
 		return 0
 	}
 	return delta

@@ -84,7 +84,7 @@ func (w *window) of(s stream) *streamWindow {
 // flush splits: one map operation per mention). A sequence at or below
 // what the window has already been handed of s is ignored: the engine
 // reads each sequence once.
-func (w *window) add(s stream, seq uint64, delta int64, c store.Counter, published time.Time) {
+func (w *window) add(s stream, seq uint64, delta int64, published time.Time, cs ...store.Counter) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	sw := w.of(s)
@@ -92,7 +92,9 @@ func (w *window) add(s stream, seq uint64, delta int64, c store.Counter, publish
 		return
 	}
 	sw.read = seq
-	w.put(sw, c, entry{delta: delta, first: seq, last: seq, since: published.UnixNano()})
+	for _, c := range cs {
+		w.put(sw, c, entry{delta: delta, first: seq, last: seq, since: published.UnixNano()})
+	}
 }
 
 // skip notes that seq of s was read and counts nothing (a rejected
@@ -192,7 +194,7 @@ func freshOf(topic string, minute int64) store.Counter {
 // and hour buckets as they are on. Each takes the Fresh counter's span;
 // one counter fed by several merges their spans, which stay a run of
 // the counter's mentions without a gap since the window holds all of them.
-func split(counters map[key]*entry, minutes, hours bool) map[key]*entry {
+func split(counters map[key]*entry) map[key]*entry {
 	out := make(map[key]*entry, len(counters))
 	put := func(k key, e entry) {
 		if cur, ok := out[k]; ok {
@@ -208,12 +210,8 @@ func split(counters map[key]*entry, minutes, hours bool) map[key]*entry {
 		}
 		total, minute, hour := k.c.Split()
 		put(key{k.s, total}, *e)
-		if minutes {
-			put(key{k.s, minute}, *e)
-		}
-		if hours {
-			put(key{k.s, hour}, *e)
-		}
+		put(key{k.s, minute}, *e)
+		put(key{k.s, hour}, *e)
 	}
 	return out
 }

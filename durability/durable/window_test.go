@@ -30,6 +30,6 @@ func BenchmarkWindowAdd(b *testing.B) {
 		if i%len(seq) == 0 && i > 0 {
 			w.drain()
 		}
-		w.add(s, uint64(i+1), 1, seq[i%len(seq)], now)
+		w.add(s, uint64(i+1), 1, now, seq[i%len(seq)])
 	}
 }

@@ -100,7 +100,7 @@ func (l Layout) config(p int, o Options) jetstream.StreamConfig {
 	return jetstream.StreamConfig{
 		Name:        l.Name(p),
 		Description: fmt.Sprintf("mentions for hotcount: partition %d of %d", p, l.Partitions),
-		Subjects:    []string{l.Stored(p)},
+		Subjects:    []string{l.Stored(p), RulesSubject(l.Name(p))},
 		Storage:     jetstream.FileStorage,
 		Retention:   jetstream.LimitsPolicy,
 		Duplicates:  o.Duplicates,
@@ -113,7 +113,10 @@ func (l Layout) config(p int, o Options) jetstream.StreamConfig {
 
 // check says whether an existing stream is partition p's as l lays it out.
 func (l Layout) check(p int, c jetstream.StreamConfig) error {
-	if len(c.Subjects) != 1 || c.Subjects[0] != l.Stored(p) {
+	// A stream made before the rules existed takes its rules subject
+	// from its first reader on (package rules).
+	mine := []string{l.Stored(p), RulesSubject(l.Name(p))}
+	if !slices.Equal(c.Subjects, mine) && !slices.Equal(c.Subjects, mine[:1]) {
 		return fail(ErrNotPartition, "streams: stream %s exists and takes %v, not %s: it is not partition %d of this layout; delete it or pick another --stream", c.Name, c.Subjects, l.Stored(p), p)
 	}
 	return nil

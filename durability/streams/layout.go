@@ -66,6 +66,14 @@ func (l Layout) Of(subject string) int {
 	return int(h.Sum32() % uint32(l.Partitions))
 }
 
+// RulesSubject is the subject of stream's rules messages (package
+// rules): outside every mention subject, taken by the stream besides its
+// mentions.
+func RulesSubject(stream string) string { return RulesPrefix + stream }
+
+// RulesPrefix starts every rules subject.
+const RulesPrefix = "hotcount.rules."
+
 // Unstored is the subject a producer published, from the subject a
 // partition stream stored it under (Stored): the partition number removed.
 func Unstored(subject string) string {

@@ -141,7 +141,12 @@ func newChecker(nc *nats.Conn, cfg Config, now func() time.Time, log *zap.Logger
 // "at" is judged against published, the message's publication in the
 // durable modes; zero (core mode) is its arrival, the sink's now.
 func (c *checker) check(subject string, data []byte, hdr nats.Header, published time.Time) (topic string, delta int64, at time.Time, reason string) {
-	topic, delta, at, by, byErr, err := judge(c.prefix, subject, data, published, c.now, c.cfg.Limits)
+	return c.checkWith(c.cfg.Limits, subject, data, hdr, published)
+}
+
+// checkWith is check under limits l.
+func (c *checker) checkWith(l Limits, subject string, data []byte, hdr nats.Header, published time.Time) (topic string, delta int64, at time.Time, reason string) {
+	topic, delta, at, by, byErr, err := judge(c.prefix, subject, data, published, c.now, l)
 	if err != nil {
 		return "", 0, time.Time{}, c.reject(subject, data, hdr, err)
 	}
@@ -558,13 +563,14 @@ func NewChecker(nc *nats.Conn, cfg Config, log *zap.Logger, m *Metrics) (*Checke
 }
 
 // Check returns a message's topic, count and time (its "at", else
-// published), or ok false after rejecting it: the judgement is Judge's, a
+// published), or ok false after rejecting it: the judgement is Judge's
+// under limits l (the stream's rules at the message's sequence), a
 // function of the message and its stream timestamp alone.
-func (k *Checker) Check(subject string, data []byte, hdr nats.Header, published time.Time) (topic string, delta int64, at time.Time, ok bool) {
+func (k *Checker) Check(l Limits, subject string, data []byte, hdr nats.Header, published time.Time) (topic string, delta int64, at time.Time, ok bool) {
 	if Probe(hdr) {
 		return "", 0, time.Time{}, false // no mention, and no error either
 	}
-	topic, delta, at, reason := k.c.check(subject, data, hdr, published)
+	topic, delta, at, reason := k.c.checkWith(l, subject, data, hdr, published)
 	if reason != "" {
 		return "", 0, time.Time{}, false
 	}

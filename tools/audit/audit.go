@@ -29,6 +29,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/hotcount/hotcount/durability/rules"
 	"hash/fnv"
 	"slices"
 	"strings"
@@ -95,6 +96,10 @@ type Stream struct {
 	// partitioned modes): its checkpoint (Config.Checkpoints) tells which
 	// mentions may not be in the table yet. In core mode nothing tells.
 	Durable bool
+	// Rules is the stream's rules history (package rules): each message
+	// is judged by the rules in force at its sequence, as the sidecars
+	// judge it. Empty: by Config's Limits and windows.
+	Rules rules.History
 }
 
 // Checkpoints are the durable sidecars' checkpoint records (package

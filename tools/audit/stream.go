@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/hotcount/hotcount/durability/rules"
 	"strings"
 	"time"
 
@@ -262,6 +263,10 @@ func (p *pass) take(a *auditor, i int, st Stream, m message) {
 		p.probes++ // a check of the routing: the sidecars count nothing of it
 		return
 	}
+	if rules.IsRules(m.subject) {
+		return // the stream's rules: no mention, judged by nobody
+	}
+	j := a.judgement(i, st, m.seq)
 	subject := m.subject
 	if st.Partitioned {
 		subject = streams.Unstored(subject)
@@ -269,7 +274,7 @@ func (p *pass) take(a *auditor, i int, st Stream, m message) {
 		p.outside++ // the sidecars' consumer takes only --subject
 		return
 	}
-	topic, delta, at, err := ingest.Judge(a.cfg.Prefix, subject, m.data, m.ts, a.cfg.Limits)
+	topic, delta, at, err := ingest.Judge(a.cfg.Prefix, subject, m.data, m.ts, j.limits)
 	if err != nil {
 		p.rejected[reasonOf(err)]++
 		return
@@ -279,7 +284,7 @@ func (p *pass) take(a *auditor, i int, st Stream, m message) {
 		return
 	}
 	added := false
-	for _, c := range a.countersOf(topic, at, p.totals) {
+	for _, c := range a.countersOf(j, topic, at, p.totals) {
 		cl := p.counts[c]
 		if cl == nil {
 			cl = &cell{}
@@ -305,13 +310,13 @@ func (p *pass) take(a *auditor, i int, st Stream, m message) {
 // countersOf are the counters a mention of topic at at is counted in
 // that the audit may compare: its total (with totals), and its minute
 // and hour as --windows has them (those that end by --until, with it).
-func (a *auditor) countersOf(topic string, at time.Time, totals bool) []store.Counter {
+func (a *auditor) countersOf(j judgement, topic string, at time.Time, totals bool) []store.Counter {
 	var out []store.Counter
 	until := a.cfg.Until
 	if totals {
 		out = append(out, store.TotalOf(topic))
 	}
-	for _, g := range a.windows() {
+	for _, g := range j.windows() {
 		i := g.Index(at)
 		if until.IsZero() || !g.Start(i+1).After(until) {
 			out = append(out, store.BucketOf(topic, g, i))
@@ -320,13 +325,28 @@ func (a *auditor) countersOf(topic string, at time.Time, totals bool) []store.Co
 	return out
 }
 
-// windows are the buckets the sidecars write.
-func (a *auditor) windows() []store.Granularity {
+// judgement is how the sidecars judge a message: by its stream's rules
+// at its sequence, or the audit's settings for a stream without rules.
+type judgement struct {
+	limits         ingest.Limits
+	minutes, hours bool
+}
+
+// judgement is how the message at seq of stream i (st) is judged.
+func (a *auditor) judgement(i int, st Stream, seq uint64) judgement {
+	if r, ok := st.Rules.In(store.EpochOf(a.streams[i].info.Created), seq); ok {
+		return judgement{limits: r.Limits(), minutes: r.Minutes, hours: r.Hours}
+	}
+	return judgement{limits: a.cfg.Limits, minutes: a.cfg.Minutes, hours: a.cfg.Hours}
+}
+
+// windows are the buckets the sidecars write under j.
+func (j judgement) windows() []store.Granularity {
 	var gs []store.Granularity
-	if a.cfg.Minutes {
+	if j.minutes {
 		gs = append(gs, store.Minute)
 	}
-	if a.cfg.Hours {
+	if j.hours {
 		gs = append(gs, store.Hour)
 	}
 	return gs
