@@ -275,8 +275,8 @@ func (s *Sidecar) engine(p *parts, observers []flusher.Observer) error {
 		Stream: cfg.Stream, Subject: cfg.Subject,
 		Interval: cfg.FlushInterval, WriteTimeout: cfg.WriteTimeout, Concurrency: cfg.FlushWrites(),
 		MaxCounters: cfg.MaxTopics, Minutes: minutes, Hours: hours,
-		Limits:     ingest.Limits{MaxCount: cfg.MaxCount, MaxTopicBytes: cfg.MaxTopicBytes, MaxLateness: cfg.Lateness()},
-		Table:      cfg.Table, Retention: store.Retention{Minute: cfg.MinuteRetention, Hour: cfg.HourRetention},
+		Limits: ingest.Limits{MaxCount: cfg.MaxCount, MaxTopicBytes: cfg.MaxTopicBytes, MaxLateness: cfg.Lateness()},
+		Table:  cfg.Table, Retention: store.Retention{Minute: cfg.MinuteRetention, Hour: cfg.HourRetention},
 		DeadLetter: cfg.DeadLetterSubject,
 		// A stream the journal engine read waits for hotcount stream adopt.
 		JournalConsumer: cfg.Consumer,

@@ -19,8 +19,8 @@ import (
 
 	"github.com/hotcount/hotcount/config"
 	"github.com/hotcount/hotcount/durability/durable"
-	"github.com/hotcount/hotcount/durability/rules"
 	"github.com/hotcount/hotcount/durability/journal"
+	"github.com/hotcount/hotcount/durability/rules"
 	"github.com/hotcount/hotcount/durability/streams"
 	"github.com/hotcount/hotcount/pipeline/ingest"
 	"github.com/hotcount/hotcount/sidecar"

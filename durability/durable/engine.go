@@ -124,14 +124,14 @@ type Engine struct {
 	metrics   *Metrics
 	now       func() time.Time
 
-	win     *window
-	ckpt    *checkpoints
-	book    *rules.Book
+	win  *window
+	ckpt *checkpoints
+	book *rules.Book
 	// hist is each stream's rules history as this sidecar knows it (by
 	// name), for the recounts: a reading switches its own rules as it
 	// meets each change, and adds it here.
-	histMu sync.Mutex
-	hist   map[string]rules.History
+	histMu  sync.Mutex
+	hist    map[string]rules.History
 	flushed broadcast
 
 	flushMu  sync.Mutex
