@@ -146,6 +146,10 @@ type Engine struct {
 	// timed out, and the next flush made them all again.
 	recounting chan struct{}
 
+	// refuse stops Run with its error: a stream's rules this sidecar
+	// cannot follow (set by Run).
+	refuse func(error)
+
 	lastProgress atomic.Int64
 	lastWrite    atomic.Int64 // lastProgress less the flushes refused for good only
 	failing      atomic.Bool
@@ -194,16 +198,31 @@ func New(cfg Config, nc *nats.Conn, st Store, owner Owner, log *zap.Logger, m *M
 // Run opens the checkpoints (waiting for JetStream as long as it takes,
 // and saying so), then reads the partitions this sidecar owns and flushes
 // every interval until ctx ends. It does not flush at the end: call Final.
+//
+// It returns an error, and the sidecar stops, when a stream's rules
+// differ from this sidecar's settings in what decides which streams and
+// items its counts go to (its --table, --region, ...): at the start, or
+// when a reader meets such a change. The window it holds was read under
+// the rules before the change, and the final flush writes it.
 func (e *Engine) Run(ctx context.Context) error {
 	if err := e.open(ctx); err != nil {
 		return nil // ctx ended first
 	}
+	ctx, stop := context.WithCancelCause(ctx)
+	defer stop(nil)
+	e.refuse = func(err error) { stop(err) }
+	if err := e.agreeAll(ctx); err != nil {
+		return err
+	}
 	e.reading.Store(true)
 	defer e.reading.Store(false)
 	var wg sync.WaitGroup
-	defer wg.Wait()
 	wg.Go(func() { e.flushLoop(ctx) })
 	e.follow(ctx, &wg)
+	wg.Wait()
+	if err := context.Cause(ctx); errors.Is(err, errRefused) {
+		return err
+	}
 	return nil
 }
 

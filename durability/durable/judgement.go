@@ -1,6 +1,8 @@
 package durable
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"strings"
 
@@ -10,6 +12,37 @@ import (
 	"github.com/hotcount/hotcount/durability/rules"
 	"github.com/hotcount/hotcount/pipeline/ingest"
 )
+
+// errRefused is the error of a stream whose rules this sidecar cannot
+// follow: it stops the engine (Run).
+var errRefused = errors.New("durable: refused")
+
+// agreeAll records or reads the rules of every stream of the mode that
+// exists, and refuses (errRefused) when the rules in force now differ from
+// this sidecar's settings in what it cannot follow: a sidecar started
+// with another --table or --region does not start.
+func (e *Engine) agreeAll(ctx context.Context) error {
+	for p := range max(e.cfg.Partitions, 1) {
+		name := e.streamName(p)
+		if _, err := e.js.Stream(ctx, name); err != nil {
+			continue // not there yet, or NATS away: its reader checks when it reads
+		}
+		h, err := e.book.Open(ctx, name, e.Own())
+		if err != nil {
+			if errors.Is(err, rules.ErrRolledBack) {
+				e.metrics.backwards.Inc()
+			}
+			e.sampled.Warn("the stream's rules not read at the start; its reader reads them", zap.String("stream", name), zap.Error(err))
+			continue
+		}
+		if c, ok := h.Latest(); ok {
+			if err := e.agree(name, c.Rules); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
 
 // judgement is how a reading judges a message: its stream's rules in
 // force at the message's sequence, as take uses them.
@@ -37,10 +70,14 @@ func (e *Engine) agree(name string, r rules.Rules) error {
 		var why, set []string
 		for _, d := range refused {
 			why = append(why, d.String())
-			set = append(set, "--"+d.Setting+" "+d.Own)
+			v := d.Own
+			if v == "" {
+				v = `""`
+			}
+			set = append(set, "--"+d.Setting+" "+v)
 		}
-		return fmt.Errorf("stream %s: this sidecar's settings differ from the stream's rules in what decides which streams and items its counts go to (%s); it does not read the stream. Run it with the stream's values, or change the stream's rules for the whole fleet first: hotcount stream rules set %s (docs/SEMANTICS.md, \"The stream carries its rules\")",
-			name, strings.Join(why, "; "), strings.Join(set, " "))
+		return fmt.Errorf("%w: stream %s: this sidecar's settings differ from the stream's rules in what decides which streams and items its counts go to (%s); it does not read the stream. Run it with the stream's values, or change the stream's rules for the whole fleet first: hotcount stream rules set %s (docs/SEMANTICS.md, \"The stream carries its rules\")",
+			errRefused, name, strings.Join(why, "; "), strings.Join(set, " "))
 	}
 	for _, d := range ds {
 		e.log.Warn("following the stream's rules, not this sidecar's setting", zap.String("stream", name),

@@ -46,6 +46,11 @@ func (e *Engine) read(ctx context.Context, p int) {
 		if ctx.Err() != nil {
 			return
 		}
+		if errors.Is(err, errRefused) {
+			e.log.Error("not reading the stream; stopping", zap.String("stream", e.streamName(p)), zap.Error(err))
+			e.refuse(err)
+			return
+		}
 		var wait time.Duration // at once after a restart: nothing is wrong with NATS
 		if errors.Is(err, errRestart) {
 			pause.Reset()
