@@ -22,7 +22,7 @@ import (
 
 // commands lists every command and subcommand a user can type.
 var commands = [][]string{
-	{"run"}, {"dev"}, {"table"}, {"table", "create"}, {"stream"}, {"stream", "create"},
+	{"run"}, {"dev"}, {"table"}, {"table", "create"}, {"stream"}, {"stream", "create"}, {"stream", "status"}, {"stream", "rules"}, {"stream", "rules", "show"}, {"stream", "rules", "set"}, {"stream", "rewind"},
 	{"load"}, {"top"}, {"shards"}, {"shards", "show"}, {"shards", "set"}, {"demo"}, {"check-config"}, {"help"},
 	{"trending"}, {"trending", "hide"}, {"trending", "unhide"}, {"trending", "allow"}, {"trending", "list"},
 }

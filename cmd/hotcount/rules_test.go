@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/hotcount/hotcount/durability/rules"
@@ -338,5 +339,186 @@ func runToExit(t *testing.T, args ...string) (error, string) {
 		<-done
 		t.Fatalf("still running after 90 s; its log:\n%s", logs.String())
 		return nil, ""
+	}
+}
+
+// TestRewindFillsARestoredTable is the runbook's point-in-time restore,
+// with the binary, jetstream mode, mentions arriving throughout: a backup
+// of the table taken while the sidecar writes (each item copied as it is
+// then, into a new table), then `hotcount stream rewind --to` the time the
+// runbook gives (the backup's time less the oldest unwritten mention's
+// age and one flush interval) for the new table, with the old fleet still
+// running, then `hotcount stream rules set --table` (the old sidecar meets
+// it and stops) and a sidecar on the new table: every total and bucket
+// exact, and the audit clean. Then the same from an empty table with
+// --to-start.
+func TestRewindFillsARestoredTable(t *testing.T) {
+	ns := testenv.NATS(t)
+	url := ns.ClientURL()
+	nc := testenv.Connect(t, url)
+	if _, err := ingest.EnsureStream(context.Background(), nc, "MENTIONS", "mentions.>", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	d := testenv.StartDynalite(t)
+	testenv.AWSEnv(t)
+	live := d.Table(t, "live")
+	common := []string{"--nats-mode", "jetstream", "--nats-url", url, "--dynamodb-endpoint", d.Endpoint, "--flush-interval", "300ms",
+		"--log-level", "warn", "--windows", "1m,1h"}
+	old := startChild(t, append(common, "--table", live)...)
+	oldExited := make(chan error, 1)
+	go func() { oldExited <- old.cmd.Wait() }()
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	type result struct {
+		rep loadgen.Report
+		err error
+	}
+	sent := make(chan result, 1)
+	go func() {
+		rep, err := loadgen.Run(ctx, nc, loadgen.Config{Prefix: "mentions.", Topics: 30, Rate: 600, Messages: 9_000, Count: 1, Seed: 21, JetStream: true})
+		sent <- result{rep, err}
+	}()
+	testenv.Eventually(t, 60*time.Second, func() error {
+		if n := old.metric(t, "hotcount_flusher_flushed_mentions_total"); n < 2_000 {
+			return fmt.Errorf("%v mentions written", n)
+		}
+		return nil
+	})
+	// The backup, and the time to rewind to: what was unwritten when it
+	// began is at most the oldest unwritten mention's age, as of the last
+	// flush, plus one flush interval.
+	unwritten := old.metric(t, "hotcount_durable_oldest_unwritten_seconds")
+	backup := time.Now()
+	restored := d.Table(t, "restored")
+	copied := copyTable(t, d, live, restored)
+	rewindTo := backup.Add(-time.Duration((unwritten + 0.3) * float64(time.Second)))
+	t.Logf("backup at %s: %d items copied; oldest unwritten %.3f s; rewinding to %s", backup.Format(time.RFC3339Nano), copied, unwritten, rewindTo.Format(time.RFC3339Nano))
+
+	var out bytes.Buffer
+	run := func(args ...string) {
+		t.Helper()
+		out.Reset()
+		if err := dispatch(context.Background(), append(args, "--nats-mode", "jetstream", "--nats-url", url), nil, &out, &out); err != nil {
+			t.Fatalf("hotcount %s: %v\n%s", strings.Join(args, " "), err, out.String())
+		}
+	}
+	run("stream", "rewind", "--to", rewindTo.Format(time.RFC3339Nano), "--table", restored, "--dry-run")
+	if !strings.Contains(out.String(), "would rewind") {
+		t.Fatalf("--dry-run said:\n%s", out.String())
+	}
+	run("stream", "rewind", "--to", rewindTo.Format(time.RFC3339Nano), "--table", restored)
+	t.Logf("%s", out.String())
+	run("stream", "rules", "set", "--table", restored, "--why", "restored from the backup")
+	select {
+	case err := <-oldExited:
+		if err == nil || !strings.Contains(old.logs.String(), "--table") {
+			t.Fatalf("the sidecar on the old table ended with %v, want an error naming --table; its log:\n%s", err, old.logs)
+		}
+	case <-time.After(60 * time.Second): // a deadline against a hang
+		t.Fatalf("the sidecar on the old table still runs after the table changed; its log:\n%s", old.logs)
+	}
+	fresh := startChild(t, append(common, "--table", restored)...)
+	r := <-sent
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	testenv.Eventually(t, 90*time.Second, tableHolds(t, d, restored, r.rep.PerTopic))
+	exactBuckets(t, d, restored, r.rep.PerTopic)
+	run("audit", "--windows", "1m,1h", "--dynamodb-endpoint", d.Endpoint, "--table", restored)
+	if !strings.Contains(out.String(), "no difference") {
+		t.Fatalf("the audit of the restored table:\n%s", out.String())
+	}
+
+	// A table lost and created empty: everything the stream holds.
+	empty := d.Table(t, "empty")
+	run("stream", "rewind", "--to-start", "--table", empty)
+	run("stream", "rules", "set", "--table", empty, "--why", "the table was lost")
+	startChild(t, append(common, "--table", empty)...)
+	testenv.Eventually(t, 90*time.Second, tableHolds(t, d, empty, r.rep.PerTopic))
+	exactBuckets(t, d, empty, r.rep.PerTopic)
+	_ = fresh // stopped by the change to the empty table
+}
+
+// copyTable copies every item of from into to, each as it is when read:
+// a backup taken while the table is written.
+func copyTable(t *testing.T, d *testenv.Dynalite, from, to string) int {
+	t.Helper()
+	n := 0
+	p := dynamodb.NewScanPaginator(d.Client(), &dynamodb.ScanInput{TableName: &from})
+	for p.HasMorePages() {
+		page, err := p.NextPage(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, it := range page.Items {
+			if _, err := d.Client().PutItem(context.Background(), &dynamodb.PutItemInput{TableName: &to, Item: it}); err != nil {
+				t.Fatal(err)
+			}
+			n++
+		}
+	}
+	return n
+}
+
+// TestRewindWithTheFleetRunning is a table lost and created again under a
+// running sidecar: the table deleted mid-load (every write fails, the
+// window holds what was read), `hotcount stream rewind --to-start` while
+// the sidecar runs, then the table created empty. The sidecar must not
+// write what it read before the rewind (its spans assume the old
+// checkpoint, so the items would start in the middle of their mentions)
+// and must read everything again: the new table ends with every mention
+// once.
+func TestRewindWithTheFleetRunning(t *testing.T) {
+	ns := testenv.NATS(t)
+	url := ns.ClientURL()
+	nc := testenv.Connect(t, url)
+	if _, err := ingest.EnsureStream(context.Background(), nc, "MENTIONS", "mentions.>", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	d := testenv.StartDynalite(t)
+	testenv.AWSEnv(t)
+	table := d.Table(t, "lost")
+	c := startChild(t, "--nats-mode", "jetstream", "--nats-url", url, "--dynamodb-endpoint", d.Endpoint, "--flush-interval", "300ms",
+		"--log-level", "warn", "--table", table)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	type result struct {
+		rep loadgen.Report
+		err error
+	}
+	sent := make(chan result, 1)
+	go func() {
+		rep, err := loadgen.Run(ctx, nc, loadgen.Config{Prefix: "mentions.", Topics: 30, Rate: 600, Messages: 9_000, Count: 1, Seed: 23, JetStream: true})
+		sent <- result{rep, err}
+	}()
+	testenv.Eventually(t, 60*time.Second, func() error {
+		if n := c.metric(t, "hotcount_flusher_flushed_mentions_total"); n < 2_000 {
+			return fmt.Errorf("%v mentions written", n)
+		}
+		return nil
+	})
+	if _, err := d.Client().DeleteTable(context.Background(), &dynamodb.DeleteTableInput{TableName: &table}); err != nil {
+		t.Fatal(err)
+	}
+	failed := c.metric(t, `hotcount_durable_writes_total{outcome="failed"}`)
+	testenv.Eventually(t, 30*time.Second, func() error {
+		if n := c.metric(t, `hotcount_durable_writes_total{outcome="failed"}`); n <= failed {
+			return errors.New("no write has failed since the table went")
+		}
+		return nil
+	})
+	var out bytes.Buffer
+	if err := dispatch(context.Background(), []string{"stream", "rewind", "--nats-mode", "jetstream", "--nats-url", url, "--to-start", "--table", table}, nil, &out, &out); err != nil {
+		t.Fatalf("stream rewind: %v\n%s", err, out.String())
+	}
+	d.Table(t, table)
+	r := <-sent
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	if err := testenv.Poll(90*time.Second, tableHolds(t, d, table, r.rep.PerTopic)); err != nil {
+		logs := c.logs.String()
+		t.Fatalf("%v\n%s\n%s", err, out.String(), logs[max(0, len(logs)-30000):])
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/zap"
 
 	"github.com/hotcount/hotcount/durability/rules"
 	"github.com/hotcount/hotcount/pipeline/store"
@@ -41,6 +42,24 @@ type record struct {
 	// held are the quarantined counters of the stream, by counter name:
 	// each holds every mention of its counter at sequences first..last.
 	held map[string]heldEntry
+	// Gen is the record's generation: each rewind (Rewind) raises it, and
+	// a reader that began under an older one never moves the record nor
+	// writes what it read (the fence). Table, set by a rewind, is the
+	// table the record is for: a reader of another table starts from the
+	// stream's first message and never moves it. "": the fleet's table
+	// (a record no rewind made).
+	Gen   uint64
+	Table string
+}
+
+// meta is a record's second line once a rewind has made it: its
+// generation, its table and its held counters. The previous release
+// cannot read it, and so cannot move a rewound checkpoint forward.
+type meta struct {
+	V     int                  `json:"v"`
+	Gen   uint64               `json:"gen"`
+	Table string               `json:"table"`
+	Held  map[string]heldEntry `json:"held,omitempty"`
 }
 
 // heldEntry is a counter's mentions that the store refused for good
@@ -160,9 +179,17 @@ func moved(p, prev store.Position) bool {
 }
 
 // formatRecord is a record as the bucket keeps it: "<epoch>:<sequence>",
-// then, when counters are held, a line of their JSON.
+// then, when counters are held, a line of their JSON, or once a rewind
+// made it, a line of its meta.
 func formatRecord(r record) ([]byte, error) {
 	v := []byte(formatPosition(r.Position))
+	if r.Gen > 0 || r.Table != "" {
+		m, err := json.Marshal(meta{V: 2, Gen: r.Gen, Table: r.Table, Held: r.held})
+		if err != nil {
+			return nil, err
+		}
+		return append(append(v, '\n'), m...), nil
+	}
 	if len(r.held) == 0 {
 		return v, nil
 	}
@@ -180,6 +207,14 @@ func parseRecord(v []byte) (record, error) {
 		return record{}, err
 	}
 	r := record{Position: p}
+	if bytes.HasPrefix(rest, []byte(`{"v":2`)) {
+		var m meta
+		if err := json.Unmarshal(rest, &m); err != nil {
+			return record{}, fmt.Errorf("record: %w", err)
+		}
+		r.held, r.Gen, r.Table = m.Held, m.Gen, m.Table
+		return r, nil
+	}
 	if len(rest) > 0 {
 		if err := json.Unmarshal(rest, &r.held); err != nil {
 			return record{}, fmt.Errorf("held counters: %w", err)
@@ -252,4 +287,122 @@ func ReadRules(ctx context.Context, js jetstream.JetStream, bucket, stream strin
 		return nil, err
 	}
 	return rules.NewBook(js, kv).History(ctx, stream)
+}
+
+// raise notes generation g of name's record and returns the highest seen.
+// A higher one than known restarts every reading (fences): a rewind.
+func (e *Engine) raise(name string, g uint64) uint64 {
+	e.genMu.Lock()
+	defer e.genMu.Unlock()
+	old, known := e.gens[name]
+	if !known {
+		e.gens[name] = g
+		return g // the first look: no reading began under an older one
+	}
+	if g > old {
+		e.gens[name] = g
+		e.fences.Add(1)
+		e.log.Warn("the stream was rewound: reading it again from its checkpoint; what was read before is not written",
+			zap.String("stream", name), zap.Uint64("generation", g))
+	}
+	return e.gens[name]
+}
+
+// stale says whether s was read under an older generation of its record
+// than the highest seen: its spans assumed a checkpoint a rewind has
+// since moved back, and are never written.
+func (e *Engine) stale(s stream) bool {
+	e.genMu.Lock()
+	defer e.genMu.Unlock()
+	return s.gen < e.gens[s.name]
+}
+
+// Rewound is what Rewind did to one stream's record.
+type Rewound struct {
+	// From is the checkpoint before (0: none in the stream's creation),
+	// To the sequence reading starts at now.
+	From, To uint64
+	// Gen is the record's new generation, Table the table it is for.
+	Gen   uint64
+	Table string
+	// Kept and Dropped count the held counters: those wholly before To
+	// stay held; the others are read again (and held again if the store
+	// still refuses them).
+	Kept, Dropped int
+}
+
+// Rewind moves the checkpoint of stream's current creation back so that
+// its readers read again from sequence to on, into table, with the fleet
+// running: the record's generation goes up, and a reader that began under
+// an older one (running, frozen, waking) never moves the record again nor
+// writes what it had read; it reads again from the record. The items'
+// positions refuse what they already hold, so a table restored from a
+// backup, or a new one, comes out exact from what the stream retains.
+// With dryRun it changes nothing and says what it would do.
+func Rewind(ctx context.Context, js jetstream.JetStream, bucket, stream string, to uint64, table string, dryRun bool) (Rewound, error) {
+	st, err := js.Stream(ctx, stream)
+	if err != nil {
+		return Rewound{}, fmt.Errorf("durable: rewind %s: %w", stream, err)
+	}
+	info := st.CachedInfo()
+	if bucket == "" {
+		bucket = DefaultCheckpointBucket
+	}
+	c, err := openCheckpoints(ctx, js, bucket, info.Config.Replicas)
+	if err != nil {
+		return Rewound{}, err
+	}
+	epoch := epochOf(info)
+	var out Rewound
+	change := func(r *record) (bool, error) {
+		out = Rewound{To: to, Table: table, Gen: r.Gen + 1}
+		if r.Epoch == epoch {
+			out.From = r.Seq
+		} else {
+			r.held = nil // another creation's
+		}
+		held := make(map[string]heldEntry)
+		for name, h := range r.held {
+			if h.Last < to {
+				held[name] = h
+				out.Kept++
+			} else {
+				out.Dropped++
+			}
+		}
+		if dryRun {
+			return false, nil
+		}
+		*r = record{Position: store.Position{Epoch: epoch, Seq: to - 1}, held: held, Gen: out.Gen, Table: table}
+		return true, nil
+	}
+	if err := c.update(ctx, stream, change); err != nil {
+		return Rewound{}, err
+	}
+	return out, nil
+}
+
+// fence reads, before a flush writes, the generation of the record of
+// each stream it has read from: a rewind since its reading began makes
+// what it read stale (never written; plan drops it) and restarts the
+// readings. A record that cannot be read is passed over: a sidecar cut
+// off from NATS writes what it read, as before (docs/SEMANTICS.md).
+func (e *Engine) fence(ctx context.Context, read map[stream]uint64) {
+	names := make(map[string]bool, len(read))
+	for s := range read {
+		names[s.name] = true
+	}
+	for k := range e.doubt {
+		names[k.s.name] = true
+	}
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	for name := range names {
+		r, _, err := e.ckpt.load(ctx, name)
+		if err != nil {
+			e.sampled.Warn("the checkpoint's generation not read before the flush", zap.String("stream", name), zap.Error(err))
+			continue
+		}
+		e.raise(name, r.Gen)
+	}
 }

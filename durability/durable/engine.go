@@ -146,6 +146,12 @@ type Engine struct {
 	// timed out, and the next flush made them all again.
 	recounting chan struct{}
 
+	// gens is, per stream name, the highest record generation seen (a
+	// rewind's); fences counts its raises, which restart every reading.
+	genMu  sync.Mutex
+	gens   map[string]uint64
+	fences atomic.Uint64
+
 	// refuse stops Run with its error: a stream's rules this sidecar
 	// cannot follow (set by Run).
 	refuse func(error)
@@ -184,7 +190,7 @@ func New(cfg Config, nc *nats.Conn, st Store, owner Owner, log *zap.Logger, m *M
 	}
 	log = log.Named("durable")
 	e := &Engine{cfg: cfg, js: js, st: st, owner: owner, check: check, prefix: prefix, observers: observers,
-		log: log, metrics: m, now: now, win: newWindow(), hist: make(map[string]rules.History), doubt: make(map[key]job), advanced: make(map[string]store.Position),
+		log: log, metrics: m, now: now, win: newWindow(), hist: make(map[string]rules.History), gens: make(map[string]uint64), doubt: make(map[key]job), advanced: make(map[string]store.Position),
 		denied: make(map[key]time.Time), recounting: make(chan struct{}, maxRecounts), held: heldSet{keys: make(map[key]bool), per: make(map[string]int), gauge: m.held, most: m.heldMost},
 		sampled: log.WithOptions(zap.WrapCore(func(c zapcore.Core) zapcore.Core {
 			return zapcore.NewSamplerWithOptions(c, time.Second, 1, 0)

@@ -55,6 +55,7 @@ func (e *Engine) Flush(ctx context.Context) error {
 	start := e.now()
 	var d drained
 	e.view.Move(func() func(string) int64 { d = e.win.drain(); return heldTotals(d.counters) })
+	e.fence(ctx, d.read)
 	rd := newRound()
 	e.tally(rd, e.sendAll(ctx, e.plan(ctx, rd, split(d.counters))))
 	e.observe(rd.observed)
@@ -98,7 +99,15 @@ func (rd *round) of(s stream) *changes {
 // record); the writes in doubt again; and the held entries' replays.
 func (e *Engine) plan(ctx context.Context, rd *round, counters map[key]*entry) []job {
 	jobs := make([]job, 0, len(counters)+len(e.doubt))
+	for k := range e.doubt {
+		if e.stale(k.s) { // maybe applied: the re-read's write settles it by position
+			delete(e.doubt, k)
+		}
+	}
 	for k, ent := range counters {
+		if e.stale(k.s) {
+			continue // read before a rewind: read again, and written then
+		}
 		if _, waiting := e.doubt[k]; waiting {
 			rd.back[k] = ent
 			continue
@@ -337,6 +346,9 @@ func (e *Engine) checkpoint(ctx context.Context, read map[stream]uint64, back ma
 		}
 	}
 	for s, n := range e.lows(read, back, ch) {
+		if e.stale(s) {
+			continue // read before a rewind: its record is not its to move
+		}
 		p := store.Position{Epoch: s.epoch, Seq: n}
 		if c := ch[s]; moved(p, e.advanced[s.name]) || c != nil {
 			e.storeRecord(ctx, s, p, c, back)
@@ -385,8 +397,16 @@ func (e *Engine) storeRecord(ctx context.Context, s stream, p store.Position, c 
 	cctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	var dropped map[string]heldEntry // an older stream's holds, replaced (counted once stored)
+	var fenced uint64 // a newer generation found: a rewind
 	err := e.ckpt.update(cctx, s.name, func(r *record) (bool, error) {
 		dropped = nil // update may call this again, on a newer record
+		if r.Gen > s.gen {
+			fenced = r.Gen
+			return false, nil
+		}
+		if r.Table != "" && r.Table != e.cfg.Table {
+			return false, nil // rewound for another table: not this sidecar's to move
+		}
 		if r.Epoch != s.epoch && r.Epoch != 0 {
 			// Which of the two streams is the live one, the server says:
 			// creation times are the servers' clocks, and a clock set back
@@ -403,7 +423,7 @@ func (e *Engine) storeRecord(ctx context.Context, s stream, p store.Position, c 
 			// The record of a stream since deleted (or none yet): its
 			// held counters were that stream's mentions, and went with it.
 			dropped = r.held
-			*r = record{Position: store.Position{Epoch: s.epoch}}
+			*r = record{Position: store.Position{Epoch: s.epoch}, Gen: r.Gen, Table: r.Table}
 		}
 		stored = p
 		if c != nil {
@@ -418,6 +438,10 @@ func (e *Engine) storeRecord(ctx context.Context, s stream, p store.Position, c 
 		return true, nil
 	})
 	switch {
+	case fenced > 0:
+		// Rewound: what this flush would have held was read before the
+		// rewind, and is read again.
+		e.raise(s.name, fenced)
 	case err != nil:
 		e.sampled.Warn("checkpoint not stored; the next flush tries again", zap.String("stream", s.name), zap.Error(err))
 		if c != nil {

@@ -99,7 +99,7 @@ func (e *Engine) changed(r *reading, msg jetstream.Msg) error {
 	e.histMu.Lock()
 	e.hist[r.s.name] = e.hist[r.s.name].With(c)
 	e.histMu.Unlock()
-	if err := e.agree(r.s.name, c.Rules); err != nil {
+	if err := e.agree(r.s.name, e.tableNow(r.s.name, c.Rules)); err != nil {
 		return err
 	}
 	r.j = judgementOf(c.Rules)
@@ -108,6 +108,19 @@ func (e *Engine) changed(r *reading, msg jetstream.Msg) error {
 	e.log.Info("the stream's rules changed", zap.String("stream", r.s.name), zap.Uint64("seq", c.Seq),
 		zap.String("by", c.By), zap.String("why", c.Why))
 	return nil
+}
+
+// tableNow is r with the table of the stream's last change: the table is
+// where the whole fleet's counts live, not a judgement of one message, so
+// a sidecar of the table in force reads again (a rewind) the messages of
+// an earlier table too; the items it writes then are its table's.
+func (e *Engine) tableNow(name string, r rules.Rules) rules.Rules {
+	e.histMu.Lock()
+	defer e.histMu.Unlock()
+	if c, ok := e.hist[name].Latest(); ok {
+		r.Table = c.Rules.Table
+	}
+	return r
 }
 
 // judgementAt is how the message at seq of s is judged: for a recount,

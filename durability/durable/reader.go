@@ -173,6 +173,9 @@ type reading struct {
 	// j is how messages are judged: the stream's rules in force at the
 	// next sequence. A rules message changes it.
 	j judgement
+	// fence is the engine's fences when the reading began: a rewind
+	// since restarts it (its stream may be the rewound one).
+	fence uint64
 	// limits are the stream's, when the reading is filtered (jetstream
 	// mode on a stream of more than --subject): a gap in its sequences is
 	// then mostly other subjects, and asked about only when the stream
@@ -186,7 +189,7 @@ type reading struct {
 }
 
 func newReading(ctx context.Context, e *Engine, st jetstream.Stream, s stream, from uint64) *reading {
-	return &reading{ctx: ctx, e: e, st: st, s: s, last: from - 1, failed: make(chan error, 1)}
+	return &reading{ctx: ctx, e: e, st: st, s: s, last: from - 1, failed: make(chan error, 1), fence: e.fences.Load()}
 }
 
 // handle is Consume's callback: it takes msg, or ends the reading on the
@@ -215,6 +218,9 @@ func (r *reading) fail(err error) {
 func (r *reading) take(msg jetstream.Msg) error {
 	if err := r.e.whilePaused(r.ctx); err != nil {
 		return err
+	}
+	if r.e.fences.Load() != r.fence {
+		return errRestart // a rewind: start again from the record
 	}
 	d, err := parseDelivery(msg.Reply())
 	if err != nil {
@@ -285,11 +291,8 @@ func (r *reading) stopped() error {
 // Mentions the stream dropped before they were read (its limits) are
 // counted and logged: they are lost.
 func (e *Engine) start(ctx context.Context, p int) (stream, uint64, judgement, error) {
-	s, next, err := e.begin(ctx, p)
-	if err != nil {
-		return stream{}, 0, judgement{}, err
-	}
-	h, err := e.book.Open(ctx, s.name, e.Own())
+	name := e.streamName(p)
+	h, err := e.book.Open(ctx, name, e.Own())
 	if errors.Is(err, rules.ErrRolledBack) {
 		e.metrics.backwards.Inc()
 	}
@@ -297,17 +300,22 @@ func (e *Engine) start(ctx context.Context, p int) (stream, uint64, judgement, e
 		return stream{}, 0, judgement{}, err
 	}
 	e.histMu.Lock()
-	e.hist[s.name] = h
+	e.hist[name] = h
 	e.histMu.Unlock()
+	s, next, err := e.begin(ctx, p, h)
+	if err != nil {
+		return stream{}, 0, judgement{}, err
+	}
 	r, _ := h.In(s.epoch, next)
-	if err := e.agree(s.name, r); err != nil {
+	if err := e.agree(s.name, e.tableNow(s.name, r)); err != nil {
 		return stream{}, 0, judgement{}, err
 	}
 	return s, next, judgementOf(r), nil
 }
 
-// begin is start's look at p's stream and its checkpoint.
-func (e *Engine) begin(ctx context.Context, p int) (stream, uint64, error) {
+// begin is start's look at p's stream and its checkpoint, whose rules'
+// history is h.
+func (e *Engine) begin(ctx context.Context, p int, h rules.History) (stream, uint64, error) {
 	st, err := e.js.Stream(ctx, e.streamName(p))
 	if err != nil {
 		return stream{}, 0, err
@@ -325,6 +333,17 @@ func (e *Engine) begin(ctx context.Context, p int) (stream, uint64, error) {
 	cp, _, err := e.ckpt.load(ctx, s.name)
 	if err != nil {
 		return stream{}, 0, err
+	}
+	s.gen = e.raise(s.name, cp.Gen)
+	if e.foreign(cp, s, h) {
+		// The record is another table's (a rewind made it for one, or the
+		// rules named another table at its sequence): nothing says what
+		// this one holds, so read what the stream has; the items refuse
+		// what they hold.
+		e.log.Warn("the stream's checkpoint is another table's; reading the stream from its first message",
+			zap.String("stream", s.name), zap.String("record_table", cp.Table), zap.String("table", e.cfg.Table))
+		next := max(e.win.resume(s)+1, info.State.FirstSeq)
+		return s, next, nil
 	}
 	if cp.Epoch == s.epoch && cp.Seq > info.State.LastSeq {
 		// A stream restored from a backup keeps its creation time while
@@ -348,6 +367,21 @@ func (e *Engine) begin(ctx context.Context, p int) (stream, uint64, error) {
 		next = first
 	}
 	return s, next, nil
+}
+
+// foreign says whether record cp of s is another table's: a rewind made
+// it for one, or the stream's rules named another table at its sequence
+// (the table changed with no rewind: a restored or new table holds
+// nothing the checkpoint says).
+func (e *Engine) foreign(cp record, s stream, h rules.History) bool {
+	if cp.Table != "" {
+		return cp.Table != e.cfg.Table
+	}
+	if cp.Epoch != s.epoch || cp.Seq == 0 {
+		return false
+	}
+	r, ok := h.In(s.epoch, cp.Seq)
+	return ok && r.Table != e.cfg.Table
 }
 
 // dropped counts and logs the mentions at from..to-1 of s, which the

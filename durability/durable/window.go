@@ -15,6 +15,10 @@ type stream struct {
 	p     int
 	name  string
 	epoch int64
+	// gen is the generation of the checkpoint record the reading began
+	// under: a rewind raises it, and what was read under an older one is
+	// never written (Engine.stale).
+	gen uint64
 }
 
 // key is one counter fed by one stream incarnation: a window keeps a
