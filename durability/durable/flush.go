@@ -397,7 +397,7 @@ func (e *Engine) storeRecord(ctx context.Context, s stream, p store.Position, c 
 	cctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	var dropped map[string]heldEntry // an older stream's holds, replaced (counted once stored)
-	var fenced uint64 // a newer generation found: a rewind
+	var fenced uint64                // a newer generation found: a rewind
 	err := e.ckpt.update(cctx, s.name, func(r *record) (bool, error) {
 		dropped = nil // update may call this again, on a newer record
 		if r.Gen > s.gen {
