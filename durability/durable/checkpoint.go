@@ -406,3 +406,114 @@ func (e *Engine) fence(ctx context.Context, read map[stream]uint64) {
 		e.raise(name, r.Gen)
 	}
 }
+
+// A high-water mark is the last sequence of a stream's creation that any
+// write may have recorded on an item, and the publication (Unix ns) of
+// its message, stored (key "hw.<stream>") before any item passes it. A
+// stream restored from a backup keeps its creation time and writes its
+// sequences again: the message at the mark is then another, or none,
+// and the items' positions would refuse new mentions as counted. A
+// reader that finds so refuses the stream (sameMessages).
+type highWater struct {
+	store.Position
+	At int64
+}
+
+func hwKey(name string) string { return "hw." + name }
+
+func (c *checkpoints) highWater(ctx context.Context, name string) (highWater, uint64, error) {
+	e, err := c.kv.Get(ctx, hwKey(name))
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return highWater{}, 0, nil
+	}
+	if err != nil {
+		return highWater{}, 0, err
+	}
+	v := string(e.Value())
+	i := strings.LastIndexByte(v, ':')
+	p, err1 := parsePosition(v[:max(i, 0)])
+	at, err2 := strconv.ParseInt(v[i+1:], 10, 64)
+	if i < 0 || err1 != nil || err2 != nil {
+		return highWater{}, 0, fmt.Errorf("durable: high-water mark of %s: %q", name, v)
+	}
+	return highWater{Position: p, At: at}, e.Revision(), nil
+}
+
+// raiseHighWater stores h as name's mark unless the stored one is as far
+// (the same creation, a sequence at or past h's), by compare-and-set.
+func (c *checkpoints) raiseHighWater(ctx context.Context, name string, h highWater) error {
+	for range 5 {
+		cur, rev, err := c.highWater(ctx, name)
+		if err != nil {
+			return err
+		}
+		if cur.Epoch == h.Epoch && cur.Seq >= h.Seq {
+			return nil
+		}
+		v := []byte(formatPosition(h.Position) + ":" + strconv.FormatInt(h.At, 10))
+		if rev == 0 {
+			_, err = c.kv.Create(ctx, hwKey(name), v)
+		} else {
+			_, err = c.kv.Update(ctx, hwKey(name), v, rev)
+		}
+		if err == nil || !errors.Is(err, jetstream.ErrKeyExists) && !isWrongSequence(err) {
+			return err
+		}
+	}
+	return fmt.Errorf("durable: high-water mark of %s: changed under every try", name)
+}
+
+// marks stores, before a flush writes, each stream's high-water mark: the
+// last sequence it counted, which no write of the flush passes. It
+// returns the streams whose mark could not be stored: their entries wait
+// for the next flush.
+func (e *Engine) marks(ctx context.Context, ms map[stream]mark) map[stream]bool {
+	var blocked map[stream]bool
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	for s, m := range ms {
+		if m.seq == 0 || e.stale(s) {
+			continue
+		}
+		h := highWater{Position: store.Position{Epoch: s.epoch, Seq: m.seq}, At: m.at}
+		if prev, ok := e.hw[s.name]; ok && prev.Epoch == h.Epoch && prev.Seq >= h.Seq {
+			continue
+		}
+		if err := e.ckpt.raiseHighWater(ctx, s.name, h); err != nil {
+			e.sampled.Warn("high-water mark not stored; the stream's writes wait for the next flush", zap.String("stream", s.name), zap.Error(err))
+			if blocked == nil {
+				blocked = make(map[stream]bool)
+			}
+			blocked[s] = true
+			continue
+		}
+		e.hw[s.name] = h
+	}
+	return blocked
+}
+
+// sameMessages refuses s when its high-water mark's message is not the
+// one there now: the stream was restored from a backup (its creation
+// time kept) and its sequences written again. Without the check its new
+// mentions at sequences the items record would read as counted: lost.
+func (e *Engine) sameMessages(ctx context.Context, st jetstream.Stream, s stream, state jetstream.StreamState) error {
+	h, _, err := e.ckpt.highWater(ctx, s.name)
+	if err != nil || h.Epoch != s.epoch || h.Seq < state.FirstSeq {
+		return err // none, another creation's, or aged out with what it marked
+	}
+	if h.Seq <= state.LastSeq {
+		msg, err := st.GetMsg(ctx, h.Seq)
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			return nil // deleted since: nothing else took its sequence
+		}
+		if err != nil {
+			return err
+		}
+		if msg.Time.UnixNano() == h.At {
+			return nil
+		}
+	}
+	e.metrics.backwards.Inc()
+	return fmt.Errorf("stream %s: sequence %d, which the items may record, does not hold the message it held (published %s): the stream was restored from a backup and its sequences written again (it ends at %d). Its new mentions would read as counted; not reading it (docs/SEMANTICS.md, \"Streams: created again, restored, retention\")",
+		s.name, h.Seq, time.Unix(0, h.At).UTC().Format(time.RFC3339Nano), state.LastSeq)
+}

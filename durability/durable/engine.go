@@ -137,6 +137,7 @@ type Engine struct {
 	flushMu  sync.Mutex
 	doubt    map[key]job               // writes in doubt, sent again next flush (under flushMu)
 	advanced map[string]store.Position // checkpoints stored, per stream (under flushMu)
+	hw       map[string]highWater      // high-water marks stored, per stream (under flushMu)
 	denied   map[key]time.Time         // since when each counter's writes are refused for good (under flushMu)
 	replayed time.Time                 // the last replay of the held counters (under flushMu)
 	held     heldSet
@@ -190,7 +191,7 @@ func New(cfg Config, nc *nats.Conn, st Store, owner Owner, log *zap.Logger, m *M
 	}
 	log = log.Named("durable")
 	e := &Engine{cfg: cfg, js: js, st: st, owner: owner, check: check, prefix: prefix, observers: observers,
-		log: log, metrics: m, now: now, win: newWindow(), hist: make(map[string]rules.History), gens: make(map[string]uint64), doubt: make(map[key]job), advanced: make(map[string]store.Position),
+		log: log, metrics: m, now: now, win: newWindow(), hist: make(map[string]rules.History), gens: make(map[string]uint64), doubt: make(map[key]job), advanced: make(map[string]store.Position), hw: make(map[string]highWater),
 		denied: make(map[key]time.Time), recounting: make(chan struct{}, maxRecounts), held: heldSet{keys: make(map[key]bool), per: make(map[string]int), gauge: m.held, most: m.heldMost},
 		sampled: log.WithOptions(zap.WrapCore(func(c zapcore.Core) zapcore.Core {
 			return zapcore.NewSamplerWithOptions(c, time.Second, 1, 0)

@@ -56,8 +56,9 @@ func (e *Engine) Flush(ctx context.Context) error {
 	var d drained
 	e.view.Move(func() func(string) int64 { d = e.win.drain(); return heldTotals(d.counters) })
 	e.fence(ctx, d.read)
+	blocked := e.marks(ctx, d.marks)
 	rd := newRound()
-	e.tally(rd, e.sendAll(ctx, e.plan(ctx, rd, split(d.counters))))
+	e.tally(rd, e.sendAll(ctx, e.plan(ctx, rd, split(d.counters), blocked)))
 	e.observe(rd.observed)
 	e.progress(rd)
 	e.checkpoint(ctx, d.read, rd.back, rd.changes)
@@ -97,7 +98,7 @@ func (rd *round) of(s stream) *changes {
 // plan is the flush's writes: each counter's entry, unless it waits
 // behind its write in doubt (back to the window) or is held (to its
 // record); the writes in doubt again; and the held entries' replays.
-func (e *Engine) plan(ctx context.Context, rd *round, counters map[key]*entry) []job {
+func (e *Engine) plan(ctx context.Context, rd *round, counters map[key]*entry, blocked map[stream]bool) []job {
 	jobs := make([]job, 0, len(counters)+len(e.doubt))
 	for k := range e.doubt {
 		if e.stale(k.s) { // maybe applied: the re-read's write settles it by position
@@ -108,7 +109,7 @@ func (e *Engine) plan(ctx context.Context, rd *round, counters map[key]*entry) [
 		if e.stale(k.s) {
 			continue // read before a rewind: read again, and written then
 		}
-		if _, waiting := e.doubt[k]; waiting {
+		if _, waiting := e.doubt[k]; waiting || blocked[k.s] {
 			rd.back[k] = ent
 			continue
 		}

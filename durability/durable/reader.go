@@ -335,6 +335,9 @@ func (e *Engine) begin(ctx context.Context, p int, h rules.History) (stream, uin
 		return stream{}, 0, err
 	}
 	s.gen = e.raise(s.name, cp.Gen)
+	if err := e.sameMessages(ctx, st, s, info.State); err != nil {
+		return stream{}, 0, err
+	}
 	if e.foreign(cp, s, h) {
 		// The record is another table's (a rewind made it for one, or the
 		// rules named another table at its sequence): nothing says what

@@ -67,6 +67,15 @@ type window struct {
 type streamWindow struct {
 	read     uint64 // the last sequence handed in: kept across drains
 	counters map[store.Counter]*entry
+	// mark is the last sequence counted and its publication: no write
+	// of the stream's spans reaches past it (the high-water mark).
+	mark mark
+}
+
+// mark is a stream sequence and the publication (Unix ns) of its message.
+type mark struct {
+	seq uint64
+	at  int64
 }
 
 func newWindow() *window {
@@ -96,6 +105,7 @@ func (w *window) add(s stream, seq uint64, delta int64, published time.Time, cs 
 		return
 	}
 	sw.read = seq
+	sw.mark = mark{seq: seq, at: published.UnixNano()}
 	for _, c := range cs {
 		w.put(sw, c, entry{delta: delta, first: seq, last: seq, since: published.UnixNano()})
 	}
@@ -141,15 +151,17 @@ func (w *window) put(sw *streamWindow, c store.Counter, e entry) {
 type drained struct {
 	counters map[key]*entry
 	read     map[stream]uint64
+	marks    map[stream]mark
 }
 
 // drain takes the window's counters.
 func (w *window) drain() drained {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	d := drained{counters: make(map[key]*entry, w.entries.Load()), read: make(map[stream]uint64, len(w.streams))}
+	d := drained{counters: make(map[key]*entry, w.entries.Load()), read: make(map[stream]uint64, len(w.streams)), marks: make(map[stream]mark, len(w.streams))}
 	for s, sw := range w.streams {
 		d.read[s] = sw.read
+		d.marks[s] = sw.mark
 		for c, e := range sw.counters {
 			d.counters[key{s, c}] = e
 		}
