@@ -157,6 +157,12 @@ type Engine struct {
 	// cannot follow (set by Run).
 	refuse func(error)
 
+	// ckptFailed says a checkpoint write of the last flush failed
+	// (ckptFailing, under flushMu, while it runs): the final flush is not
+	// done until every one is stored.
+	ckptFailed  atomic.Bool
+	ckptFailing bool
+
 	lastProgress atomic.Int64
 	lastWrite    atomic.Int64 // lastProgress less the flushes refused for good only
 	failing      atomic.Bool
@@ -361,8 +367,11 @@ func (e *Engine) flushLoop(ctx context.Context) {
 func (e *Engine) Final(ctx context.Context) error {
 	for {
 		err := e.Flush(ctx)
-		if err == nil && e.win.size() == 0 {
+		if err == nil && e.win.size() == 0 && !e.ckptFailed.Load() {
 			return nil
+		}
+		if err == nil && e.ckptFailed.Load() {
+			err = errors.New("durable: checkpoint not stored (the next reader reads again what is past it)")
 		}
 		// A store that refuses at once is asked again at the flush
 		// interval, not in a loop.

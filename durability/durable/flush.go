@@ -346,6 +346,8 @@ func (e *Engine) checkpoint(ctx context.Context, read map[stream]uint64, back ma
 			c.hold = nil
 		}
 	}
+	e.ckptFailing = false
+	defer func() { e.ckptFailed.Store(e.ckptFailing) }()
 	for s, n := range e.lows(read, back, ch) {
 		if e.stale(s) {
 			continue // read before a rewind: its record is not its to move
@@ -444,6 +446,7 @@ func (e *Engine) storeRecord(ctx context.Context, s stream, p store.Position, c 
 		// rewind, and is read again.
 		e.raise(s.name, fenced)
 	case err != nil:
+		e.ckptFailing = true
 		e.sampled.Warn("checkpoint not stored; the next flush tries again", zap.String("stream", s.name), zap.Error(err))
 		if c != nil {
 			for k, ent := range c.hold {

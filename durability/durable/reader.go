@@ -13,6 +13,7 @@ import (
 	"github.com/hotcount/hotcount/durability/rules"
 	"github.com/hotcount/hotcount/durability/streams"
 	"github.com/hotcount/hotcount/internal/waits"
+	"github.com/hotcount/hotcount/pipeline/ingest"
 	"github.com/hotcount/hotcount/pipeline/store"
 )
 
@@ -361,9 +362,13 @@ func (e *Engine) begin(ctx context.Context, p int, h rules.History) (stream, uin
 		return stream{}, 0, err
 	}
 	e.adopt(s, cp)
+	// After what this process was handed, or after the checkpoint if the
+	// others have moved it further (a partition taken back): what is at
+	// or below it is in the items, and the stream dropping it since is no
+	// loss.
 	next := e.win.resume(s) + 1
-	if next == 1 && cp.Epoch == s.epoch {
-		next = cp.Seq + 1
+	if cp.Epoch == s.epoch {
+		next = max(next, cp.Seq+1)
 	}
 	if first := info.State.FirstSeq; next < first {
 		e.dropped(s, next, first)
@@ -444,7 +449,7 @@ func (e *Engine) take(s stream, seq uint64, msg jetstream.Msg, published time.Ti
 	if e.cfg.Partitions > 0 {
 		subject = streams.Unstored(subject)
 	}
-	topic, delta, at, ok := e.check.Check(j.limits, subject, msg.Data(), msg.Headers(), published)
+	topic, delta, at, ok := e.check.Check(j.limits, subject, msg.Data(), msg.Headers(), published, &ingest.Origin{Stream: s.name, Epoch: s.epoch, Seq: seq})
 	if !ok {
 		e.win.skip(s, seq)
 		return

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -48,6 +49,14 @@ const (
 	ErrorHeader = "Hotcount-Error"
 	// SubjectHeader gives the subject it was published to.
 	SubjectHeader = "Hotcount-Subject"
+	// StreamHeader, EpochHeader and SequenceHeader say, in the durable
+	// modes, where it was stored: the stream, its creation (Unix
+	// microseconds) and the sequence. A dead letter is published at least
+	// once: a mention read again (a restart, a hand-over, a rewind) is
+	// dead-lettered again, with the same three.
+	StreamHeader   = "Hotcount-Stream"
+	EpochHeader    = "Hotcount-Epoch"
+	SequenceHeader = "Hotcount-Sequence"
 )
 
 // Sink receives accepted mentions. The aggregator is one.
@@ -141,14 +150,24 @@ func newChecker(nc *nats.Conn, cfg Config, now func() time.Time, log *zap.Logger
 // "at" is judged against published, the message's publication in the
 // durable modes; zero (core mode) is its arrival, the sink's now.
 func (c *checker) check(subject string, data []byte, hdr nats.Header, published time.Time) (topic string, delta int64, at time.Time, reason string) {
-	return c.checkWith(c.cfg.Limits, subject, data, hdr, published)
+	return c.checkWith(c.cfg.Limits, subject, data, hdr, published, nil)
+}
+
+// Origin is where a durable mode's message was stored: a dead letter
+// carries it (StreamHeader, EpochHeader, SequenceHeader), so that the
+// repeats a re-read or a hand-over sends (dead letters are at least once)
+// can be told apart.
+type Origin struct {
+	Stream string
+	Epoch  int64
+	Seq    uint64
 }
 
 // checkWith is check under limits l.
-func (c *checker) checkWith(l Limits, subject string, data []byte, hdr nats.Header, published time.Time) (topic string, delta int64, at time.Time, reason string) {
+func (c *checker) checkWith(l Limits, subject string, data []byte, hdr nats.Header, published time.Time, from *Origin) (topic string, delta int64, at time.Time, reason string) {
 	topic, delta, at, by, byErr, err := judge(c.prefix, subject, data, published, c.now, l)
 	if err != nil {
-		return "", 0, time.Time{}, c.reject(subject, data, hdr, err)
+		return "", 0, time.Time{}, c.reject(subject, data, hdr, err, from)
 	}
 	if byErr != nil {
 		c.metrics.byIgnored.Inc()
@@ -217,7 +236,7 @@ func (c *checker) accepted(delta int64) {
 
 // reject counts, logs (sampled) and dead-letters a message, and returns the
 // reason. A dead-letter publish that fails is counted too.
-func (c *checker) reject(subject string, data []byte, hdr nats.Header, err error) string {
+func (c *checker) reject(subject string, data []byte, hdr nats.Header, err error, from *Origin) string {
 	reason := ReasonPayload
 	var inv *InvalidError
 	if errors.As(err, &inv) {
@@ -235,6 +254,11 @@ func (c *checker) reject(subject string, data []byte, hdr nats.Header, err error
 	}
 	dl.Header.Set(ErrorHeader, reason)
 	dl.Header.Set(SubjectHeader, subject)
+	if from != nil {
+		dl.Header.Set(StreamHeader, from.Stream)
+		dl.Header.Set(EpochHeader, strconv.FormatInt(from.Epoch, 10))
+		dl.Header.Set(SequenceHeader, strconv.FormatUint(from.Seq, 10))
+	}
 	if err := c.nc.PublishMsg(dl); err != nil {
 		c.metrics.dropped.WithLabelValues("dead_letter").Inc()
 		c.sampled.Warn("dead-letter publish failed", zap.Error(err))
@@ -566,11 +590,11 @@ func NewChecker(nc *nats.Conn, cfg Config, log *zap.Logger, m *Metrics) (*Checke
 // published), or ok false after rejecting it: the judgement is Judge's
 // under limits l (the stream's rules at the message's sequence), a
 // function of the message and its stream timestamp alone.
-func (k *Checker) Check(l Limits, subject string, data []byte, hdr nats.Header, published time.Time) (topic string, delta int64, at time.Time, ok bool) {
+func (k *Checker) Check(l Limits, subject string, data []byte, hdr nats.Header, published time.Time, from *Origin) (topic string, delta int64, at time.Time, ok bool) {
 	if Probe(hdr) {
 		return "", 0, time.Time{}, false // no mention, and no error either
 	}
-	topic, delta, at, reason := k.c.checkWith(l, subject, data, hdr, published)
+	topic, delta, at, reason := k.c.checkWith(l, subject, data, hdr, published, from)
 	if reason != "" {
 		return "", 0, time.Time{}, false
 	}
