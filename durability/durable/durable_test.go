@@ -555,3 +555,42 @@ func TestJetStreamModeReadsItsSubjectOnly(t *testing.T) {
 		t.Errorf("hotcount_durable_retention_lost_total %v: the other subjects' sequences read as dropped mentions", n)
 	}
 }
+
+// TestDeadLetterSaysWhereItWasStored: a message the rules reject goes to
+// the dead letters with its stream, creation and sequence, by which a
+// consumer of them tells apart the repeats that a re-read sends.
+func TestDeadLetterSaysWhereItWasStored(t *testing.T) {
+	e := setup(t)
+	dlq, err := e.nc.SubscribeSync("hotcount.dlq")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	e.run(t, ctx, e.store(e.db.Endpoint), func(c *durable.Config) { c.DeadLetter = "hotcount.dlq" })
+	want := map[string]int64{}
+	e.publish(t, 3, 1, want) // sequences 1..3
+	ack, err := e.js.Publish(ctx, "mentions.bad", []byte(`{"count":0}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	msg, err := dlq.NextMsg(30 * time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := e.js.Stream(ctx, "MENTIONS")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for h, v := range map[string]string{
+		ingest.StreamHeader:   "MENTIONS",
+		ingest.EpochHeader:    fmt.Sprint(store.EpochOf(st.CachedInfo().Created)),
+		ingest.SequenceHeader: fmt.Sprint(ack.Sequence),
+		ingest.ErrorHeader:    "count",
+	} {
+		if got := msg.Header.Get(h); got != v {
+			t.Errorf("dead letter's %s = %q, want %q", h, got, v)
+		}
+	}
+	e.exact(t, want)
+}
