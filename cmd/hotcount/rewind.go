@@ -64,7 +64,7 @@ func cmdStreamRewind(ctx context.Context, args, environ []string, stdout, stderr
 			}
 		}
 		target := *table
-		if target == "" {
+		if !typedFlags(args, []string{"table"})["table"] {
 			h, err := durable.ReadRules(ctx, js, "", name)
 			if err != nil {
 				return err

@@ -50,7 +50,7 @@ func openRules(ctx context.Context, cfg config.Config, name string) (jetstream.J
 		nc.Close()
 		return nil, nil, nil, err
 	}
-	book, err := durable.OpenRules(ctx, js, "", 1)
+	book, err := durable.OpenRules(ctx, js, "", streamNames(cfg)[0])
 	if err != nil {
 		nc.Close()
 		return nil, nil, nil, err
@@ -153,13 +153,12 @@ func cmdRulesSet(ctx context.Context, args, environ []string, stdout, stderr io.
 		return err
 	}
 	var changed []string
-	fs.Visit(func(f *pflag.Flag) {
-		for _, t := range settable {
-			if f.Name == t {
-				changed = append(changed, t)
-			}
+	typedNow := typedFlags(args, settable)
+	for _, t := range settable {
+		if typedNow[t] {
+			changed = append(changed, t)
 		}
-	})
+	}
 	if len(changed) == 0 {
 		return usageError{fmt.Errorf("nothing to change: give one or more of --%s", strings.Join(settable, ", --"))}
 	}
@@ -174,13 +173,12 @@ func cmdRulesSet(ctx context.Context, args, environ []string, stdout, stderr io.
 	}
 	defer done()
 	for _, name := range streamNames(cfg) {
-		h, err := book.History(ctx, name)
+		cur, ok, err := book.Latest(ctx, name)
 		if err != nil {
 			return err
 		}
-		cur, ok := h.Latest()
 		if !ok {
-			return fmt.Errorf("stream %s has no rules yet: a sidecar records its settings as the first when it first reads the stream; start one, or set every rule", name)
+			return fmt.Errorf("stream %s has no rules yet for its creation: a sidecar records its settings (or the rules of the stream's earlier creation) as the first when it first reads it; start one", name)
 		}
 		next := apply(cur.Rules, cfg, changed)
 		ds := rules.Differences(cur.Rules, next)
@@ -194,13 +192,29 @@ func cmdRulesSet(ctx context.Context, args, environ []string, stdout, stderr io.
 		if *dryRun {
 			continue
 		}
-		c, err := book.Set(ctx, name, next, *why)
+		c, err := book.Set(ctx, name, next, *why, cur)
 		if err != nil {
 			return err
 		}
 		fmt.Fprintf(stdout, "%s: in force from sequence %d\n", name, c.Seq+1)
 	}
 	return nil
+}
+
+// typedFlags are those of names that the command line itself gives: not
+// the environment or a --config file, which are a pod's settings, not a
+// change an operator typed.
+func typedFlags(args, names []string) map[string]bool {
+	fs := pflag.NewFlagSet("", pflag.ContinueOnError)
+	fs.ParseErrorsAllowlist.UnknownFlags = true
+	fs.SetOutput(io.Discard)
+	for _, n := range names {
+		fs.String(n, "", "")
+	}
+	_ = fs.Parse(args) // the real parse has reported any error
+	out := make(map[string]bool)
+	fs.Visit(func(f *pflag.Flag) { out[f.Name] = true })
+	return out
 }
 
 // apply is r with the settings named in changed taken from cfg.

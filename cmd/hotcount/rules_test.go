@@ -260,7 +260,7 @@ func TestTheOddSidecarRefuses(t *testing.T) {
 	d := testenv.StartDynalite(t)
 	table := d.Table(t, "odd")
 	testenv.AWSEnv(t)
-	common := []string{"--nats-url", url, "--dynamodb-endpoint", d.Endpoint, "--table", table, "--flush-interval", "300ms", "--log-level", "warn"}
+	common := []string{"--nats-url", url, "--dynamodb-endpoint", d.Endpoint, "--table", table, "--flush-interval", "300ms", "--log-level", "warn", "--data-dir", t.TempDir()}
 
 	// A core-mode sidecar first: the fleet before the switch.
 	core := startChild(t, append([]string{"--nats-mode", "core"}, common...)...)
@@ -385,14 +385,15 @@ func TestRewindFillsARestoredTable(t *testing.T) {
 		}
 		return nil
 	})
-	// The backup, and the time to rewind to: what was unwritten when it
-	// began is at most the oldest unwritten mention's age, as of the last
-	// flush, plus one flush interval.
+	// The backup, and the time to rewind to: every mention unwritten at
+	// the scrape was published at most the gauge's age before it, so
+	// everything older was in the items then, and in the backup after.
+	scraped := time.Now()
 	unwritten := old.metric(t, "hotcount_durable_oldest_unwritten_seconds")
 	backup := time.Now()
 	restored := d.Table(t, "restored")
 	copied := copyTable(t, d, live, restored)
-	rewindTo := backup.Add(-time.Duration((unwritten + 0.3) * float64(time.Second)))
+	rewindTo := scraped.Add(-time.Duration(unwritten * float64(time.Second)))
 	t.Logf("backup at %s: %d items copied; oldest unwritten %.3f s; rewinding to %s", backup.Format(time.RFC3339Nano), copied, unwritten, rewindTo.Format(time.RFC3339Nano))
 
 	var out bytes.Buffer

@@ -259,17 +259,28 @@ func Adopt(ctx context.Context, js jetstream.JetStream, stream, bucket string, s
 }
 
 // OpenRules returns the book of the streams' rules (package rules), whose
-// histories are kept in the checkpoint bucket ("": the default), created
-// on replicas if absent.
-func OpenRules(ctx context.Context, js jetstream.JetStream, bucket string, replicas int) (*rules.Book, error) {
+// histories are kept in the checkpoint bucket ("": the default) as it is;
+// absent, it is created on as many replicas as stream (the first stream
+// of the mode) has, as the sidecars create it.
+func OpenRules(ctx context.Context, js jetstream.JetStream, bucket, stream string) (*rules.Book, error) {
 	if bucket == "" {
 		bucket = DefaultCheckpointBucket
 	}
-	c, err := openCheckpoints(ctx, js, bucket, replicas)
-	if err != nil {
-		return nil, err
+	kv, err := js.KeyValue(ctx, bucket)
+	if errors.Is(err, jetstream.ErrBucketNotFound) {
+		replicas := 1
+		if st, err := js.Stream(ctx, stream); err == nil {
+			replicas = st.CachedInfo().Config.Replicas
+		}
+		c, err := openCheckpoints(ctx, js, bucket, replicas)
+		if err != nil {
+			return nil, err
+		}
+		kv = c.kv
+	} else if err != nil {
+		return nil, fmt.Errorf("durable: checkpoint bucket %s: %w", bucket, err)
 	}
-	return rules.NewBook(js, c.kv), nil
+	return rules.NewBook(js, kv), nil
 }
 
 // ReadRules returns stream's rules history, changing nothing: none when
@@ -348,22 +359,51 @@ func Rewind(ctx context.Context, js jetstream.JetStream, bucket, stream string, 
 	if bucket == "" {
 		bucket = DefaultCheckpointBucket
 	}
-	c, err := openCheckpoints(ctx, js, bucket, info.Config.Replicas)
+	book, err := OpenRules(ctx, js, bucket, stream) // the bucket as it is, or made as the sidecars make it
 	if err != nil {
 		return Rewound{}, err
 	}
+	c := &checkpoints{kv: book.KV()}
 	epoch := epochOf(info)
+	fleetTable := "" // the table a record no rewind made is for: the rules'
+	if latest, ok, err := book.Latest(ctx, stream); err != nil {
+		return Rewound{}, err
+	} else if ok {
+		fleetTable = latest.Rules.Table
+	}
 	var out Rewound
 	change := func(r *record) (bool, error) {
-		out = Rewound{To: to, Table: table, Gen: r.Gen + 1}
+		from := max(to, 1)
+		out = Rewound{Table: table, Gen: r.Gen + 1}
 		if r.Epoch == epoch {
 			out.From = r.Seq
 		} else {
 			r.held = nil // another creation's
 		}
+		recordTable := r.Table
+		if recordTable == "" {
+			recordTable = fleetTable
+		}
+		if r.Epoch == epoch && recordTable == table && from-1 > r.Seq {
+			// Forward, for the table the checkpoint is for: the readers'
+			// windows would be dropped and what lies between never read.
+			return false, fmt.Errorf("durable: rewind %s: the checkpoint for table %s is at %d, before sequence %d: a rewind only moves back", stream, table, r.Seq, from)
+		}
+		// A held counter whose mentions straddle the new start would be
+		// neither held nor read again: start at its first instead, until
+		// none does.
+		for lowered := true; lowered; {
+			lowered = false
+			for _, h := range r.held {
+				if h.First < from && h.Last >= from {
+					from, lowered = h.First, true
+				}
+			}
+		}
+		out.To = from
 		held := make(map[string]heldEntry)
 		for name, h := range r.held {
-			if h.Last < to {
+			if h.Last < from {
 				held[name] = h
 				out.Kept++
 			} else {
@@ -373,7 +413,7 @@ func Rewind(ctx context.Context, js jetstream.JetStream, bucket, stream string, 
 		if dryRun {
 			return false, nil
 		}
-		*r = record{Position: store.Position{Epoch: epoch, Seq: to - 1}, held: held, Gen: out.Gen, Table: table}
+		*r = record{Position: store.Position{Epoch: epoch, Seq: from - 1}, held: held, Gen: out.Gen, Table: table}
 		return true, nil
 	}
 	if err := c.update(ctx, stream, change); err != nil {

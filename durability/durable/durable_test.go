@@ -3,6 +3,7 @@ package durable_test
 import (
 	"context"
 	"fmt"
+	"maps"
 	"net/http/httptest"
 	"strings"
 	"sync"
@@ -593,4 +594,77 @@ func TestDeadLetterSaysWhereItWasStored(t *testing.T) {
 		}
 	}
 	e.exact(t, want)
+}
+
+// TestRegionLayoutChangesAtItsSequence is a table made global, Region by
+// Region: `hotcount stream rules set --region` under a sidecar of the
+// single-Region layout, which stops at the change having written what it
+// read before it, and a sidecar of the Region layout that reads on from
+// there (it refuses nothing, and waits for nobody). The mentions before
+// the change are in the single-Region items, the ones after in the
+// Region's, each once.
+func TestRegionLayoutChangesAtItsSequence(t *testing.T) {
+	e := setup(t)
+	want := map[string]int64{}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	single := e.store(e.db.Endpoint)
+	done := make(chan error, 1)
+	reg := prometheus.NewRegistry()
+	cfg := durable.Config{Stream: "MENTIONS", Subject: "mentions.>", Interval: 100 * time.Millisecond, WriteTimeout: 2 * time.Second,
+		Concurrency: 16, Limits: ingest.Limits{MaxCount: 1000, MaxTopicBytes: 256}, Table: e.table}
+	old, err := durable.New(cfg, e.nc, single, nil, zap.NewNop(), durable.NewMetrics(reg), ingest.NewMetrics(reg), time.Now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { done <- old.Run(ctx) }()
+	e.publish(t, 500, 5, want)
+	e.exact(t, want)
+
+	book, err := durable.OpenRules(ctx, e.js, "", "MENTIONS")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cur, ok, err := book.Latest(ctx, "MENTIONS")
+	if err != nil || !ok {
+		t.Fatalf("no rules recorded by the first sidecar: %v", err)
+	}
+	next := cur.Rules
+	next.Region = "us-east-1"
+	change, err := book.Set(ctx, "MENTIONS", next, "the table is global", cur)
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if err == nil || !strings.Contains(err.Error(), "--region") {
+			t.Fatalf("the single-Region sidecar ended with %v, want a refusal naming --region", err)
+		}
+	case <-time.After(30 * time.Second): // a deadline against a hang
+		t.Fatal("the single-Region sidecar still runs after the change")
+	}
+	if err := old.Final(ctx); err != nil {
+		t.Fatal(err)
+	}
+	after := map[string]int64{}
+	e.publish(t, 500, 5, after)
+	regional := e.store(e.db.Endpoint)
+	regional.Regions = store.Regions{Own: "us-east-1", All: []string{"us-east-1"}}
+	e.run(t, ctx, regional, func(c *durable.Config) { c.Table, c.Region = e.table, "us-east-1" })
+	before := maps.Clone(want)
+	for topic, n := range after {
+		want[topic] += n
+	}
+	e.exact(t, want)
+	layouts := map[string]map[string]int64{"": {}, "us-east-1": {}}
+	e.db.EachItem(t, e.table, func(pk string, count int64) {
+		base, region := store.SplitRegion(pk)
+		if topic, _, err := store.ParseShardKey(base); err == nil {
+			layouts[region][topic] += count
+		}
+	})
+	if !maps.Equal(layouts[""], before) || !maps.Equal(layouts["us-east-1"], after) {
+		t.Fatalf("the single-Region items hold %v and the Region's %v; want %v (before the change at %d) and %v (after)",
+			layouts[""], layouts["us-east-1"], before, change.Seq, after)
+	}
 }

@@ -157,6 +157,10 @@ type Engine struct {
 	// cannot follow (set by Run).
 	refuse func(error)
 
+	// inFlight is the publication (Unix ns) of the oldest mention taken
+	// out of the window and not yet written (0: none).
+	inFlight atomic.Int64
+
 	// ckptFailed says a checkpoint write of the last flush failed
 	// (ckptFailing, under flushMu, while it runs): the final flush is not
 	// done until every one is stored.
@@ -203,6 +207,8 @@ func New(cfg Config, nc *nats.Conn, st Store, owner Owner, log *zap.Logger, m *M
 			return zapcore.NewSamplerWithOptions(c, time.Second, 1, 0)
 		}))}
 	e.ShowWrites(ownwrites.New(ownwrites.Config{Keep: time.Second}, now)) // nobody reads it, unless ShowWrites
+	age := e.unwrittenAge
+	m.unwritten.Store(&age)
 	e.lastProgress.Store(now().UnixNano())
 	e.lastWrite.Store(now().UnixNano())
 	return e, nil
@@ -409,8 +415,10 @@ type Metrics struct {
 	checkpoint    prometheus.Gauge
 	held          prometheus.Gauge
 	heldMost      prometheus.Gauge
-	oldest        prometheus.Gauge
-	maxAge        prometheus.Gauge
+	oldest        prometheus.GaugeFunc
+	// unwritten is what oldest reports, set by the engine (New).
+	unwritten atomic.Pointer[func() float64]
+	maxAge    prometheus.Gauge
 	// The write stage's metrics, under the names the flusher gives them
 	// in core mode: dashboards and alerts (HotcountFlushStale,
 	// HotcountWritesInDoubt) read one set whatever the mode.
@@ -450,8 +458,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "The held counters of the stream whose checkpoint record holds the most: at 1,000 it is full, and a counter refused then holds back its stream's checkpoint (and retention) until the store takes it."}),
 		checkpoint: prometheus.NewGauge(prometheus.GaugeOpts{Name: "hotcount_durable_checkpoint_sequence",
 			Help: "The last checkpoint this sidecar stored (a stream sequence)."}),
-		oldest: prometheus.NewGauge(prometheus.GaugeOpts{Name: "hotcount_durable_oldest_unwritten_seconds",
-			Help: "Age of the oldest mention this sidecar has read and not yet written, or not yet read while it is behind its streams (0: none): once it passes the streams' max age, the stream drops mentions before they are counted."}),
+
 		maxAge: prometheus.NewGauge(prometheus.GaugeOpts{Name: "hotcount_durable_stream_max_age_seconds",
 			Help: "The shortest max age of the streams this sidecar reads (0: none): what hotcount_durable_oldest_unwritten_seconds must stay well under."}),
 		flushes: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "hotcount_flusher_flushes_total",
@@ -476,6 +483,14 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Help: "Mentions of topic totals held so (a bucket's repeat its total's): missing from the table until the store takes them."})
 	m.flushes.WithLabelValues("ok")
 	m.flushes.WithLabelValues("error")
+	m.oldest = prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "hotcount_durable_oldest_unwritten_seconds",
+		Help: "Age of the oldest mention this sidecar has read and not yet written (in its window, being written, or in doubt), or not yet read while it is behind its streams (0: none), as of the scrape: once it passes the streams' max age, the stream drops mentions before they are counted; at a backup's time, what a restore must read again."},
+		func() float64 {
+			if f := m.unwritten.Load(); f != nil {
+				return (*f)()
+			}
+			return 0
+		})
 	reg.MustRegister(m.writes, m.recounts, m.retentionLost, m.backwards, m.unadopted, m.ruleDiffs, m.ruleChanges, m.held, m.heldMost, m.checkpoint, m.oldest, m.maxAge,
 		m.flushes, m.duration, m.flushed, m.requeued, m.lastSuccess, m.pending, m.quarantined, m.quarantinedMentions)
 	return m

@@ -9,6 +9,7 @@ import (
 	"go.uber.org/zap"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/hotcount/hotcount/durability/rules"
 	"github.com/hotcount/hotcount/pipeline/ownwrites"
 	"github.com/hotcount/hotcount/pipeline/store"
 )
@@ -55,6 +56,7 @@ func (e *Engine) Flush(ctx context.Context) error {
 	start := e.now()
 	var d drained
 	e.view.Move(func() func(string) int64 { d = e.win.drain(); return heldTotals(d.counters) })
+	e.inFlight.Store(minSince(d.oldest, e.doubtOldest()))
 	e.fence(ctx, d.read)
 	blocked := e.marks(ctx, d.marks)
 	rd := newRound()
@@ -401,14 +403,23 @@ func (e *Engine) storeRecord(ctx context.Context, s stream, p store.Position, c 
 	defer cancel()
 	var dropped map[string]heldEntry // an older stream's holds, replaced (counted once stored)
 	var fenced uint64                // a newer generation found: a rewind
+	foreign := false                 // the record is another table's, the fleet's
+	took := false                    // the record was another table's, and is this one's now
 	err := e.ckpt.update(cctx, s.name, func(r *record) (bool, error) {
-		dropped = nil // update may call this again, on a newer record
+		dropped, took, foreign = nil, false, false // update may call this again, on a newer record
 		if r.Gen > s.gen {
 			fenced = r.Gen
 			return false, nil
 		}
 		if r.Table != "" && r.Table != e.cfg.Table {
-			return false, nil // rewound for another table: not this sidecar's to move
+			if e.tableNow(s.name, rules.Rules{}).Table != e.cfg.Table {
+				foreign = true // rewound for the fleet's table; this one is not
+				return false, nil
+			}
+			// Another table's record, and this sidecar's is the table the
+			// rules name now: it read the stream from its first message
+			// (begin), and the record is this table's from here on.
+			r.Table, r.held, took = e.cfg.Table, nil, true
 		}
 		if r.Epoch != s.epoch && r.Epoch != 0 {
 			// Which of the two streams is the live one, the server says:
@@ -435,7 +446,7 @@ func (e *Engine) storeRecord(ctx context.Context, s stream, p store.Position, c 
 				stored.Seq = min(stored.Seq, ent.first-1)
 			}
 		}
-		if after(stored, r.Position) {
+		if took || after(stored, r.Position) {
 			r.Position = stored
 		}
 		return true, nil
@@ -445,6 +456,12 @@ func (e *Engine) storeRecord(ctx context.Context, s stream, p store.Position, c 
 		// Rewound: what this flush would have held was read before the
 		// rewind, and is read again.
 		e.raise(s.name, fenced)
+	case foreign:
+		if c != nil { // not held: the window keeps it
+			for k, ent := range c.hold {
+				giveBackTo(back, k, ent)
+			}
+		}
 	case err != nil:
 		e.ckptFailing = true
 		e.sampled.Warn("checkpoint not stored; the next flush tries again", zap.String("stream", s.name), zap.Error(err))
@@ -507,25 +524,8 @@ func (e *Engine) settled(s stream, c *changes, kept map[key]*entry, back map[key
 // retention sets the retention gauges: the oldest mention not yet in the
 // store (unwritten, in doubt, or unread by a reader that is behind), and
 // the shortest max age of the streams read.
-func (e *Engine) retention(back map[key]*entry) {
-	oldest := int64(0)
-	older := func(since int64) {
-		if since > 0 && (oldest == 0 || since < oldest) {
-			oldest = since
-		}
-	}
-	for _, ent := range back {
-		older(ent.since)
-	}
-	for _, j := range e.doubt {
-		older(j.e.since)
-	}
-	e.unread.Range(func(_, v any) bool { older(v.(int64)); return true })
-	age := 0.0
-	if oldest > 0 {
-		age = max(e.now().Sub(time.Unix(0, oldest)).Seconds(), 0)
-	}
-	e.metrics.oldest.Set(age)
+func (e *Engine) retention(map[key]*entry) {
+	e.inFlight.Store(e.doubtOldest()) // the rest is back in the window
 	var shortest time.Duration
 	e.ages.Range(func(_, v any) bool {
 		if d := v.(time.Duration); d > 0 && (shortest == 0 || d < shortest) {
@@ -534,6 +534,36 @@ func (e *Engine) retention(back map[key]*entry) {
 		return true
 	})
 	e.metrics.maxAge.Set(shortest.Seconds())
+}
+
+// doubtOldest is the publication (Unix ns) of the oldest mention in a
+// write in doubt (0: none); flushMu must be held.
+func (e *Engine) doubtOldest() int64 {
+	var o int64
+	for _, j := range e.doubt {
+		o = minSince(o, j.e.since)
+	}
+	return o
+}
+
+// minSince is the older of two publications, 0 being none.
+func minSince(a, b int64) int64 {
+	if a == 0 || b != 0 && b < a {
+		return b
+	}
+	return a
+}
+
+// unwrittenAge is hotcount_durable_oldest_unwritten_seconds, at the
+// scrape: the oldest mention in the window, being written or in doubt,
+// or unread while a reader is behind.
+func (e *Engine) unwrittenAge() float64 {
+	oldest := minSince(e.win.oldest(), e.inFlight.Load())
+	e.unread.Range(func(_, v any) bool { oldest = minSince(oldest, v.(int64)); return true })
+	if oldest == 0 {
+		return 0
+	}
+	return max(e.now().Sub(time.Unix(0, oldest)).Seconds(), 0)
 }
 
 // observe tells the observers what was applied.

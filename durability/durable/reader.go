@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"sync"
 	"time"
 
@@ -235,6 +236,9 @@ func (r *reading) take(msg jetstream.Msg) error {
 		if err := r.e.jumped(r.ctx, r.st, r.s, r.last, seq); err != nil {
 			return err
 		}
+		// A change of the rules may have gone with what the stream
+		// dropped: the rules of this sequence are the history's.
+		r.j = r.e.judgementAt(r.s, seq)
 	}
 	r.last, r.lastAt = d.streamSeq, d.published
 	if rules.IsRules(msg.Subject()) {
@@ -307,9 +311,23 @@ func (e *Engine) start(ctx context.Context, p int) (stream, uint64, judgement, e
 	if err != nil {
 		return stream{}, 0, judgement{}, err
 	}
-	r, _ := h.In(s.epoch, next)
-	if err := e.agree(s.name, e.tableNow(s.name, r)); err != nil {
-		return stream{}, 0, judgement{}, err
+	// The rules of the first message this reading judges (a change at
+	// next itself is in force after it), and those in force now.
+	r, ok := h.In(s.epoch, next+1)
+	now, _ := h.In(s.epoch, math.MaxUint64)
+	if !ok {
+		return stream{}, 0, judgement{}, errRestart // created again since its rules were read
+	}
+	if err := e.agree(s.name, now); err != nil {
+		return stream{}, 0, judgement{}, err // this sidecar's settings are not the fleet's: it stops
+	}
+	if ds := rules.Structural(rules.Differences(e.tableNow(s.name, r), e.Own())); len(ds) > 0 {
+		// The stream's rules changed what this sidecar cannot follow
+		// (the Region layout, a retention) after next: the messages
+		// before the change are a sidecar's of the earlier settings to
+		// write, and the ones after are this one's.
+		return stream{}, 0, judgement{}, fmt.Errorf("stream %s: sequences from %d were stored under earlier rules (%s) that this sidecar cannot write; waiting for a sidecar with those settings to read them (docs/SEMANTICS.md, \"The stream carries its rules\")",
+			s.name, next, ds[0])
 	}
 	return s, next, judgementOf(r), nil
 }
@@ -388,7 +406,7 @@ func (e *Engine) foreign(cp record, s stream, h rules.History) bool {
 	if cp.Epoch != s.epoch || cp.Seq == 0 {
 		return false
 	}
-	r, ok := h.In(s.epoch, cp.Seq)
+	r, ok := h.In(s.epoch, cp.Seq+1) // the table of what follows the checkpoint
 	return ok && r.Table != e.cfg.Table
 }
 

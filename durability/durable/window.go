@@ -70,6 +70,9 @@ type streamWindow struct {
 	// mark is the last sequence counted and its publication: no write
 	// of the stream's spans reaches past it (the high-water mark).
 	mark mark
+	// oldest is the publication (Unix ns) of the oldest mention put in
+	// since the last drain (0: none): the unwritten age, at any moment.
+	oldest int64
 }
 
 // mark is a stream sequence and the publication (Unix ns) of its message.
@@ -136,6 +139,9 @@ func (w *window) resume(s stream) uint64 {
 // counter's entry goes to the heap: taking e's address would move every
 // mention's e there.
 func (w *window) put(sw *streamWindow, c store.Counter, e entry) {
+	if e.since != 0 && (sw.oldest == 0 || e.since < sw.oldest) {
+		sw.oldest = e.since
+	}
 	if cur, ok := sw.counters[c]; ok {
 		cur.merge(e)
 		return
@@ -152,6 +158,7 @@ type drained struct {
 	counters map[key]*entry
 	read     map[stream]uint64
 	marks    map[stream]mark
+	oldest   int64 // the publication (Unix ns) of its oldest mention (0: none)
 }
 
 // drain takes the window's counters.
@@ -162,6 +169,10 @@ func (w *window) drain() drained {
 	for s, sw := range w.streams {
 		d.read[s] = sw.read
 		d.marks[s] = sw.mark
+		if sw.oldest != 0 && (d.oldest == 0 || sw.oldest < d.oldest) {
+			d.oldest = sw.oldest
+		}
+		sw.oldest = 0
 		for c, e := range sw.counters {
 			d.counters[key{s, c}] = e
 		}
@@ -230,6 +241,20 @@ func split(counters map[key]*entry) map[key]*entry {
 		put(key{k.s, hour}, *e)
 	}
 	return out
+}
+
+// oldest is the publication (Unix ns) of the oldest mention in the
+// window (0: none).
+func (w *window) oldest() int64 {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var o int64
+	for _, sw := range w.streams {
+		if sw.oldest != 0 && (o == 0 || sw.oldest < o) {
+			o = sw.oldest
+		}
+	}
+	return o
 }
 
 // size is the window's counters. It takes no lock: the readers ask it

@@ -45,6 +45,9 @@ type Book struct {
 // NewBook returns a book on js whose histories are kept in kv.
 func NewBook(js jetstream.JetStream, kv jetstream.KeyValue) *Book { return &Book{js: js, kv: kv} }
 
+// KV is the bucket the book keeps the histories in.
+func (b *Book) KV() jetstream.KeyValue { return b.kv }
+
 // historyKey is the key of stream's history in the bucket.
 func historyKey(stream string) string { return "rules." + stream }
 
@@ -98,21 +101,28 @@ func (b *Book) Open(ctx context.Context, name string, own Rules) (History, error
 	return stored, nil
 }
 
-// Set records r as stream's rules from its next message on, and returns
-// the change. why is kept in the history.
-func (b *Book) Set(ctx context.Context, name string, r Rules, why string) (Change, error) {
+// ErrChanged is Set's error when the stream's rules are not the ones the
+// change was made from any more: another change came first.
+var ErrChanged = errors.New("rules: the stream's rules changed meanwhile")
+
+// Set records r as stream's rules from its next message on, if the rules
+// in force are still from: the change an operator made r from (Latest).
+// The compare-and-set is the stream's own (the expected last sequence of
+// the rules subject), so of two changes made from the same rules one is
+// recorded and the other refused (ErrChanged). why is kept in the
+// history.
+func (b *Book) Set(ctx context.Context, name string, r Rules, why string, from Change) (Change, error) {
 	for range 5 {
-		h, epoch, err := b.current(ctx, name)
+		h, epoch, last, err := b.readLast(ctx, name, true)
 		if err != nil {
 			return Change{}, err
 		}
-		last, err := b.lastSeq(ctx, name)
-		if err != nil {
-			return Change{}, err
+		if now, ok := h.latestOf(epoch); !ok || now.Epoch != from.Epoch || now.Seq != from.Seq {
+			return Change{}, fmt.Errorf("%w: stream %s: by %s at %s (%s); look again and change them again", ErrChanged, name, now.By, now.At.Format(time.RFC3339), now.Why)
 		}
 		c, err := b.publish(ctx, name, epoch, last, Change{At: time.Now().UTC(), By: Who(), Why: why, Rules: r})
 		if isWrongLast(err) {
-			continue
+			continue // published meanwhile: the next look finds it, and refuses
 		}
 		if err != nil {
 			return Change{}, err
@@ -120,6 +130,17 @@ func (b *Book) Set(ctx context.Context, name string, r Rules, why string) (Chang
 		return c, b.keep(ctx, name, h.With(c))
 	}
 	return Change{}, fmt.Errorf("rules: stream %s: its rules changed under every try", name)
+}
+
+// Latest is the change in force for stream's current creation (ok false:
+// none recorded yet for it).
+func (b *Book) Latest(ctx context.Context, name string) (Change, bool, error) {
+	h, epoch, err := b.read(ctx, name, false)
+	if err != nil {
+		return Change{}, false, err
+	}
+	c, ok := h.latestOf(epoch)
+	return c, ok, nil
 }
 
 // History returns stream's history as the bucket keeps it, with the
@@ -139,37 +160,54 @@ func (b *Book) current(ctx context.Context, name string) (History, int64, error)
 // published by a process that stopped before it kept it). With take, the
 // stream takes its rules subject first.
 func (b *Book) read(ctx context.Context, name string, take bool) (History, int64, error) {
+	h, epoch, _, err := b.readLast(ctx, name, take)
+	return h, epoch, err
+}
+
+// readLast is read, with the sequence of the last rules message the
+// stream held (0: none): a change made from what was read expects it.
+func (b *Book) readLast(ctx context.Context, name string, take bool) (History, int64, uint64, error) {
 	st, err := b.js.Stream(ctx, name)
 	if err != nil {
-		return nil, 0, fmt.Errorf("rules: stream %s: %w", name, err)
+		return nil, 0, 0, fmt.Errorf("rules: stream %s: %w", name, err)
 	}
 	if take {
 		if st, err = Take(ctx, b.js, st); err != nil {
-			return nil, 0, err
+			return nil, 0, 0, err
 		}
 	}
 	info := st.CachedInfo()
 	epoch := store.EpochOf(info.Created)
 	h, _, err := b.load(ctx, name)
 	if err != nil {
-		return nil, 0, err
+		return nil, 0, 0, err
 	}
+	var last uint64
 	msg, err := st.GetLastMsgForSubject(ctx, Subject(name))
 	switch {
 	case errors.Is(err, jetstream.ErrMsgNotFound):
 	case err != nil:
-		return nil, 0, fmt.Errorf("rules: stream %s: %w", name, err)
+		return nil, 0, 0, fmt.Errorf("rules: stream %s: %w", name, err)
 	default:
 		c, err := Parse(msg.Data, epoch, msg.Sequence)
 		if err != nil {
-			return nil, 0, err
+			return nil, 0, 0, err
 		}
-		h = h.With(c)
+		h, last = h.With(c), msg.Sequence
+	}
+	// The stream as it is now, after what was read of it: a change
+	// published meanwhile is within it, never past its end.
+	now, err := st.Info(ctx)
+	if err != nil {
+		return nil, 0, 0, fmt.Errorf("rules: stream %s: %w", name, err)
+	}
+	if store.EpochOf(now.Created) != epoch {
+		return nil, 0, 0, fmt.Errorf("rules: stream %s was created again while its rules were read; try again", name)
 	}
 	if err := b.intact(ctx, st, h, epoch); err != nil {
-		return nil, 0, err
+		return nil, 0, 0, err
 	}
-	return h, epoch, nil
+	return h, epoch, last, nil
 }
 
 // intact checks that st still holds the last change the history names of
@@ -201,23 +239,6 @@ func (b *Book) intact(ctx context.Context, st jetstream.Stream, h History, epoch
 		return fmt.Errorf("%w: stream %s holds a %s message at %d, where its rules were changed (restored from a backup?); not reading it: docs/SEMANTICS.md, \"The stream carries its rules\"", ErrRolledBack, name, msg.Subject, c.Seq)
 	}
 	return nil
-}
-
-// lastSeq is the sequence of stream's last rules message (0: none in the
-// stream): the compare-and-set of the next.
-func (b *Book) lastSeq(ctx context.Context, name string) (uint64, error) {
-	st, err := b.js.Stream(ctx, name)
-	if err != nil {
-		return 0, err
-	}
-	msg, err := st.GetLastMsgForSubject(ctx, Subject(name))
-	if errors.Is(err, jetstream.ErrMsgNotFound) {
-		return 0, nil
-	}
-	if err != nil {
-		return 0, err
-	}
-	return msg.Sequence, nil
 }
 
 // publish writes c into stream as its next rules message, if the last

@@ -435,6 +435,17 @@ func (d *Dynalite) scan(t testing.TB, table string, each func(pk string, it map[
 	}
 }
 
+// EachItem calls each with the key and count of every item of table that
+// has a count (totals and buckets, of every Region layout).
+func (d *Dynalite) EachItem(t testing.TB, table string, each func(pk string, count int64)) {
+	t.Helper()
+	d.scan(t, table, func(pk string, it map[string]types.AttributeValue) {
+		if _, ok := it[store.AttrCount]; ok {
+			each(pk, number(t, it, store.AttrCount))
+		}
+	})
+}
+
 // number is an item's number attribute name; the test fails without it.
 func number(t testing.TB, it map[string]types.AttributeValue, name string) int64 {
 	t.Helper()
