@@ -45,7 +45,7 @@ func (g *coreGuard) check(ctx context.Context) error {
 	defer cancel()
 	name, err := rules.Claimed(ctx, g.js, durable.DefaultCheckpointBucket, g.subject)
 	if err != nil {
-		g.log.Debug("looking for a durable fleet's stream on the subject", zap.Error(err))
+		g.log.Warn("could not look for a durable fleet's stream on the subject; looking again in 10 s", zap.Error(err))
 		return nil
 	}
 	if name != "" {

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"strings"
@@ -153,6 +154,19 @@ func TestMixedFleetCountsByTheStreamsRules(t *testing.T) {
 			}
 		}
 	}
+	buckets, _ := d.Buckets(t, table)
+	if !maps.Equal(buckets, want.buckets) {
+		for b, n := range want.buckets {
+			if buckets[b] != n {
+				t.Errorf("bucket %+v holds %d, the rules give %d", b, buckets[b], n)
+			}
+		}
+		for b, n := range buckets {
+			if _, ok := want.buckets[b]; !ok {
+				t.Errorf("bucket %+v holds %d, the rules give none", b, n)
+			}
+		}
+	}
 	// The test proves something only if the rules made a difference: some
 	// mentions rejected after the change, and hours only after it.
 	if want.rejected == 0 || want.hourSum == 0 || want.hourSum >= want.minuteSum {
@@ -164,6 +178,7 @@ func TestMixedFleetCountsByTheStreamsRules(t *testing.T) {
 // byTheRules is what a table must hold: counts the test made itself.
 type byTheRules struct {
 	totals, minutes, hours map[string]int64
+	buckets                map[testenv.Bucket]int64
 	minuteSum, hourSum     int64
 	rejected               int
 }
@@ -176,7 +191,7 @@ type byTheRules struct {
 // --windows 1m,1h. It fails the test unless messages mentions were read.
 func countByTheRules(t *testing.T, js jetstream.JetStream, names []string, messages int) byTheRules {
 	t.Helper()
-	out := byTheRules{totals: map[string]int64{}, minutes: map[string]int64{}, hours: map[string]int64{}}
+	out := byTheRules{totals: map[string]int64{}, minutes: map[string]int64{}, hours: map[string]int64{}, buckets: map[testenv.Bucket]int64{}}
 	read := 0
 	for _, name := range names {
 		cons, err := js.OrderedConsumer(context.Background(), name, jetstream.OrderedConsumerConfig{})
@@ -198,6 +213,10 @@ func countByTheRules(t *testing.T, js jetstream.JetStream, names []string, messa
 				changed = true
 				continue
 			}
+			md, err := msg.Metadata()
+			if err != nil {
+				t.Fatal(err)
+			}
 			var p struct {
 				Count int64 `json:"count"`
 			}
@@ -217,9 +236,11 @@ func countByTheRules(t *testing.T, js jetstream.JetStream, names []string, messa
 			out.totals[topic] += p.Count
 			out.minutes[topic] += p.Count
 			out.minuteSum += p.Count
+			out.buckets[testenv.Bucket{Topic: topic, G: store.Minute, Index: store.Minute.Index(md.Timestamp)}] += p.Count
 			if changed {
 				out.hours[topic] += p.Count
 				out.hourSum += p.Count
+				out.buckets[testenv.Bucket{Topic: topic, G: store.Hour, Index: store.Hour.Index(md.Timestamp)}] += p.Count
 			}
 		}
 		if !changed {
