@@ -311,7 +311,7 @@ func TestTheOddSidecarRefuses(t *testing.T) {
 	} {
 		t.Run(odd.name, func(t *testing.T) {
 			args := append(append([]string{}, common...), odd.args...) // a later --table wins
-			err, logs := runToExit(t, args...)
+			logs, err := runToExit(t, args...)
 			if err == nil {
 				t.Fatalf("started and ended cleanly; its log:\n%s", logs)
 			}
@@ -341,7 +341,7 @@ func TestTheOddSidecarRefuses(t *testing.T) {
 
 // runToExit runs `hotcount run` with args and free ports until it exits,
 // and returns how it ended and what it logged.
-func runToExit(t *testing.T, args ...string) (error, string) {
+func runToExit(t *testing.T, args ...string) (string, error) {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], append([]string{"run", "--admin", freeAddr(t), "--http", freeAddr(t)}, args...)...)
 	cmd.Env = append(os.Environ(), runMainEnv+"=1")
@@ -354,12 +354,12 @@ func runToExit(t *testing.T, args ...string) (error, string) {
 	go func() { done <- cmd.Wait() }()
 	select {
 	case err := <-done:
-		return err, logs.String()
+		return logs.String(), err
 	case <-time.After(90 * time.Second): // a deadline against a hang
 		cmd.Process.Kill() //nolint:errcheck // it may have exited
 		<-done
 		t.Fatalf("still running after 90 s; its log:\n%s", logs.String())
-		return nil, ""
+		return "", nil
 	}
 }
 
