@@ -366,13 +366,12 @@ func runToExit(t *testing.T, args ...string) (string, error) {
 // TestRewindFillsARestoredTable is the runbook's point-in-time restore,
 // with the binary, jetstream mode, mentions arriving throughout: a backup
 // of the table taken while the sidecar writes (each item copied as it is
-// then, into a new table), then `hotcount stream rewind --to` the time the
-// runbook gives (the backup's time less the oldest unwritten mention's
-// age and one flush interval) for the new table, with the old fleet still
-// running, then `hotcount stream rules set --table` (the old sidecar meets
-// it and stops) and a sidecar on the new table: every total and bucket
-// exact, and the audit clean. Then the same from an empty table with
-// --to-start.
+// then, into a new table), then `hotcount stream rules set --table` (the
+// old sidecar meets it and stops), `hotcount stream rewind --to` the time
+// the runbook gives (the scrape's time less the oldest unwritten
+// mention's age) for the new table, and a sidecar on the new table: every
+// total and bucket exact, and the audit clean. Then the same from an
+// empty table with --to-start.
 func TestRewindFillsARestoredTable(t *testing.T) {
 	ns := testenv.NATS(t)
 	url := ns.ClientURL()
@@ -425,13 +424,13 @@ func TestRewindFillsARestoredTable(t *testing.T) {
 			t.Fatalf("hotcount %s: %v\n%s", strings.Join(args, " "), err, out.String())
 		}
 	}
+	run("stream", "rules", "set", "--table", restored, "--why", "restored from the backup")
 	run("stream", "rewind", "--to", rewindTo.Format(time.RFC3339Nano), "--table", restored, "--dry-run")
 	if !strings.Contains(out.String(), "would rewind") {
 		t.Fatalf("--dry-run said:\n%s", out.String())
 	}
 	run("stream", "rewind", "--to", rewindTo.Format(time.RFC3339Nano), "--table", restored)
 	t.Logf("%s", out.String())
-	run("stream", "rules", "set", "--table", restored, "--why", "restored from the backup")
 	select {
 	case err := <-oldExited:
 		if err == nil || !strings.Contains(old.logs.String(), "--table") {
@@ -454,8 +453,8 @@ func TestRewindFillsARestoredTable(t *testing.T) {
 
 	// A table lost and created empty: everything the stream holds.
 	empty := d.Table(t, "empty")
-	run("stream", "rewind", "--to-start", "--table", empty)
 	run("stream", "rules", "set", "--table", empty, "--why", "the table was lost")
+	run("stream", "rewind", "--to-start", "--table", empty)
 	startChild(t, append(common, "--table", empty)...)
 	testenv.Eventually(t, 90*time.Second, tableHolds(t, d, empty, r.rep.PerTopic))
 	exactBuckets(t, d, empty, r.rep.PerTopic)

@@ -371,6 +371,9 @@ func Rewind(ctx context.Context, js jetstream.JetStream, bucket, stream string, 
 	} else if ok {
 		fleetTable = latest.Rules.Table
 	}
+	if fleetTable != "" && fleetTable != table {
+		return Rewound{}, fmt.Errorf("durable: rewind %s for table %s: the stream's rules name table %s; change them first (hotcount stream rules set --table %s), so that no sidecar of %s takes the rewound checkpoint for its own", stream, table, fleetTable, table, fleetTable)
+	}
 	var out Rewound
 	change := func(r *record) (bool, error) {
 		from := max(to, 1)
@@ -392,10 +395,13 @@ func Rewind(ctx context.Context, js jetstream.JetStream, bucket, stream string, 
 		// A held counter whose mentions straddle the new start would be
 		// neither held nor read again: start at its first instead, until
 		// none does.
+		// (One whose first the stream no longer holds stays held: what the
+		// reading sends of it joins the record's.)
+		firstHeld := info.State.FirstSeq
 		for lowered := true; lowered; {
 			lowered = false
 			for _, h := range r.held {
-				if h.First < from && h.Last >= from {
+				if h.First < from && h.Last >= from && h.First >= firstHeld {
 					from, lowered = h.First, true
 				}
 			}
@@ -403,7 +409,7 @@ func Rewind(ctx context.Context, js jetstream.JetStream, bucket, stream string, 
 		out.To = from
 		held := make(map[string]heldEntry)
 		for name, h := range r.held {
-			if h.Last < from {
+			if h.Last < from || h.First < firstHeld {
 				held[name] = h
 				out.Kept++
 			} else {
@@ -423,14 +429,15 @@ func Rewind(ctx context.Context, js jetstream.JetStream, bucket, stream string, 
 }
 
 // fence reads, before a flush writes, the generation of the record of
-// each stream it has read from: a rewind since its reading began makes
+// each stream it has something to write of: a rewind since its reading began makes
 // what it read stale (never written; plan drops it) and restarts the
-// readings. A record that cannot be read is passed over: a sidecar cut
-// off from NATS writes what it read, as before (docs/SEMANTICS.md).
-func (e *Engine) fence(ctx context.Context, read map[stream]uint64) {
-	names := make(map[string]bool, len(read))
-	for s := range read {
-		names[s.name] = true
+// readings. It returns the streams whose record it could not read: their
+// entries wait for the next flush.
+func (e *Engine) fence(ctx context.Context, counters map[key]*entry) map[string]bool {
+	blocked := make(map[string]bool)
+	names := make(map[string]bool)
+	for k := range counters {
+		names[k.s.name] = true
 	}
 	for k := range e.doubt {
 		names[k.s.name] = true
@@ -440,11 +447,13 @@ func (e *Engine) fence(ctx context.Context, read map[stream]uint64) {
 	for name := range names {
 		r, _, err := e.ckpt.load(ctx, name)
 		if err != nil {
-			e.sampled.Warn("the checkpoint's generation not read before the flush", zap.String("stream", name), zap.Error(err))
+			e.sampled.Warn("the checkpoint's generation not read; the stream's writes wait for the next flush", zap.String("stream", name), zap.Error(err))
+			blocked[name] = true
 			continue
 		}
 		e.raise(name, r.Gen)
 	}
+	return blocked
 }
 
 // A high-water mark is the last sequence of a stream's creation that any
@@ -487,8 +496,8 @@ func (c *checkpoints) raiseHighWater(ctx context.Context, name string, h highWat
 		if err != nil {
 			return err
 		}
-		if cur.Epoch == h.Epoch && cur.Seq >= h.Seq {
-			return nil
+		if cur.Epoch > h.Epoch || cur.Epoch == h.Epoch && cur.Seq >= h.Seq {
+			return nil // as far, or a newer creation's
 		}
 		v := []byte(formatPosition(h.Position) + ":" + strconv.FormatInt(h.At, 10))
 		if rev == 0 {
@@ -504,32 +513,27 @@ func (c *checkpoints) raiseHighWater(ctx context.Context, name string, h highWat
 }
 
 // marks stores, before a flush writes, each stream's high-water mark: the
-// last sequence it counted, which no write of the flush passes. It
-// returns the streams whose mark could not be stored: their entries wait
-// for the next flush.
-func (e *Engine) marks(ctx context.Context, ms map[stream]mark) map[stream]bool {
-	var blocked map[stream]bool
+// last sequence it counted, which no write of the flush passes. A stream
+// whose mark could not be stored joins blocked: its entries wait for the
+// next flush.
+func (e *Engine) marks(ctx context.Context, ms map[stream]mark, blocked map[string]bool) {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	for s, m := range ms {
-		if m.seq == 0 || e.stale(s) {
+		if m.seq == 0 || e.stale(s) || blocked[s.name] {
 			continue
 		}
 		h := highWater{Position: store.Position{Epoch: s.epoch, Seq: m.seq}, At: m.at}
-		if prev, ok := e.hw[s.name]; ok && prev.Epoch == h.Epoch && prev.Seq >= h.Seq {
-			continue
+		if prev, ok := e.hw[s.name]; ok && (prev.Epoch > h.Epoch || prev.Epoch == h.Epoch && prev.Seq >= h.Seq) {
+			continue // as far, or a newer creation's: this one's stream is gone
 		}
 		if err := e.ckpt.raiseHighWater(ctx, s.name, h); err != nil {
 			e.sampled.Warn("high-water mark not stored; the stream's writes wait for the next flush", zap.String("stream", s.name), zap.Error(err))
-			if blocked == nil {
-				blocked = make(map[stream]bool)
-			}
-			blocked[s] = true
+			blocked[s.name] = true
 			continue
 		}
 		e.hw[s.name] = h
 	}
-	return blocked
 }
 
 // sameMessages refuses s when its high-water mark's message is not the

@@ -176,6 +176,9 @@ type Engine struct {
 	// up), and the stream's max age.
 	unread sync.Map // string -> int64
 	ages   sync.Map // string -> time.Duration
+	// refusing is, per stream name, whether this sidecar does not read it
+	// now for its rules (agree): hotcount_rules_differing_settings{kind="refused"}.
+	refusing sync.Map // string -> bool
 }
 
 // New returns an engine reading through nc into st. Nothing starts until

@@ -56,9 +56,9 @@ func (e *Engine) Flush(ctx context.Context) error {
 	start := e.now()
 	var d drained
 	e.view.Move(func() func(string) int64 { d = e.win.drain(); return heldTotals(d.counters) })
-	e.inFlight.Store(minSince(d.oldest, e.doubtOldest()))
-	e.fence(ctx, d.read)
-	blocked := e.marks(ctx, d.marks)
+	e.inFlight.Store(e.doubtOldest())
+	blocked := e.fence(ctx, d.counters)
+	e.marks(ctx, d.marks, blocked)
 	rd := newRound()
 	e.tally(rd, e.sendAll(ctx, e.plan(ctx, rd, split(d.counters), blocked)))
 	e.observe(rd.observed)
@@ -100,7 +100,7 @@ func (rd *round) of(s stream) *changes {
 // plan is the flush's writes: each counter's entry, unless it waits
 // behind its write in doubt (back to the window) or is held (to its
 // record); the writes in doubt again; and the held entries' replays.
-func (e *Engine) plan(ctx context.Context, rd *round, counters map[key]*entry, blocked map[stream]bool) []job {
+func (e *Engine) plan(ctx context.Context, rd *round, counters map[key]*entry, blocked map[string]bool) []job {
 	jobs := make([]job, 0, len(counters)+len(e.doubt))
 	for k := range e.doubt {
 		if e.stale(k.s) { // maybe applied: the re-read's write settles it by position
@@ -111,7 +111,7 @@ func (e *Engine) plan(ctx context.Context, rd *round, counters map[key]*entry, b
 		if e.stale(k.s) {
 			continue // read before a rewind: read again, and written then
 		}
-		if _, waiting := e.doubt[k]; waiting || blocked[k.s] {
+		if _, waiting := e.doubt[k]; waiting || blocked[k.s.name] {
 			rd.back[k] = ent
 			continue
 		}
@@ -525,7 +525,7 @@ func (e *Engine) settled(s stream, c *changes, kept map[key]*entry, back map[key
 // store (unwritten, in doubt, or unread by a reader that is behind), and
 // the shortest max age of the streams read.
 func (e *Engine) retention(map[key]*entry) {
-	e.inFlight.Store(e.doubtOldest()) // the rest is back in the window
+	e.inFlight.Store(e.doubtOldest()) // the rest is back in the window, or written
 	var shortest time.Duration
 	e.ages.Range(func(_, v any) bool {
 		if d := v.(time.Duration); d > 0 && (shortest == 0 || d < shortest) {

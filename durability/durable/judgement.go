@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -18,30 +19,81 @@ import (
 var errRefused = errors.New("durable: refused")
 
 // agreeAll records or reads the rules of every stream of the mode that
-// exists, and refuses (errRefused) when the rules in force now differ from
-// this sidecar's settings in what it cannot follow: a sidecar started
-// with another --table or --region does not start.
+// exists, and refuses (errRefused) a sidecar that has nothing to read
+// (useful): started with another --table or --region than the fleet's.
 func (e *Engine) agreeAll(ctx context.Context) error {
+	ok, why, err := e.useful(ctx)
+	if err != nil || ok {
+		return nil // NATS away, or work to do: each reader checks its own
+	}
+	return why
+}
+
+// useful says whether this sidecar's settings can write some stream of
+// the mode: those of the rules in force now, or of the rules of the first
+// message a reader would judge from its checkpoint (a stream not read up
+// to a change of the Region layout or a retention is a sidecar's of the
+// earlier settings to read up to it). why is the refusal when not.
+func (e *Engine) useful(ctx context.Context) (ok bool, why, err error) {
+	own := e.Own()
+	seen := false
 	for p := range max(e.cfg.Partitions, 1) {
 		name := e.streamName(p)
-		if _, err := e.js.Stream(ctx, name); err != nil {
-			continue // not there yet, or NATS away: its reader checks when it reads
+		st, err := e.js.Stream(ctx, name)
+		if err != nil {
+			continue // not there yet: its reader checks when it reads
 		}
-		h, err := e.book.Open(ctx, name, e.Own())
+		h, err := e.book.Open(ctx, name, own)
 		if err != nil {
 			if errors.Is(err, rules.ErrRolledBack) {
 				e.metrics.backwards.Inc()
 			}
-			e.sampled.Warn("the stream's rules not read at the start; its reader reads them", zap.String("stream", name), zap.Error(err))
-			continue
+			return false, nil, err
 		}
-		if c, ok := h.Latest(); ok {
-			if err := e.agree(name, c.Rules); err != nil {
-				return err
-			}
+		cp, _, err := e.ckpt.load(ctx, name)
+		if err != nil {
+			return false, nil, err
+		}
+		epoch := epochOf(st.CachedInfo())
+		next := uint64(1)
+		if cp.Epoch == epoch {
+			next = cp.Seq + 1
+		}
+		now, _ := h.In(epoch, math.MaxUint64)
+		first, _ := h.In(epoch, next+1)
+		e.histMu.Lock()
+		e.hist[name] = h
+		e.histMu.Unlock()
+		if !seen {
+			all := rules.Differences(now, own)
+			e.metrics.ruleDiffs.WithLabelValues("followed").Set(float64(len(all) - len(rules.Structural(all))))
+		}
+		seen = true
+		nowDs := rules.Structural(rules.Differences(now, own))
+		if len(nowDs) == 0 || len(rules.Structural(rules.Differences(e.tableNow(name, first), own))) == 0 {
+			return true, nil, nil
+		}
+		if why == nil {
+			why = refusal(name, nowDs)
 		}
 	}
-	return nil
+	return !seen, why, nil
+}
+
+// refusal is the error of a sidecar whose settings ds differ from the
+// rules of stream name in what decides which items its counts go to.
+func refusal(name string, ds []rules.Difference) error {
+	var why, set []string
+	for _, d := range ds {
+		why = append(why, d.String())
+		v := d.Own
+		if v == "" {
+			v = `""`
+		}
+		set = append(set, "--"+d.Setting+" "+v)
+	}
+	return fmt.Errorf("%w: stream %s: this sidecar's settings differ from the stream's rules in what decides which streams and items its counts go to (%s), and no stream has messages left under rules it can write. Run it with the stream's values, or change the stream's rules for the whole fleet first: hotcount stream rules set %s (docs/SEMANTICS.md, \"The stream carries its rules\")",
+		errRefused, name, strings.Join(why, "; "), strings.Join(set, " "))
 }
 
 // judgement is how a reading judges a message: its stream's rules in
@@ -55,32 +107,37 @@ func judgementOf(r rules.Rules) judgement {
 	return judgement{limits: r.Limits(), minutes: r.Minutes, hours: r.Hours}
 }
 
-// agree compares the stream's rules r with this sidecar's settings. Where
-// they judge a message differently (--max-count, --windows, ...), the
-// sidecar follows the stream, and says so; where they would have it read
-// other streams or write other items (--table, --region, ...), it does
-// not read the stream, and the error names the settings and the command
-// that changes the stream's rules.
-func (e *Engine) agree(name string, r rules.Rules) error {
-	ds := rules.Differences(r, e.Own())
+// agree compares the rules r of the next message a reader of stream name
+// judges with this sidecar's settings. Where they judge a message
+// differently (--max-count, --windows, ...), the sidecar follows the
+// stream, and says so. Where they would have it write other items
+// (--region, a retention; --table against the rules in force now), it
+// does not read the stream (a non-fatal error, tried again): either the
+// messages are a sidecar's of the earlier settings, which stops there, or
+// this one waits for them. When it has nothing left to read anywhere
+// (useful), the error is errRefused and the engine stops.
+func (e *Engine) agree(ctx context.Context, name string, r rules.Rules) error {
+	ds := rules.Differences(e.tableNow(name, r), e.Own())
 	refused := rules.Structural(ds)
 	e.metrics.ruleDiffs.WithLabelValues("followed").Set(float64(len(ds) - len(refused)))
-	e.metrics.ruleDiffs.WithLabelValues("refused").Set(float64(len(refused)))
-	if len(refused) > 0 {
-		var why, set []string
-		for _, d := range refused {
-			why = append(why, d.String())
-			v := d.Own
-			if v == "" {
-				v = `""`
-			}
-			set = append(set, "--"+d.Setting+" "+v)
+	e.refusing.Store(name, len(refused) > 0)
+	n := 0
+	e.refusing.Range(func(_, v any) bool {
+		if v.(bool) {
+			n++
 		}
-		return fmt.Errorf("%w: stream %s: this sidecar's settings differ from the stream's rules in what decides which streams and items its counts go to (%s); it does not read the stream. Run it with the stream's values, or change the stream's rules for the whole fleet first: hotcount stream rules set %s (docs/SEMANTICS.md, \"The stream carries its rules\")",
-			errRefused, name, strings.Join(why, "; "), strings.Join(set, " "))
+		return true
+	})
+	e.metrics.ruleDiffs.WithLabelValues("refused").Set(float64(n))
+	if len(refused) > 0 {
+		if ok, why, err := e.useful(ctx); err == nil && !ok {
+			return why
+		}
+		return fmt.Errorf("stream %s: from here its rules differ from this sidecar's settings in what decides which items its counts go to (%s): not reading it. A sidecar of the settings in force reads on from where those of the earlier ones stopped (docs/SEMANTICS.md, \"The stream carries its rules\")",
+			name, refused[0])
 	}
 	for _, d := range ds {
-		e.log.Warn("following the stream's rules, not this sidecar's setting", zap.String("stream", name),
+		e.sampled.Warn("following the stream's rules, not this sidecar's setting", zap.String("stream", name),
 			zap.String("setting", d.Setting), zap.String("stream_value", d.Stream), zap.String("own", d.Own))
 	}
 	return nil
@@ -99,7 +156,7 @@ func (e *Engine) changed(r *reading, msg jetstream.Msg) error {
 	e.histMu.Lock()
 	e.hist[r.s.name] = e.hist[r.s.name].With(c)
 	e.histMu.Unlock()
-	if err := e.agree(r.s.name, e.tableNow(r.s.name, c.Rules)); err != nil {
+	if err := e.agree(r.ctx, r.s.name, c.Rules); err != nil {
 		return err
 	}
 	r.j = judgementOf(c.Rules)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
 	"sync"
 	"time"
 
@@ -49,7 +48,7 @@ func (e *Engine) read(ctx context.Context, p int) {
 			return
 		}
 		if errors.Is(err, errRefused) {
-			e.log.Error("not reading the stream; stopping", zap.String("stream", e.streamName(p)), zap.Error(err))
+			e.log.Error("nothing to read under this sidecar's settings; stopping", zap.String("stream", e.streamName(p)), zap.Error(err))
 			e.refuse(err)
 			return
 		}
@@ -312,22 +311,13 @@ func (e *Engine) start(ctx context.Context, p int) (stream, uint64, judgement, e
 		return stream{}, 0, judgement{}, err
 	}
 	// The rules of the first message this reading judges (a change at
-	// next itself is in force after it), and those in force now.
+	// next itself is in force after it).
 	r, ok := h.In(s.epoch, next+1)
-	now, _ := h.In(s.epoch, math.MaxUint64)
 	if !ok {
 		return stream{}, 0, judgement{}, errRestart // created again since its rules were read
 	}
-	if err := e.agree(s.name, now); err != nil {
-		return stream{}, 0, judgement{}, err // this sidecar's settings are not the fleet's: it stops
-	}
-	if ds := rules.Structural(rules.Differences(e.tableNow(s.name, r), e.Own())); len(ds) > 0 {
-		// The stream's rules changed what this sidecar cannot follow
-		// (the Region layout, a retention) after next: the messages
-		// before the change are a sidecar's of the earlier settings to
-		// write, and the ones after are this one's.
-		return stream{}, 0, judgement{}, fmt.Errorf("stream %s: sequences from %d were stored under earlier rules (%s) that this sidecar cannot write; waiting for a sidecar with those settings to read them (docs/SEMANTICS.md, \"The stream carries its rules\")",
-			s.name, next, ds[0])
+	if err := e.agree(ctx, s.name, r); err != nil {
+		return stream{}, 0, judgement{}, err
 	}
 	return s, next, judgementOf(r), nil
 }
@@ -380,16 +370,21 @@ func (e *Engine) begin(ctx context.Context, p int, h rules.History) (stream, uin
 		return stream{}, 0, err
 	}
 	e.adopt(s, cp)
-	// After what this process was handed, or after the checkpoint if the
-	// others have moved it further (a partition taken back): what is at
-	// or below it is in the items, and the stream dropping it since is no
-	// loss.
 	next := e.win.resume(s) + 1
-	if cp.Epoch == s.epoch {
-		next = max(next, cp.Seq+1)
+	if next == 1 && cp.Epoch == s.epoch {
+		next = cp.Seq + 1
 	}
 	if first := info.State.FirstSeq; next < first {
-		e.dropped(s, next, first)
+		// What is at or below the checkpoint is in the items (a partition
+		// taken back after the others moved it): the stream dropping it
+		// is no loss. The window still starts at first.
+		if lost := next; cp.Epoch != s.epoch || cp.Seq < first-1 {
+			if cp.Epoch == s.epoch {
+				lost = max(lost, cp.Seq+1)
+			}
+			e.dropped(s, lost, first)
+		}
+		e.win.skip(s, first-1)
 		next = first
 	}
 	return s, next, nil

@@ -58,7 +58,10 @@ func (e *entry) merge(o entry) {
 // reader adds one mention at a time, and hashing and comparing the
 // stream's name with every counter's key was most of what an add cost.
 type window struct {
-	mu      sync.Mutex
+	mu sync.Mutex
+	// flight is the publication (Unix ns) of the oldest mention drained
+	// and not yet back or written (0: none), for oldest.
+	flight  int64
 	streams map[stream]*streamWindow // kept across drains, for each stream's read
 	entries atomic.Int64             // the counters held: the readers' pause asks it without the lock
 }
@@ -182,13 +185,12 @@ func (w *window) drain() drained {
 	return d
 }
 
-// giveBack merges entries the flusher did not write into the window.
+// giveBack merges entries the flusher did not write into the window: the
+// drained ones are all back or written.
 func (w *window) giveBack(back map[key]*entry) {
-	if len(back) == 0 {
-		return
-	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	w.flight = 0
 	for k, e := range back {
 		w.put(w.of(k.s), k.c, *e)
 	}
@@ -248,7 +250,7 @@ func split(counters map[key]*entry) map[key]*entry {
 func (w *window) oldest() int64 {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	var o int64
+	o := w.flight
 	for _, sw := range w.streams {
 		if sw.oldest != 0 && (o == 0 || sw.oldest < o) {
 			o = sw.oldest
