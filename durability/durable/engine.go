@@ -449,7 +449,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		backwards: prometheus.NewCounter(prometheus.CounterOpts{Name: "hotcount_durable_backwards_total",
 			Help: "Readings refused because a stream's sequences went back below its checkpoint in the same epoch (a stream restored from a backup keeps its creation time): its new mentions would read as counted. Expected 0; see the log."}),
 		ruleDiffs: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "hotcount_rules_differing_settings",
-			Help: "This sidecar's settings that differ from the rules of the stream it last started reading or met a change of: followed (the sidecar judges by the stream's rules, not its own: --max-count, --max-topic-bytes, --max-lateness, --windows) or refused (the sidecar does not read the stream: --nats-mode, --subject, --partitions, --table, --region, the retentions). See hotcount stream status."},
+			Help: "followed: this sidecar's settings that differ from the stream's rules, which it judges by instead (--max-count, --max-topic-bytes, --max-lateness, --windows); refused: the streams it does not read now because their rules differ there in what decides which items its counts go to (--table, --region, the retentions). See hotcount stream rules show."},
 			[]string{"kind"}),
 		ruleChanges: prometheus.NewCounter(prometheus.CounterOpts{Name: "hotcount_rules_changes_total",
 			Help: "Changes of a stream's rules met while reading it (hotcount stream rules set): the reading judges by the new rules from the next message on."}),
