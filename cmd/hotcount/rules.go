@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"time"
 
@@ -197,6 +198,9 @@ func cmdRulesSet(ctx context.Context, args, environ []string, stdout, stderr io.
 			return err
 		}
 		fmt.Fprintf(stdout, "%s: in force from sequence %d\n", name, c.Seq+1)
+		if slices.ContainsFunc(rules.Structural(ds), func(d rules.Difference) bool { return d.Setting != "table" }) {
+			fmt.Fprintf(stdout, "%s: the sidecars of the earlier settings read up to it and stop reading there; roll the fleet once hotcount stream status shows the checkpoint at %d or past\n", name, c.Seq)
+		}
 	}
 	return nil
 }

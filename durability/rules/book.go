@@ -117,7 +117,11 @@ func (b *Book) Set(ctx context.Context, name string, r Rules, why string, from C
 		if err != nil {
 			return Change{}, err
 		}
-		if now, ok := h.latestOf(epoch); !ok || now.Epoch != from.Epoch || now.Seq != from.Seq {
+		now, ok := h.latestOf(epoch)
+		if !ok {
+			return Change{}, fmt.Errorf("%w: stream %s has no rules for its creation (created again?); look again", ErrChanged, name)
+		}
+		if now.Epoch != from.Epoch || now.Seq != from.Seq {
 			return Change{}, fmt.Errorf("%w: stream %s: by %s at %s (%s); look again and change them again", ErrChanged, name, now.By, now.At.Format(time.RFC3339), now.Why)
 		}
 		c, err := b.publish(ctx, name, epoch, last, Change{At: time.Now().UTC(), By: Who(), Why: why, Rules: r})
