@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/hotcount/hotcount/durability/rules"
@@ -373,14 +374,7 @@ func runToExit(t *testing.T, args ...string) (string, error) {
 // total and bucket exact, and the audit clean. Then the same from an
 // empty table with --to-start.
 func TestRewindFillsARestoredTable(t *testing.T) {
-	ns := testenv.NATS(t)
-	url := ns.ClientURL()
-	nc := testenv.Connect(t, url)
-	if _, err := ingest.EnsureStream(context.Background(), nc, "MENTIONS", "mentions.>", time.Minute); err != nil {
-		t.Fatal(err)
-	}
-	d := testenv.StartDynalite(t)
-	testenv.AWSEnv(t)
+	url, nc, d := jetstreamAndDynalite(t)
 	live := d.Table(t, "live")
 	common := []string{"--nats-mode", "jetstream", "--nats-url", url, "--dynamodb-endpoint", d.Endpoint, "--flush-interval", "300ms",
 		"--log-level", "warn", "--windows", "1m,1h"}
@@ -388,23 +382,7 @@ func TestRewindFillsARestoredTable(t *testing.T) {
 	oldExited := make(chan error, 1)
 	go func() { oldExited <- old.cmd.Wait() }()
 
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	type result struct {
-		rep loadgen.Report
-		err error
-	}
-	sent := make(chan result, 1)
-	go func() {
-		rep, err := loadgen.Run(ctx, nc, loadgen.Config{Prefix: "mentions.", Topics: 30, Rate: 600, Messages: 9_000, Count: 1, Seed: 21, JetStream: true})
-		sent <- result{rep, err}
-	}()
-	testenv.Eventually(t, 60*time.Second, func() error {
-		if n := old.metric(t, "hotcount_flusher_flushed_mentions_total"); n < 2_000 {
-			return fmt.Errorf("%v mentions written", n)
-		}
-		return nil
-	})
+	sent := loadUnder(t, nc, old, 21)
 	// The backup, and the time to rewind to: every mention unwritten at
 	// the scrape was published at most the gauge's age before it, so
 	// everything older was in the items then, and in the backup after.
@@ -461,6 +439,47 @@ func TestRewindFillsARestoredTable(t *testing.T) {
 	_ = fresh // stopped by the change to the empty table
 }
 
+// jetstreamAndDynalite is a NATS server with jetstream mode's stream and
+// a dynalite, for the binary (the AWS environment set).
+func jetstreamAndDynalite(t *testing.T) (url string, nc *nats.Conn, d *testenv.Dynalite) {
+	t.Helper()
+	url = testenv.NATS(t).ClientURL()
+	nc = testenv.Connect(t, url)
+	if _, err := ingest.EnsureStream(context.Background(), nc, "MENTIONS", "mentions.>", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	d = testenv.StartDynalite(t)
+	testenv.AWSEnv(t)
+	return url, nc, d
+}
+
+// loaded is what a load published, or why it failed.
+type loaded struct {
+	rep loadgen.Report
+	err error
+}
+
+// loadUnder publishes 9,000 mentions over 30 topics at 600 a second from
+// seed in the background, and returns once c has written 2,000 of them;
+// the load's report arrives on the channel when it ends.
+func loadUnder(t *testing.T, nc *nats.Conn, c *child, seed uint64) <-chan loaded {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	sent := make(chan loaded, 1)
+	go func() {
+		rep, err := loadgen.Run(ctx, nc, loadgen.Config{Prefix: "mentions.", Topics: 30, Rate: 600, Messages: 9_000, Count: 1, Seed: seed, JetStream: true})
+		sent <- loaded{rep, err}
+	}()
+	testenv.Eventually(t, 60*time.Second, func() error {
+		if n := c.metric(t, "hotcount_flusher_flushed_mentions_total"); n < 2_000 {
+			return fmt.Errorf("%v mentions written", n)
+		}
+		return nil
+	})
+	return sent
+}
+
 // copyTable copies every item of from into to, each as it is when read:
 // a backup taken while the table is written.
 func copyTable(t *testing.T, d *testenv.Dynalite, from, to string) int {
@@ -491,34 +510,11 @@ func copyTable(t *testing.T, d *testenv.Dynalite, from, to string) int {
 // and must read everything again: the new table ends with every mention
 // once.
 func TestRewindWithTheFleetRunning(t *testing.T) {
-	ns := testenv.NATS(t)
-	url := ns.ClientURL()
-	nc := testenv.Connect(t, url)
-	if _, err := ingest.EnsureStream(context.Background(), nc, "MENTIONS", "mentions.>", time.Minute); err != nil {
-		t.Fatal(err)
-	}
-	d := testenv.StartDynalite(t)
-	testenv.AWSEnv(t)
+	url, nc, d := jetstreamAndDynalite(t)
 	table := d.Table(t, "lost")
 	c := startChild(t, "--nats-mode", "jetstream", "--nats-url", url, "--dynamodb-endpoint", d.Endpoint, "--flush-interval", "300ms",
 		"--log-level", "warn", "--table", table)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	type result struct {
-		rep loadgen.Report
-		err error
-	}
-	sent := make(chan result, 1)
-	go func() {
-		rep, err := loadgen.Run(ctx, nc, loadgen.Config{Prefix: "mentions.", Topics: 30, Rate: 600, Messages: 9_000, Count: 1, Seed: 23, JetStream: true})
-		sent <- result{rep, err}
-	}()
-	testenv.Eventually(t, 60*time.Second, func() error {
-		if n := c.metric(t, "hotcount_flusher_flushed_mentions_total"); n < 2_000 {
-			return fmt.Errorf("%v mentions written", n)
-		}
-		return nil
-	})
+	sent := loadUnder(t, nc, c, 23)
 	if _, err := d.Client().DeleteTable(context.Background(), &dynamodb.DeleteTableInput{TableName: &table}); err != nil {
 		t.Fatal(err)
 	}
