@@ -661,7 +661,7 @@ func bareConsumer(b *testing.B, policy jetstream.AckPolicy, ackEvery int64, filt
 	}
 	cfg := jetstream.ConsumerConfig{Durable: "bare", AckPolicy: policy, FilterSubjects: filter}
 	if policy != jetstream.AckNonePolicy {
-		cfg.MaxAckPending = ingest.DefaultMaxAckPending
+		cfg.MaxAckPending = 100_000 // the previous engine's setting
 	}
 	cons, err := cjs.CreateOrUpdateConsumer(ctx, ingest.DefaultStream, cfg)
 	if err != nil {

@@ -10,29 +10,15 @@ import "time"
 
 // Config is every setting of the sidecar.
 type Config struct {
-	NATSURL     string
-	NATSMode    string
-	NATSCreds   string
-	NATSNKey    string
-	NATSToken   string
-	NATSTLSCA   string
-	NATSTLSCert string
-	NATSTLSKey  string
-	Stream      string
-	// Consumer is the durable consumer the previous engine (the journal)
-	// read with: `hotcount stream adopt` and the engine's start-up check
-	// look for it.
-	Consumer string
-	// AckWait and MaxAckPending are read by nothing since the durable
-	// modes send no acknowledgements: accepted so that an old
-	// configuration still starts.
-	AckWait       time.Duration
-	MaxAckPending int
-	// DurableEngine is how the durable modes count exactly once; the one
-	// engine left is EnginePosition (package durable: stream positions in
-	// the items). The setting stays so that a configuration pinned to the
-	// removed journal engine fails with what to run.
-	DurableEngine     string
+	NATSURL           string
+	NATSMode          string
+	NATSCreds         string
+	NATSNKey          string
+	NATSToken         string
+	NATSTLSCA         string
+	NATSTLSCert       string
+	NATSTLSKey        string
+	Stream            string
 	Partitions        int
 	Subject           string
 	QueueGroup        string

@@ -58,9 +58,6 @@ const (
 	StoreBolt     = "bolt"
 )
 
-// EnginePosition is the durable engine (--durable-engine).
-const EnginePosition = "position"
-
 // Time buckets' defaults.
 const (
 	// DefaultWindows is none for `run`: buckets cost writes (two more per
@@ -80,10 +77,6 @@ func Default() Config {
 		NATSURL:           DefaultNATSURL,
 		NATSMode:          ModeCore,
 		Stream:            ingest.DefaultStream,
-		Consumer:          ingest.DefaultConsumer,
-		AckWait:           ingest.DefaultAckWait,
-		MaxAckPending:     ingest.DefaultMaxAckPending,
-		DurableEngine:     EnginePosition,
 		Partitions:        DefaultPartitions,
 		Subject:           ingest.DefaultSubject,
 		QueueGroup:        ingest.DefaultQueueGroup,

@@ -116,7 +116,7 @@ func TestCompose(t *testing.T) {
 	}
 	first := settings[0]
 	for i, set := range settings[1:] {
-		for _, k := range []string{"nats-url", "dynamodb-endpoint", "table", "stream", "consumer", "subject"} {
+		for _, k := range []string{"nats-url", "dynamodb-endpoint", "table", "stream", "subject"} {
 			if set[k] != first[k] {
 				t.Errorf("%s: %s %q, but %s has %q", sidecars[i+1].Name, k, set[k], sidecars[0].Name, first[k])
 			}

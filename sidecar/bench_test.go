@@ -51,7 +51,7 @@ func BenchmarkJetStream(b *testing.B) {
 	b.Run("bare", func(b *testing.B) {
 		_, js := fill(b)
 		cons, err := js.CreateOrUpdateConsumer(context.Background(), "MENTIONS", jetstream.ConsumerConfig{
-			Durable: "hotcount", AckPolicy: jetstream.AckExplicitPolicy, MaxAckPending: ingest.DefaultMaxAckPending,
+			Durable: "hotcount", AckPolicy: jetstream.AckExplicitPolicy, MaxAckPending: 100_000,
 		})
 		if err != nil {
 			b.Fatal(err)

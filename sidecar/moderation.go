@@ -11,6 +11,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/hotcount/hotcount/config"
+	"github.com/hotcount/hotcount/durability/streams"
 	"github.com/hotcount/hotcount/pipeline/moderation"
 )
 
@@ -66,4 +67,18 @@ func (s *Sidecar) moderate(ctx context.Context, p *parts) error {
 	p.services = append(p.services, w.Run)
 	p.tr.UseModeration(w)
 	return nil
+}
+
+// mentionsReplicas is the replication of the mentions' stream (in
+// partitioned mode, of its first partition stream), which the buckets
+// hotcount creates beside it take: 1 when there is none (core mode).
+func mentionsReplicas(ctx context.Context, cfg config.Config, js jetstream.JetStream) int {
+	stream := cfg.Stream
+	if cfg.NATSMode == config.ModePartitioned {
+		stream = streams.Layout{Stream: cfg.Stream, Partitions: cfg.Partitions}.Name(0)
+	}
+	if s, err := js.Stream(ctx, stream); err == nil {
+		return s.CachedInfo().Config.Replicas
+	}
+	return 1
 }

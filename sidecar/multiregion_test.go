@@ -37,7 +37,6 @@ type region struct {
 	name     string
 	nats     string
 	sidecars []*sidecartest.Sidecar
-	position bool // --durable-engine position: no durable consumer to go idle
 }
 
 // startRegions starts every Region of em, writing Region-owned shards when
@@ -67,7 +66,7 @@ func startRegions(t *testing.T, em *globaltable.Emulator, table string, owned bo
 		if _, err := ingest.EnsureStream(context.Background(), testenv.Connect(t, cfg.NATSURL), cfg.Stream, cfg.Subject, time.Minute); err != nil {
 			t.Fatal(err)
 		}
-		r := &region{name: name, nats: cfg.NATSURL, position: cfg.Durable()}
+		r := &region{name: name, nats: cfg.NATSURL}
 		for range 2 {
 			c := cfg
 			c.DataDir = t.TempDir()
@@ -128,12 +127,11 @@ func regionCounts(t *testing.T, em *globaltable.Emulator, name, table string) ma
 	return got
 }
 
-// allIdle waits until every Region's consumer has acknowledged everything.
+// allIdle waits until every Region's sidecars have checkpointed the
+// whole of its stream: everything published is written.
 func allIdle(t *testing.T, regions []*region) {
 	for _, r := range regions {
-		if !r.position { // the position engine's exactness is waited for by the counts alone
-			testenv.ConsumerIdle(t, r.nats, "MENTIONS", "hotcount", time.Minute)
-		}
+		testenv.Checkpointed(t, r.nats, []string{"MENTIONS"}, time.Minute)
 	}
 }
 
@@ -250,7 +248,7 @@ func TestGlobalTableRegionShardsExact(t *testing.T) {
 }
 
 // TestGlobalTablePositionExact is TestGlobalTableRegionShardsExact with
-// --durable-engine position: each Region's items record its own stream's
+// The durable engine: each Region's items record its own stream's
 // positions (Region-owned, so no item has two Regions' writers). Every
 // total, windowed count and trending count is exact in both Regions,
 // through a 10 s cut of one Region while both publish.
@@ -266,7 +264,7 @@ func TestGlobalTablePositionExact(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	regions := startRegions(t, em, "hotcount", true, func(c *config.Config) { c.DurableEngine = config.EnginePosition })
+	regions := startRegions(t, em, "hotcount", true)
 	want := plus(publishEverywhere(t, regions, 8_000, 383)...)
 	exactEverywhere(t, em, regions, want, "both Regions publishing")
 	for _, r := range regions {

@@ -240,7 +240,7 @@ func (s *Sidecar) writers(ctx context.Context, p *parts) error {
 	}
 	opts := []flusher.Option{flusher.WithObserver(observers...), flusher.WithShards(p.book), flusher.WithView(p.seen)}
 	if cfg.QuarantineAfter > 0 {
-		q, err := OpenQuarantine(ctx, cfg, p.nc)
+		q, err := OpenQuarantine(cfg)
 		if err != nil {
 			return err
 		}
@@ -263,7 +263,7 @@ func (s *Sidecar) writers(ctx context.Context, p *parts) error {
 	return nil
 }
 
-// engine builds the durable engine (--durable-engine position): it reads
+// engine builds the durable engine: it reads
 // the partition streams this sidecar owns and writes them by position.
 // The fleet shares the partitions out (one partition, the one stream,
 // in jetstream mode), for efficiency only.
@@ -277,9 +277,7 @@ func (s *Sidecar) engine(p *parts, observers []flusher.Observer) error {
 		MaxCounters: cfg.MaxTopics, Minutes: minutes, Hours: hours,
 		Limits: ingest.Limits{MaxCount: cfg.MaxCount, MaxTopicBytes: cfg.MaxTopicBytes, MaxLateness: cfg.Lateness()},
 		Table:  cfg.Table, Retention: store.Retention{Minute: cfg.MinuteRetention, Hour: cfg.HourRetention},
-		DeadLetter: cfg.DeadLetterSubject,
-		// A stream the journal engine read waits for hotcount stream adopt.
-		JournalConsumer: cfg.Consumer,
+		DeadLetter:      cfg.DeadLetterSubject,
 		QuarantineAfter: cfg.QuarantineAfter,
 		Contributors:    p.who,
 	}

@@ -44,7 +44,7 @@ func readYourWrites(t *testing.T, mode string) {
 		c.CacheTTL = 100 * time.Millisecond
 		// What the blip's paused fetch left in nats.go comes back after
 		// the ack wait: keep it short.
-		c.FlushTimeout, c.WriteTimeout, c.AckWait = time.Second, time.Second, 3*time.Second
+		c.FlushTimeout, c.WriteTimeout = time.Second, time.Second
 	})
 	url := "http://" + e.sc.HTTPAddr() + "/v1/topics/topic-0?include=pending"
 	var lastBody string

@@ -274,15 +274,10 @@ func TestOutageLosesNothing(t *testing.T) {
 }
 
 // consumerIdle waits until e's sidecars have written every mention
-// the stream stores: the consumer idle with the journal engine, the
-// checkpoint at the stream's end with the position engine.
+// the stream stores: the checkpoint at the stream's end.
 func consumerIdle(t *testing.T, e *env) {
 	t.Helper()
-	if e.cfg.Durable() {
-		testenv.Checkpointed(t, e.nats, []string{e.cfg.Stream}, 30*time.Second)
-		return
-	}
-	testenv.ConsumerIdle(t, e.nats, e.cfg.Stream, e.cfg.Consumer, 30*time.Second)
+	testenv.Checkpointed(t, e.nats, []string{e.cfg.Stream}, 30*time.Second)
 }
 
 // TestJetStreamConservation: in JetStream mode every published mention is

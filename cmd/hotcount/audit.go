@@ -66,7 +66,7 @@ type auditFlags struct {
 // auditSettings are the settings audit reads.
 func auditSettings(s string) bool {
 	switch s {
-	case "stream", "nats-mode", "durable-engine", "partitions", "table", "dynamodb-endpoint", "shards",
+	case "stream", "nats-mode", "partitions", "table", "dynamodb-endpoint", "shards",
 		"max-count", "max-topic-bytes", "max-lateness", "windows", "minute-retention", "hour-retention":
 		return true
 	}

@@ -64,7 +64,7 @@ func TestAuditCommand(t *testing.T) {
 
 	// The sidecars have written all of it: the stream's checkpoint is at
 	// its end.
-	if err := durable.Adopt(ctx, js, "MENTIONS", "", 5); err != nil {
+	if err := durable.Advance(ctx, js, "MENTIONS", "", 5); err != nil {
 		t.Fatal(err)
 	}
 

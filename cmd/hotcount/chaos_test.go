@@ -23,8 +23,8 @@ import (
 )
 
 // TestChaosCountsOnce is the position engine's faults all at once, with
-// the binary, in partitioned mode: three `hotcount run --durable-engine
-// position` read four partition streams through a DynamoDB proxy that
+// the binary, in partitioned mode: three `hotcount run`
+// sidecars read four partition streams through a DynamoDB proxy that
 // loses 15% of the counting writes' answers after the store applied them
 // (a reset, a 500, a hang, a 200 cut short), while a producer publishes
 // 36,000 mentions over 60 topics at 1,500/s. Mid-load a sidecar that
@@ -74,7 +74,7 @@ func TestChaosCountsOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer stop() //nolint:errcheck // test teardown
-	args := []string{"--nats-mode", "partitioned", "--durable-engine", "position", "--partitions", fmt.Sprint(l.Partitions),
+	args := []string{"--nats-mode", "partitioned", "--partitions", fmt.Sprint(l.Partitions),
 		"--nats-url", url, "--dynamodb-endpoint", endpoint, "--table", table,
 		"--flush-interval", "300ms", "--log-level", "warn", "--windows", "1m,1h"}
 

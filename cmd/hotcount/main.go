@@ -113,8 +113,7 @@ func dispatch(ctx context.Context, args, environ []string, stdout, stderr io.Wri
 		return group(ctx, "stream", rest, environ, stdout, stderr, subcommand{"create", "create the JetStream stream(s) of mentions if absent", cmdStreamCreate},
 			subcommand{"status", "partitioned mode: each partition stream's leader and backlog", cmdStreamStatus},
 			subcommand{"rules", "the rules that decide a count, recorded in each stream: show, set", cmdStreamRules},
-			subcommand{"rewind", "move the durable readers back (--to TIME or --to-start), with the fleet running: fills a restored or new table exactly", cmdStreamRewind},
-			subcommand{"adopt", "hand streams the journal engine read to --durable-engine position, at their consumers' acknowledgements", cmdStreamAdopt})
+			subcommand{"rewind", "move the durable readers back (--to TIME or --to-start), with the fleet running: fills a restored or new table exactly", cmdStreamRewind})
 	case "quarantine":
 		return group(ctx, "quarantine", rest, environ, stdout, stderr, subcommand{"list", "the writes the store refused for good, held aside, and why", cmdQuarantineList},
 			subcommand{"replay", "write the quarantined writes, each exactly once, once the store takes them", cmdQuarantineReplay})

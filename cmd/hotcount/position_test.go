@@ -12,9 +12,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/aws/aws-sdk-go-v2/aws"
-	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
-	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -22,14 +19,13 @@ import (
 	"github.com/hotcount/hotcount/internal/testtools/ddbfault"
 	"github.com/hotcount/hotcount/internal/testtools/testenv"
 	"github.com/hotcount/hotcount/pipeline/ingest"
-	"github.com/hotcount/hotcount/pipeline/store"
 	"github.com/hotcount/hotcount/tools/loadgen"
 )
 
-// The position engine (--durable-engine position) through the binary.
+// The position engine through the binary.
 
 // TestFrozenSidecarCountsOnce is the frozen sidecar of the position
-// issue, with the binary: two `hotcount run --durable-engine position`
+// issue, with the binary: two `hotcount run`
 // share the stream while mentions arrive; the one reading is stopped
 // with SIGSTOP (a long GC or VM pause, a node cut off) with a window read
 // and not written, the other takes its partitions over and writes them,
@@ -60,7 +56,7 @@ const (
 
 func faultRun(t *testing.T, mode string, f fault) {
 	l := streams.Layout{Stream: "MENTIONS", Subject: "mentions.>", Partitions: 4}
-	args := []string{"--nats-mode", mode, "--durable-engine", "position", "--flush-interval", "300ms",
+	args := []string{"--nats-mode", mode, "--flush-interval", "300ms",
 		"--log-level", "warn", "--windows", "1m,1h"}
 	var url string
 	if mode == "partitioned" {
@@ -194,7 +190,7 @@ func faultRun(t *testing.T, mode string, f fault) {
 }
 
 // TestSIGKILLPositionLosesNothing is TestSIGKILLLosesNothing with
-// --durable-engine position: five SIGKILLs at random moments of the
+// : five SIGKILLs at random moments of the
 // flushes, against a store slowed to 200 ms a call, each followed by a
 // new process that starts from the checkpoint. Whatever a killed process
 // had written, its successor's writes of the same mentions are refused
@@ -215,7 +211,7 @@ func TestSIGKILLPositionLosesNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer stop() //nolint:errcheck // test teardown
-	args := []string{"--nats-mode", "jetstream", "--durable-engine", "position", "--nats-url", ns.ClientURL(),
+	args := []string{"--nats-mode", "jetstream", "--nats-url", ns.ClientURL(),
 		"--dynamodb-endpoint", endpoint, "--table", table, "--flush-interval", "300ms", "--log-level", "warn", "--windows", "1m,1h"}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -276,7 +272,7 @@ func TestSIGKILLPositionLosesNothing(t *testing.T) {
 }
 
 // TestPositionClusterLosesNothing runs three `hotcount run
-// --durable-engine position` against a 3-node NATS cluster, streams at
+// ` against a 3-node NATS cluster, streams at
 // R3 (`hotcount stream create --replicas 3`), in both layouts, while a
 // producer on package client publishes. Mid-load the node leading the
 // (first partition's) stream goes, taking with it the readers' consumers
@@ -292,7 +288,7 @@ func TestPositionClusterLosesNothing(t *testing.T) {
 func positionCluster(t *testing.T, mode string) {
 	layout := streams.Layout{Stream: "MENTIONS", Subject: "mentions.>"}
 	create := []string{"stream", "create", "--replicas", "3"}
-	args := []string{"--nats-mode", mode, "--durable-engine", "position", "--flush-interval", "300ms", "--log-level", "warn"}
+	args := []string{"--nats-mode", mode, "--flush-interval", "300ms", "--log-level", "warn"}
 	var mappings map[string]string
 	first := layout.Stream
 	if mode == "partitioned" {
@@ -438,112 +434,6 @@ func positionCluster(t *testing.T, mode string) {
 		total += n
 	}
 	t.Logf("%s: lost %s's leader and a reading sidecar: %d mentions stored, every one counted once", mode, first, total)
-}
-
-// TestStreamAdopt is the upgrade from the previous release's journal
-// engine: that release counted a stream through a durable consumer,
-// acknowledging each message once its count was written, and stopped
-// (previousRelease leaves that state: the consumer's floor, the counts in
-// the table). A sidecar started on the stream reads nothing (a stream
-// without a checkpoint that the journal's consumer read would be counted
-// again from its start) and says which command to run; `hotcount stream
-// adopt` checkpoints it at the consumer's acknowledgement floor, and the
-// sidecar counts the mentions after it, each once.
-func TestStreamAdopt(t *testing.T) {
-	ns := testenv.NATS(t)
-	nc := testenv.Connect(t, ns.ClientURL())
-	if _, err := ingest.EnsureStream(context.Background(), nc, "MENTIONS", "mentions.>", time.Minute); err != nil {
-		t.Fatal(err)
-	}
-	d := testenv.StartDynalite(t)
-	table := d.Table(t, "adopt")
-	testenv.AWSEnv(t)
-	args := []string{"--nats-mode", "jetstream", "--nats-url", ns.ClientURL(), "--dynamodb-endpoint", d.Endpoint, "--table", table,
-		"--flush-interval", "200ms", "--log-level", "warn"}
-	publish := func(n int64, seed uint64, want map[string]int64) {
-		rep, err := loadgen.Run(context.Background(), nc, loadgen.Config{Prefix: "mentions.", Topics: 20, Rate: 5_000, Messages: n, Count: 1, Seed: seed, JetStream: true})
-		if err != nil {
-			t.Fatal(err)
-		}
-		for topic, n := range rep.PerTopic {
-			want[topic] += n
-		}
-	}
-	exact := func(want map[string]int64) func() error { return tableHolds(t, d, table, want) }
-	want := map[string]int64{}
-	publish(3_000, 1, want)
-	previousRelease(t, nc, d, table, "MENTIONS", 3_000)
-	testenv.Eventually(t, time.Minute, exact(want))
-
-	cur := startChild(t, args...)
-	testenv.Eventually(t, 30*time.Second, func() error {
-		if n := cur.metric(t, "hotcount_durable_unadopted_total"); n == 0 {
-			return fmt.Errorf("the journal's stream is not refused yet")
-		}
-		return nil
-	})
-	if n := cur.metric(t, "hotcount_ingest_events_total"); n != 0 {
-		t.Fatalf("%v mentions read from a stream the journal engine counted", n)
-	}
-	if !strings.Contains(cur.logs.String(), "hotcount stream adopt") {
-		t.Errorf("the refusal does not name the command to run:\n%s", cur.logs)
-	}
-	var out strings.Builder
-	if err := dispatch(context.Background(), []string{"stream", "adopt", "--nats-mode", "jetstream", "--nats-url", ns.ClientURL(), "--table", table, "--dynamodb-endpoint", d.Endpoint}, nil, &out, &out); err != nil {
-		t.Fatalf("hotcount stream adopt: %v\n%s", err, out.String())
-	}
-	if !strings.Contains(out.String(), "MENTIONS: checkpoint at 3000") {
-		t.Errorf("hotcount stream adopt said:\n%s", out.String())
-	}
-	publish(2_000, 2, want)
-	testenv.Eventually(t, time.Minute, exact(want))
-	if n := cur.metric(t, "hotcount_ingest_events_total"); n != 2_000 {
-		t.Errorf("the position sidecar read %v mentions, want the 2,000 after the checkpoint", n)
-	}
-}
-
-// previousRelease leaves stream and table as a stopped sidecar of the
-// previous release (the journal engine) did: its durable consumer
-// (hotcount, explicit acknowledgements) has read the first n messages,
-// each acknowledged once its count was added to the topic's shard 0.
-// Each message counts 1 (loadgen's empty payloads).
-func previousRelease(t *testing.T, nc *nats.Conn, d *testenv.Dynalite, table, stream string, n int) {
-	t.Helper()
-	ctx := context.Background()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cons, err := js.CreateOrUpdateConsumer(ctx, stream, jetstream.ConsumerConfig{Durable: "hotcount", AckPolicy: jetstream.AckExplicitPolicy})
-	if err != nil {
-		t.Fatal(err)
-	}
-	db := d.Client()
-	for read := 0; read < n; {
-		batch, err := cons.Fetch(min(n-read, 500), jetstream.FetchMaxWait(5*time.Second))
-		if err != nil {
-			t.Fatal(err)
-		}
-		for m := range batch.Messages() {
-			topic := strings.TrimPrefix(m.Subject(), "mentions.")
-			if _, err := db.UpdateItem(ctx, &dynamodb.UpdateItemInput{
-				TableName:                 &table,
-				Key:                       map[string]types.AttributeValue{store.AttrPK: &types.AttributeValueMemberS{Value: store.ShardKey(topic, 0)}},
-				UpdateExpression:          aws.String("ADD #c :one"),
-				ExpressionAttributeNames:  map[string]string{"#c": store.AttrCount},
-				ExpressionAttributeValues: map[string]types.AttributeValue{":one": &types.AttributeValueMemberN{Value: "1"}},
-			}); err != nil {
-				t.Fatal(err)
-			}
-			if err := m.DoubleAck(ctx); err != nil {
-				t.Fatal(err)
-			}
-			read++
-		}
-		if err := batch.Error(); err != nil {
-			t.Fatal(err)
-		}
-	}
 }
 
 // tableHolds returns a check that table holds exactly want, topic by

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"text/tabwriter"
@@ -20,51 +21,45 @@ import (
 )
 
 // quarantineSettings are what `hotcount quarantine` reads: where the
-// quarantine is (the mode and engine, NATS or --data-dir), and for replay
-// the store.
+// quarantine is (the mode, NATS or --data-dir), and for replay the store.
 func quarantineSettings(s string) bool {
 	switch s {
-	case "nats-mode", "durable-engine", "stream", "partitions", "data-dir", "store", "table", "dynamodb-endpoint":
+	case "nats-mode", "stream", "partitions", "data-dir", "store", "table", "dynamodb-endpoint":
 		return true
 	}
 	return natsSettings(s)
 }
 
-// openQuarantine parses the settings and opens the quarantine they name,
-// and the journal a replay consults, on NATS connection nc (all nil in
-// core mode); close ends the connection, if any.
-func openQuarantine(ctx context.Context, name string, args, environ []string, stderr io.Writer, more func(*pflag.FlagSet)) (cfg config.Config, q quarantine.Store, j quarantine.Journal, nc *nats.Conn, close func(), err error) {
+// openQuarantine parses the settings and opens what holds the refused
+// writes they name: in core mode the folder quarantine (q), in the
+// durable modes the NATS connection whose streams' checkpoints hold them
+// (nc); close ends the connection, if any.
+func openQuarantine(name string, args, environ []string, stderr io.Writer, more func(*pflag.FlagSet)) (cfg config.Config, q quarantine.Store, nc *nats.Conn, close func(), err error) {
 	cfg = config.Default()
 	fs := cfg.FlagSet(name, quarantineSettings)
 	more(fs)
 	if err := parse(&cfg, fs, args, environ, stderr); err != nil {
-		return cfg, nil, nil, nil, nil, err
+		return cfg, nil, nil, nil, err
 	}
-	close = func() {}
 	if cfg.Durable() {
 		if nc, err = connect(cfg, "hotcount-quarantine"); err != nil {
-			return cfg, nil, nil, nil, nil, err
+			return cfg, nil, nil, nil, err
 		}
-		close = nc.Close
+		return cfg, nil, nc, nc.Close, nil
 	}
-	q, err = sidecar.OpenQuarantine(ctx, cfg, nc)
-	if err == nil {
-		j, err = sidecar.QuarantineJournal(ctx, cfg, nc)
-	}
+	d, err := sidecar.OpenQuarantine(cfg)
 	if err != nil {
-		close()
-		return cfg, nil, nil, nil, nil, err
+		return cfg, nil, nil, nil, err
 	}
-	return cfg, q, j, nc, close, nil
+	return cfg, d, nil, func() {}, nil
 }
 
 // cmdQuarantineList prints the writes held in the quarantine, and why.
 // In the durable modes it lists the counters held in the streams'
-// checkpoint records first (which the sidecars replay themselves), then
-// what the previous release's journal engine left in its quarantine.
+// checkpoint records, which the sidecars write themselves.
 func cmdQuarantineList(ctx context.Context, args, environ []string, stdout, stderr io.Writer) error {
 	var asJSON bool
-	cfg, q, _, nc, done, err := openQuarantine(ctx, "hotcount quarantine list", args, environ, stderr, func(fs *pflag.FlagSet) {
+	cfg, q, nc, done, err := openQuarantine("hotcount quarantine list", args, environ, stderr, func(fs *pflag.FlagSet) {
 		fs.BoolVar(&asJSON, "json", false, "print the entries as JSON")
 	})
 	if err != nil {
@@ -73,42 +68,22 @@ func cmdQuarantineList(ctx context.Context, args, environ []string, stdout, stde
 	defer done()
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	held, err := heldCounters(ctx, cfg, nc)
-	if err != nil {
-		return err
+	if cfg.Durable() {
+		held, err := heldCounters(ctx, cfg, nc)
+		if err != nil {
+			return err
+		}
+		return printHeld(stdout, held, asJSON)
 	}
 	es, err := q.List(ctx)
 	if err != nil {
 		return err
 	}
 	if asJSON {
-		if es == nil {
-			es = []quarantine.Entry{}
-		}
-		if cfg.Durable() {
-			return json.NewEncoder(stdout).Encode(struct {
-				Held    []durable.Held     `json:"held"`
-				Entries []quarantine.Entry `json:"entries"`
-			}{append([]durable.Held{}, held...), es})
-		}
-		return json.NewEncoder(stdout).Encode(es)
-	}
-	if len(held) > 0 {
-		tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "STREAM\tTOPIC\tCOUNTER\tDELTA\tSEQUENCES\tREFUSED SINCE\tREASON")
-		for _, h := range held {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d..%d\t%s\t%s\n", h.Stream, h.Topic, counterKind(h.Counter), h.Delta, h.First, h.Last,
-				h.Since.UTC().Format(time.RFC3339), h.Reason)
-		}
-		if err := tw.Flush(); err != nil {
-			return err
-		}
-		fmt.Fprintf(stdout, "%d counters held in the streams' checkpoints; the sidecars write them by position every 10 s once the store takes them\n", len(held))
+		return json.NewEncoder(stdout).Encode(append([]quarantine.Entry{}, es...))
 	}
 	if len(es) == 0 {
-		if len(held) == 0 {
-			fmt.Fprintln(stdout, "the quarantine is empty")
-		}
+		fmt.Fprintln(stdout, "the quarantine is empty")
 		return nil
 	}
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
@@ -128,12 +103,34 @@ func cmdQuarantineList(ctx context.Context, args, environ []string, stdout, stde
 	return nil
 }
 
-// heldCounters lists the counters the durable engine holds in the
-// checkpoints of the settings' streams, through nc (none in core mode).
-func heldCounters(ctx context.Context, cfg config.Config, nc *nats.Conn) ([]durable.Held, error) {
-	if !cfg.Durable() {
-		return nil, nil
+// printHeld prints the counters the durable engine holds in the streams'
+// checkpoints.
+func printHeld(stdout io.Writer, held []durable.Held, asJSON bool) error {
+	if asJSON {
+		return json.NewEncoder(stdout).Encode(struct {
+			Held []durable.Held `json:"held"`
+		}{append([]durable.Held{}, held...)})
 	}
+	if len(held) == 0 {
+		fmt.Fprintln(stdout, "the quarantine is empty")
+		return nil
+	}
+	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "STREAM\tTOPIC\tCOUNTER\tDELTA\tSEQUENCES\tREFUSED SINCE\tREASON")
+	for _, h := range held {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d..%d\t%s\t%s\n", h.Stream, h.Topic, counterKind(h.Counter), h.Delta, h.First, h.Last,
+			h.Since.UTC().Format(time.RFC3339), h.Reason)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "%d counters held in the streams' checkpoints; the sidecars write them by position every 10 s once the store takes them\n", len(held))
+	return nil
+}
+
+// heldCounters lists the counters the durable engine holds in the
+// checkpoints of the settings' streams, through nc.
+func heldCounters(ctx context.Context, cfg config.Config, nc *nats.Conn) ([]durable.Held, error) {
 	js, err := jetstream.New(nc)
 	if err != nil {
 		return nil, err
@@ -159,13 +156,18 @@ func counterKind(name string) string {
 // exactly once, and removes those written.
 func cmdQuarantineReplay(ctx context.Context, args, environ []string, stdout, stderr io.Writer) error {
 	var asJSON bool
-	cfg, q, j, _, done, err := openQuarantine(ctx, "hotcount quarantine replay", args, environ, stderr, func(fs *pflag.FlagSet) {
+	cfg, q, _, done, err := openQuarantine("hotcount quarantine replay", args, environ, stderr, func(fs *pflag.FlagSet) {
 		fs.BoolVar(&asJSON, "json", false, "print what was written and what is left as JSON")
 	})
 	if err != nil {
 		return err
 	}
 	defer done()
+	if cfg.Durable() {
+		// A replay from here would race the readers that own the
+		// streams' positions; they write what they hold themselves.
+		return usageError{errors.New("the durable modes hold refused counters in the streams' checkpoints, and the sidecars write them by position once the store takes them: `hotcount quarantine list` shows them; there is nothing to replay by hand")}
+	}
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
 	defer cancel()
 	st, err := openShardsStore(ctx, cfg, stderr)
@@ -173,16 +175,13 @@ func cmdQuarantineReplay(ctx context.Context, args, environ []string, stdout, st
 		return err
 	}
 	defer st.Close()
-	r, err := quarantine.Replay(ctx, q, st, j, store.NewSequencer(time.Now), store.NewWriterID, time.Now)
+	r, err := quarantine.Replay(ctx, q, st, store.NewSequencer(time.Now), store.NewWriterID, time.Now)
 	if asJSON {
 		if jerr := json.NewEncoder(stdout).Encode(r); jerr != nil {
 			return jerr
 		}
 	} else {
 		fmt.Fprintf(stdout, "written: %d writes, %d mentions in topic totals\n", len(r.Written), r.Mentions())
-		for _, e := range r.Journaled {
-			fmt.Fprintf(stdout, "removed: %s %s shard %d delta %d: its journal entry wrote it (its sidecar stopped while handing it over)\n", e.Topic, counterKind(e.Counter), e.Shard, e.Delta)
-		}
 		for _, f := range r.Left {
 			fmt.Fprintf(stdout, "left: %s %s shard %d delta %d: %s\n", f.Topic, counterKind(f.Counter), f.Shard, f.Delta, f.Error)
 		}

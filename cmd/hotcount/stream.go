@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"maps"
@@ -19,11 +18,9 @@ import (
 
 	"github.com/hotcount/hotcount/config"
 	"github.com/hotcount/hotcount/durability/durable"
-	"github.com/hotcount/hotcount/durability/journal"
 	"github.com/hotcount/hotcount/durability/rules"
 	"github.com/hotcount/hotcount/durability/streams"
 	"github.com/hotcount/hotcount/pipeline/ingest"
-	"github.com/hotcount/hotcount/sidecar"
 )
 
 // natsSettings are the settings a command needs to reach NATS.
@@ -185,7 +182,7 @@ func checkpointProbes(ctx context.Context, js jetstream.JetStream, l streams.Lay
 		if st.CachedInfo().State.FirstSeq != front+1 {
 			continue // a mention came first, or a probe is still there: nothing to say
 		}
-		if err := durable.Adopt(ctx, js, name, "", front); err != nil {
+		if err := durable.Advance(ctx, js, name, "", front); err != nil {
 			return err
 		}
 	}
@@ -387,109 +384,4 @@ func withCheckpoints(ctx context.Context, js jetstream.JetStream, ps []streams.P
 		}
 	}
 	return out, nil
-}
-
-// cmdStreamAdopt hands the streams the journal engine (--durable-engine
-// journal) has read to the position engine: each gets a checkpoint at its
-// journal consumer's acknowledgement floor, below which every mention is
-// counted. It refuses while the journal holds entries not yet settled or
-// a consumer has messages delivered and not acknowledged: those counts
-// are not in the store yet, and a checkpoint past them would lose them.
-// Stop the journal sidecars first, and run no journal sidecar on the
-// streams after.
-func cmdStreamAdopt(ctx context.Context, args, environ []string, stdout, stderr io.Writer) error {
-	cfg := config.Default()
-	fs := cfg.FlagSet("hotcount stream adopt", func(s string) bool {
-		return natsSettings(s) || s == "consumer" || s == "quarantine-after" || s == "region" || s == "regions" || quarantineSettings(s)
-	})
-	if err := parse(&cfg, fs, args, environ, stderr); err != nil {
-		return err
-	}
-	if !cfg.Durable() {
-		return usageError{fmt.Errorf("--nats-mode %s has no stream to adopt: jetstream or partitioned", cfg.NATSMode)}
-	}
-	nc, err := connect(cfg, "hotcount-stream-adopt")
-	if err != nil {
-		return err
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return err
-	}
-	ctx, cancel := context.WithTimeout(ctx, time.Minute)
-	defer cancel()
-	bucket, names := journal.DefaultBucket, streamNames(cfg)
-	if cfg.NATSMode == config.ModePartitioned {
-		bucket = journal.PartitionsBucket
-	}
-	// The entries stopped journal sidecars left are settled first, by
-	// the journal's rules; what it cannot settle (the store refuses) is
-	// reported below.
-	st, err := openShardsStore(ctx, cfg, stderr)
-	if err != nil {
-		return err
-	}
-	defer st.Close()
-	log, err := newLogger(cfg, stderr)
-	if err != nil {
-		return err
-	}
-	if err := sidecar.SettleJournal(ctx, cfg, nc, st, log); err != nil {
-		return fmt.Errorf("settle the journal: %w", err)
-	}
-	// No journal sidecar may run: one would go on counting past the
-	// checkpoint (twice), or record entries that nobody settles once it
-	// stops.
-	if live, err := journal.Writers(ctx, js, journal.DefaultWritersBucket); err != nil {
-		return fmt.Errorf("journal writers: %w", err)
-	} else if len(live) > 0 {
-		return fmt.Errorf("%d journal sidecars are running (writers %s), or were killed less than %s ago: stop them (SIGTERM), then run again", len(live), strings.Join(live, ", "), journal.Lease)
-	}
-	// The floors first, then the journal: an entry is recorded before
-	// its messages are acknowledged, so every message at or below a floor
-	// read now has its entry in the journal read after.
-	floors := make([]uint64, len(names))
-	for i, name := range names {
-		if floors[i], err = ackFloor(ctx, js, name, cfg.Consumer); err != nil {
-			return err
-		}
-	}
-	if open, err := journal.Unsettled(ctx, js, bucket); err != nil {
-		return fmt.Errorf("journal %s: %w", bucket, err)
-	} else if open > 0 {
-		return fmt.Errorf("the journal holds %d entries not yet settled (the store refused their writes): run again", open)
-	}
-	for i, name := range names {
-		if err := durable.Adopt(ctx, js, name, "", floors[i]); err != nil {
-			return err
-		}
-		fmt.Fprintf(stdout, "%s: checkpoint at %d\n", name, floors[i])
-	}
-	fmt.Fprintln(stdout, "run the sidecars with --durable-engine position; run none with --durable-engine journal on these streams again")
-	return nil
-}
-
-// ackFloor is the stream sequence below which consumer has every message
-// acknowledged, refused while it has messages delivered and not
-// acknowledged. A stream without the consumer was never read by the
-// journal engine: 0.
-func ackFloor(ctx context.Context, js jetstream.JetStream, stream, consumer string) (uint64, error) {
-	c, err := js.Consumer(ctx, stream, consumer)
-	if errors.Is(err, jetstream.ErrConsumerNotFound) {
-		return 0, nil
-	}
-	if err != nil {
-		return 0, fmt.Errorf("%s consumer %s: %w", stream, consumer, err)
-	}
-	info := c.CachedInfo()
-	if info.NumAckPending > 0 {
-		// The server keeps them pending until a puller takes them again
-		// (a journal sidecar killed, or stopped while the store was down).
-		return 0, fmt.Errorf("%s: consumer %s has %d messages delivered and not acknowledged: run one sidecar of the previous release (--durable-engine journal) until the consumer has none, stop it with SIGTERM, then run again", stream, consumer, info.NumAckPending)
-	}
-	// Nothing unacknowledged: every message delivered is acknowledged,
-	// and the last delivered is the floor (the engine's guard compares
-	// its checkpoint with the same number).
-	return info.Delivered.Stream, nil
 }

@@ -237,15 +237,15 @@ func parsePosition(s string) (store.Position, error) {
 	return store.Position{Epoch: epoch, Seq: seq}, nil
 }
 
-// Adopt gives stream a checkpoint at seq in its current epoch, unless it
-// has one as far already: `hotcount stream adopt`, which hands a stream
-// the journal engine read to the position engine at its consumer's
-// acknowledgement floor. bucket is the checkpoints' bucket ("": the
-// default), created on the stream's replicas if absent.
-func Adopt(ctx context.Context, js jetstream.JetStream, stream, bucket string, seq uint64) error {
+// Advance gives stream a checkpoint at seq in its current epoch, unless
+// it has one as far already: `hotcount stream create` says so of the
+// probes it stored and deleted, which are no mentions lost. bucket is the
+// checkpoints' bucket ("": the default), created on the stream's replicas
+// if absent.
+func Advance(ctx context.Context, js jetstream.JetStream, stream, bucket string, seq uint64) error {
 	st, err := js.Stream(ctx, stream)
 	if err != nil {
-		return fmt.Errorf("durable: adopt %s: %w", stream, err)
+		return fmt.Errorf("durable: advance %s: %w", stream, err)
 	}
 	info := st.CachedInfo()
 	if bucket == "" {

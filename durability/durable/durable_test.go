@@ -461,57 +461,6 @@ func TestNATSRestart(t *testing.T) {
 	}
 }
 
-// A stream the journal engine read past the checkpoint (a fleet moved
-// back to the journal for a while, or never adopted) is not read: those
-// mentions are counted. Once the checkpoint is at what the journal's
-// consumer delivered (hotcount stream adopt), reading goes on after it.
-func TestJournalReadPastTheCheckpointIsRefused(t *testing.T) {
-	e := setup(t)
-	want := map[string]int64{}
-	e.publish(t, 50, 1, want)
-	ctx := context.Background()
-	cons, err := e.js.CreateOrUpdateConsumer(ctx, "MENTIONS", jetstream.ConsumerConfig{Durable: "hotcount", AckPolicy: jetstream.AckExplicitPolicy})
-	if err != nil {
-		t.Fatal(err)
-	}
-	batch, err := cons.Fetch(30) // the journal engine counted 1..30
-	if err != nil {
-		t.Fatal(err)
-	}
-	for m := range batch.Messages() {
-		if err := m.DoubleAck(ctx); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := durable.Adopt(ctx, e.js, "MENTIONS", "", 20); err != nil { // a checkpoint from before
-		t.Fatal(err)
-	}
-	reg := prometheus.NewRegistry()
-	eng, err := durable.New(durable.Config{Stream: "MENTIONS", Subject: "mentions.>", JournalConsumer: "hotcount",
-		Interval: 100 * time.Millisecond, WriteTimeout: 2 * time.Second, Limits: ingest.Limits{MaxCount: 1000, MaxTopicBytes: 256}},
-		e.nc, e.store(e.db.Endpoint), nil, zap.NewNop(), durable.NewMetrics(reg), ingest.NewMetrics(reg), time.Now)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rctx, cancel := context.WithCancel(ctx)
-	var wg sync.WaitGroup
-	wg.Go(func() { _ = eng.Run(rctx) })
-	defer func() { cancel(); wg.Wait() }()
-	testenv.Eventually(t, 10*time.Second, func() error {
-		if n := testenv.Metric(t, reg, "hotcount_durable_unadopted_total"); n == 0 {
-			return fmt.Errorf("not refused yet")
-		}
-		return nil
-	})
-	if n := testenv.Metric(t, reg, "hotcount_ingest_events_total"); n != 0 {
-		t.Fatalf("%v mentions read past a checkpoint the journal had passed", n)
-	}
-	if err := durable.Adopt(ctx, e.js, "MENTIONS", "", 30); err != nil { // as hotcount stream adopt does
-		t.Fatal(err)
-	}
-	e.exact(t, map[string]int64{"topic-0": 20}) // 31..50; 1..30 are the journal's
-}
-
 // TestJetStreamModeReadsItsSubjectOnly: in jetstream mode the stream may
 // be a user's own, taking more than --subject (here also events.> and the
 // dead-letter subject): only --subject is read. Found by an outside

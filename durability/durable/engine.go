@@ -63,10 +63,6 @@ type Config struct {
 	MaxCounters int
 	// Minutes and Hours turn the time buckets on.
 	Minutes, Hours bool
-	// JournalConsumer is the journal engine's durable consumer
-	// (--consumer): a stream without a checkpoint that has it was read by
-	// that engine, and is not read here until adopted (Adopt).
-	JournalConsumer string
 	// Limits, Minutes and Hours (above), Table, Region and Retention are
 	// this sidecar's settings of the rules that decide a count. They are
 	// recorded as a stream's first rules when it has none; after that
@@ -412,7 +408,6 @@ type Metrics struct {
 	recounts      prometheus.Counter
 	retentionLost prometheus.Counter
 	backwards     prometheus.Counter
-	unadopted     prometheus.Counter
 	ruleDiffs     *prometheus.GaugeVec
 	ruleChanges   prometheus.Counter
 	checkpoint    prometheus.Gauge
@@ -453,8 +448,6 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			[]string{"kind"}),
 		ruleChanges: prometheus.NewCounter(prometheus.CounterOpts{Name: "hotcount_rules_changes_total",
 			Help: "Changes of a stream's rules met while reading it (hotcount stream rules set): the reading judges by the new rules from the next message on."}),
-		unadopted: prometheus.NewCounter(prometheus.CounterOpts{Name: "hotcount_durable_unadopted_total",
-			Help: "Readings refused because a stream the journal engine read has no checkpoint yet: run hotcount stream adopt. See the log."}),
 		held: prometheus.NewGauge(prometheus.GaugeOpts{Name: "hotcount_durable_held_counters",
 			Help: "Counters held now in the checkpoint records of the streams this sidecar reads (the store refuses their writes for good; at most 1,000 a stream): written, and no longer held, once the store takes them."}),
 		heldMost: prometheus.NewGauge(prometheus.GaugeOpts{Name: "hotcount_durable_held_counters_fullest_stream",
@@ -494,7 +487,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			}
 			return 0
 		})
-	reg.MustRegister(m.writes, m.recounts, m.retentionLost, m.backwards, m.unadopted, m.ruleDiffs, m.ruleChanges, m.held, m.heldMost, m.checkpoint, m.oldest, m.maxAge,
+	reg.MustRegister(m.writes, m.recounts, m.retentionLost, m.backwards, m.ruleDiffs, m.ruleChanges, m.held, m.heldMost, m.checkpoint, m.oldest, m.maxAge,
 		m.flushes, m.duration, m.flushed, m.requeued, m.lastSuccess, m.pending, m.quarantined, m.quarantinedMentions)
 	return m
 }

@@ -366,9 +366,6 @@ func (e *Engine) begin(ctx context.Context, p int, h rules.History) (stream, uin
 		return stream{}, 0, fmt.Errorf("stream %s's sequences went back (last %d, below the checkpoint %d in the same epoch): restored from a backup? Its new mentions would read as counted; not reading it (docs/SEMANTICS.md, \"A stream created again\")",
 			s.name, info.State.LastSeq, cp.Seq)
 	}
-	if err := e.notJournaled(ctx, st, s, cp.Position); err != nil {
-		return stream{}, 0, err
-	}
 	e.adopt(s, cp)
 	next := e.win.resume(s) + 1
 	if next == 1 && cp.Epoch == s.epoch {
@@ -534,37 +531,6 @@ func (e *Engine) behind(s stream, pending uint64, published time.Time) {
 
 // maxAge notes s's max age (0: none), for the retention gauge.
 func (e *Engine) maxAge(s stream, d time.Duration) { e.ages.Store(s.name, d) }
-
-// notJournaled refuses a stream the journal engine (--durable-engine
-// journal) has read past the checkpoint: with no checkpoint in s's epoch,
-// any mention it delivered; in the epoch, any after the checkpoint (a
-// fleet moved back to the journal for a while). Those mentions are
-// counted, and reading them would count them again. `hotcount stream
-// adopt` checkpoints the stream at the journal consumer's floor; after
-// it, the consumer has delivered nothing past the checkpoint.
-func (e *Engine) notJournaled(ctx context.Context, st jetstream.Stream, s stream, cp store.Position) error {
-	if e.cfg.JournalConsumer == "" {
-		return nil
-	}
-	c, err := st.Consumer(ctx, e.cfg.JournalConsumer)
-	switch {
-	case errors.Is(err, jetstream.ErrConsumerNotFound):
-		return nil
-	case err != nil:
-		return err
-	}
-	var ours uint64 // what the checkpoint says is counted in this epoch
-	if cp.Epoch == s.epoch {
-		ours = cp.Seq
-	}
-	delivered := c.CachedInfo().Delivered.Stream
-	if delivered <= ours {
-		return nil
-	}
-	e.metrics.unadopted.Inc()
-	return fmt.Errorf("stream %s: the journal engine's consumer %q has delivered up to %d, past the checkpoint (%d): those mentions are counted, and reading them would count them again. Stop the sidecars of --durable-engine journal, then run `hotcount stream adopt` (with the same --nats-mode, --stream, --partitions and store settings), which checkpoints each stream at its consumer's acknowledgement floor once the journal has settled",
-		s.name, e.cfg.JournalConsumer, delivered, ours)
-}
 
 // liveEpoch is the epoch of the stream named name as the server has it
 // now; 0 when there is none (deleted, not yet created again).

@@ -4,11 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/hotcount/hotcount/durability/quarantine"
@@ -60,12 +58,12 @@ func total(t *testing.T, st *losing, topic string) int64 {
 
 func held(topic string, delta int64) quarantine.Entry {
 	w := store.Write{Counter: store.TotalOf(topic), Delta: delta, Writer: store.NewWriterID(), Seq: time.Now().UnixMicro()}
-	return quarantine.Of(w, "", "AccessDeniedException", time.Now().Add(-time.Hour), time.Now())
+	return quarantine.Of(w, "AccessDeniedException", time.Now().Add(-time.Hour), time.Now())
 }
 
 func replay(t *testing.T, q quarantine.Store, st quarantine.Writer) quarantine.Result {
 	t.Helper()
-	r, err := quarantine.Replay(context.Background(), q, st, nil, store.NewSequencer(time.Now), store.NewWriterID, time.Now)
+	r, err := quarantine.Replay(context.Background(), q, st, store.NewSequencer(time.Now), store.NewWriterID, time.Now)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -112,45 +110,6 @@ func TestReplayIsExactlyOnce(t *testing.T) {
 	}
 }
 
-// TestKVKeepsEntries: the durable modes' quarantine, a JetStream bucket
-// on a real server, keeps, lists (oldest first) and deletes entries, and
-// an empty bucket lists nothing.
-func TestKVKeepsEntries(t *testing.T) {
-	ctx := context.Background()
-	js, err := jetstream.New(testenv.Connect(t, testenv.NATS(t).ClientURL()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	q, err := quarantine.OpenKV(ctx, js, quarantine.DefaultBucket, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if es, err := q.List(ctx); err != nil || len(es) != 0 {
-		t.Fatalf("empty bucket lists %+v, %v", es, err)
-	}
-	a, b := held("a", 1), held("b", 2)
-	b.At = a.At.Add(time.Second)
-	for _, e := range []quarantine.Entry{b, a} {
-		if err := q.Put(ctx, e); err != nil {
-			t.Fatal(err)
-		}
-	}
-	es, err := q.List(ctx)
-	if err != nil || len(es) != 2 || es[0].Topic != "a" || es[1].Topic != "b" || es[1].Delta != 2 || es[1].Reason != "AccessDeniedException" {
-		t.Fatalf("List = %+v, %v; want a then b, whole", es, err)
-	}
-	st := newStore(t)
-	if r := replay(t, q, st); len(r.Written) != 2 {
-		t.Fatalf("replay = %+v", r)
-	}
-	if es, err := q.List(ctx); err != nil || len(es) != 0 {
-		t.Fatalf("after the replay the bucket lists %+v, %v", es, err)
-	}
-	if err := q.Delete(ctx, a); err != nil {
-		t.Fatalf("deleting an entry already gone = %v, want nil", err)
-	}
-}
-
 // TestReplayStopsWhenItCannotRecord: a quarantine that cannot record a
 // replay's identity sends nothing (a write sent under an identity not
 // recorded could be sent again under another, and count twice).
@@ -165,7 +124,7 @@ func TestReplayStopsWhenItCannotRecord(t *testing.T) {
 		t.Fatal(err)
 	}
 	st := newStore(t)
-	_, err = quarantine.Replay(ctx, failingPut{q}, st, nil, store.NewSequencer(time.Now), store.NewWriterID, time.Now)
+	_, err = quarantine.Replay(ctx, failingPut{q}, st, store.NewSequencer(time.Now), store.NewWriterID, time.Now)
 	if !errors.Is(err, errPut) {
 		t.Fatalf("Replay = %v, want the put's error", err)
 	}
@@ -179,63 +138,6 @@ var errPut = errors.New("injected: put refused")
 type failingPut struct{ *quarantine.Dir }
 
 func (failingPut) Put(context.Context, quarantine.Entry) error { return errPut }
-
-// TestReplayFollowsTheHandOver: an entry not released (its sidecar
-// stopped while handing it over from its journal entry) is written only
-// when the journal entry marks it as the quarantine's; left while the
-// journal entry holds it unmarked (the journal writes it); removed, not
-// written, once the journal entry is gone without the mark (the journal
-// wrote it). Release marks an entry released.
-func TestReplayFollowsTheHandOver(t *testing.T) {
-	ctx := context.Background()
-	q, err := quarantine.OpenDir(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	st := newStore(t)
-	entry := func(topic string, delta int64) quarantine.Entry {
-		w := store.Write{Counter: store.TotalOf(topic), Delta: delta, Writer: store.NewWriterID(), Seq: time.Now().UnixMicro()}
-		return quarantine.Of(w, topic+"-entry", "AccessDeniedException", time.Now().Add(-time.Hour), time.Now())
-	}
-	marked, unmarked, gone := entry("marked", 3), entry("unmarked", 4), entry("gone", 5)
-	for _, e := range []quarantine.Entry{marked, unmarked, gone} {
-		if e.Released {
-			t.Fatalf("%+v released before its journal entry marks it", e)
-		}
-		if err := q.Put(ctx, e); err != nil {
-			t.Fatal(err)
-		}
-	}
-	j := func(_ context.Context, key, _ string) (bool, bool, error) {
-		switch key {
-		case "marked-entry":
-			return true, true, nil
-		case "unmarked-entry":
-			return true, false, nil
-		}
-		return false, false, nil
-	}
-	r, err := quarantine.Replay(ctx, q, st, j, store.NewSequencer(time.Now), store.NewWriterID, time.Now)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(r.Written) != 1 || r.Written[0].Topic != "marked" || len(r.Journaled) != 1 || r.Journaled[0].Topic != "gone" ||
-		len(r.Left) != 1 || r.Left[0].Topic != "unmarked" || !strings.Contains(r.Left[0].Error, "holds the write") {
-		t.Fatalf("Replay = %+v; want marked written, gone removed, unmarked left", r)
-	}
-	if m, u, g := total(t, st, "marked"), total(t, st, "unmarked"), total(t, st, "gone"); m != 3 || u != 0 || g != 0 {
-		t.Fatalf("store marked=%d unmarked=%d gone=%d; want 3, 0, 0", m, u, g)
-	}
-	if err := quarantine.Release(ctx, q, unmarked.Key()); err != nil {
-		t.Fatal(err)
-	}
-	if e, ok, err := q.Get(ctx, unmarked.Key()); err != nil || !ok || !e.Released {
-		t.Fatalf("after Release: %+v, %v, %v", e, ok, err)
-	}
-	if err := quarantine.Release(ctx, q, "nobody.1"); err != nil {
-		t.Fatalf("Release of an entry gone (written) = %v, want nil: the journal's replay must be able to finish", err)
-	}
-}
 
 // TestRefusedReplayTakesAFreshIdentity: a replay tried while the store
 // still refuses the write drops the identity it minted (its only send was
@@ -252,11 +154,11 @@ func TestRefusedReplayTakesAFreshIdentity(t *testing.T) {
 	}
 	st := newStore(t)
 	w := store.Write{Counter: store.TotalOf("t"), Delta: 5, Writer: store.NewWriterID(), Seq: clock.Now().UnixMicro()}
-	if err := q.Put(ctx, quarantine.Of(w, "", "AccessDeniedException", clock.Now(), clock.Now())); err != nil {
+	if err := q.Put(ctx, quarantine.Of(w, "AccessDeniedException", clock.Now(), clock.Now())); err != nil {
 		t.Fatal(err)
 	}
 	st.refuse = "t"
-	r, err := quarantine.Replay(ctx, q, st, nil, store.NewSequencer(clock.Now), store.NewWriterID, clock.Now)
+	r, err := quarantine.Replay(ctx, q, st, store.NewSequencer(clock.Now), store.NewWriterID, clock.Now)
 	if err != nil || len(r.Left) != 1 {
 		t.Fatalf("replay while refused = %+v, %v; want the entry left", r, err)
 	}
@@ -270,7 +172,7 @@ func TestRefusedReplayTakesAFreshIdentity(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	r, err = quarantine.Replay(ctx, q, st, nil, store.NewSequencer(clock.Now), store.NewWriterID, clock.Now)
+	r, err = quarantine.Replay(ctx, q, st, store.NewSequencer(clock.Now), store.NewWriterID, clock.Now)
 	if err != nil || len(r.Written) != 1 {
 		t.Fatalf("replay after the fix = %+v, %v; want it written", r, err)
 	}

@@ -114,7 +114,7 @@ func (f *Flusher) quarantineRipe(ctx context.Context, r *round, u *aggregator.Wi
 // handOver puts w, denied since d.since, in the quarantine, and says
 // whether it took it. One it did not take is tried again next flush.
 func (f *Flusher) handOver(ctx context.Context, w store.Write, d denial) bool {
-	e := quarantine.Of(w, "", d.err.Error(), d.since, f.now())
+	e := quarantine.Of(w, d.err.Error(), d.since, f.now())
 	if err := f.quarantine.Put(ctx, e); err != nil {
 		f.log.Warn("cannot quarantine a write refused for good; it is tried again", zap.String("counter", e.Counter), zap.Error(err))
 		return false

@@ -45,7 +45,7 @@ func quarantined(t *testing.T) (*fixture, *quarantine.Dir, *testenv.Clock) {
 // replay runs hotcount quarantine replay's function against the
 // fixture's store.
 func replay(ctx context.Context, q quarantine.Store, fx *fixture, clock *testenv.Clock) (quarantine.Result, error) {
-	return quarantine.Replay(ctx, q, fx.st, nil, store.NewSequencer(clock.Now), store.NewWriterID, clock.Now)
+	return quarantine.Replay(ctx, q, fx.st, store.NewSequencer(clock.Now), store.NewWriterID, clock.Now)
 }
 
 // TestQuarantineMovesAPoisonTopicAside (core mode): a topic whose writes

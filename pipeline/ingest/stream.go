@@ -14,16 +14,6 @@ import (
 const (
 	// DefaultStream is the stream of mentions.
 	DefaultStream = "MENTIONS"
-	// DefaultConsumer is the durable consumer the previous release's
-	// journal engine read the stream with: `hotcount stream adopt` looks
-	// for it to checkpoint at its acknowledgement floor.
-	DefaultConsumer = "hotcount"
-	// DefaultAckWait and DefaultMaxAckPending were the journal engine's
-	// consumer settings. The sidecar reads neither since the durable
-	// modes send no acknowledgements; --ack-wait and --max-ack-pending
-	// still take them, so that an old configuration starts.
-	DefaultAckWait       = 30 * time.Second
-	DefaultMaxAckPending = 100_000
 	// DefaultDuplicateWindow is the stream's window for Nats-Msg-Id
 	// de-duplication, set by `hotcount stream create`.
 	DefaultDuplicateWindow = 2 * time.Minute

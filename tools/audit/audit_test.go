@@ -515,7 +515,7 @@ func (e *env) checkpointAll(t *testing.T, names ...string) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := durable.Adopt(ctx, e.js, name, "", st.CachedInfo().State.LastSeq); err != nil {
+		if err := durable.Advance(ctx, e.js, name, "", st.CachedInfo().State.LastSeq); err != nil {
 			t.Fatal(err)
 		}
 	}

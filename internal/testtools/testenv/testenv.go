@@ -495,35 +495,10 @@ func (d *Dynalite) Buckets(t testing.TB, table string) (map[Bucket]int64, int) {
 	return counts, items
 }
 
-// ConsumerIdle waits until the JetStream consumer has nothing left to
-// deliver and nothing unacknowledged.
-func ConsumerIdle(t testing.TB, url, stream, consumer string, timeout time.Duration) {
-	t.Helper()
-	js, err := jetstream.New(Connect(t, url))
-	if err != nil {
-		t.Fatal(err)
-	}
-	Eventually(t, timeout, func() error {
-		c, err := js.Consumer(context.Background(), stream, consumer)
-		if err != nil {
-			return err
-		}
-		info, err := c.Info(context.Background())
-		if err != nil {
-			return err
-		}
-		if info.NumPending != 0 || info.NumAckPending != 0 {
-			return fmt.Errorf("consumer: %d pending, %d unacknowledged", info.NumPending, info.NumAckPending)
-		}
-		return nil
-	})
-}
-
 // Checkpointed waits until every stream in streams has a position
 // engine checkpoint (in its bucket, hotcount_checkpoints) at its last
 // sequence, in its epoch: every mention it stores is in the store (or
-// held in the checkpoint). It is ConsumerIdle for --durable-engine
-// position.
+// held in the checkpoint).
 func Checkpointed(t testing.TB, url string, streams []string, timeout time.Duration) {
 	t.Helper()
 	js, err := jetstream.New(Connect(t, url))
