@@ -28,6 +28,7 @@ import (
 	"github.com/hotcount/hotcount/internal/embeddednats"
 	"github.com/hotcount/hotcount/internal/testtools/testenv"
 	"github.com/hotcount/hotcount/internal/testtools/testenv/sidecartest"
+	"github.com/hotcount/hotcount/mention"
 	"github.com/hotcount/hotcount/pipeline/aggregator"
 	"github.com/hotcount/hotcount/pipeline/flusher"
 	"github.com/hotcount/hotcount/pipeline/ingest"
@@ -272,7 +273,7 @@ func ingestRun(b *testing.B, dist, payload string, body []byte, who string) {
 		} else {
 			agg := aggregator.New(aggregator.DefaultMaxTopics, reg)
 			sub, err := ingest.NewSubscriber(nc, ingest.Config{Subject: "mentions.>", QueueGroup: "hotcount", DrainTimeout: time.Second,
-				Limits: ingest.Limits{MaxCount: ingest.DefaultMaxCount, MaxTopicBytes: ingest.DefaultMaxTopicBytes}},
+				Limits: mention.Limits{MaxCount: mention.DefaultMaxCount, MaxTopicBytes: mention.DefaultMaxTopicBytes}},
 				counting{agg, &got}, zap.NewNop(), m)
 			if err != nil {
 				b.Fatal(err)

@@ -17,7 +17,7 @@
 // topic, [Reader.Totals] for many in as few requests as the API allows.
 //
 // Both apply the sidecar's own rules before anything leaves the process
-// (topics as [ingest.ValidateTopic] checks them, counts in 1..max-count), so
+// (topics as [mention.ValidateTopic] checks them, counts in 1..max-count), so
 // that a bad mention is an error at the call rather than a message the
 // sidecar dead-letters.
 package client

@@ -16,6 +16,7 @@ import (
 	"github.com/hotcount/hotcount/internal/embeddednats"
 	"github.com/hotcount/hotcount/internal/testtools/testenv"
 	"github.com/hotcount/hotcount/internal/testtools/testenv/sidecartest"
+	"github.com/hotcount/hotcount/mention"
 	"github.com/hotcount/hotcount/pipeline/ingest"
 )
 
@@ -52,7 +53,7 @@ func startHotcount(natsURL, mode, dir string, tune func(*config.Config)) (*hotco
 		if err != nil {
 			return nil, err
 		}
-		_, err = ingest.EnsureStream(context.Background(), nc, cfg.Stream, cfg.Subject, ingest.DefaultDuplicateWindow)
+		_, err = ingest.EnsureStream(context.Background(), nc, cfg.Stream, cfg.Subject, mention.DefaultDuplicateWindow)
 		nc.Close()
 		if err != nil {
 			return nil, err

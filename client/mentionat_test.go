@@ -10,7 +10,7 @@ import (
 
 	"github.com/hotcount/hotcount/client"
 	"github.com/hotcount/hotcount/internal/testtools/testenv"
-	"github.com/hotcount/hotcount/pipeline/ingest"
+	"github.com/hotcount/hotcount/mention"
 )
 
 // TestMentionAtCarriesItsTime: MentionAt's messages carry "at", in Unix
@@ -41,7 +41,7 @@ func TestMentionAtCarriesItsTime(t *testing.T) {
 	sp.sync(t, nc)
 	var got []string
 	for _, m := range sp.received() {
-		p, err := ingest.ParsePayload(m.Data, ingest.DefaultMaxCount)
+		p, err := mention.ParsePayload(m.Data, mention.DefaultMaxCount)
 		if err != nil {
 			t.Fatalf("%q: %v", m.Data, err)
 		}
@@ -78,7 +78,7 @@ func TestMentionByCarriesItsContributor(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	for _, bad := range []string{"", strings.Repeat("x", ingest.MaxByBytes+1), "a\nb"} {
+	for _, bad := range []string{"", strings.Repeat("x", mention.MaxByBytes+1), "a\nb"} {
 		if err := pub.MentionBy(ctx, "golang", bad, 1, time.Time{}); !errors.Is(err, client.ErrInvalidBy) {
 			t.Errorf("MentionBy(%q) = %v, want ErrInvalidBy", bad, err)
 		}
@@ -89,7 +89,7 @@ func TestMentionByCarriesItsContributor(t *testing.T) {
 	sp.sync(t, nc)
 	var got []string
 	for _, m := range sp.received() {
-		p, err := ingest.ParsePayload(m.Data, ingest.DefaultMaxCount)
+		p, err := mention.ParsePayload(m.Data, mention.DefaultMaxCount)
 		if err != nil {
 			t.Fatalf("%q: %v", m.Data, err)
 		}

@@ -17,7 +17,7 @@ import (
 	"github.com/nats-io/nuid"
 
 	"github.com/hotcount/hotcount/internal/waits"
-	"github.com/hotcount/hotcount/pipeline/ingest"
+	"github.com/hotcount/hotcount/mention"
 )
 
 // Defaults of the Publisher's options.
@@ -40,10 +40,10 @@ const (
 	// long to wait for the stream's acknowledgement before trying again.
 	DefaultPublishTimeout = 5 * time.Second
 	// DefaultRetryFor bounds the retries of one message: half the
-	// stream's default duplicate window (ingest.DefaultDuplicateWindow,
+	// stream's default duplicate window (mention.DefaultDuplicateWindow,
 	// which `hotcount stream create` sets), so that every retry reaches the
 	// stream while it still remembers the message's id.
-	DefaultRetryFor = ingest.DefaultDuplicateWindow / 2
+	DefaultRetryFor = mention.DefaultDuplicateWindow / 2
 )
 
 // Errors that callers branch on.
@@ -53,7 +53,7 @@ var (
 	// subject (an empty part between dots, a wildcard, a space).
 	ErrInvalidTopic = errors.New("client: invalid topic")
 	// ErrInvalidBy wraps a contributor id the sidecar would refuse: empty,
-	// longer than ingest.MaxByBytes, not UTF-8, control characters.
+	// longer than mention.MaxByBytes, not UTF-8, control characters.
 	ErrInvalidBy = errors.New("client: invalid contributor")
 	// ErrInvalidCount wraps a count outside 1..max-count: the sidecar
 	// takes nothing else in one message.
@@ -124,8 +124,8 @@ func WithRetry(timeout, retryFor time.Duration) PublisherOption {
 }
 
 // WithLimits sets the sidecar's --max-count and --max-topic-bytes, when
-// it runs with others than its defaults (ingest.DefaultMaxCount and
-// ingest.DefaultMaxTopicBytes).
+// it runs with others than its defaults (mention.DefaultMaxCount and
+// mention.DefaultMaxTopicBytes).
 func WithLimits(maxCount int64, maxTopicBytes int) PublisherOption {
 	return func(o *publisherOptions) { o.maxCount, o.maxTopicBytes = maxCount, maxTopicBytes }
 }
@@ -220,8 +220,8 @@ func NewPublisher(nc *nats.Conn, opts ...PublisherOption) (*Publisher, error) {
 		maxInFlight:   DefaultMaxInFlight,
 		timeout:       DefaultPublishTimeout,
 		retryFor:      DefaultRetryFor,
-		maxCount:      ingest.DefaultMaxCount,
-		maxTopicBytes: ingest.DefaultMaxTopicBytes,
+		maxCount:      mention.DefaultMaxCount,
+		maxTopicBytes: mention.DefaultMaxTopicBytes,
 	}
 	for _, opt := range opts {
 		opt(&o)
@@ -230,7 +230,7 @@ func NewPublisher(nc *nats.Conn, opts ...PublisherOption) (*Publisher, error) {
 		return nil, errors.New("client: no NATS connection")
 	}
 	// The sidecar's own check of its --subject: a prefix it can take.
-	if _, err := ingest.Prefix(o.prefix + ">"); err != nil {
+	if _, err := mention.Prefix(o.prefix + ">"); err != nil {
 		return nil, fmt.Errorf("client: subject prefix %q must be a literal subject ending with a dot (like %q)", o.prefix, DefaultSubjectPrefix)
 	}
 	switch {
@@ -303,7 +303,7 @@ func (p *Publisher) MentionAt(ctx context.Context, topic string, n int64, at tim
 }
 
 // MentionBy is Mention for mentions by one contributor, by: an opaque id
-// the caller chooses (a hash of a user id, say) of 1..ingest.MaxByBytes
+// the caller chooses (a hash of a user id, say) of 1..mention.MaxByBytes
 // bytes of UTF-8 without control characters. Counts are the same; with
 // --trending-by contributors the sidecars rank trending topics by how many
 // distinct contributors mention them, each once a minute, so that a few
@@ -311,8 +311,8 @@ func (p *Publisher) MentionAt(ctx context.Context, topic string, n int64, at tim
 // message only with others of their topic by the same contributor. A
 // non-zero at is MentionAt's. An invalid by is ErrInvalidBy.
 func (p *Publisher) MentionBy(ctx context.Context, topic, by string, n int64, at time.Time) error {
-	if err := ingest.ValidateBy([]byte(by)); err != nil {
-		var ie *ingest.InvalidError
+	if err := mention.ValidateBy([]byte(by)); err != nil {
+		var ie *mention.InvalidError
 		msg := err.Error()
 		if errors.As(err, &ie) {
 			msg = ie.Msg
@@ -369,11 +369,11 @@ func (p *Publisher) check(topic string, n int64) error {
 	return nil
 }
 
-// validTopic applies the sidecar's topic rules (ingest.ValidateTopic).
+// validTopic applies the sidecar's topic rules (mention.ValidateTopic).
 func validTopic(topic string, maxBytes int) error {
-	if err := ingest.ValidateTopic(topic, maxBytes); err != nil {
+	if err := mention.ValidateTopic(topic, maxBytes); err != nil {
 		msg := err.Error()
-		var ie *ingest.InvalidError
+		var ie *mention.InvalidError
 		if errors.As(err, &ie) {
 			msg = ie.Msg
 		}

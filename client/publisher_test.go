@@ -21,12 +21,13 @@ import (
 	"github.com/hotcount/hotcount/config"
 	"github.com/hotcount/hotcount/internal/embeddednats"
 	"github.com/hotcount/hotcount/internal/testtools/testenv"
+	"github.com/hotcount/hotcount/mention"
 	"github.com/hotcount/hotcount/pipeline/ingest"
 )
 
 // TestDefaultsAreTheSidecars: the Publisher's defaults are the sidecar's.
 func TestDefaultsAreTheSidecars(t *testing.T) {
-	prefix, err := ingest.Prefix(config.Default().Subject)
+	prefix, err := mention.Prefix(config.Default().Subject)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -36,8 +37,8 @@ func TestDefaultsAreTheSidecars(t *testing.T) {
 	if want := "http://" + config.Default().HTTPAddr; client.DefaultURL != want {
 		t.Errorf("DefaultURL %q, the sidecar serves %q", client.DefaultURL, want)
 	}
-	if client.DefaultRetryFor+client.DefaultPublishTimeout >= ingest.DefaultDuplicateWindow {
-		t.Errorf("retries (%s + %s) outlast the stream's duplicate window %s", client.DefaultRetryFor, client.DefaultPublishTimeout, ingest.DefaultDuplicateWindow)
+	if client.DefaultRetryFor+client.DefaultPublishTimeout >= mention.DefaultDuplicateWindow {
+		t.Errorf("retries (%s + %s) outlast the stream's duplicate window %s", client.DefaultRetryFor, client.DefaultPublishTimeout, mention.DefaultDuplicateWindow)
 	}
 }
 
@@ -110,7 +111,7 @@ func (s *spy) counts(t *testing.T) (map[string]int64, int) {
 	msgs := s.received()
 	out := make(map[string]int64)
 	for _, m := range msgs {
-		n, err := ingest.Count(m.Data, math.MaxInt64)
+		n, err := mention.Count(m.Data, math.MaxInt64)
 		if err != nil {
 			t.Fatalf("%s %q: the sidecar would refuse it: %v", m.Subject, m.Data, err)
 		}
@@ -135,10 +136,10 @@ func TestMentionRefusesWhatTheSidecarWould(t *testing.T) {
 		{"plain", nil, "golang", 1, nil},
 		{"dotted", nil, "eu.west.k8s", 2, nil},
 		{"slash and unicode", nil, "a/b-é", 3, nil},
-		{"longest", nil, strings.Repeat("x", ingest.DefaultMaxTopicBytes), 4, nil},
-		{"max count", nil, "max", ingest.DefaultMaxCount, nil},
+		{"longest", nil, strings.Repeat("x", mention.DefaultMaxTopicBytes), 4, nil},
+		{"max count", nil, "max", mention.DefaultMaxCount, nil},
 		{"empty", nil, "", 1, client.ErrInvalidTopic},
-		{"too long", nil, strings.Repeat("x", ingest.DefaultMaxTopicBytes+1), 1, client.ErrInvalidTopic},
+		{"too long", nil, strings.Repeat("x", mention.DefaultMaxTopicBytes+1), 1, client.ErrInvalidTopic},
 		{"not UTF-8", nil, "a\xffb", 1, client.ErrInvalidTopic},
 		{"control character", nil, "a\x01b", 1, client.ErrInvalidTopic},
 		{"empty part", nil, "a..b", 1, client.ErrInvalidTopic},
@@ -149,8 +150,8 @@ func TestMentionRefusesWhatTheSidecarWould(t *testing.T) {
 		{"space", nil, "a b", 1, client.ErrInvalidTopic},
 		{"zero", nil, "golang", 0, client.ErrInvalidCount},
 		{"negative", nil, "golang", -5, client.ErrInvalidCount},
-		{"past max count", nil, "golang", ingest.DefaultMaxCount + 1, client.ErrInvalidCount},
-		{"raised limits", []client.PublisherOption{client.WithLimits(2*ingest.DefaultMaxCount, 300)}, strings.Repeat("y", 300), 2 * ingest.DefaultMaxCount, nil},
+		{"past max count", nil, "golang", mention.DefaultMaxCount + 1, client.ErrInvalidCount},
+		{"raised limits", []client.PublisherOption{client.WithLimits(2*mention.DefaultMaxCount, 300)}, strings.Repeat("y", 300), 2 * mention.DefaultMaxCount, nil},
 		{"lowered count", []client.PublisherOption{client.WithLimits(10, 300)}, "golang", 11, client.ErrInvalidCount},
 	}
 	nc := testenv.Connect(t, ns.ClientURL())
@@ -304,7 +305,7 @@ func TestCountsNeverOverflow(t *testing.T) {
 	sp := newSpy(t, ns.ClientURL())
 	nc := testenv.Connect(t, ns.ClientURL())
 	pub, err := client.NewPublisher(nc, client.WithCoreNATS(),
-		client.WithLinger(time.Hour), client.WithLimits(10, ingest.DefaultMaxTopicBytes))
+		client.WithLinger(time.Hour), client.WithLimits(10, mention.DefaultMaxTopicBytes))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -319,7 +320,7 @@ func TestCountsNeverOverflow(t *testing.T) {
 	sp.sync(t, nc)
 	var counts []int64
 	for _, m := range sp.received() {
-		n, err := ingest.Count(m.Data, 10)
+		n, err := mention.Count(m.Data, 10)
 		if err != nil {
 			t.Fatalf("%q is past the max count: %v", m.Data, err)
 		}
@@ -353,7 +354,7 @@ func TestMsgIDStableAcrossRetries(t *testing.T) {
 		}
 		return nil
 	})
-	if _, err := ingest.EnsureStream(ctx, nc, ingest.DefaultStream, "mentions.>", ingest.DefaultDuplicateWindow); err != nil {
+	if _, err := ingest.EnsureStream(ctx, nc, ingest.DefaultStream, "mentions.>", mention.DefaultDuplicateWindow); err != nil {
 		t.Fatal(err)
 	}
 	if err := <-flushed; err != nil {
@@ -477,7 +478,7 @@ func (l *faultyLink) breakAll() {
 func TestLostAckIsNotCountedTwice(t *testing.T) {
 	ns := testenv.NATS(t)
 	direct := testenv.Connect(t, ns.ClientURL())
-	if _, err := ingest.EnsureStream(context.Background(), direct, ingest.DefaultStream, "mentions.>", ingest.DefaultDuplicateWindow); err != nil {
+	if _, err := ingest.EnsureStream(context.Background(), direct, ingest.DefaultStream, "mentions.>", mention.DefaultDuplicateWindow); err != nil {
 		t.Fatal(err)
 	}
 	link := newFaultyLink(t, ns.Addr().String())
@@ -537,7 +538,7 @@ func TestCloseWaitsOutAnOutage(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer nc.Close()
-	if _, err := ingest.EnsureStream(context.Background(), nc, ingest.DefaultStream, "mentions.>", ingest.DefaultDuplicateWindow); err != nil {
+	if _, err := ingest.EnsureStream(context.Background(), nc, ingest.DefaultStream, "mentions.>", mention.DefaultDuplicateWindow); err != nil {
 		t.Fatal(err)
 	}
 	pub, err := client.NewPublisher(nc, client.WithLinger(time.Hour), client.WithRetry(200*time.Millisecond, 30*time.Second))
@@ -632,7 +633,7 @@ func streamTotal(t *testing.T, url string) int64 {
 			t.Fatal(err)
 		}
 		for m := range batch.Messages() {
-			n, err := ingest.Count(m.Data(), ingest.DefaultMaxCount)
+			n, err := mention.Count(m.Data(), mention.DefaultMaxCount)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -686,7 +687,7 @@ func TestMentionWaitsWhenFull(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer nc.Close()
-	if _, err := ingest.EnsureStream(context.Background(), nc, ingest.DefaultStream, "mentions.>", ingest.DefaultDuplicateWindow); err != nil {
+	if _, err := ingest.EnsureStream(context.Background(), nc, ingest.DefaultStream, "mentions.>", mention.DefaultDuplicateWindow); err != nil {
 		t.Fatal(err)
 	}
 	pub, err := client.NewPublisher(nc, client.WithLinger(0), client.WithMaxBatch(1), client.WithMaxInFlight(1),

@@ -12,9 +12,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/hotcount/hotcount/pipeline/ingest"
-	"github.com/hotcount/hotcount/pipeline/lookup"
-	"github.com/hotcount/hotcount/pipeline/trend"
+	"github.com/hotcount/hotcount/api"
+	"github.com/hotcount/hotcount/mention"
 )
 
 // Defaults of the Reader's options.
@@ -27,7 +26,7 @@ const (
 	DefaultTimeout = 5 * time.Second
 )
 
-// maxAnswerBytes bounds an answer's body: a batch of lookup.MaxBatch
+// maxAnswerBytes bounds an answer's body: a batch of api.MaxBatch
 // totals of the longest topics is well under it.
 const maxAnswerBytes = 4 << 20
 
@@ -75,26 +74,7 @@ func (e *Error) Is(target error) bool {
 }
 
 // Total is a topic's total as a sidecar serves it.
-type Total struct {
-	Topic string `json:"topic"`
-	Count int64  `json:"count"`
-	// Source is "cache" or "store".
-	Source string `json:"source"`
-	// Stale says the total is older than the sidecar's --cache-ttl: a
-	// refresh is under way, or the last one failed.
-	Stale bool `json:"stale"`
-	// AgeMs is how long ago, in milliseconds, the total was gathered.
-	AgeMs int64 `json:"ageMs"`
-	// Shards is how many shards were summed.
-	Shards int `json:"shards"`
-	// Saturated says the sum passed the int64 range and is capped.
-	Saturated bool `json:"saturated,omitempty"`
-	// Pending is the sidecar's mentions of the topic not yet in the store,
-	// included in Count (WithPending).
-	Pending int64 `json:"pending,omitempty"`
-	// IncludesPending says Count includes Pending.
-	IncludesPending bool `json:"includesPending,omitempty"`
-}
+type Total = api.Total
 
 // Consistency is how fresh a total must be, and what it costs DynamoDB.
 type Consistency string
@@ -140,7 +120,7 @@ func WithToken(token string) ReaderOption {
 }
 
 // WithMaxTopicBytes sets the sidecar's --max-topic-bytes when it is not
-// the default (ingest.DefaultMaxTopicBytes): longer topics are refused
+// the default (mention.DefaultMaxTopicBytes): longer topics are refused
 // before a request is made.
 func WithMaxTopicBytes(n int) ReaderOption {
 	return func(r *Reader) { r.maxTopicBytes = n }
@@ -166,7 +146,7 @@ func NewReader(baseURL string, opts ...ReaderOption) (*Reader, error) {
 	r := &Reader{
 		base:          strings.TrimSuffix(baseURL, "/"),
 		hc:            &http.Client{Timeout: DefaultTimeout},
-		maxTopicBytes: ingest.DefaultMaxTopicBytes,
+		maxTopicBytes: mention.DefaultMaxTopicBytes,
 	}
 	for _, opt := range opts {
 		opt(r)
@@ -194,7 +174,7 @@ func (r *Reader) Total(ctx context.Context, topic string, opts ...TotalOption) (
 }
 
 // Totals returns the totals of topics, in the order given. Topics go
-// lookup.MaxBatch to a request, one request after the other.
+// api.MaxBatch to a request, one request after the other.
 func (r *Reader) Totals(ctx context.Context, topics []string, opts ...TotalOption) ([]Total, error) {
 	for _, topic := range topics {
 		if err := validTopic(topic, r.maxTopicBytes); err != nil {
@@ -203,7 +183,7 @@ func (r *Reader) Totals(ctx context.Context, topics []string, opts ...TotalOptio
 	}
 	out := make([]Total, 0, len(topics))
 	for len(topics) > 0 {
-		n := min(len(topics), lookup.MaxBatch)
+		n := min(len(topics), api.MaxBatch)
 		var page struct {
 			Topics []Total `json:"topics"`
 		}
@@ -275,19 +255,19 @@ func (r *Reader) get(ctx context.Context, path, query string, out any) error {
 // Window returns topic's count over the last window ("15m", "1h", "7d":
 // a whole number of minutes, hours or days) from the sidecar's time
 // buckets, with the interval its buckets cover.
-func (r *Reader) Window(ctx context.Context, topic, window string) (trend.Count, error) {
+func (r *Reader) Window(ctx context.Context, topic, window string) (api.Count, error) {
 	if err := validTopic(topic, r.maxTopicBytes); err != nil {
-		return trend.Count{}, err
+		return api.Count{}, err
 	}
-	var c trend.Count
+	var c api.Count
 	err := r.get(ctx, "/v1/topics/"+url.PathEscape(topic), "?"+url.Values{"window": {window}}.Encode(), &c)
 	return c, err
 }
 
 // Trending returns the fleet's trending topics over the last window (whole
 // minutes up to an hour), at most limit (1 to 100), highest score first.
-func (r *Reader) Trending(ctx context.Context, window string, limit int) (trend.Trending, error) {
-	var t trend.Trending
+func (r *Reader) Trending(ctx context.Context, window string, limit int) (api.Trending, error) {
+	var t api.Trending
 	q := url.Values{"window": {window}, "limit": {strconv.Itoa(limit)}}
 	err := r.get(ctx, "/v1/trending", "?"+q.Encode(), &t)
 	return t, err

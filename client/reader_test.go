@@ -8,11 +8,11 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/hotcount/hotcount/api"
 	"github.com/hotcount/hotcount/client"
 	"github.com/hotcount/hotcount/config"
 	"github.com/hotcount/hotcount/internal/testtools/testenv"
-	"github.com/hotcount/hotcount/pipeline/ingest"
-	"github.com/hotcount/hotcount/pipeline/lookup"
+	"github.com/hotcount/hotcount/mention"
 )
 
 // TestReaderTotals: topics published with a Publisher read back exactly,
@@ -28,7 +28,7 @@ func TestReaderTotals(t *testing.T) {
 	want := map[string]int64{"a/b": 1, "a//b": 2, "a/./b": 3, "/lead": 4, "trail/": 5, "eu.west.k8s": 6,
 		"é-ü": 7, "100%": 8, "q?x=1&y": 9, "hash#tag": 10, "plus+sign": 11}
 	var names []string
-	for i := range lookup.MaxBatch + 50 {
+	for i := range api.MaxBatch + 50 {
 		want[fmt.Sprint("t-", i)] = int64(i + 1)
 	}
 	var total int64
@@ -98,7 +98,7 @@ func TestReaderErrors(t *testing.T) {
 		}
 		return r
 	}
-	long := strings.Repeat("x", ingest.DefaultMaxTopicBytes+1)
+	long := strings.Repeat("x", mention.DefaultMaxTopicBytes+1)
 	tests := []struct {
 		name   string
 		r      *client.Reader

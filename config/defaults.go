@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/hotcount/hotcount/fleet"
+	"github.com/hotcount/hotcount/mention"
 	"github.com/hotcount/hotcount/pipeline/aggregator"
 	"github.com/hotcount/hotcount/pipeline/flusher"
 	"github.com/hotcount/hotcount/pipeline/httpapi"
@@ -98,8 +99,8 @@ func Default() Config {
 		QuarantineAfter:   flusher.DefaultQuarantineAfter,
 		FlushConcurrency:  0, // by store: see FlushWrites
 		MaxTopics:         aggregator.DefaultMaxTopics,
-		MaxCount:          ingest.DefaultMaxCount,
-		MaxTopicBytes:     ingest.DefaultMaxTopicBytes,
+		MaxCount:          mention.DefaultMaxCount,
+		MaxTopicBytes:     mention.DefaultMaxTopicBytes,
 		CacheTTL:          lookup.DefaultCacheTTL,
 		CacheSize:         lookup.DefaultCacheSize,
 		Windows:           DefaultWindows,

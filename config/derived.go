@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/hotcount/hotcount/mention"
 	"github.com/hotcount/hotcount/pipeline/flusher"
 	"github.com/hotcount/hotcount/pipeline/ingest"
 	"github.com/hotcount/hotcount/pipeline/lookup"
@@ -29,16 +30,16 @@ func (c Config) Buckets() (minutes, hours bool) {
 }
 
 // Lateness is the bound of a mention's "at" in the past: --max-lateness,
-// or when it is 0, ingest.DefaultMaxLateness (24h), lowered to
+// or when it is 0, mention.DefaultMaxLateness (24h), lowered to
 // --minute-retention when minute buckets are on and kept for less.
 func (c Config) Lateness() time.Duration {
 	if c.MaxLateness > 0 {
 		return c.MaxLateness
 	}
-	if minutes, _ := c.Buckets(); minutes && c.MinuteRetention > 0 && c.MinuteRetention < ingest.DefaultMaxLateness {
+	if minutes, _ := c.Buckets(); minutes && c.MinuteRetention > 0 && c.MinuteRetention < mention.DefaultMaxLateness {
 		return c.MinuteRetention
 	}
-	return ingest.DefaultMaxLateness
+	return mention.DefaultMaxLateness
 }
 
 // FlushWrites is the most writes a flush keeps in flight: --flush-concurrency,

@@ -4,7 +4,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/hotcount/hotcount/pipeline/ingest"
+	"github.com/hotcount/hotcount/mention"
 )
 
 // natsFlags are the connection to NATS and its credentials.
@@ -53,7 +53,7 @@ func (c *Config) checkNATS(p *problems) (prefix string) {
 // the sidecar publishes rejects and shared totals on, and returns the
 // subscription's prefix.
 func (c *Config) checkSubjects(p *problems) string {
-	prefix, err := ingest.Prefix(c.Subject)
+	prefix, err := mention.Prefix(c.Subject)
 	if err != nil {
 		p.bad("subject", "%v", err)
 	}

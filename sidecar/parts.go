@@ -14,6 +14,7 @@ import (
 	"github.com/hotcount/hotcount/config"
 	"github.com/hotcount/hotcount/durability/durable"
 	"github.com/hotcount/hotcount/fleet"
+	"github.com/hotcount/hotcount/mention"
 	"github.com/hotcount/hotcount/pipeline/aggregator"
 	"github.com/hotcount/hotcount/pipeline/flusher"
 	"github.com/hotcount/hotcount/pipeline/heavyhitters"
@@ -275,7 +276,7 @@ func (s *Sidecar) engine(p *parts, observers []flusher.Observer) error {
 		Stream: cfg.Stream, Subject: cfg.Subject,
 		Interval: cfg.FlushInterval, WriteTimeout: cfg.WriteTimeout, Concurrency: cfg.FlushWrites(),
 		MaxCounters: cfg.MaxTopics, Minutes: minutes, Hours: hours,
-		Limits: ingest.Limits{MaxCount: cfg.MaxCount, MaxTopicBytes: cfg.MaxTopicBytes, MaxLateness: cfg.Lateness()},
+		Limits: mention.Limits{MaxCount: cfg.MaxCount, MaxTopicBytes: cfg.MaxTopicBytes, MaxLateness: cfg.Lateness()},
 		Table:  cfg.Table, Retention: store.Retention{Minute: cfg.MinuteRetention, Hour: cfg.HourRetention},
 		DeadLetter:      cfg.DeadLetterSubject,
 		QuarantineAfter: cfg.QuarantineAfter,
@@ -321,7 +322,7 @@ func (s *Sidecar) ingest(ctx context.Context, p *parts) error {
 		QueueGroup:        cfg.QueueGroup,
 		DeadLetterSubject: cfg.DeadLetterSubject,
 		DrainTimeout:      cfg.DrainTimeout,
-		Limits:            ingest.Limits{MaxCount: cfg.MaxCount, MaxTopicBytes: cfg.MaxTopicBytes, MaxLateness: cfg.Lateness()},
+		Limits:            mention.Limits{MaxCount: cfg.MaxCount, MaxTopicBytes: cfg.MaxTopicBytes, MaxLateness: cfg.Lateness()},
 		Contributors:      p.who,
 	}, p.agg, s.log, p.im)
 	if err != nil {

@@ -4,7 +4,7 @@ import (
 	"path/filepath"
 
 	"github.com/hotcount/hotcount/config"
-	"github.com/hotcount/hotcount/durability/quarantine"
+	"github.com/hotcount/hotcount/pipeline/quarantine"
 )
 
 // OpenQuarantine opens core mode's quarantine, the folder quarantine in

@@ -17,6 +17,7 @@ import (
 	"github.com/hotcount/hotcount/internal/testtools/ddbfault"
 	"github.com/hotcount/hotcount/internal/testtools/testenv"
 	"github.com/hotcount/hotcount/internal/testtools/testenv/sidecartest"
+	"github.com/hotcount/hotcount/mention"
 	"github.com/hotcount/hotcount/pipeline/ingest"
 	"github.com/hotcount/hotcount/pipeline/store"
 	"github.com/hotcount/hotcount/sidecar"
@@ -370,22 +371,22 @@ func TestHostileInput(t *testing.T) {
 	js, err := jetstream.New(nc)
 	must(err)
 	bad := []struct{ subject, payload, reason string }{
-		{"mentions.x", `{"count": 1001}`, ingest.ReasonCount},
-		{"mentions.x", `{"count": 9223372036854775807}`, ingest.ReasonCount},
-		{"mentions.x", `{"count": 99999999999999999999999}`, ingest.ReasonCount},
-		{"mentions.x", `{"count": -5}`, ingest.ReasonCount},
-		{"mentions.x", `{"count": 0}`, ingest.ReasonCount},
-		{"mentions.x", `{"count": 2.5}`, ingest.ReasonCount},
-		{"mentions.x", `{"count": "7"}`, ingest.ReasonCount},
-		{"mentions.x", `{"count": [1]}`, ingest.ReasonCount},
-		{"mentions.x", `{"count": null}`, ingest.ReasonPayload},
-		{"mentions.x", `{"cnt": 1}`, ingest.ReasonPayload},
-		{"mentions.x", `{"count": 1`, ingest.ReasonPayload},
-		{"mentions.x", "\xff\xfe", ingest.ReasonPayload},
-		{"mentions.x", `{"count": 1, "pad": "` + strings.Repeat("p", 5000) + `"}`, ingest.ReasonPayload},
-		{"mentions." + strings.Repeat("t", 65), ``, ingest.ReasonTopic},
-		{"mentions.bad\xffutf8", ``, ingest.ReasonTopic},
-		{"mentions.ctl\x7fchar", ``, ingest.ReasonTopic},
+		{"mentions.x", `{"count": 1001}`, mention.ReasonCount},
+		{"mentions.x", `{"count": 9223372036854775807}`, mention.ReasonCount},
+		{"mentions.x", `{"count": 99999999999999999999999}`, mention.ReasonCount},
+		{"mentions.x", `{"count": -5}`, mention.ReasonCount},
+		{"mentions.x", `{"count": 0}`, mention.ReasonCount},
+		{"mentions.x", `{"count": 2.5}`, mention.ReasonCount},
+		{"mentions.x", `{"count": "7"}`, mention.ReasonCount},
+		{"mentions.x", `{"count": [1]}`, mention.ReasonCount},
+		{"mentions.x", `{"count": null}`, mention.ReasonPayload},
+		{"mentions.x", `{"cnt": 1}`, mention.ReasonPayload},
+		{"mentions.x", `{"count": 1`, mention.ReasonPayload},
+		{"mentions.x", "\xff\xfe", mention.ReasonPayload},
+		{"mentions.x", `{"count": 1, "pad": "` + strings.Repeat("p", 5000) + `"}`, mention.ReasonPayload},
+		{"mentions." + strings.Repeat("t", 65), ``, mention.ReasonTopic},
+		{"mentions.bad\xffutf8", ``, mention.ReasonTopic},
+		{"mentions.ctl\x7fchar", ``, mention.ReasonTopic},
 	}
 	ctx := context.Background()
 	var valid int64
@@ -413,7 +414,7 @@ func TestHostileInput(t *testing.T) {
 	if extra, err := dlq.NextMsg(300 * time.Millisecond); err == nil {
 		t.Errorf("a bad message was dead-lettered twice: %s %q", extra.Header.Get(ingest.SubjectHeader), extra.Data)
 	}
-	for _, r := range []string{ingest.ReasonCount, ingest.ReasonPayload, ingest.ReasonTopic} {
+	for _, r := range []string{mention.ReasonCount, mention.ReasonPayload, mention.ReasonTopic} {
 		want := 0
 		for _, b := range bad {
 			if b.reason == r {

@@ -17,7 +17,7 @@ import (
 
 	"github.com/hotcount/hotcount/config"
 	"github.com/hotcount/hotcount/durability/durable"
-	"github.com/hotcount/hotcount/pipeline/ingest"
+	"github.com/hotcount/hotcount/mention"
 	"github.com/hotcount/hotcount/pipeline/store"
 	"github.com/hotcount/hotcount/sidecar"
 	"github.com/hotcount/hotcount/tools/audit"
@@ -173,14 +173,14 @@ type jsonReport struct {
 // auditConfig turns the settings and audit's flags into the audit's
 // configuration; now is the time --since and --until count back from.
 func auditConfig(cfg config.Config, f auditFlags, now time.Time) (audit.Config, error) {
-	prefix, err := ingest.Prefix(cfg.Subject)
+	prefix, err := mention.Prefix(cfg.Subject)
 	if err != nil {
 		return audit.Config{}, err
 	}
 	minutes, hours := cfg.Buckets()
 	acfg := audit.Config{
 		Prefix:      prefix,
-		Limits:      ingest.Limits{MaxCount: cfg.MaxCount, MaxTopicBytes: cfg.MaxTopicBytes, MaxLateness: cfg.Lateness()},
+		Limits:      mention.Limits{MaxCount: cfg.MaxCount, MaxTopicBytes: cfg.MaxTopicBytes, MaxLateness: cfg.Lateness()},
 		Minutes:     minutes,
 		Hours:       hours,
 		Retention:   store.Retention{Minute: cfg.MinuteRetention, Hour: cfg.HourRetention},

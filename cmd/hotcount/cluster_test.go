@@ -18,7 +18,7 @@ import (
 	"github.com/hotcount/hotcount/client"
 	"github.com/hotcount/hotcount/durability/streams"
 	"github.com/hotcount/hotcount/internal/testtools/testenv"
-	"github.com/hotcount/hotcount/pipeline/ingest"
+	"github.com/hotcount/hotcount/mention"
 )
 
 // The NATS cluster tests' helpers: what the streams stored, and a
@@ -58,7 +58,7 @@ func storedMentions(t *testing.T, js jetstream.JetStream, l streams.Layout) map[
 			if msg.Header.Get(streams.ProbeHeader) != "" {
 				continue
 			}
-			pl, err := ingest.ParsePayload(msg.Data, math.MaxInt32)
+			pl, err := mention.ParsePayload(msg.Data, math.MaxInt32)
 			if err != nil {
 				t.Fatalf("%s: a stored message the sidecars would refuse: %v", name, err)
 			}

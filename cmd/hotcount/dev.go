@@ -12,6 +12,7 @@ import (
 	"github.com/hotcount/hotcount/durability/streams"
 	"github.com/hotcount/hotcount/internal/datadir"
 	"github.com/hotcount/hotcount/internal/embeddednats"
+	"github.com/hotcount/hotcount/mention"
 	"github.com/hotcount/hotcount/pipeline/ingest"
 	"github.com/hotcount/hotcount/sidecar"
 	"github.com/hotcount/hotcount/tools/console"
@@ -29,14 +30,14 @@ func ensureStream(ctx context.Context, cfg config.Config) error {
 	}
 	defer nc.Close()
 	if cfg.NATSMode != config.ModePartitioned {
-		_, err = ingest.EnsureStream(ctx, nc, cfg.Stream, cfg.Subject, ingest.DefaultDuplicateWindow)
+		_, err = ingest.EnsureStream(ctx, nc, cfg.Stream, cfg.Subject, mention.DefaultDuplicateWindow)
 		return err
 	}
 	js, err := jetstream.New(nc)
 	if err != nil {
 		return err
 	}
-	_, err = streams.Ensure(ctx, js, layoutOf(cfg), streams.Options{MaxAge: ingest.DefaultStreamMaxAge, MaxBytes: ingest.DefaultStreamMaxBytes, Duplicates: ingest.DefaultDuplicateWindow})
+	_, err = streams.Ensure(ctx, js, layoutOf(cfg), streams.Options{MaxAge: ingest.DefaultStreamMaxAge, MaxBytes: ingest.DefaultStreamMaxBytes, Duplicates: mention.DefaultDuplicateWindow})
 	return err
 }
 

@@ -16,7 +16,7 @@ import (
 
 	"github.com/hotcount/hotcount/config"
 	"github.com/hotcount/hotcount/durability/streams"
-	"github.com/hotcount/hotcount/pipeline/ingest"
+	"github.com/hotcount/hotcount/mention"
 	"github.com/hotcount/hotcount/tools/loadgen"
 )
 
@@ -61,8 +61,8 @@ func cmdLoad(ctx context.Context, args, environ []string, stdout, stderr io.Writ
 	if err := o.check(); err != nil {
 		return err
 	}
-	if o.lc.Backfill && o.lc.Duration > ingest.DefaultMaxLateness {
-		fmt.Fprintf(stderr, "hotcount load: warning: a backfill of %s reaches past a sidecar's default --max-lateness (%s): it refuses the older mentions (reason \"at\")\n", o.lc.Duration, ingest.DefaultMaxLateness)
+	if o.lc.Backfill && o.lc.Duration > mention.DefaultMaxLateness {
+		fmt.Fprintf(stderr, "hotcount load: warning: a backfill of %s reaches past a sidecar's default --max-lateness (%s): it refuses the older mentions (reason \"at\")\n", o.lc.Duration, mention.DefaultMaxLateness)
 	}
 	for o.lc.Seed == 0 {
 		o.lc.Seed = rand.Uint64()

@@ -15,7 +15,7 @@ import (
 
 	"github.com/hotcount/hotcount/config"
 	"github.com/hotcount/hotcount/durability/durable"
-	"github.com/hotcount/hotcount/durability/quarantine"
+	"github.com/hotcount/hotcount/pipeline/quarantine"
 	"github.com/hotcount/hotcount/pipeline/store"
 	"github.com/hotcount/hotcount/sidecar"
 )

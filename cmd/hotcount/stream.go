@@ -20,6 +20,7 @@ import (
 	"github.com/hotcount/hotcount/durability/durable"
 	"github.com/hotcount/hotcount/durability/rules"
 	"github.com/hotcount/hotcount/durability/streams"
+	"github.com/hotcount/hotcount/mention"
 	"github.com/hotcount/hotcount/pipeline/ingest"
 )
 
@@ -66,7 +67,7 @@ func cmdStreamCreate(ctx context.Context, args, environ []string, stdout, stderr
 	})
 	var f streamFlags
 	fs.IntVar(&f.replicas, "replicas", 1, "each stream's replicas in a NATS cluster: 3 keeps every stored mention through the loss of a node")
-	fs.DurationVar(&f.dup, "duplicate-window", ingest.DefaultDuplicateWindow, "window in which a repeated Nats-Msg-Id is dropped by the stream")
+	fs.DurationVar(&f.dup, "duplicate-window", mention.DefaultDuplicateWindow, "window in which a repeated Nats-Msg-Id is dropped by the stream")
 	fs.DurationVar(&f.maxAge, "max-age", ingest.DefaultStreamMaxAge, "how long the stream keeps a mention (counted or not)")
 	fs.Int64Var(&f.maxBytes, "max-bytes", ingest.DefaultStreamMaxBytes, "the storage bound in bytes (partitioned mode: of all the partition streams, each an equal share); full, a stream refuses new publishes rather than drop stored mentions")
 	if err := parse(&cfg, fs, args, environ, stderr); err != nil {

@@ -20,6 +20,7 @@ import (
 	"github.com/hotcount/hotcount/durability/durable"
 	"github.com/hotcount/hotcount/internal/testtools/ddbfault"
 	"github.com/hotcount/hotcount/internal/testtools/testenv"
+	"github.com/hotcount/hotcount/mention"
 	"github.com/hotcount/hotcount/pipeline/ingest"
 	"github.com/hotcount/hotcount/pipeline/store"
 )
@@ -84,7 +85,7 @@ func (e *env) run(t *testing.T, ctx context.Context, st durable.Store, tune func
 	cfg := durable.Config{
 		Stream: "MENTIONS", Subject: "mentions.>",
 		Interval: 100 * time.Millisecond, WriteTimeout: 2 * time.Second, Concurrency: 16,
-		Limits: ingest.Limits{MaxCount: 1000, MaxTopicBytes: 256},
+		Limits: mention.Limits{MaxCount: 1000, MaxTopicBytes: 256},
 	}
 	if tune != nil {
 		tune(&cfg)
@@ -333,7 +334,7 @@ func TestRefusesAStreamThatForgets(t *testing.T) {
 	logs := &lines{}
 	reg := prometheus.NewRegistry()
 	eng, err := durable.New(durable.Config{Stream: "MENTIONS", Subject: "mentions.>", Interval: 100 * time.Millisecond, WriteTimeout: time.Second,
-		Limits: ingest.Limits{MaxCount: 10, MaxTopicBytes: 256}}, nc, nil, nil, zap.New(logs), durable.NewMetrics(reg), ingest.NewMetrics(reg), time.Now)
+		Limits: mention.Limits{MaxCount: 10, MaxTopicBytes: 256}}, nc, nil, nil, zap.New(logs), durable.NewMetrics(reg), ingest.NewMetrics(reg), time.Now)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -561,7 +562,7 @@ func TestRegionLayoutChangesAtItsSequence(t *testing.T) {
 	done := make(chan error, 1)
 	reg := prometheus.NewRegistry()
 	cfg := durable.Config{Stream: "MENTIONS", Subject: "mentions.>", Interval: 100 * time.Millisecond, WriteTimeout: 2 * time.Second,
-		Concurrency: 16, Limits: ingest.Limits{MaxCount: 1000, MaxTopicBytes: 256}, Table: e.table}
+		Concurrency: 16, Limits: mention.Limits{MaxCount: 1000, MaxTopicBytes: 256}, Table: e.table}
 	old, err := durable.New(cfg, e.nc, single, nil, zap.NewNop(), durable.NewMetrics(reg), ingest.NewMetrics(reg), time.Now)
 	if err != nil {
 		t.Fatal(err)

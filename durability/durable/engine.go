@@ -36,6 +36,7 @@ import (
 
 	"github.com/hotcount/hotcount/durability/rules"
 	"github.com/hotcount/hotcount/internal/waits"
+	"github.com/hotcount/hotcount/mention"
 	"github.com/hotcount/hotcount/pipeline/ingest"
 	"github.com/hotcount/hotcount/pipeline/ownwrites"
 	"github.com/hotcount/hotcount/pipeline/store"
@@ -69,7 +70,7 @@ type Config struct {
 	// every message is judged by its stream's rules (package rules), and
 	// a sidecar whose Table, Region or Retention differ from them does not
 	// read the stream.
-	Limits    ingest.Limits
+	Limits    mention.Limits
 	Table     string
 	Region    string
 	Retention store.Retention
@@ -184,7 +185,7 @@ func New(cfg Config, nc *nats.Conn, st Store, owner Owner, log *zap.Logger, m *M
 	if err != nil {
 		return nil, err
 	}
-	prefix, err := ingest.Prefix(cfg.Subject)
+	prefix, err := mention.Prefix(cfg.Subject)
 	if err != nil {
 		return nil, err
 	}

@@ -12,6 +12,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/hotcount/hotcount/internal/testtools/testenv"
+	"github.com/hotcount/hotcount/mention"
 	"github.com/hotcount/hotcount/pipeline/ingest"
 	"github.com/hotcount/hotcount/pipeline/store"
 )
@@ -33,7 +34,7 @@ func TestRecountReadsThroughItsSpan(t *testing.T) {
 	}
 	publish(3) // sequences 1..3 are there; 4 and 5, which the span ends with, not yet
 	reg := prometheus.NewRegistry()
-	e, err := New(Config{Stream: "MENTIONS", Subject: "mentions.>", Limits: ingest.Limits{MaxCount: 1000, MaxTopicBytes: 256}},
+	e, err := New(Config{Stream: "MENTIONS", Subject: "mentions.>", Limits: mention.Limits{MaxCount: 1000, MaxTopicBytes: 256}},
 		nc, nil, nil, zap.NewNop(), NewMetrics(reg), ingest.NewMetrics(reg), time.Now)
 	if err != nil {
 		t.Fatal(err)
@@ -112,7 +113,7 @@ func TestRefusedSpanMergesWithTheNewer(t *testing.T) {
 	nc := testenv.Connect(t, srv.ClientURL())
 	reg := prometheus.NewRegistry()
 	e, err := New(Config{Stream: "MENTIONS", Subject: "mentions.>", WriteTimeout: time.Second, Concurrency: 1, QuarantineAfter: time.Second,
-		Limits: ingest.Limits{MaxCount: 1000, MaxTopicBytes: 256}}, nc, refuser{}, nil, zap.NewNop(), NewMetrics(reg), ingest.NewMetrics(reg), time.Now)
+		Limits: mention.Limits{MaxCount: 1000, MaxTopicBytes: 256}}, nc, refuser{}, nil, zap.NewNop(), NewMetrics(reg), ingest.NewMetrics(reg), time.Now)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -11,7 +11,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/hotcount/hotcount/durability/rules"
-	"github.com/hotcount/hotcount/pipeline/ingest"
+	"github.com/hotcount/hotcount/mention"
 )
 
 // errRefused is the error of a stream whose rules this sidecar cannot
@@ -99,7 +99,7 @@ func refusal(name string, ds []rules.Difference) error {
 // judgement is how a reading judges a message: its stream's rules in
 // force at the message's sequence, as take uses them.
 type judgement struct {
-	limits         ingest.Limits
+	limits         mention.Limits
 	minutes, hours bool
 }
 

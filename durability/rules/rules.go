@@ -29,7 +29,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/hotcount/hotcount/pipeline/ingest"
+	"github.com/hotcount/hotcount/mention"
 )
 
 // The modes that read a stream.
@@ -70,8 +70,8 @@ type Rules struct {
 }
 
 // Limits are the ingest's checks of a message under r.
-func (r Rules) Limits() ingest.Limits {
-	return ingest.Limits{MaxCount: r.MaxCount, MaxTopicBytes: r.MaxTopicBytes, MaxLateness: time.Duration(r.MaxLateness)}
+func (r Rules) Limits() mention.Limits {
+	return mention.Limits{MaxCount: r.MaxCount, MaxTopicBytes: r.MaxTopicBytes, MaxLateness: time.Duration(r.MaxLateness)}
 }
 
 // Windows is r's windows as --windows takes them ("1m,1h", "" for none).

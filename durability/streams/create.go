@@ -10,6 +10,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/hotcount/hotcount/mention"
 )
 
 // What Ensure, Check and Probe find wrong, for errors.Is: each of their
@@ -180,9 +182,8 @@ func abbreviate(names []string) string {
 	return fmt.Sprintf("%s and %d more", strings.Join(names[:3], ", "), len(names)-3)
 }
 
-// ProbeHeader marks Probe's messages: the sidecars acknowledge them
-// without counting them.
-const ProbeHeader = "Hotcount-Probe"
+// ProbeHeader marks Probe's messages (mention.ProbeHeader).
+const ProbeHeader = mention.ProbeHeader
 
 // probes is how many subjects Probe publishes: a mapping into another
 // number of partitions sends one of them elsewhere for most counts, not

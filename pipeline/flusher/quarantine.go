@@ -6,8 +6,8 @@ import (
 
 	"go.uber.org/zap"
 
-	"github.com/hotcount/hotcount/durability/quarantine"
 	"github.com/hotcount/hotcount/pipeline/aggregator"
+	"github.com/hotcount/hotcount/pipeline/quarantine"
 	"github.com/hotcount/hotcount/pipeline/store"
 )
 

@@ -5,9 +5,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/hotcount/hotcount/durability/quarantine"
 	"github.com/hotcount/hotcount/internal/testtools/testenv"
 	"github.com/hotcount/hotcount/pipeline/flusher"
+	"github.com/hotcount/hotcount/pipeline/quarantine"
 	"github.com/hotcount/hotcount/pipeline/store"
 )
 

@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/hotcount/hotcount/internal/testtools/testenv"
+	"github.com/hotcount/hotcount/mention"
 	"github.com/hotcount/hotcount/pipeline/aggregator"
 	"github.com/hotcount/hotcount/pipeline/ingest"
 	"github.com/hotcount/hotcount/pipeline/store"
@@ -57,7 +58,7 @@ func TestAtReachesTheSink(t *testing.T) {
 			defer func() { stop(); <-done }()
 			publish()
 			testenv.Eventually(t, 5*time.Second, func() error {
-				if n := testenv.MetricWith(t, reg, "hotcount_ingest_invalid_total", "reason", ingest.ReasonAt); n != 1 {
+				if n := testenv.MetricWith(t, reg, "hotcount_ingest_invalid_total", "reason", mention.ReasonAt); n != 1 {
 					return fmt.Errorf("%v rejected for their at, want 1", n)
 				}
 				if n := testenv.Metric(t, reg, "hotcount_ingest_events_total"); n != 3 {
@@ -100,7 +101,7 @@ func TestAtIsJudgedByTheSinksClock(t *testing.T) {
 	must(t, pub.Publish("mentions.wall", fmt.Appendf(nil, `{"count":1,"at":%d}`, time.Now().UnixMilli())))
 	must(t, pub.Flush())
 	testenv.Eventually(t, 5*time.Second, func() error {
-		if n := testenv.MetricWith(t, reg, "hotcount_ingest_invalid_total", "reason", ingest.ReasonAt); n != 1 {
+		if n := testenv.MetricWith(t, reg, "hotcount_ingest_invalid_total", "reason", mention.ReasonAt); n != 1 {
 			return fmt.Errorf("%v rejected for their at, want 1 (the wall clock's now)", n)
 		}
 		if n := testenv.Metric(t, reg, "hotcount_ingest_events_total"); n != 2 {

@@ -12,6 +12,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/hotcount/hotcount/internal/testtools/testenv"
+	"github.com/hotcount/hotcount/mention"
 	"github.com/hotcount/hotcount/pipeline/aggregator"
 	"github.com/hotcount/hotcount/pipeline/ingest"
 	"github.com/hotcount/hotcount/pipeline/trend"
@@ -82,7 +83,7 @@ func BenchmarkIngest(b *testing.B) {
 			reg := prometheus.NewRegistry()
 			s, err := ingest.NewSubscriber(nc, ingest.Config{
 				Subject: "mentions.>", QueueGroup: "hotcount", DrainTimeout: time.Second,
-				Limits:       ingest.Limits{MaxCount: ingest.DefaultMaxCount, MaxTopicBytes: ingest.DefaultMaxTopicBytes},
+				Limits:       mention.Limits{MaxCount: mention.DefaultMaxCount, MaxTopicBytes: mention.DefaultMaxTopicBytes},
 				Contributors: who,
 			}, countingSink{aggregator.New(aggregator.DefaultMaxTopics, reg), got}, zap.NewNop(), ingest.NewMetrics(reg))
 			if err != nil {

@@ -15,12 +15,12 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/hotcount/hotcount/mention"
+
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
-
-	"github.com/hotcount/hotcount/durability/streams"
 )
 
 // Defaults, used by the config package.
@@ -96,7 +96,7 @@ type Config struct {
 	QueueGroup        string
 	DeadLetterSubject string
 	DrainTimeout      time.Duration
-	Limits            Limits
+	Limits            mention.Limits
 	// Contributors is told of each accepted mention that names its
 	// contributor ("by"), at the time it is counted at; nil: nobody.
 	Contributors Contributors
@@ -107,16 +107,6 @@ type Config struct {
 // by, which is the message's memory.
 type Contributors interface {
 	Saw(topic string, at time.Time, by []byte)
-}
-
-// Prefix returns the topic prefix of a subscription subject, which must be
-// `<prefix>.>`: `mentions.>` gives `mentions.`.
-func Prefix(subject string) (string, error) {
-	p, ok := strings.CutSuffix(subject, ">")
-	if !ok || !strings.HasSuffix(p, ".") || len(p) < 2 || strings.ContainsAny(p, "* \t\r\n") {
-		return "", fmt.Errorf("ingest: subject %q must be a literal prefix followed by .> (like mentions.>)", subject)
-	}
-	return p, nil
 }
 
 // checker parses messages and rejects the bad ones; the core subscriber
@@ -132,7 +122,7 @@ type checker struct {
 }
 
 func newChecker(nc *nats.Conn, cfg Config, now func() time.Time, log *zap.Logger, m *Metrics) (*checker, error) {
-	prefix, err := Prefix(cfg.Subject)
+	prefix, err := mention.Prefix(cfg.Subject)
 	if err != nil {
 		return nil, err
 	}
@@ -164,7 +154,7 @@ type Origin struct {
 }
 
 // checkWith is check under limits l.
-func (c *checker) checkWith(l Limits, subject string, data []byte, hdr nats.Header, published time.Time, from *Origin) (topic string, delta int64, at time.Time, reason string) {
+func (c *checker) checkWith(l mention.Limits, subject string, data []byte, hdr nats.Header, published time.Time, from *Origin) (topic string, delta int64, at time.Time, reason string) {
 	topic, delta, at, by, byErr, err := judge(c.prefix, subject, data, published, c.now, l)
 	if err != nil {
 		return "", 0, time.Time{}, c.reject(subject, data, hdr, err, from)
@@ -188,13 +178,13 @@ func (c *checker) checkWith(l Limits, subject string, data []byte, hdr nats.Head
 }
 
 // Judge says what the durable modes make of a message stored on subject
-// (partitioned mode: streams.Unstored's) with payload data and published
+// (partitioned mode: the streams package's Unstored) with payload data and published
 // at its stream timestamp: its topic, its count and the time it is
 // counted at (the payload's "at", else published), or the reason it is
 // rejected (an *InvalidError). It is Checker's own judgement (check calls
 // the same code), for a reader of the stream that must agree with it:
 // hotcount audit. It keeps no state.
-func Judge(prefix, subject string, data []byte, published time.Time, l Limits) (topic string, delta int64, at time.Time, err error) {
+func Judge(prefix, subject string, data []byte, published time.Time, l mention.Limits) (topic string, delta int64, at time.Time, err error) {
 	topic, delta, at, _, _, err = judge(prefix, subject, data, published, nil, l)
 	if err == nil && at.IsZero() {
 		at = published
@@ -207,12 +197,12 @@ func Judge(prefix, subject string, data []byte, published time.Time, l Limits) (
 // why a "by" was ignored. An "at" is judged against published, or when
 // that is zero against now() (core mode: the arrival). A "by" decides
 // no count.
-func judge(prefix, subject string, data []byte, published time.Time, now func() time.Time, l Limits) (topic string, delta int64, at time.Time, by []byte, byErr, err error) {
-	topic, err = Topic(prefix, subject, l)
+func judge(prefix, subject string, data []byte, published time.Time, now func() time.Time, l mention.Limits) (topic string, delta int64, at time.Time, by []byte, byErr, err error) {
+	topic, err = mention.Topic(prefix, subject, l)
 	if err != nil {
 		return "", 0, time.Time{}, nil, nil, err
 	}
-	p, err := ParsePayload(data, l.MaxCount)
+	p, err := mention.ParsePayload(data, l.MaxCount)
 	if err != nil {
 		return "", 0, time.Time{}, nil, nil, err
 	}
@@ -220,7 +210,7 @@ func judge(prefix, subject string, data []byte, published time.Time, now func() 
 		if published.IsZero() && now != nil {
 			published = now()
 		}
-		if at, err = CheckAt(p.At, published, l.MaxLateness); err != nil {
+		if at, err = mention.CheckAt(p.At, published, l.MaxLateness); err != nil {
 			return "", 0, time.Time{}, nil, nil, err
 		}
 	}
@@ -237,8 +227,8 @@ func (c *checker) accepted(delta int64) {
 // reject counts, logs (sampled) and dead-letters a message, and returns the
 // reason. A dead-letter publish that fails is counted too.
 func (c *checker) reject(subject string, data []byte, hdr nats.Header, err error, from *Origin) string {
-	reason := ReasonPayload
-	var inv *InvalidError
+	reason := mention.ReasonPayload
+	var inv *mention.InvalidError
 	if errors.As(err, &inv) {
 		reason = inv.Reason
 	}
@@ -344,7 +334,7 @@ func (s *Subscriber) Ready() error {
 // handle runs on the subscription's goroutine, one message at a time. A
 // mention without "at" is placed in time by the sink (its arrival).
 func (s *Subscriber) handle(msg *nats.Msg) {
-	if msg.Header.Get(streams.ProbeHeader) != "" {
+	if msg.Header.Get(mention.ProbeHeader) != "" {
 		return // a check of the routing (stream create, load): no mention
 	}
 	topic, delta, at, reason := s.check(msg.Subject, msg.Data, msg.Header, time.Time{})
@@ -409,7 +399,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Help: "Partitions of the stream (--partitions) in partitioned mode, 0 in the other modes: the fleet's sum of hotcount_ingest_partitions_owned should reach it.",
 	})
 	reg.MustRegister(m.events, m.mentions, m.invalid, m.dropped, m.byIgnored, m.partitions, m.configured)
-	for _, r := range []string{ReasonTopic, ReasonPayload, ReasonCount, ReasonAt} {
+	for _, r := range []string{mention.ReasonTopic, mention.ReasonPayload, mention.ReasonCount, mention.ReasonAt} {
 		m.invalid.WithLabelValues(r)
 	}
 	for _, c := range []string{"slow_consumer", "shutdown", "dead_letter"} {
@@ -590,7 +580,7 @@ func NewChecker(nc *nats.Conn, cfg Config, log *zap.Logger, m *Metrics) (*Checke
 // published), or ok false after rejecting it: the judgement is Judge's
 // under limits l (the stream's rules at the message's sequence), a
 // function of the message and its stream timestamp alone.
-func (k *Checker) Check(l Limits, subject string, data []byte, hdr nats.Header, published time.Time, from *Origin) (topic string, delta int64, at time.Time, ok bool) {
+func (k *Checker) Check(l mention.Limits, subject string, data []byte, hdr nats.Header, published time.Time, from *Origin) (topic string, delta int64, at time.Time, ok bool) {
 	if Probe(hdr) {
 		return "", 0, time.Time{}, false // no mention, and no error either
 	}
@@ -606,7 +596,7 @@ func (k *Checker) Check(l Limits, subject string, data []byte, hdr nats.Header, 
 
 // Probe says whether a message with headers hdr is a probe (hotcount
 // stream create's, hotcount load's): read, never counted.
-func Probe(hdr nats.Header) bool { return hdr.Get(streams.ProbeHeader) != "" }
+func Probe(hdr nats.Header) bool { return hdr.Get(mention.ProbeHeader) != "" }
 
 // Accepted counts an accepted message of delta mentions.
 func (k *Checker) Accepted(delta int64) { k.c.accepted(delta) }

@@ -14,6 +14,7 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/hotcount/hotcount/internal/testtools/testenv"
+	"github.com/hotcount/hotcount/mention"
 	"github.com/hotcount/hotcount/pipeline/ingest"
 )
 
@@ -52,7 +53,7 @@ func newSubscriber(t *testing.T, url string, reg *prometheus.Registry, k ingest.
 		QueueGroup:        "hotcount",
 		DeadLetterSubject: "hotcount.dlq",
 		DrainTimeout:      5 * time.Second,
-		Limits:            ingest.Limits{MaxCount: 100, MaxTopicBytes: 32},
+		Limits:            mention.Limits{MaxCount: 100, MaxTopicBytes: 32},
 	}, k, zaptest.NewLogger(t), m)
 	if err != nil {
 		t.Fatal(err)
@@ -83,12 +84,12 @@ func TestValidAroundInvalid(t *testing.T) {
 		t.Fatal(err)
 	}
 	bad := []struct{ subject, payload, reason string }{
-		{"mentions.golang", `{"count": -1}`, ingest.ReasonCount},
-		{"mentions.golang", `{"count": 101}`, ingest.ReasonCount},
-		{"mentions.golang", `{"count": "3"}`, ingest.ReasonCount},
-		{"mentions.golang", `not json`, ingest.ReasonPayload},
-		{"mentions.a\x01b", ``, ingest.ReasonTopic},
-		{"mentions.this-topic-is-far-longer-than-thirty-two-bytes", ``, ingest.ReasonTopic},
+		{"mentions.golang", `{"count": -1}`, mention.ReasonCount},
+		{"mentions.golang", `{"count": 101}`, mention.ReasonCount},
+		{"mentions.golang", `{"count": "3"}`, mention.ReasonCount},
+		{"mentions.golang", `not json`, mention.ReasonPayload},
+		{"mentions.a\x01b", ``, mention.ReasonTopic},
+		{"mentions.this-topic-is-far-longer-than-thirty-two-bytes", ``, mention.ReasonTopic},
 	}
 	for range 10 {
 		for _, b := range bad {
@@ -113,7 +114,7 @@ func TestValidAroundInvalid(t *testing.T) {
 	if got["golang"] != 60 || got["eu.west.k8s"] != 240 || len(got) != 2 {
 		t.Errorf("accepted %v, want golang:60 eu.west.k8s:240", got)
 	}
-	for reason, want := range map[string]float64{ingest.ReasonCount: 30, ingest.ReasonPayload: 10, ingest.ReasonTopic: 20} {
+	for reason, want := range map[string]float64{mention.ReasonCount: 30, mention.ReasonPayload: 10, mention.ReasonTopic: 20} {
 		if n := testenv.MetricWith(t, reg, "hotcount_ingest_invalid_total", "reason", reason); n != want {
 			t.Errorf("invalid{reason=%s} = %v, want %v", reason, n, want)
 		}

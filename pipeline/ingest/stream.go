@@ -14,9 +14,6 @@ import (
 const (
 	// DefaultStream is the stream of mentions.
 	DefaultStream = "MENTIONS"
-	// DefaultDuplicateWindow is the stream's window for Nats-Msg-Id
-	// de-duplication, set by `hotcount stream create`.
-	DefaultDuplicateWindow = 2 * time.Minute
 )
 
 // Stream limits, `hotcount stream create`'s defaults.

@@ -26,6 +26,7 @@ import (
 	"github.com/maypok86/otter/v2"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/hotcount/hotcount/api"
 	"github.com/hotcount/hotcount/internal/clockcache"
 	"github.com/hotcount/hotcount/pipeline/ownwrites"
 	"github.com/hotcount/hotcount/pipeline/store"
@@ -40,7 +41,7 @@ const (
 	// DefaultCacheSize is how many topics' totals the cache holds.
 	DefaultCacheSize = 10_000
 	// MaxBatch is the most topics one batch lookup may name.
-	MaxBatch = 100
+	MaxBatch = api.MaxBatch
 )
 
 // gatherTimeout bounds one gather. A gather is shared by every reader

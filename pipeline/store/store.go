@@ -16,10 +16,10 @@ import (
 	"strconv"
 	"strings"
 	"time"
-	"unicode"
-	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/hotcount/hotcount/mention"
 )
 
 // Key schema. Every reader and writer of the table goes through these names.
@@ -185,26 +185,9 @@ func (m *Metrics) failed(op string, err error) {
 	m.errors.WithLabelValues(op).Inc()
 }
 
-// ValidateTopic checks a topic before it becomes part of a key: not empty, at
-// most maxBytes long, valid UTF-8, no control characters. DynamoDB allows
-// partition keys up to 2048 bytes; maxBytes keeps well inside that. Both the
-// ingest and the lookup API apply it.
-func ValidateTopic(topic string, maxBytes int) error {
-	switch {
-	case topic == "":
-		return errors.New("topic is empty")
-	case len(topic) > maxBytes:
-		return fmt.Errorf("topic is %d bytes, longer than %d", len(topic), maxBytes)
-	case !utf8.ValidString(topic):
-		return errors.New("topic is not valid UTF-8")
-	}
-	for _, r := range topic {
-		if unicode.IsControl(r) {
-			return fmt.Errorf("topic contains control character %U", r)
-		}
-	}
-	return nil
-}
+// ValidateTopic checks a topic before it becomes part of a key
+// (mention.CheckTopic).
+func ValidateTopic(topic string, maxBytes int) error { return mention.CheckTopic(topic, maxBytes) }
 
 // maxNamed is how many topics an error message names; the rest are counted.
 const maxNamed = 3

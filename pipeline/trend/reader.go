@@ -10,6 +10,7 @@ import (
 	"github.com/maypok86/otter/v2"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/hotcount/hotcount/api"
 	"github.com/hotcount/hotcount/internal/clockcache"
 	"github.com/hotcount/hotcount/pipeline/store"
 )
@@ -68,52 +69,16 @@ type Config struct {
 	MinContributors int
 }
 
-// Count is a topic's count over a window, in the total's JSON shape with
-// the interval covered.
-type Count struct {
-	Topic string `json:"topic"`
-	Count int64  `json:"count"`
-	Served
-	Shards int `json:"shards"`
-	// Saturated says the sum passed the int64 range and is capped.
-	Saturated bool `json:"saturated,omitempty"`
-	// Window is the window asked for; From and To the interval its
-	// buckets cover (RFC 3339), at Resolution (1m or 1h).
-	Window     string    `json:"window"`
-	From       time.Time `json:"from"`
-	To         time.Time `json:"to"`
-	Resolution string    `json:"resolution"`
-}
-
-// Served says where an answer came from and how old it is.
-type Served struct {
-	// Source is "cache" or "store".
-	Source string `json:"source"`
-	// AgeMs is how long ago, in milliseconds, it was read from the store.
-	AgeMs int64 `json:"ageMs"`
-
-	at time.Time
-}
-
-// Point is one step of a series: its start and its count.
-type Point struct {
-	From  time.Time `json:"from"`
-	Count int64     `json:"count"`
-}
-
-// Series is a topic's counts step by step over a window, oldest first; the
-// last point is the step now falls in, counted up to now.
-type Series struct {
-	Topic      string    `json:"topic"`
-	Window     string    `json:"window"`
-	Step       string    `json:"step"`
-	Resolution string    `json:"resolution"`
-	From       time.Time `json:"from"`
-	To         time.Time `json:"to"`
-	Served
-	Shards int     `json:"shards"`
-	Points []Point `json:"points"`
-}
+// The answers' wire types (package api), named here for the service's
+// code and its callers.
+type (
+	Count    = api.Count
+	Served   = api.Served
+	Point    = api.Point
+	Series   = api.Series
+	Entry    = api.Entry
+	Trending = api.Trending
+)
 
 // Service answers windowed reads and the trending list. It is safe for
 // concurrent use.
@@ -206,7 +171,7 @@ func (s *Service) Window(ctx context.Context, topic, window string) (Count, erro
 		if err != nil {
 			return Count{}, err
 		}
-		c := Count{Topic: topic, Window: window, From: sp.From, To: sp.To, Resolution: sp.G.String(), Shards: shards, Served: Served{at: s.now()}}
+		c := Count{Topic: topic, Window: window, From: sp.From, To: sp.To, Resolution: sp.G.String(), Shards: shards, Served: Served{At: s.now()}}
 		for _, n := range sums[0] {
 			c.Count, c.Saturated = satAdd(c.Count, n, c.Saturated)
 		}
@@ -236,7 +201,7 @@ func cached[T any](ctx context.Context, s *Service, kind string, c *otter.Cache[
 		s.m.reads.WithLabelValues(kind, "cache").Inc()
 	}
 	sv := served(&v)
-	sv.Source, sv.AgeMs = source, s.now().Sub(sv.at).Milliseconds()
+	sv.Source, sv.AgeMs = source, s.now().Sub(sv.At).Milliseconds()
 	return v, nil
 }
 
@@ -291,7 +256,7 @@ func (s *Service) SeriesOf(ctx context.Context, topic, window, step string) (Ser
 		if err != nil {
 			return Series{}, err
 		}
-		sr := Series{Topic: topic, Window: window, Step: step, Resolution: g.String(), From: sp.From, To: now, Shards: shards, Served: Served{at: s.now()}, Points: make([]Point, points)}
+		sr := Series{Topic: topic, Window: window, Step: step, Resolution: g.String(), From: sp.From, To: now, Shards: shards, Served: Served{At: s.now()}, Points: make([]Point, points)}
 		for p := range sr.Points {
 			sr.Points[p].From = g.Start((firstStep + int64(p)) * per)
 		}

@@ -12,19 +12,6 @@ import (
 	"github.com/hotcount/hotcount/pipeline/store"
 )
 
-// Entry is one trending topic: its count in the window (exact), its
-// distinct contributors in it (estimated: see Precision), its baseline
-// (what the window would hold so far at the topic's rate over the baseline
-// span, in the ranking's unit: mentions, or contributors per minute) and
-// its score.
-type Entry struct {
-	Topic        string  `json:"topic"`
-	Count        int64   `json:"count"`
-	Contributors int64   `json:"contributors"`
-	Baseline     float64 `json:"baseline"`
-	Score        float64 `json:"score"`
-}
-
 // Ranking is what trending ranks topics by.
 type Ranking string
 
@@ -43,22 +30,6 @@ const (
 	// needs in the window to trend by contributors.
 	DefaultMinContributors = 5
 )
-
-// Trending is the fleet's trending list for a window, highest score first.
-type Trending struct {
-	Window string    `json:"window"`
-	From   time.Time `json:"from"`
-	To     time.Time `json:"to"`
-	// BaselineFrom and BaselineTo are the span the baselines come from
-	// (absent while there is none).
-	BaselineFrom time.Time `json:"baselineFrom,omitzero"`
-	BaselineTo   time.Time `json:"baselineTo,omitzero"`
-	Served
-	Topics []Entry `json:"topics"`
-	// Note says why the list is empty when it is for want of mentions or
-	// of history.
-	Note string `json:"note,omitempty"`
-}
 
 // maxTrendKeys bounds the bucket keys one trending read asks for (30
 // BatchGetItem calls with one shard a topic): it sets how many candidates
@@ -169,7 +140,7 @@ func (s *Service) trending(ctx context.Context, d time.Duration, limit int) (Tre
 		if by == ByContributors {
 			t.Note = fmt.Sprintf("no topic has %d distinct contributors in the window (--trending-min-contributors), as far as mentions name them (\"by\")", least)
 		}
-		t.at = s.now()
+		t.At = s.now()
 		return t, nil
 	}
 	sums, shards, err := s.readManyWithin(ctx, cands, []Span{window, base}, maxTrendKeys)
@@ -208,7 +179,7 @@ func (s *Service) trending(ctx context.Context, d time.Duration, limit int) (Tre
 			}
 		}
 	}
-	t.at = s.now()
+	t.At = s.now()
 	return t, nil
 }
 

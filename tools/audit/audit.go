@@ -29,15 +29,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/hotcount/hotcount/durability/rules"
 	"hash/fnv"
 	"slices"
 	"strings"
 	"time"
 
+	"github.com/hotcount/hotcount/durability/rules"
+	"github.com/hotcount/hotcount/mention"
+
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/hotcount/hotcount/pipeline/ingest"
 	"github.com/hotcount/hotcount/pipeline/store"
 )
 
@@ -121,12 +122,12 @@ type Config struct {
 	// when one is.
 	Checkpoints Checkpoints
 	// Prefix is the topic prefix of the subject ("mentions.":
-	// ingest.Prefix of --subject). Required.
+	// mention.Prefix of --subject). Required.
 	Prefix string
 	// Limits are the sidecars' (--max-count, --max-topic-bytes and
 	// --max-lateness as config.Lateness gives it): a message is judged
 	// with them.
-	Limits ingest.Limits
+	Limits mention.Limits
 	// Minutes and Hours are the buckets the sidecars write (--windows);
 	// neither: totals only.
 	Minutes, Hours bool
@@ -293,13 +294,13 @@ func (cfg *Config) validate() error {
 		cfg.ProgressEvery = DefaultProgressEvery
 	}
 	if cfg.Limits.MaxLateness <= 0 {
-		cfg.Limits.MaxLateness = ingest.DefaultMaxLateness
+		cfg.Limits.MaxLateness = mention.DefaultMaxLateness
 	}
 	if cfg.Limits.MaxCount <= 0 {
-		cfg.Limits.MaxCount = ingest.DefaultMaxCount
+		cfg.Limits.MaxCount = mention.DefaultMaxCount
 	}
 	if cfg.Limits.MaxTopicBytes <= 0 {
-		cfg.Limits.MaxTopicBytes = ingest.DefaultMaxTopicBytes
+		cfg.Limits.MaxTopicBytes = mention.DefaultMaxTopicBytes
 	}
 	cfg.Shards = max(cfg.Shards, 1)
 	if cfg.Now == nil {
@@ -444,7 +445,7 @@ func (a *auditor) summarize() {
 	}
 	if r.Buckets.Partial > 0 {
 		a.note("%d buckets not checked: partly outside what the stream holds or what was read (a mention's \"at\" may be up to --max-lateness %s before its publication, or %s after)",
-			r.Buckets.Partial, a.cfg.Limits.MaxLateness, ingest.MaxAhead)
+			r.Buckets.Partial, a.cfg.Limits.MaxLateness, mention.MaxAhead)
 	}
 	if r.Buckets.Expired > 0 {
 		a.note("%d buckets not checked: past their retention (--minute-retention %s, --hour-retention %s), or within a minute of it",

@@ -20,6 +20,7 @@ import (
 	"github.com/hotcount/hotcount/durability/durable"
 	"github.com/hotcount/hotcount/durability/streams"
 	"github.com/hotcount/hotcount/internal/testtools/testenv"
+	"github.com/hotcount/hotcount/mention"
 	"github.com/hotcount/hotcount/pipeline/ingest"
 	"github.com/hotcount/hotcount/pipeline/store"
 	"github.com/hotcount/hotcount/tools/audit"
@@ -241,7 +242,7 @@ func config(streamsToRead ...audit.Stream) audit.Config {
 	return audit.Config{
 		Streams: streamsToRead,
 		Prefix:  "mentions.",
-		Limits:  ingest.Limits{MaxCount: ingest.DefaultMaxCount, MaxTopicBytes: ingest.DefaultMaxTopicBytes, MaxLateness: ingest.DefaultMaxLateness},
+		Limits:  mention.Limits{MaxCount: mention.DefaultMaxCount, MaxTopicBytes: mention.DefaultMaxTopicBytes, MaxLateness: mention.DefaultMaxLateness},
 		Minutes: true, Hours: true,
 		Shards: 1,
 		Rate:   -1,
@@ -288,7 +289,7 @@ func TestAuditFindsExactlyWhatDiffers(t *testing.T) {
 		t.Errorf("checked %+v totals, %+v buckets, %d in flight; want 3 totals and %d buckets compared, none skipped", r.Totals, r.Buckets, r.InFlight, buckets(want))
 	}
 	if r.Messages != 11 || r.Mentions != 17 || r.Topics != 3 || r.Probes != 1 ||
-		!reflect.DeepEqual(r.Rejected, map[string]int64{ingest.ReasonCount: 1, ingest.ReasonPayload: 1, ingest.ReasonAt: 1}) {
+		!reflect.DeepEqual(r.Rejected, map[string]int64{mention.ReasonCount: 1, mention.ReasonPayload: 1, mention.ReasonAt: 1}) {
 		t.Errorf("read %d messages, %d mentions of %d topics, %d probes, rejected %v; want 11, 17, 3, 1, one each of count, payload, at",
 			r.Messages, r.Mentions, r.Topics, r.Probes, r.Rejected)
 	}

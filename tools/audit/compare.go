@@ -11,6 +11,7 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/hotcount/hotcount/durability/streams"
+	"github.com/hotcount/hotcount/mention"
 	"github.com/hotcount/hotcount/pipeline/ingest"
 	"github.com/hotcount/hotcount/pipeline/store"
 )
@@ -231,7 +232,7 @@ func (a *auditor) record(cs, differ []store.Counter, flown map[store.Counter]boo
 func (p *pass) partial(a *auditor, g store.Granularity, i int64) bool {
 	start, end := g.Start(i), g.Start(i+1)
 	for _, s := range p.unread {
-		if s.from.Add(-a.cfg.Limits.MaxLateness).Before(end) && !s.to.Add(ingest.MaxAhead).Before(start) {
+		if s.from.Add(-a.cfg.Limits.MaxLateness).Before(end) && !s.to.Add(mention.MaxAhead).Before(start) {
 			return true
 		}
 	}
@@ -410,12 +411,12 @@ func (a *auditor) readRecords(ctx context.Context, cs []store.Counter, shards ma
 // growth reads what the streams took since the audit began, for the
 // counters of cs (of share sh): the mentions of durable streams one by
 // one (grown), and which counters a core stream's mentions touch (moved).
-func (a *auditor) growth(ctx context.Context, sh share, cs []store.Counter, ends []uint64) (grown map[store.Counter][]mention, moved map[store.Counter]bool, err error) {
+func (a *auditor) growth(ctx context.Context, sh share, cs []store.Counter, ends []uint64) (grown map[store.Counter][]pastMention, moved map[store.Counter]bool, err error) {
 	want := make(map[store.Counter]bool, len(cs))
 	for _, c := range cs {
 		want[c] = true
 	}
-	grown, moved = make(map[store.Counter][]mention), make(map[store.Counter]bool)
+	grown, moved = make(map[store.Counter][]pastMention), make(map[store.Counter]bool)
 	for i, s := range a.streams {
 		st, err := a.js.Stream(ctx, s.Name)
 		if err != nil {
@@ -446,7 +447,7 @@ func (a *auditor) growth(ctx context.Context, sh share, cs []store.Counter, ends
 				switch {
 				case !want[c]:
 				case s.Durable:
-					grown[c] = append(grown[c], mention{stream: i, seq: m.seq, delta: delta})
+					grown[c] = append(grown[c], pastMention{stream: i, seq: m.seq, delta: delta})
 				default:
 					moved[c] = true
 				}

@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/hotcount/hotcount/durability/rules"
 	"strings"
 	"time"
+
+	"github.com/hotcount/hotcount/durability/rules"
+	"github.com/hotcount/hotcount/mention"
 
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -44,16 +46,16 @@ type message struct {
 // counted up to the position the counter's item records.
 type cell struct {
 	n    int64
-	tail []mention
+	tail []pastMention
 	// core says some of its mentions came from a core-mode stream, whose
 	// sidecars record no position: a count that moves while it is read is
 	// in flight there, not wrong.
 	core bool
 }
 
-// mention is one mention past its stream's checkpoint: its stream (an
+// pastMention is one mention past its stream's checkpoint: its stream (an
 // index in Config.Streams), its sequence and its count.
-type mention struct {
+type pastMention struct {
 	stream int
 	seq    uint64
 	delta  int64
@@ -295,7 +297,7 @@ func (p *pass) take(a *auditor, i int, st Stream, m message) {
 			cl.n, _ = store.SatAdd(cl.n, delta)
 			cl.core = true
 		case m.seq > p.floors[i]:
-			cl.tail = append(cl.tail, mention{stream: i, seq: m.seq, delta: delta})
+			cl.tail = append(cl.tail, pastMention{stream: i, seq: m.seq, delta: delta})
 			p.tails++
 		default:
 			cl.n, _ = store.SatAdd(cl.n, delta)
@@ -328,7 +330,7 @@ func (a *auditor) countersOf(j judgement, topic string, at time.Time, totals boo
 // judgement is how the sidecars judge a message: by its stream's rules
 // at its sequence, or the audit's settings for a stream without rules.
 type judgement struct {
-	limits         ingest.Limits
+	limits         mention.Limits
 	minutes, hours bool
 }
 
@@ -354,11 +356,11 @@ func (j judgement) windows() []store.Granularity {
 
 // reasonOf is a rejection's reason, as the sidecars label it.
 func reasonOf(err error) string {
-	var inv *ingest.InvalidError
+	var inv *mention.InvalidError
 	if errors.As(err, &inv) {
 		return inv.Reason
 	}
-	return ingest.ReasonPayload
+	return mention.ReasonPayload
 }
 
 // streamRead is what one scan of a stream read.

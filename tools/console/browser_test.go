@@ -25,6 +25,7 @@ import (
 	"github.com/hotcount/hotcount/internal/embeddednats"
 	"github.com/hotcount/hotcount/internal/testtools/testenv"
 	"github.com/hotcount/hotcount/internal/testtools/testenv/sidecartest"
+	"github.com/hotcount/hotcount/mention"
 	"github.com/hotcount/hotcount/pipeline/ingest"
 )
 
@@ -247,7 +248,7 @@ func startDev(t *testing.T) *devSidecar {
 		t.Fatal(err)
 	}
 	nc := testenv.Connect(t, cfg.NATSURL)
-	if _, err := ingest.EnsureStream(context.Background(), nc, cfg.Stream, cfg.Subject, ingest.DefaultDuplicateWindow); err != nil {
+	if _, err := ingest.EnsureStream(context.Background(), nc, cfg.Stream, cfg.Subject, mention.DefaultDuplicateWindow); err != nil {
 		t.Fatal(err)
 	}
 	js, err := jetstream.New(nc)

@@ -14,6 +14,7 @@ import (
 	"github.com/hotcount/hotcount/config"
 	"github.com/hotcount/hotcount/internal/testtools/testenv"
 	"github.com/hotcount/hotcount/internal/testtools/testenv/sidecartest"
+	"github.com/hotcount/hotcount/mention"
 	"github.com/hotcount/hotcount/pipeline/ingest"
 	"github.com/hotcount/hotcount/pipeline/store"
 	"github.com/hotcount/hotcount/sidecar"
@@ -37,7 +38,7 @@ func startSidecar(t *testing.T, url, mode string, d *testenv.Dynalite) (*sidecar
 		t.Fatal(err)
 	}
 	if cfg.Durable() {
-		if _, err := ingest.EnsureStream(context.Background(), testenv.Connect(t, url), cfg.Stream, cfg.Subject, ingest.DefaultDuplicateWindow); err != nil {
+		if _, err := ingest.EnsureStream(context.Background(), testenv.Connect(t, url), cfg.Stream, cfg.Subject, mention.DefaultDuplicateWindow); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -132,8 +133,8 @@ func TestMentionsAtLandInTheirBuckets(t *testing.T) {
 			totals["untimed"] += 3
 			// Refused: too old, too far ahead, not a time.
 			for _, payload := range []string{
-				fmt.Sprintf(`{"count": 5, "at": %d}`, now.Add(-ingest.DefaultMaxLateness-time.Minute).UnixMilli()),
-				fmt.Sprintf(`{"count": 5, "at": %q}`, now.Add(ingest.MaxAhead+time.Minute).Format(time.RFC3339)),
+				fmt.Sprintf(`{"count": 5, "at": %d}`, now.Add(-mention.DefaultMaxLateness-time.Minute).UnixMilli()),
+				fmt.Sprintf(`{"count": 5, "at": %q}`, now.Add(mention.MaxAhead+time.Minute).Format(time.RFC3339)),
 				`{"count": 5, "at": "yesterday"}`,
 			} {
 				publish("mentions.refused", payload)
@@ -153,11 +154,11 @@ func TestMentionsAtLandInTheirBuckets(t *testing.T) {
 				if err != nil {
 					t.Fatalf("dead letters: %v", err)
 				}
-				if m.Header.Get(ingest.ErrorHeader) != ingest.ReasonAt || m.Header.Get(ingest.SubjectHeader) != "mentions.refused" {
-					t.Errorf("dead letter %s with headers %v, want reason %q", m.Data, m.Header, ingest.ReasonAt)
+				if m.Header.Get(ingest.ErrorHeader) != mention.ReasonAt || m.Header.Get(ingest.SubjectHeader) != "mentions.refused" {
+					t.Errorf("dead letter %s with headers %v, want reason %q", m.Data, m.Header, mention.ReasonAt)
 				}
 			}
-			if n := testenv.MetricWith(t, sc.Registry(), "hotcount_ingest_invalid_total", "reason", ingest.ReasonAt); n != 3 {
+			if n := testenv.MetricWith(t, sc.Registry(), "hotcount_ingest_invalid_total", "reason", mention.ReasonAt); n != 3 {
 				t.Errorf("%v messages rejected for their at, want 3", n)
 			}
 

@@ -18,7 +18,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/hotcount/hotcount/client"
-	"github.com/hotcount/hotcount/pipeline/ingest"
+	"github.com/hotcount/hotcount/mention"
 )
 
 // Config says what to publish.
@@ -85,8 +85,8 @@ func (c Config) Validate() error {
 		return errors.New("loadgen: contributors must not be negative")
 	case c.SurgeAfter < 0:
 		return errors.New("loadgen: surge-after must not be negative")
-	case c.Count < 1 || c.Count > ingest.DefaultMaxCount:
-		return fmt.Errorf("loadgen: count must be in 1..%d (the sidecar's default --max-count)", ingest.DefaultMaxCount)
+	case c.Count < 1 || c.Count > mention.DefaultMaxCount:
+		return fmt.Errorf("loadgen: count must be in 1..%d (the sidecar's default --max-count)", mention.DefaultMaxCount)
 	case c.Backfill && (c.Duration <= 0 || c.Rate < 1):
 		return errors.New("loadgen: a backfill needs a duration (how far back it starts) and a rate (messages per second of that history)")
 	}

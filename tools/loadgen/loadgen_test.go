@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/hotcount/hotcount/internal/testtools/testenv"
+	"github.com/hotcount/hotcount/mention"
 	"github.com/hotcount/hotcount/pipeline/ingest"
 	"github.com/hotcount/hotcount/tools/loadgen"
 )
@@ -23,7 +24,7 @@ import (
 func TestLoadJetStreamReportIsWhatTheStreamStored(t *testing.T) {
 	ns := testenv.NATS(t)
 	nc := testenv.Connect(t, ns.ClientURL())
-	if _, err := ingest.EnsureStream(context.Background(), nc, ingest.DefaultStream, "mentions.>", ingest.DefaultDuplicateWindow); err != nil {
+	if _, err := ingest.EnsureStream(context.Background(), nc, ingest.DefaultStream, "mentions.>", mention.DefaultDuplicateWindow); err != nil {
 		t.Fatal(err)
 	}
 	rep, err := loadgen.Run(context.Background(), nc, loadgen.Config{Prefix: "mentions.", Topics: 50, Zipf: 1.3, Messages: 5_000, Count: 3, Seed: 1, JetStream: true})
@@ -85,7 +86,7 @@ func TestLoadNamesContributors(t *testing.T) {
 	who := map[string]int{}
 	bad := 0
 	sub, err := nc.Subscribe("mentions.>", func(m *nats.Msg) {
-		p, err := ingest.ParsePayload(m.Data, ingest.DefaultMaxCount)
+		p, err := mention.ParsePayload(m.Data, mention.DefaultMaxCount)
 		mu.Lock()
 		defer mu.Unlock()
 		if err != nil || p.By == nil {

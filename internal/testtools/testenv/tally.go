@@ -9,7 +9,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/hotcount/hotcount/pipeline/ingest"
+	"github.com/hotcount/hotcount/mention"
 )
 
 // Tally counts the mentions a core NATS subscriber receives, by topic: what
@@ -20,7 +20,7 @@ type Tally struct {
 }
 
 // NewTally subscribes to subject on the server at url and counts each
-// message's mentions (ingest.Count) under its subject past prefix. A
+// message's mentions (mention.Count) under its subject past prefix. A
 // message that carries no valid count fails the test. It is subscribed
 // (the server has the interest) when NewTally returns.
 func NewTally(t testing.TB, url, subject, prefix string) *Tally {
@@ -28,7 +28,7 @@ func NewTally(t testing.TB, url, subject, prefix string) *Tally {
 	nc := Connect(t, url)
 	tl := &Tally{got: make(map[string]int64)}
 	if _, err := nc.Subscribe(subject, func(m *nats.Msg) {
-		n, err := ingest.Count(m.Data, ingest.DefaultMaxCount)
+		n, err := mention.Count(m.Data, mention.DefaultMaxCount)
 		if err != nil {
 			t.Errorf("%s %q: %v", m.Subject, m.Data, err)
 		}

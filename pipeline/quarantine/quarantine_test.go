@@ -9,8 +9,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/hotcount/hotcount/durability/quarantine"
 	"github.com/hotcount/hotcount/internal/testtools/testenv"
+	"github.com/hotcount/hotcount/pipeline/quarantine"
 	"github.com/hotcount/hotcount/pipeline/store"
 )
 

@@ -1,4 +1,4 @@
-package ingest
+package mention
 
 // StrictPayload is ParsePayload without its fast path.
 var StrictPayload = strictPayload

@@ -1,8 +1,14 @@
-package ingest
+// Package mention is a mention as producers publish it and hotcount takes
+// it: the subject (`<prefix>.<topic>`), the payload (`{"count": n, "at":
+// ..., "by": ...}`) and the rules that judge both. Producers (package
+// client) and the sidecar's readers share it, so it needs nothing but the
+// standard library.
+package mention
 
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math"
 	"strconv"
@@ -10,8 +16,6 @@ import (
 	"time"
 	"unicode"
 	"unicode/utf8"
-
-	"github.com/hotcount/hotcount/pipeline/store"
 )
 
 // Rejection reasons: the fixed label set of hotcount_ingest_invalid_total and
@@ -56,8 +60,8 @@ const (
 	DefaultMaxTopicBytes = 256
 	// DefaultMaxLateness is the default bound of a mention's "at" in the
 	// past: a day, for a backfill after an outage of hours, well inside
-	// the minute buckets' default retention (store.DefaultMinuteRetention,
-	// two days) and JetStream's (ingest.DefaultStreamMaxAge).
+	// the minute buckets' default retention (two days by
+	// default) and the stream's default max age.
 	DefaultMaxLateness = 24 * time.Hour
 	// MaxAhead is how far after its reference time a message's "at" may
 	// be: clocks that disagree by this much are still taken.
@@ -71,7 +75,7 @@ type InvalidError struct {
 	Msg    string
 }
 
-func (e *InvalidError) Error() string { return "ingest: invalid " + e.Reason + ": " + e.Msg }
+func (e *InvalidError) Error() string { return "mention: invalid " + e.Reason + ": " + e.Msg }
 
 func invalid(reason, format string, args ...any) *InvalidError {
 	return &InvalidError{Reason: reason, Msg: fmt.Sprintf(format, args...)}
@@ -91,14 +95,55 @@ func Topic(prefix, subject string, l Limits) (string, error) {
 	return topic, nil
 }
 
-// ValidateTopic applies the store's topic rules (store.ValidateTopic) and
-// marks a violation as a topic rejection.
+// ValidateTopic applies CheckTopic and marks a violation as a topic
+// rejection.
 func ValidateTopic(topic string, maxBytes int) error {
-	if err := store.ValidateTopic(topic, maxBytes); err != nil {
+	if err := CheckTopic(topic, maxBytes); err != nil {
 		return invalid(ReasonTopic, "%v", err)
 	}
 	return nil
 }
+
+// CheckTopic checks a topic before it becomes part of a key: not empty, at
+// most maxBytes long, valid UTF-8, no control characters. DynamoDB allows
+// partition keys up to 2048 bytes; maxBytes keeps well inside that. The
+// ingest, the lookup API and the store apply it.
+func CheckTopic(topic string, maxBytes int) error {
+	switch {
+	case topic == "":
+		return errors.New("topic is empty")
+	case len(topic) > maxBytes:
+		return fmt.Errorf("topic is %d bytes, longer than %d", len(topic), maxBytes)
+	case !utf8.ValidString(topic):
+		return errors.New("topic is not valid UTF-8")
+	}
+	for _, r := range topic {
+		if unicode.IsControl(r) {
+			return fmt.Errorf("topic contains control character %U", r)
+		}
+	}
+	return nil
+}
+
+// Prefix returns the topic prefix of a subscription subject, which must be
+// `<prefix>.>`: `mentions.>` gives `mentions.`.
+func Prefix(subject string) (string, error) {
+	p, ok := strings.CutSuffix(subject, ">")
+	if !ok || !strings.HasSuffix(p, ".") || len(p) < 2 || strings.ContainsAny(p, "* \t\r\n") {
+		return "", fmt.Errorf("mention: subject %q must be a literal prefix followed by .> (like mentions.>)", subject)
+	}
+	return p, nil
+}
+
+// ProbeHeader marks a message that is no mention: `hotcount stream
+// create` publishes such probes to check the server's routing, and every
+// reader passes over them without counting them.
+const ProbeHeader = "Hotcount-Probe"
+
+// DefaultDuplicateWindow is the window in which a stream drops a second
+// message with the same Nats-Msg-Id (`hotcount stream create` sets it): a
+// producer may retry a publish for about half of it.
+const DefaultDuplicateWindow = 2 * time.Minute
 
 // Payload is what a mention message's payload says.
 type Payload struct {
@@ -246,7 +291,7 @@ func fastString(p []byte, i int, key string) (s []byte, next int, ok bool) {
 }
 
 // ValidateBy checks a mention's "by": 1..MaxByBytes bytes of UTF-8
-// without control characters, the rules of a topic (store.ValidateTopic)
+// without control characters, the rules of a topic (CheckTopic)
 // with a shorter bound.
 func ValidateBy(by []byte) error {
 	switch {

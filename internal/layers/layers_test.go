@@ -1,0 +1,84 @@
+package layers_test
+
+import (
+	"os/exec"
+	"slices"
+	"strings"
+	"testing"
+)
+
+const module = "github.com/hotcount/hotcount/"
+
+// golist runs `go list` from the module's root with args, one line a
+// package.
+func golist(t *testing.T, args ...string) []string {
+	t.Helper()
+	cmd := exec.Command("go", append([]string{"list"}, args...)...)
+	cmd.Dir = "../.."
+	out, err := cmd.Output()
+	if err != nil {
+		var stderr string
+		if ee, ok := err.(*exec.ExitError); ok {
+			stderr = string(ee.Stderr)
+		}
+		t.Fatalf("go list %s: %v\n%s", strings.Join(args, " "), err, stderr)
+	}
+	return strings.Fields(string(out))
+}
+
+// nonStandard lists what pkg compiles that is not the standard library.
+func nonStandard(t *testing.T, pkg string) []string {
+	return golist(t, "-deps", "-f", "{{if not .Standard}}{{.ImportPath}}{{end}}", pkg)
+}
+
+// TestClientNeedsOnlyNATS: a producer that imports client compiles
+// nats.go (and what nats.go needs), one back-off library and the wire
+// packages, none of the sidecar: no AWS SDK, bbolt, otter, Prometheus or
+// zap.
+func TestClientNeedsOnlyNATS(t *testing.T) {
+	allowed := map[string]bool{"github.com/cenkalti/backoff/v5": true}
+	for _, p := range nonStandard(t, "github.com/nats-io/nats.go/jetstream") {
+		allowed[p] = true
+	}
+	for _, p := range []string{"client", "api", "mention", "internal/waits"} {
+		allowed[module+p] = true
+	}
+	for _, p := range nonStandard(t, "./client") {
+		if !allowed[p] {
+			t.Errorf("client compiles %s", p)
+		}
+	}
+}
+
+// TestWirePackagesAreStandardOnly: the wire types (api) and the mention's
+// format and rules (mention) need only the standard library.
+func TestWirePackagesAreStandardOnly(t *testing.T) {
+	for _, pkg := range []string{"./api", "./mention"} {
+		for _, p := range nonStandard(t, pkg) {
+			if p != module+strings.TrimPrefix(pkg, "./") {
+				t.Errorf("%s compiles %s", pkg, p)
+			}
+		}
+	}
+}
+
+// TestPipelineNeverImportsDurability: the stages under pipeline/ are what
+// every mode runs; the durable modes build on them, never the other way,
+// tests included.
+func TestPipelineNeverImportsDurability(t *testing.T) {
+	lines := golist(t, "-f", "{{.ImportPath}}:{{join .Imports \",\"}},{{join .TestImports \",\"}},{{join .XTestImports \",\"}}", "./pipeline/...")
+	if len(lines) == 0 {
+		t.Fatal("go list found no package under pipeline/")
+	}
+	for _, l := range lines {
+		pkg, imports, _ := strings.Cut(l, ":")
+		for _, imp := range strings.Split(imports, ",") {
+			if strings.HasPrefix(imp, module+"durability/") {
+				t.Errorf("%s imports %s", pkg, imp)
+			}
+		}
+	}
+	if !slices.ContainsFunc(lines, func(l string) bool { return strings.HasPrefix(l, module+"pipeline/ingest:") }) {
+		t.Errorf("go list of ./pipeline/... lacks pipeline/ingest: %v", lines)
+	}
+}
