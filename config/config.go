@@ -96,6 +96,10 @@ type Config struct {
 	// ConsoleRace shows the race button on the admin listener's /console
 	// (--console-race; on in hotcount dev).
 	ConsoleRace bool
+	// Pprof serves net/http/pprof at /debug/pprof on the admin listener
+	// (--pprof), to this machine only unless the request carries the
+	// lookup API's token.
+	Pprof bool
 
 	// MemoryLimit is the process's memory budget (--memory-limit): bytes,
 	// with an optional Ki, Mi or Gi suffix; empty: the cgroup's limit;

@@ -22,6 +22,7 @@ var processFlags = []setting{
 	{name: "log-format", usage: "log encoding: json or console", bind: str(func(c *Config) *string { return &c.LogFormat })},
 	{name: "log-level", usage: "lowest level logged: debug, info, warn, error", bind: str(func(c *Config) *string { return &c.LogLevel })},
 	{name: "console-race", usage: "offer the race on the admin listener's /console: direct writes against coalesced ones, on a throwaway in-memory store with an emulated per-key ceiling (never the real store); on in hotcount dev", bind: boolean(func(c *Config) *bool { return &c.ConsoleRace })},
+	{name: "pprof", usage: "serve Go's profiles (net/http/pprof) at /debug/pprof on --admin: to this machine only (kubectl port-forward), or with --http-token-file to any address that sends the token; off by default", bind: boolean(func(c *Config) *bool { return &c.Pprof })},
 	{name: "config", usage: "YAML file of settings, keyed by flag name", bind: str(func(c *Config) *string { return &c.File })},
 }
 

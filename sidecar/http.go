@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -74,14 +75,35 @@ func (s *Sidecar) handlers(p *parts, stopping *atomic.Bool) (map[string]http.Han
 	adminMux.Handle(console.Path, p.con)
 	adminMux.Handle(console.Path+"/", p.con)
 	api := p.api
+	var token string
 	if cfg.HTTPTokenFile != "" {
-		token, err := config.ReadToken(cfg.HTTPTokenFile)
-		if err != nil {
+		var err error
+		if token, err = config.ReadToken(cfg.HTTPTokenFile); err != nil {
 			return nil, fmt.Errorf("sidecar: --http-token-file: %w", err)
 		}
 		api = httpapi.RequireToken(token, api)
 	}
+	if cfg.Pprof {
+		// Profiles name the code and its memory: this machine's, or the
+		// token holder's, like the console's data.
+		adminMux.Handle("/debug/pprof/", httpapi.LocalOnly(profiles(), token,
+			"/debug/pprof is served to this machine only (kubectl port-forward), or with --http-token-file to requests that carry the token"))
+	}
 	return map[string]http.Handler{"http": api, "admin": adminMux}, nil
+}
+
+// profiles is net/http/pprof's handlers, on a mux of their own: the
+// package's init registers them on http.DefaultServeMux, which hotcount
+// never serves. A profile longer than the listener's write timeout is
+// served whole: pprof moves the answer's deadline past it.
+func profiles() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	return mux
 }
 
 // dependencies exports each check as hotcount_dependency_up and returns

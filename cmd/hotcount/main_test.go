@@ -30,7 +30,7 @@ func TestExitCodes(t *testing.T) {
 		{"invalid setting", []string{"check-config", "--shards", "0"}, nil, exitUsage, "shards: 0 is outside 1..100"},
 		{"unknown env", []string{"check-config"}, []string{"HOTCOUNT_SHARDZ=3"}, exitUsage, "HOTCOUNT_SHARDZ"},
 		{"table without create", []string{"table"}, nil, exitUsage, "create"},
-		{"stream with an unknown subcommand", []string{"stream", "show"}, nil, exitUsage, `"stream" takes a subcommand: create, status, rules, rewind, adopt (hotcount stream --help)`},
+		{"stream with an unknown subcommand", []string{"stream", "show"}, nil, exitUsage, `"stream" takes a subcommand: create, status, rules, rewind (hotcount stream --help)`},
 		{"run --help", []string{"run", "--help"}, nil, exitOK, ""},
 		{"stream create, partitions for another mode", []string{"stream", "create", "--nats-mode", "jetstream", "--partitions", "4"}, nil, exitUsage, "--partitions 4 is for --nats-mode partitioned, not jetstream"},
 		{"load bad zipf", []string{"load", "--zipf", "0.5"}, nil, exitUsage, "zipf"},

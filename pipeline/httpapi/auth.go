@@ -3,6 +3,7 @@ package httpapi
 import (
 	"crypto/sha256"
 	"crypto/subtle"
+	"net"
 	"net/http"
 	"strings"
 )
@@ -36,4 +37,53 @@ func RequireToken(token string, h http.Handler) http.Handler {
 func unauthorized(w http.ResponseWriter, reason string) {
 	w.Header().Set("WWW-Authenticate", `Bearer realm="hotcount"`)
 	writeError(w, http.StatusUnauthorized, reason)
+}
+
+// LocalOnly serves h to this machine only: a loopback client that asked
+// for a loopback host; others get 403 with refusal. The host matters as
+// much as the address: a service mesh's proxy forwards everyone's requests
+// from a loopback address (with the pod's name as the host), and a web
+// page that rebinds its own name to 127.0.0.1 reaches a loopback listener
+// from the visitor's browser (with its own name as the host). With a
+// token, a request from elsewhere that carries it (RequireToken) is
+// served too.
+func LocalOnly(h http.Handler, token, refusal string) http.Handler {
+	var withToken http.Handler
+	if token != "" {
+		withToken = RequireToken(token, h)
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch {
+		case loopback(r.RemoteAddr) && loopbackHost(r.Host):
+			h.ServeHTTP(w, r)
+		case withToken != nil:
+			withToken.ServeHTTP(w, r)
+		default:
+			writeError(w, http.StatusForbidden, refusal)
+		}
+	})
+}
+
+// loopbackHost says whether a request's Host names this machine's loopback.
+func loopbackHost(hostport string) bool {
+	host, _, err := net.SplitHostPort(hostport)
+	if err != nil {
+		host = hostport // no port
+	}
+	host = strings.Trim(host, "[]")
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+// loopback says whether a request's client address is this machine's.
+func loopback(remoteAddr string) bool {
+	host, _, err := net.SplitHostPort(remoteAddr)
+	if err != nil {
+		return false
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }

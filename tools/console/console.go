@@ -20,17 +20,17 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"net"
 	"net/http"
 	"net/url"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
+
+	"github.com/hotcount/hotcount/pipeline/httpapi"
 )
 
 // Path is where the console is mounted on the admin listener; its assets
@@ -189,43 +189,13 @@ func (c *Console) tick(now time.Time) {
 	}
 }
 
-// guard serves h's data only to this machine unless the console is Open:
-// a loopback client that asked for a loopback host. The host matters as
-// much as the address: a service mesh's proxy forwards everyone's requests
-// from a loopback address (with the pod's name as the host), and a web
-// page that rebinds its own name to 127.0.0.1 reaches a loopback listener
-// from the visitor's browser (with its own name as the host).
+// guard serves h's data only to this machine (httpapi.LocalOnly) unless
+// the console is Open.
 func (c *Console) guard(h http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if !c.cfg.Open && (!loopback(r.RemoteAddr) || !loopbackHost(r.Host)) {
-			writeJSON(w, http.StatusForbidden, errorBody{"the console's data is served to this machine only (a browser here at localhost or 127.0.0.1, or kubectl port-forward); --http-public without --http-token-file serves it to any address"})
-			return
-		}
-		h.ServeHTTP(w, r)
-	})
-}
-
-// loopbackHost says whether a request's Host names this machine's loopback.
-func loopbackHost(hostport string) bool {
-	host, _, err := net.SplitHostPort(hostport)
-	if err != nil {
-		host = hostport // no port
+	if c.cfg.Open {
+		return h
 	}
-	host = strings.Trim(host, "[]")
-	if host == "localhost" {
-		return true
-	}
-	ip := net.ParseIP(host)
-	return ip != nil && ip.IsLoopback()
-}
-
-func loopback(remoteAddr string) bool {
-	host, _, err := net.SplitHostPort(remoteAddr)
-	if err != nil {
-		return false
-	}
-	ip := net.ParseIP(host)
-	return ip != nil && ip.IsLoopback()
+	return httpapi.LocalOnly(h, "", "the console's data is served to this machine only (a browser here at localhost or 127.0.0.1, or kubectl port-forward); --http-public without --http-token-file serves it to any address")
 }
 
 // state is everything the page shows, in one answer: the page polls it
