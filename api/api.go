@@ -54,8 +54,6 @@ type Served struct {
 	Source string `json:"source"`
 	// AgeMs is how long ago, in milliseconds, it was read from the store.
 	AgeMs int64 `json:"ageMs"`
-	// At is when it was read from the store: the server's, not sent.
-	At time.Time `json:"-"`
 }
 
 // Point is one step of a series: its start and its count.

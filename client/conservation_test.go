@@ -24,11 +24,10 @@ import (
 // twice (a retry of a stored publish carries its first id, and the stream
 // holds one message per acknowledged publish).
 //
-// The sidecar flushes every 50 ms, so it writes and acknowledges while the
-// server goes away: acknowledgements lost with it bring their messages
-// back, and the journal entries that carry their counts (retired only
-// once the consumer's ack floor has passed them) keep them from being
-// counted twice.
+// The sidecar flushes every 50 ms, so it writes and checkpoints while the
+// server goes away: a checkpoint lost with it has the stream read again
+// from the last one stored, and the positions the items record keep what
+// is read again from being counted twice.
 func TestPublisherConservesAcrossNATSRestart(t *testing.T) {
 	dir := t.TempDir()
 	ns := testenv.NATS(t)

@@ -10,7 +10,7 @@ import (
 // natsFlags are the connection to NATS and its credentials.
 var natsFlags = []setting{
 	{name: "nats-url", usage: "NATS server URL(s), comma-separated", bind: str(func(c *Config) *string { return &c.NATSURL })},
-	{name: "nats-mode", usage: "core (at most once: a crash loses the buffer), jetstream (a durable consumer shared by the fleet; exactly once) or partitioned (jetstream with the stream partitioned by topic and each partition consumed by one sidecar, so the fleet writes a hot topic once per flush)", bind: str(func(c *Config) *string { return &c.NATSMode })},
+	{name: "nats-mode", usage: "core (at most once: a crash loses the buffer), jetstream (the stream read in order from a checkpoint by one sidecar of the fleet at a time; exactly once) or partitioned (jetstream with the stream partitioned by topic and each partition consumed by one sidecar, so the fleet writes a hot topic once per flush)", bind: str(func(c *Config) *string { return &c.NATSMode })},
 	{name: "nats-creds", usage: "NATS credentials file (JWT and NKey seed)", bind: str(func(c *Config) *string { return &c.NATSCreds })},
 	{name: "nats-nkey", usage: "NATS NKey seed file", bind: str(func(c *Config) *string { return &c.NATSNKey })},
 	{name: "nats-token", usage: "NATS authentication token (prefer the environment variable; never printed)", bind: str(func(c *Config) *string { return &c.NATSToken }), secret: true},

@@ -95,11 +95,12 @@ func (s *Sidecar) handlers(p *parts, stopping *atomic.Bool) (map[string]http.Han
 // profiles is net/http/pprof's handlers, on a mux of their own: the
 // package's init registers them on http.DefaultServeMux, which hotcount
 // never serves. A profile longer than the listener's write timeout is
-// served whole: pprof moves the answer's deadline past it.
+// served whole: pprof moves the answer's deadline past it. Not cmdline:
+// the command line may carry --nats-token or a URL's password, which
+// hotcount never prints.
 func profiles() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/debug/pprof/", pprof.Index)
-	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
 	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
 	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
 	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)

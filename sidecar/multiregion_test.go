@@ -247,46 +247,6 @@ func TestGlobalTableRegionShardsExact(t *testing.T) {
 	}
 }
 
-// TestGlobalTablePositionExact is TestGlobalTableRegionShardsExact with
-// The durable engine: each Region's items record its own stream's
-// positions (Region-owned, so no item has two Regions' writers). Every
-// total, windowed count and trending count is exact in both Regions,
-// through a 10 s cut of one Region while both publish.
-func TestGlobalTablePositionExact(t *testing.T) {
-	em := globaltable.Start(t, twoRegions, replicationDelay)
-	em.CreateTable(t, "hotcount")
-	if _, err := em.Client(twoRegions[0]).PutItem(context.Background(), &dynamodb.PutItemInput{
-		TableName: aws.String("hotcount"),
-		Item: map[string]types.AttributeValue{
-			store.AttrPK:    &types.AttributeValueMemberS{Value: store.InRegion(store.HistoryKey, twoRegions[0])},
-			store.AttrSince: &types.AttributeValueMemberN{Value: strconv.FormatInt(time.Now().Add(-time.Hour).Unix(), 10)},
-		},
-	}); err != nil {
-		t.Fatal(err)
-	}
-	regions := startRegions(t, em, "hotcount", true)
-	want := plus(publishEverywhere(t, regions, 8_000, 383)...)
-	exactEverywhere(t, em, regions, want, "both Regions publishing")
-	for _, r := range regions {
-		checkReads(t, r, want)
-	}
-	cut := twoRegions[1]
-	em.Cut(cut)
-	more := publishEverywhere(t, regions, 20_000, 385)
-	em.Heal(cut)
-	want = plus(want, more[0], more[1])
-	exactEverywhere(t, em, regions, want, "after a cut")
-	for _, r := range regions {
-		checkReads(t, r, want)
-	}
-	if shared := em.Shared(); len(shared) > 0 {
-		t.Errorf("items written in both Regions: %v", shared)
-	}
-	if c := em.Conflicts(); c != 0 {
-		t.Errorf("%d replicated images discarded", c)
-	}
-}
-
 // exactEverywhere waits until every Region's replica holds exactly want,
 // topic by topic, after all Regions' consumers are idle.
 func exactEverywhere(t *testing.T, em *globaltable.Emulator, regions []*region, want map[string]int64, when string) {

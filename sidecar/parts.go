@@ -229,7 +229,7 @@ type writeStage interface {
 // writers builds the stage that writes: in the durable modes the durable
 // engine, which reads the streams itself; in core mode the flusher, which
 // writes what the subscription buffers.
-func (s *Sidecar) writers(ctx context.Context, p *parts) error {
+func (s *Sidecar) writers(_ context.Context, p *parts) error {
 	cfg := s.cfg
 	minutes, hours := cfg.Buckets()
 	observers := []flusher.Observer{p.hottest}

@@ -47,8 +47,27 @@ func TestPprofIsOptInAndLocal(t *testing.T) {
 		t.Errorf("/debug/pprof/heap without --pprof: %d, want 404", code)
 	}
 	local := newEnvOn(t, off, func(c *config.Config) { c.Pprof, c.DataDir = true, t.TempDir() })
+	if code, body := get(t, local.sc.AdminURL()+"/debug/pprof/goroutine?debug=1", "", ""); code != http.StatusOK || !strings.Contains(string(body), "goroutine") {
+		t.Errorf("goroutines from this machine, no token file: %d %.200s", code, body)
+	}
 	if code, body := get(t, local.sc.AdminURL()+"/debug/pprof/goroutine?debug=1", "hotcount-7f9c:9091", ""); code != http.StatusForbidden || !strings.Contains(string(body), "this machine only") {
 		t.Errorf("a request for another host, no token file: %d %s, want 403 naming why", code, body)
+	}
+	// A mesh's proxy forwarding from loopback, the Host set to look local.
+	req, err := http.NewRequest(http.MethodGet, local.sc.AdminURL()+"/debug/pprof/goroutine?debug=1", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Host = "localhost:9091"
+	req.Header.Set("X-Forwarded-For", "10.1.2.3")
+	if resp, err := http.DefaultClient.Do(req); err != nil {
+		t.Fatal(err)
+	} else if resp.Body.Close(); resp.StatusCode != http.StatusForbidden {
+		t.Errorf("a proxied request naming localhost: %d, want 403", resp.StatusCode)
+	}
+	// The command line may carry --nats-token: not served.
+	if code, body := get(t, local.sc.AdminURL()+"/debug/pprof/cmdline", "", ""); code != http.StatusNotFound {
+		t.Errorf("/debug/pprof/cmdline: %d %.100s, want 404", code, body)
 	}
 
 	const token = "s3cret-pprof-token-0123456789"

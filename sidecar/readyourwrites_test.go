@@ -20,14 +20,14 @@ import (
 	"github.com/hotcount/hotcount/tools/loadgen"
 )
 
-// TestReadYourWritesNeverGoesBack, in core and JetStream (journaled) mode:
+// TestReadYourWritesNeverGoesBack, in core and JetStream mode:
 // a reader polls
 // GET /v1/topics/topic-0?include=pending next to a publisher of that topic
 // (2,000 mentions/s), through flushes every 50 ms, a shard raise by another
 // writer and a store blip. No answer is lower than the one before. Each is
 // at least what this sidecar (the only one) had accepted before the read,
-// except during the blip and while a write is unsettled (in doubt or
-// journaled, hotcount_flusher_pending_writes): until it settles the answer
+// except during the blip and while a write is unsettled (in doubt,
+// hotcount_flusher_pending_writes): until it settles the answer
 // holds at the one before, as docs/API.md says of include=pending. A load
 // that overlaps one of this sidecar's writes on its way waits for the write
 // to land and reads again, so it needs no such allowance.
@@ -42,8 +42,6 @@ func readYourWrites(t *testing.T, mode string) {
 		c.NATSMode = mode
 		c.FlushInterval = 50 * time.Millisecond
 		c.CacheTTL = 100 * time.Millisecond
-		// What the blip's paused fetch left in nats.go comes back after
-		// the ack wait: keep it short.
 		c.FlushTimeout, c.WriteTimeout = time.Second, time.Second
 	})
 	url := "http://" + e.sc.HTTPAddr() + "/v1/topics/topic-0?include=pending"

@@ -12,8 +12,8 @@ import (
 
 // TestShutdownReserveSurvivesASlowDrain makes the drain take longer than
 // the reserve, and the final flush run until its context ends (a store
-// that never answers): the phases after it (leaving the journal, the
-// acknowledgements, the HTTP shutdown) must still start on a live context
+// that never answers): the phases after it (leaving the fleet, the
+// checkpoints, the HTTP shutdown) must still start on a live context
 // with the reserve ahead of them, and the whole shutdown must end within
 // the budget. The reserve used to be counted from after the drain, so a
 // drain longer than it handed the final flush the whole budget.
@@ -52,7 +52,7 @@ func TestShutdownReserveSurvivesASlowDrain(t *testing.T) {
 			<-ctx.Done() // retries until its deadline, as against a dead store
 			return ctx.Err()
 		},
-		after: []phase{record("leave the journal"), record("flush acknowledgements"), record("stop HTTP")},
+		after: []phase{record("leave the fleet"), record("store checkpoints"), record("stop HTTP")},
 	}.run(zap.NewNop())
 	took := time.Since(start)
 
@@ -102,7 +102,7 @@ func TestOverrunningDrainKeepsTheReserve(t *testing.T) {
 			return ctx.Err()
 		},
 		final: func(ctx context.Context) error { return ctx.Err() },
-		after: []phase{{"leave the journal", func(ctx context.Context) error {
+		after: []phase{{"leave the fleet", func(ctx context.Context) error {
 			d, _ := ctx.Deadline()
 			left = time.Until(d)
 			return ctx.Err()
@@ -117,9 +117,9 @@ func TestOverrunningDrainKeepsTheReserve(t *testing.T) {
 }
 
 // TestOverrunningPhaseKeepsTheOthersSlices: a phase after the final flush
-// that runs until its context ends (leaving the journal against a store
+// that runs until its context ends (leaving the fleet against a store
 // that does not answer) is cut off at the end of its slice of the
-// reserve: the phases after it (the acknowledgements, the HTTP shutdown)
+// reserve: the phases after it (the checkpoints, the HTTP shutdown)
 // still run, each on a live context with its own slice ahead.
 func TestOverrunningPhaseKeepsTheOthersSlices(t *testing.T) {
 	const budget, reserve = time.Second, 600 * time.Millisecond
@@ -140,7 +140,7 @@ func TestOverrunningPhaseKeepsTheOthersSlices(t *testing.T) {
 		reserve: reserve,
 		stop:    func(context.Context) error { return nil },
 		final:   func(context.Context) error { return nil },
-		after: []phase{{"leave the journal", func(ctx context.Context) error {
+		after: []phase{{"leave the fleet", func(ctx context.Context) error {
 			began := time.Now()
 			<-ctx.Done()
 			hungFor = time.Since(began)
@@ -207,7 +207,7 @@ func TestShutdownCutsAPipelineWaitingOnNATS(t *testing.T) {
 					leave: func(ctx context.Context) { leaveErr = ctx.Err() },
 				}.run,
 				final: func(context.Context) error { return nil },
-				after: []phase{{"leave the journal", func(ctx context.Context) error {
+				after: []phase{{"leave the fleet", func(ctx context.Context) error {
 					d, _ := ctx.Deadline()
 					left, afterErr = time.Until(d), ctx.Err()
 					return nil

@@ -134,7 +134,7 @@ func mergedAll(t testing.TB, fleet []*env, before float64, unheard []float64) {
 // steady Zipf background over 200 topics, 1,000 mentions a minute, and
 // one topic, "surge", at 10 a minute that jumps to 200 (20x) for the last
 // two minutes. Every sidecar ranks the surge first in a 2-minute window
-// (against the 8 minutes before) with the steady heavy hitters out of the
+// (the three minutes that cover it, against the 12 minutes before) with the steady heavy hitters out of the
 // top 5; the two that ran throughout give the same list, and one restarted
 // eight minutes before the end puts the surge first too; the windowed
 // counts and series equal the script's, minute by minute and hour by hour
@@ -167,7 +167,7 @@ func TestTrendingAcrossTheFleet(t *testing.T) {
 	var published, flushedBefore int64     // flushedBefore: by the sidecar restarted
 	var summariesBefore float64            // published by the sidecar restarted
 	unheard := make([]float64, len(fleet)) // summaries published before each listened
-	const minutes = 16                     // the window (2) and its baseline (8), and the restart's 8 before the end
+	const minutes = 16                     // the window (3 buckets) and its baseline (12), and the restart's 8 before the end
 	for m := range minutes {
 		if m > 0 {
 			clk.Add(time.Minute)
@@ -240,10 +240,11 @@ func TestTrendingAcrossTheFleet(t *testing.T) {
 	if len(top) == 0 || top[0].Topic != "surge" {
 		t.Fatalf("the surge is not first: %+v", top)
 	}
-	// The window is read up to now, 59 s into its last bucket: 1 min 59 s
-	// at the 10 a minute before.
-	if top[0].Count != sumOf("surge", last-1, last) || top[0].Baseline != 19.8 {
-		t.Errorf("surge: count %d, baseline %v; the script has %d and 10 a minute before (19.8 in 1 min 59 s)", top[0].Count, top[0].Baseline, sumOf("surge", last-1, last))
+	// The window covers the last 2 minutes: from the start of the
+	// minute now − 2m falls in (10 of the surge's) up to now, 59 s into
+	// its last bucket: 2 min 59 s at the 10 a minute before.
+	if top[0].Count != sumOf("surge", last-2, last) || top[0].Baseline != 29.8 {
+		t.Errorf("surge: count %d, baseline %v; the script has %d and 10 a minute before (29.8 in 2 min 59 s)", top[0].Count, top[0].Baseline, sumOf("surge", last-2, last))
 	}
 	for _, e := range top[:min(5, len(top))] {
 		for i := range 5 {
@@ -258,8 +259,8 @@ func TestTrendingAcrossTheFleet(t *testing.T) {
 		for _, topic := range []string{"surge", loadgen.Topic(0), loadgen.Topic(7), loadgen.Topic(150)} {
 			var c trend.Count
 			getJSON(t, e, "/v1/topics/"+topic+"?window=15m", &c)
-			if want := sumOf(topic, last-14, last); c.Count != want || c.Resolution != "1m" || !c.From.Equal(store.Minute.Start(last-14)) {
-				t.Errorf("%s over 15m: %+v; the script has %d from %v", topic, c, want, store.Minute.Start(last-14))
+			if want := sumOf(topic, last-15, last); c.Count != want || c.Resolution != "1m" || !c.From.Equal(store.Minute.Start(last-15)) {
+				t.Errorf("%s over 15m: %+v; the script has %d from %v", topic, c, want, store.Minute.Start(last-15))
 			}
 			getJSON(t, e, "/v1/topics/"+topic+"?window=24h", &c)
 			if want := sumOf(topic, last-minutes, last); c.Count != want || c.Resolution != "1h" {
@@ -267,8 +268,8 @@ func TestTrendingAcrossTheFleet(t *testing.T) {
 			}
 			var sr trend.Series
 			getJSON(t, e, "/v1/topics/"+topic+"/series?window=30m&step=1m", &sr)
-			if len(sr.Points) != 30 {
-				t.Fatalf("%s series: %d points, want 30", topic, len(sr.Points))
+			if len(sr.Points) != 31 || !sr.From.Equal(store.Minute.Start(last-30)) {
+				t.Fatalf("%s series: %d points from %v, want 31 from %v (the minute now − 30m falls in)", topic, len(sr.Points), sr.From, store.Minute.Start(last-30))
 			}
 			for _, p := range sr.Points {
 				if want := truth[topic][store.Minute.Index(p.From)]; p.Count != want {
@@ -339,5 +340,61 @@ func TestBucketsSplitAcrossBoundaries(t *testing.T) {
 	}
 	if w := testenv.Metric(t, e.sc.Registry(), "hotcount_store_writes_total"); w != float64(items+totalItems) {
 		t.Errorf("%v writes for %d items: want one each", w, items+totalItems)
+	}
+}
+
+// TestWindowIsTheLastD: window=1m read at any second of a minute counts
+// every written mention of the last 60 s and none older than 2 minutes
+// (issue 52: 100 mentions 50 s past a minute, read 20 s later, read 0),
+// and a series of 2m in steps of 1m holds them too. Four minutes of
+// mentions dated by "at", 7 every 10 s, then read at seconds 0 to 59 of
+// the next minute.
+func TestWindowIsTheLastD(t *testing.T) {
+	start := hoursAgo(2).Add(10 * time.Minute)
+	clk := testenv.NewClock(start.Add(4 * time.Minute))
+	e := newFaultEnv(t, nil, func(c *config.Config) { c.CacheTTL = time.Millisecond }, sidecar.WithClock(clk.Now))
+	nc := testenv.Connect(t, e.nats)
+	var dated []time.Time
+	for step := range 24 {
+		at := start.Add(time.Duration(step) * 10 * time.Second)
+		for range 7 {
+			if err := nc.Publish("mentions.w", fmt.Appendf(nil, `{"count":1,"at":%d}`, at.UnixMilli())); err != nil {
+				t.Fatal(err)
+			}
+			dated = append(dated, at)
+		}
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	flushedAll(t, []*env{e}, int64(len(dated)))
+	within := func(from, to time.Time) (n int64) {
+		for _, at := range dated {
+			if !at.Before(from) && !at.After(to) {
+				n++
+			}
+		}
+		return n
+	}
+	for _, sec := range []int{0, 1, 10, 20, 30, 50, 59} {
+		now := start.Add(4*time.Minute + time.Duration(sec)*time.Second)
+		clk.Add(now.Sub(clk.Now()))
+		var c trend.Count
+		getJSON(t, e, "/v1/topics/w?window=1m", &c)
+		last60, last120 := within(now.Add(-time.Minute), now), within(now.Add(-2*time.Minute), now)
+		exact := within(now.Add(-time.Minute).Truncate(time.Minute), now)
+		if c.Count < last60 || c.Count > last120 || c.Count != exact || c.From.After(now.Add(-time.Minute)) || now.Add(-time.Minute).Sub(c.From) >= time.Minute {
+			t.Errorf("window=1m at second %d: %d from %v; the last 60 s hold %d, the last 2 minutes %d, the buckets since %v %d",
+				sec, c.Count, c.From, last60, last120, now.Add(-time.Minute).Truncate(time.Minute), exact)
+		}
+		var sr trend.Series
+		getJSON(t, e, "/v1/topics/w/series?window=2m&step=1m", &sr)
+		var sum int64
+		for _, p := range sr.Points {
+			sum += p.Count
+		}
+		if from := now.Add(-2 * time.Minute).Truncate(time.Minute); len(sr.Points) != 3 || !sr.From.Equal(from) || sum != within(from, now) {
+			t.Errorf("series 2m at second %d: %d points from %v summing %d; want 3 from %v summing %d", sec, len(sr.Points), sr.From, sum, from, within(from, now))
+		}
 	}
 }

@@ -34,6 +34,8 @@ func TestExitCodes(t *testing.T) {
 		{"run --help", []string{"run", "--help"}, nil, exitOK, ""},
 		{"stream create, partitions for another mode", []string{"stream", "create", "--nats-mode", "jetstream", "--partitions", "4"}, nil, exitUsage, "--partitions 4 is for --nats-mode partitioned, not jetstream"},
 		{"load bad zipf", []string{"load", "--zipf", "0.5"}, nil, exitUsage, "zipf"},
+		// Refused before it connects: no NATS here.
+		{"quarantine replay in a durable mode", []string{"quarantine", "replay", "--nats-mode", "jetstream", "--nats-url", "nats://127.0.0.1:1"}, nil, exitUsage, "nothing to replay by hand"},
 	}
 	checkExits(t, tests)
 }

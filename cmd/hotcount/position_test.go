@@ -189,9 +189,8 @@ func faultRun(t *testing.T, mode string, f fault) {
 	}
 }
 
-// TestSIGKILLPositionLosesNothing is TestSIGKILLLosesNothing with
-// : five SIGKILLs at random moments of the
-// flushes, against a store slowed to 200 ms a call, each followed by a
+// TestSIGKILLPositionLosesNothing: in jetstream mode, five SIGKILLs at
+// random moments of the flushes, against a store slowed to 200 ms a call, each followed by a
 // new process that starts from the checkpoint. Whatever a killed process
 // had written, its successor's writes of the same mentions are refused
 // by position; whatever it had not, the successor reads again.
@@ -271,8 +270,8 @@ func TestSIGKILLPositionLosesNothing(t *testing.T) {
 	t.Logf("%d SIGKILLs: %d mentions, every one once", kills, r.rep.Mentions)
 }
 
-// TestPositionClusterLosesNothing runs three `hotcount run
-// ` against a 3-node NATS cluster, streams at
+// TestPositionClusterLosesNothing runs three `hotcount run` against a
+// 3-node NATS cluster, streams at
 // R3 (`hotcount stream create --replicas 3`), in both layouts, while a
 // producer on package client publishes. Mid-load the node leading the
 // (first partition's) stream goes, taking with it the readers' consumers

@@ -33,8 +33,9 @@ func quarantineSettings(s string) bool {
 // openQuarantine parses the settings and opens what holds the refused
 // writes they name: in core mode the folder quarantine (q), in the
 // durable modes the NATS connection whose streams' checkpoints hold them
-// (nc); close ends the connection, if any.
-func openQuarantine(name string, args, environ []string, stderr io.Writer, more func(*pflag.FlagSet)) (cfg config.Config, q quarantine.Store, nc *nats.Conn, close func(), err error) {
+// (nc), once durable has said the command applies there; close ends the
+// connection, if any.
+func openQuarantine(name string, args, environ []string, stderr io.Writer, more func(*pflag.FlagSet), durable func(config.Config) error) (cfg config.Config, q quarantine.Store, nc *nats.Conn, close func(), err error) {
 	cfg = config.Default()
 	fs := cfg.FlagSet(name, quarantineSettings)
 	more(fs)
@@ -42,6 +43,9 @@ func openQuarantine(name string, args, environ []string, stderr io.Writer, more 
 		return cfg, nil, nil, nil, err
 	}
 	if cfg.Durable() {
+		if err := durable(cfg); err != nil {
+			return cfg, nil, nil, nil, err
+		}
 		if nc, err = connect(cfg, "hotcount-quarantine"); err != nil {
 			return cfg, nil, nil, nil, err
 		}
@@ -61,7 +65,7 @@ func cmdQuarantineList(ctx context.Context, args, environ []string, stdout, stde
 	var asJSON bool
 	cfg, q, nc, done, err := openQuarantine("hotcount quarantine list", args, environ, stderr, func(fs *pflag.FlagSet) {
 		fs.BoolVar(&asJSON, "json", false, "print the entries as JSON")
-	})
+	}, func(config.Config) error { return nil })
 	if err != nil {
 		return err
 	}
@@ -158,16 +162,15 @@ func cmdQuarantineReplay(ctx context.Context, args, environ []string, stdout, st
 	var asJSON bool
 	cfg, q, _, done, err := openQuarantine("hotcount quarantine replay", args, environ, stderr, func(fs *pflag.FlagSet) {
 		fs.BoolVar(&asJSON, "json", false, "print what was written and what is left as JSON")
+	}, func(config.Config) error {
+		// A replay from here would race the readers that own the
+		// streams' positions; they write what they hold themselves.
+		return usageError{errors.New("the durable modes hold refused counters in the streams' checkpoints, and the sidecars write them by position once the store takes them: `hotcount quarantine list` shows them; there is nothing to replay by hand")}
 	})
 	if err != nil {
 		return err
 	}
 	defer done()
-	if cfg.Durable() {
-		// A replay from here would race the readers that own the
-		// streams' positions; they write what they hold themselves.
-		return usageError{errors.New("the durable modes hold refused counters in the streams' checkpoints, and the sidecars write them by position once the store takes them: `hotcount quarantine list` shows them; there is nothing to replay by hand")}
-	}
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
 	defer cancel()
 	st, err := openShardsStore(ctx, cfg, stderr)

@@ -3,12 +3,13 @@ package flusher
 import (
 	"context"
 	"errors"
-	"github.com/hotcount/hotcount/internal/waits"
 	"math"
 	"time"
 
 	"github.com/cenkalti/backoff/v5"
 	"go.uber.org/zap"
+
+	"github.com/hotcount/hotcount/internal/waits"
 )
 
 // Final flushes until the buffer is empty and no write is in doubt, or ctx

@@ -44,9 +44,13 @@ func unauthorized(w http.ResponseWriter, reason string) {
 // much as the address: a service mesh's proxy forwards everyone's requests
 // from a loopback address (with the pod's name as the host), and a web
 // page that rebinds its own name to 127.0.0.1 reaches a loopback listener
-// from the visitor's browser (with its own name as the host). With a
-// token, a request from elsewhere that carries it (RequireToken) is
-// served too.
+// from the visitor's browser (with its own name as the host), and a
+// request that names a client behind a proxy (Forwarded, X-Forwarded-For)
+// is not this machine's either. The Host is the client's to say, so
+// behind a mesh that forwards from loopback without those headers, this
+// stops browsers and honest clients, not a hostile one: there, keep it off
+// or rely on the token. With a token, a request from elsewhere that
+// carries it (RequireToken) is served too.
 func LocalOnly(h http.Handler, token, refusal string) http.Handler {
 	var withToken http.Handler
 	if token != "" {
@@ -54,7 +58,7 @@ func LocalOnly(h http.Handler, token, refusal string) http.Handler {
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch {
-		case loopback(r.RemoteAddr) && loopbackHost(r.Host):
+		case loopback(r.RemoteAddr) && loopbackHost(r.Host) && !proxied(r.Header):
 			h.ServeHTTP(w, r)
 		case withToken != nil:
 			withToken.ServeHTTP(w, r)
@@ -62,6 +66,18 @@ func LocalOnly(h http.Handler, token, refusal string) http.Handler {
 			writeError(w, http.StatusForbidden, refusal)
 		}
 	})
+}
+
+// proxied says whether a request names a client behind a proxy: a mesh's
+// sidecar proxy that forwards from loopback may add these, and a request
+// that carries them is not this machine's whatever its Host says.
+func proxied(h http.Header) bool {
+	for _, k := range []string{"Forwarded", "X-Forwarded-For", "X-Real-Ip", "X-Envoy-External-Address"} {
+		if h.Get(k) != "" {
+			return true
+		}
+	}
+	return false
 }
 
 // loopbackHost says whether a request's Host names this machine's loopback.

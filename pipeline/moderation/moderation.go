@@ -36,8 +36,7 @@ import (
 // Defaults.
 const (
 	// DefaultBucket is the key-value bucket of the fleet's moderation,
-	// named like the other buckets hotcount keeps (hotcount_checkpoints,
-	// hotcount_quarantine).
+	// named like the other bucket hotcount keeps (hotcount_checkpoints).
 	DefaultBucket = "hotcount_trending"
 	// DefaultWaitingTTL is how long a topic waits for review before its
 	// entry expires: the waiting list holds the day's candidates, not

@@ -192,8 +192,8 @@ func (s *boltShard) setPosition(slot string, p Position) {
 }
 
 // Add applies one idempotent increment atomically, with the same marks and
-// answers as DynamoDB's (a local write is never in doubt, but a journal
-// replay sends writes again). An increment that would overflow int64 fails
+// answers as DynamoDB's (a local write is never in doubt, but a
+// quarantine replay cut off sends writes again). An increment that would overflow int64 fails
 // with ErrOverflow and changes nothing.
 func (b *Bolt) Add(ctx context.Context, w Write, now time.Time) error {
 	if w.Span != nil {

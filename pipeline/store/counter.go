@@ -3,7 +3,7 @@ package store
 // Counters. A topic has an all-time count and, with time buckets on, a
 // count per minute and per hour (bucket.go). Between the flusher's plan
 // and the store a counter travels as a Counter; the ingest's buffer (the
-// aggregator), its spill files and the journal's entries keep it under a
+// aggregator), its spill files and the quarantine's entries keep it under a
 // compact name instead (AppendName, ParseName), read once where a stage
 // takes them in.
 //
@@ -105,8 +105,8 @@ func (c Counter) Key(shard int) string {
 // Counter names: a total is named by its topic; a bucket by counterMark,
 // a control character ValidateTopic keeps out of every topic (so the two
 // never meet), its kind's byte, its index in indexLen printable digits
-// (names go into JSON journal entries, which take UTF-8 only), then the
-// topic. Journal entries and spill files hold these names: the encoding
+// (names go into JSON quarantine entries, which take UTF-8 only), then
+// the topic. Quarantine entries and spill files hold these names: the encoding
 // must not change, or what an earlier version left is misread.
 const (
 	counterMark = '\x01'
@@ -179,7 +179,7 @@ func (c Counter) Name() string {
 
 // ParseName reads a counter's name (AppendName's). Its Topic is part of
 // name, not a copy. ok is false for a name that starts with the bucket
-// mark and is no bucket's (a damaged spill file or journal entry): it is
+// mark and is no bucket's (a damaged spill file or quarantine entry): it is
 // read, as before names had a type, as the total of a topic spelt like
 // the whole name, so that its delta is written rather than lost.
 func ParseName(name string) (c Counter, ok bool) {

@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/hotcount/hotcount/internal/waits"
 	"net"
 	"net/http"
 	"slices"
@@ -27,6 +26,8 @@ import (
 	smithyhttp "github.com/aws/smithy-go/transport/http"
 	"github.com/cenkalti/backoff/v5"
 	"golang.org/x/sync/errgroup"
+
+	"github.com/hotcount/hotcount/internal/waits"
 )
 
 // maxBatchGetKeys is DynamoDB's limit of keys in one BatchGetItem call.
@@ -173,7 +174,7 @@ func (d *DynamoDB) withExpiry(w Write, update string, names map[string]string, v
 // addFailed settles a write that failed other than by its condition. It is
 // in doubt (ErrAmbiguous) when an attempt of this call may have been
 // applied, or an earlier one of the same write (a retry of a write in
-// doubt, a replay of the journal); else nothing was applied.
+// doubt, a replay of the quarantine); else nothing was applied.
 func (d *DynamoDB) addFailed(w Write, err error, doubt bool) error {
 	err = classify(fmt.Errorf("store: update %s: %w", d.key(w), err))
 	d.metrics.failed("write", err)
@@ -245,8 +246,8 @@ func (d *DynamoDB) refused(ctx context.Context, w Write, inDoubt bool) error {
 	}
 	switch {
 	case mark >= w.Seq && inDoubt:
-		// Applied by an earlier attempt (a lost answer, or a replay of
-		// this writer's journal): done, once.
+		// Applied by an earlier attempt (a lost answer, or a replay cut
+		// off): done, once.
 		if !w.Replay || w.Retry {
 			d.metrics.resolved.WithLabelValues(ResolvedApplied).Inc()
 		}

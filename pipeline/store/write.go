@@ -50,7 +50,7 @@ const (
 	MaxMarks = 24
 	// MarkMinAge protects young marks from trimming by count: a writer
 	// that still has a write in doubt on the item (a retry pending, or a
-	// dead sidecar's journal not yet replayed) has a mark at most this old.
+	// quarantine replay cut off) has a mark at most this old.
 	MarkMinAge = 2 * time.Minute
 )
 
@@ -83,8 +83,8 @@ type Write struct {
 	// ErrAmbiguous). It changes nothing in the request, only how its
 	// outcome is read and counted.
 	Retry bool
-	// Replay says another process may have applied it (a journal replay
-	// under this writer's id): a refusal by the mark then means applied,
+	// Replay says another process may have applied it (a quarantine
+	// replay under this identity, cut off): a refusal by the mark then means applied,
 	// as for Retry, but it was never in doubt here and is not counted in
 	// the doubt metrics.
 	Replay bool
@@ -100,8 +100,8 @@ func (w Write) Key() string { return w.Counter.Key(w.Shard) }
 
 // NewWriterID returns a fresh random writer id: 8 base32 characters (40
 // bits), unique for every process that ever writes. Ids are never reused,
-// so a dead writer's marks can only age out, and its journal can be
-// replayed under its id with no live process competing.
+// so a dead writer's marks can only age out, and a write refused under
+// its id can be replayed with no live process competing.
 func NewWriterID() string {
 	var b [5]byte
 	rand.Read(b[:]) //nolint:errcheck // crypto/rand.Read never fails (Go 1.24+)

@@ -89,9 +89,9 @@ type Service struct {
 
 	// The answers, each kept for CacheTTL by now's time; a load is
 	// shared by every caller that asks for its key meanwhile (otter's Get).
-	counts *otter.Cache[string, Count]
-	series *otter.Cache[string, Series]
-	trends *otter.Cache[string, Trending]
+	counts *otter.Cache[string, stamped[Count]]
+	series *otter.Cache[string, stamped[Series]]
+	trends *otter.Cache[string, stamped[Trending]]
 	// settled caches buckets that ended over settleAfter ago: only a late
 	// mention (a backfill, a redelivery, a flush retried) still changes
 	// them, so a sliding window re-reads just its newest buckets. A count
@@ -130,9 +130,9 @@ func New(cfg Config, st Store, reg prometheus.Registerer, now func() time.Time) 
 		cfg:     cfg,
 		st:      st,
 		now:     now,
-		counts:  clockcache.New[string, Count](size, cfg.CacheTTL, now),
-		series:  clockcache.New[string, Series](size, cfg.CacheTTL, now),
-		trends:  clockcache.New[string, Trending](64, cfg.CacheTTL, now),
+		counts:  clockcache.New[string, stamped[Count]](size, cfg.CacheTTL, now),
+		series:  clockcache.New[string, stamped[Series]](size, cfg.CacheTTL, now),
+		trends:  clockcache.New[string, stamped[Trending]](64, cfg.CacheTTL, now),
 		settled: clockcache.New[string, settledCount](settledKeys, settledTTL, now),
 		late:    newLateBook(),
 		m: metrics{
@@ -171,7 +171,7 @@ func (s *Service) Window(ctx context.Context, topic, window string) (Count, erro
 		if err != nil {
 			return Count{}, err
 		}
-		c := Count{Topic: topic, Window: window, From: sp.From, To: sp.To, Resolution: sp.G.String(), Shards: shards, Served: Served{At: s.now()}}
+		c := Count{Topic: topic, Window: window, From: sp.From, To: sp.To, Resolution: sp.G.String(), Shards: shards}
 		for _, n := range sums[0] {
 			c.Count, c.Saturated = satAdd(c.Count, n, c.Saturated)
 		}
@@ -181,27 +181,36 @@ func (s *Service) Window(ctx context.Context, topic, window string) (Count, erro
 	return c, err
 }
 
+// stamped is a cached answer and when it was read from the store.
+type stamped[T any] struct {
+	v  T
+	at time.Time
+}
+
 // cached answers from c, or loads the answer (one load per key at a
 // time, shared by every caller that asks meanwhile) and caches it for the
-// TTL. served is the answer's Served.
-func cached[T any](ctx context.Context, s *Service, kind string, c *otter.Cache[string, T], key string, served func(*T) *Served, load func() (T, error)) (T, error) {
-	v, ok := c.GetIfPresent(key)
+// TTL. served is the answer's Served, which says where it came from and
+// how old it is.
+func cached[T any](ctx context.Context, s *Service, kind string, c *otter.Cache[string, stamped[T]], key string, served func(*T) *Served, load func() (T, error)) (T, error) {
+	st, ok := c.GetIfPresent(key)
 	source := "cache"
 	if !ok {
 		source = "store"
 		var err error
-		v, err = c.Get(ctx, key, otter.LoaderFunc[string, T](func(context.Context, string) (T, error) {
+		st, err = c.Get(ctx, key, otter.LoaderFunc[string, stamped[T]](func(context.Context, string) (stamped[T], error) {
 			s.m.reads.WithLabelValues(kind, "store").Inc() // once per load, however many wait for it
-			return load()
+			v, err := load()
+			return stamped[T]{v: v, at: s.now()}, err
 		}))
 		if err != nil {
-			return v, err
+			return st.v, err
 		}
 	} else {
 		s.m.reads.WithLabelValues(kind, "cache").Inc()
 	}
+	v := st.v
 	sv := served(&v)
-	sv.Source, sv.AgeMs = source, s.now().Sub(sv.At).Milliseconds()
+	sv.Source, sv.AgeMs = source, s.now().Sub(st.at).Milliseconds()
 	return v, nil
 }
 
@@ -236,17 +245,19 @@ func (s *Service) SeriesOf(ctx context.Context, topic, window, step string) (Ser
 		if st > d {
 			return Series{}, badRequest("step %s is longer than the window %s", step, window)
 		}
-		points := int64((d + st - 1) / st) // no overflow: both at most MaxWindow
-		if points > MaxSeriesPoints {
-			return Series{}, badRequest("window %s in steps of %s is %d points, more than %d", window, step, points, MaxSeriesPoints)
-		}
+		// The steps that cover [now − window, now]: the first holds
+		// now − window, the last now.
 		now := s.now()
 		per := int64(st / g.Duration()) // buckets per step
 		lastStep := floorDiv(g.Index(now), per)
-		firstStep := lastStep - points + 1
+		firstStep := floorDiv(g.Index(now.Add(-d)), per)
+		points := lastStep - firstStep + 1
+		if points > MaxSeriesPoints {
+			return Series{}, badRequest("window %s in steps of %s is %d points, more than %d", window, step, points, MaxSeriesPoints)
+		}
 		sp := Span{G: g, First: firstStep * per, Last: g.Index(now), To: now}
 		sp.From = g.Start(sp.First)
-		if keep := s.cfg.Retention.Of(g); now.Sub(sp.From) > keep {
+		if keep := s.cfg.Retention.Of(g); !kept(g, sp.First, keep, now) {
 			return Series{}, badRequest("window %s reaches back past the %s buckets' retention (%s): choose a shorter window", window, g, keep)
 		}
 		if sp.Buckets() > maxReadBuckets {
@@ -256,7 +267,7 @@ func (s *Service) SeriesOf(ctx context.Context, topic, window, step string) (Ser
 		if err != nil {
 			return Series{}, err
 		}
-		sr := Series{Topic: topic, Window: window, Step: step, Resolution: g.String(), From: sp.From, To: now, Shards: shards, Served: Served{At: s.now()}, Points: make([]Point, points)}
+		sr := Series{Topic: topic, Window: window, Step: step, Resolution: g.String(), From: sp.From, To: now, Shards: shards, Points: make([]Point, points)}
 		for p := range sr.Points {
 			sr.Points[p].From = g.Start((firstStep + int64(p)) * per)
 		}

@@ -27,11 +27,13 @@ const (
 	// block of older minutes (the largest counts; it prunes back to this
 	// at twice as many).
 	sketchTopics = 1000
-	// recentMinutes are kept minute by minute; older ones are merged into
-	// blocks of blockMinutes: the baseline of a long window needs no finer
-	// grain, and the sketch stays within 60 + 24 maps of at most 2,000
-	// topics (under 15 MB however many topics the fleet has).
-	recentMinutes = 60
+	// recentMinutes are kept minute by minute, the longest window's
+	// (which reads the minute now − window falls in too); older ones are
+	// merged into blocks of blockMinutes: the baseline of a long window
+	// needs no finer grain, and the sketch stays within 61 + 25 maps of
+	// at most 2,000 topics (under 15 MB however many topics the fleet
+	// has).
+	recentMinutes = int64(MaxTrendWindow/time.Minute) + 1
 	blockMinutes  = 10
 	// MaxTrendWindow is the longest /v1/trending window.
 	MaxTrendWindow = time.Hour
@@ -40,7 +42,7 @@ const (
 	Baselines = 4
 	// sketchMinutes is how far back the sketch keeps minutes: the longest
 	// window and its baseline.
-	sketchMinutes = int64(MaxTrendWindow/time.Minute) * (1 + Baselines)
+	sketchMinutes = recentMinutes * (1 + Baselines)
 	// maxSkewMinutes is how far ahead of this sidecar's clock a summary's
 	// minute may be: a writer whose clock is further ahead would otherwise
 	// fill the sketch with minutes no window reads.

@@ -36,26 +36,36 @@ func TestParseWindow(t *testing.T) {
 	}
 }
 
-// TestPlan: a window is read as the buckets that cover it, the last the
-// one now falls in; minutes up to the minute span, hours beyond; never past
-// a granularity's retention.
+// TestPlan: a window is read as the buckets that cover [now − window,
+// now], the first the one now − window falls in, the last the one now
+// falls in; minutes up to the minute span, hours beyond; never past a
+// granularity's retention.
 func TestPlan(t *testing.T) {
 	now := time.Date(2026, 12, 3, 10, 7, 30, 0, time.UTC)
 	cfg := Config{Minutes: true, Hours: true}
 	sp, err := cfg.plan(15*time.Minute, now)
-	if err != nil || sp.G != store.Minute || sp.Buckets() != 15 || !sp.From.Equal(time.Date(2026, 12, 3, 9, 53, 0, 0, time.UTC)) || !sp.To.Equal(now) {
+	if err != nil || sp.G != store.Minute || sp.Buckets() != 16 || !sp.From.Equal(time.Date(2026, 12, 3, 9, 52, 0, 0, time.UTC)) || !sp.To.Equal(now) {
 		t.Errorf("15m: %+v, %v", sp, err)
 	}
 	sp, err = cfg.plan(24*time.Hour, now)
-	if err != nil || sp.G != store.Hour || sp.Buckets() != 24 || !sp.From.Equal(time.Date(2026, 12, 2, 11, 0, 0, 0, time.UTC)) {
+	if err != nil || sp.G != store.Hour || sp.Buckets() != 25 || !sp.From.Equal(time.Date(2026, 12, 2, 10, 0, 0, 0, time.UTC)) {
 		t.Errorf("24h: %+v, %v", sp, err)
 	}
 	if _, err := cfg.plan(40*24*time.Hour, now); !errors.Is(err, ErrBadRequest) {
 		t.Errorf("40d, past the hours' 35 days: %v, want a bad request", err)
 	}
 	hoursOnly := Config{Hours: true}
-	if sp, err := hoursOnly.plan(15*time.Minute, now); err != nil || sp.G != store.Hour || sp.Buckets() != 1 {
-		t.Errorf("15m with hours only: %+v, %v; want the current hour", sp, err)
+	if sp, err := hoursOnly.plan(15*time.Minute, now); err != nil || sp.G != store.Hour || sp.Buckets() != 2 {
+		t.Errorf("15m with hours only: %+v, %v; want the hour before and the current one", sp, err)
+	}
+	// Whatever the second: from at or before now − window, at most one
+	// bucket earlier.
+	for sec := range 60 {
+		at := now.Truncate(time.Minute).Add(time.Duration(sec) * time.Second)
+		sp, err := cfg.plan(time.Minute, at)
+		if from := at.Add(-time.Minute); err != nil || sp.From.After(from) || from.Sub(sp.From) >= time.Minute || !sp.To.Equal(at) {
+			t.Errorf("1m at second %d: %+v, %v; want from in (%s − 1m, %s]", sec, sp, err, from, from)
+		}
 	}
 	minutesOnly := Config{Minutes: true, Retention: store.Retention{Minute: 2 * time.Hour}}
 	if _, err := minutesOnly.plan(3*time.Hour, now); !errors.Is(err, ErrBadRequest) {
@@ -89,11 +99,11 @@ func TestBaseline(t *testing.T) {
 	now := time.Date(2026, 12, 3, 10, 7, 30, 0, time.UTC)
 	cfg := Config{Minutes: true, Hours: true}
 	w, _ := cfg.plan(5*time.Minute, now)
-	if b := cfg.baseline(w); b.G != store.Minute || b.Buckets() != 20 || b.Last != w.First-1 {
+	if b := cfg.baseline(w); b.G != store.Minute || b.Buckets() != 24 || b.Last != w.First-1 {
 		t.Errorf("5m: baseline %+v", b)
 	}
 	w, _ = cfg.plan(time.Hour, now)
-	if b := cfg.baseline(w); b.G != store.Hour || b.Buckets() != 4 || !b.To.Equal(time.Date(2026, 12, 3, 9, 0, 0, 0, time.UTC)) {
+	if b := cfg.baseline(w); b.G != store.Hour || b.Buckets() != 5 || !b.To.Equal(time.Date(2026, 12, 3, 9, 0, 0, 0, time.UTC)) {
 		t.Errorf("1h: baseline %+v", b)
 	}
 	at := func(m int64) time.Time { return store.Minute.Start(m) }
@@ -127,7 +137,7 @@ func TestSketch(t *testing.T) {
 		}
 		s.Merge(Summary{Writer: "w", Minutes: map[int64]map[string]int64{i: m}})
 	}
-	if len(s.mentions.minutes) > recentMinutes || len(s.mentions.blocks) > int(sketchMinutes/blockMinutes)+1 {
+	if int64(len(s.mentions.minutes)) > recentMinutes || len(s.mentions.blocks) > int(sketchMinutes/blockMinutes)+1 {
 		t.Errorf("%d minute maps and %d blocks kept", len(s.mentions.minutes), len(s.mentions.blocks))
 	}
 	for _, m := range s.mentions.minutes {

@@ -140,7 +140,6 @@ func (s *Service) trending(ctx context.Context, d time.Duration, limit int) (Tre
 		if by == ByContributors {
 			t.Note = fmt.Sprintf("no topic has %d distinct contributors in the window (--trending-min-contributors), as far as mentions name them (\"by\")", least)
 		}
-		t.At = s.now()
 		return t, nil
 	}
 	sums, shards, err := s.readManyWithin(ctx, cands, []Span{window, base}, maxTrendKeys)
@@ -179,7 +178,6 @@ func (s *Service) trending(ctx context.Context, d time.Duration, limit int) (Tre
 			}
 		}
 	}
-	t.At = s.now()
 	return t, nil
 }
 

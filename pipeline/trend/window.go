@@ -74,10 +74,9 @@ func FormatWindow(d time.Duration) string {
 }
 
 // Span is the buckets that cover a window: buckets First..Last of G, the
-// last the one now falls in, as many as the window holds whole buckets
-// (rounded up). The interval covered is From (the first bucket's start) to
-// To (now): at least the window less one bucket, at most the window rounded
-// up to whole buckets.
+// first the one now − window falls in, the last the one now falls in. The
+// interval covered is From (the first bucket's start) to To (now): the
+// whole window, and at most one bucket more before it.
 type Span struct {
 	G           store.Granularity
 	First, Last int64
@@ -109,17 +108,21 @@ func (c Config) minuteSpan() time.Duration {
 // span returns the buckets of g covering the window of length d up to now,
 // checked against g's retention.
 func (c Config) span(g store.Granularity, d time.Duration, now time.Time) (Span, error) {
-	k := int64((d + g.Duration() - 1) / g.Duration())
-	last := g.Index(now)
-	s := Span{G: g, First: last - k + 1, Last: last, To: now}
+	s := Span{G: g, First: g.Index(now.Add(-d)), Last: g.Index(now), To: now}
 	s.From = g.Start(s.First)
-	if keep := c.Retention.Of(g); now.Sub(s.From) > keep {
+	if keep := c.Retention.Of(g); !kept(g, s.First, keep, now) {
 		return Span{}, badRequest("window %s reaches back past the %s buckets' retention (%s): choose a shorter window", FormatWindow(d), g, keep)
 	}
 	if s.Buckets() > maxReadBuckets {
 		return Span{}, badRequest("window %s at %s resolution is %d buckets, more than %d", FormatWindow(d), g, s.Buckets(), maxReadBuckets)
 	}
 	return s, nil
+}
+
+// kept says whether bucket i of g, kept for keep after its end (its
+// expiresAt), is still stored at now.
+func kept(g store.Granularity, i int64, keep time.Duration, now time.Time) bool {
+	return g.Start(i + 1).Add(keep).After(now)
 }
 
 // plan is the span a windowed count of length d reads.

@@ -34,11 +34,10 @@ import (
 	"strings"
 	"time"
 
-	"github.com/hotcount/hotcount/durability/rules"
-	"github.com/hotcount/hotcount/mention"
-
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/hotcount/hotcount/durability/rules"
+	"github.com/hotcount/hotcount/mention"
 	"github.com/hotcount/hotcount/pipeline/store"
 )
 
@@ -179,7 +178,7 @@ type Report struct {
 	Until *time.Time `json:"until,omitempty"`
 	// Messages are the messages read (the first complete pass's);
 	// Mentions the mentions of those taken; Rejected those the sidecars
-	// reject, by reason (ingest.Reason*), and not counted; Probes those
+	// reject, by reason (mention.Reason*), and not counted; Probes those
 	// marked streams.ProbeHeader and Outside those outside --subject
 	// (jetstream mode), skipped as the sidecars skip them.
 	Messages int64            `json:"messages"`

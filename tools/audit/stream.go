@@ -7,12 +7,11 @@ import (
 	"strings"
 	"time"
 
-	"github.com/hotcount/hotcount/durability/rules"
-	"github.com/hotcount/hotcount/mention"
-
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/hotcount/hotcount/durability/rules"
 	"github.com/hotcount/hotcount/durability/streams"
+	"github.com/hotcount/hotcount/mention"
 	"github.com/hotcount/hotcount/pipeline/ingest"
 	"github.com/hotcount/hotcount/pipeline/store"
 )
