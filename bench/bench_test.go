@@ -34,6 +34,7 @@ import (
 	"github.com/hotcount/hotcount/pipeline/ingest"
 	"github.com/hotcount/hotcount/pipeline/shardcount"
 	"github.com/hotcount/hotcount/pipeline/store"
+	"github.com/hotcount/hotcount/schema"
 	"github.com/hotcount/hotcount/sidecar"
 )
 
@@ -342,7 +343,7 @@ func BenchmarkFlush(b *testing.B) {
 			g.Go(func() error {
 				_, err := client.UpdateItem(context.Background(), &dynamodb.UpdateItemInput{
 					TableName:                 &table,
-					Key:                       map[string]types.AttributeValue{"pk": &types.AttributeValueMemberS{Value: store.ShardKey(prefix+strconv.Itoa(i), i%4)}},
+					Key:                       map[string]types.AttributeValue{"pk": &types.AttributeValueMemberS{Value: schema.ShardKey(prefix+strconv.Itoa(i), i%4)}},
 					UpdateExpression:          aws.String("ADD #count :delta SET #updatedAt = :now"),
 					ExpressionAttributeNames:  map[string]string{"#count": "count", "#updatedAt": "updatedAt"},
 					ExpressionAttributeValues: map[string]types.AttributeValue{":delta": &types.AttributeValueMemberN{Value: "1"}, ":now": &types.AttributeValueMemberN{Value: strconv.FormatInt(time.Now().UnixMilli(), 10)}},
@@ -367,7 +368,7 @@ func BenchmarkFlush(b *testing.B) {
 			g.Go(func() error {
 				_, err := client.UpdateItem(context.Background(), &dynamodb.UpdateItemInput{
 					TableName:                 &table,
-					Key:                       map[string]types.AttributeValue{"pk": &types.AttributeValueMemberS{Value: store.ShardKey(prefix+strconv.Itoa(i), i%4)}},
+					Key:                       map[string]types.AttributeValue{"pk": &types.AttributeValueMemberS{Value: schema.ShardKey(prefix+strconv.Itoa(i), i%4)}},
 					UpdateExpression:          aws.String("ADD #count :delta SET #updatedAt = :now, #mark = :seq"),
 					ConditionExpression:       aws.String("(attribute_not_exists(#mark) AND (attribute_not_exists(#floor) OR #floor < :seq)) OR #mark < :seq"),
 					ExpressionAttributeNames:  map[string]string{"#count": "count", "#updatedAt": "updatedAt", "#mark": "w_bench", "#floor": store.AttrFloor},
@@ -418,7 +419,7 @@ func BenchmarkFlush(b *testing.B) {
 		}
 		for i := range b.N { // written before: counts, no metadata
 			batch = append(batch, types.WriteRequest{PutRequest: &types.PutRequest{Item: map[string]types.AttributeValue{
-				"pk": &types.AttributeValueMemberS{Value: store.ShardKey(prefix+strconv.Itoa(i), 0)}, "count": &types.AttributeValueMemberN{Value: "5"},
+				"pk": &types.AttributeValueMemberS{Value: schema.ShardKey(prefix+strconv.Itoa(i), 0)}, "count": &types.AttributeValueMemberN{Value: "5"},
 			}}})
 			if len(batch) == 25 {
 				put()
@@ -447,7 +448,7 @@ func BenchmarkFlush(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			if sum, _ := store.Sum(shards); sum != 7 {
+			if sum, _ := schema.Sum(shards); sum != 7 {
 				b.Fatalf("topic %d reads %d, want 7", i, sum)
 			}
 		}
@@ -498,7 +499,7 @@ func reportUnits(b *testing.B, d *testenv.Dynalite, table, prefix string, reg *p
 			b.Fatal(err)
 		}
 		for _, it := range page.Items {
-			if pk, _ := it["pk"].(*types.AttributeValueMemberS); pk == nil || !strings.HasPrefix(pk.Value, store.KeyPrefix+prefix) {
+			if pk, _ := it["pk"].(*types.AttributeValueMemberS); pk == nil || !strings.HasPrefix(pk.Value, schema.KeyPrefix+prefix) {
 				continue
 			}
 			size := store.ItemSize(it)

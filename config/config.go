@@ -33,7 +33,7 @@ type Config struct {
 	DynamoDBEndpoint string
 	DataDir          string
 	// Region is the Region this sidecar writes its own shards in, on a
-	// DynamoDB global table (store.Regions); "": the SDK's Region when the
+	// DynamoDB global table (schema.Regions); "": the SDK's Region when the
 	// table is global or Regions is set, else the single-Region layout.
 	Region string
 	// Regions lists, comma-separated, every Region that writes the table,

@@ -7,10 +7,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/hotcount/hotcount/internal/natsauth"
 	"github.com/hotcount/hotcount/mention"
-	"github.com/hotcount/hotcount/pipeline/flusher"
-	"github.com/hotcount/hotcount/pipeline/ingest"
-	"github.com/hotcount/hotcount/pipeline/lookup"
 )
 
 // What the settings mean to the stages: the values derived from them, for
@@ -49,9 +47,9 @@ func (c Config) FlushWrites() int {
 	case c.FlushConcurrency > 0:
 		return c.FlushConcurrency
 	case c.Store == StoreBolt:
-		return flusher.EmbeddedConcurrency
+		return EmbeddedFlushConcurrency
 	default:
-		return flusher.DefaultConcurrency
+		return DefaultFlushConcurrency
 	}
 }
 
@@ -75,7 +73,7 @@ func (c *Config) CacheStaleAge() time.Duration {
 	if c.CacheStale > 0 {
 		return c.CacheStale
 	}
-	return lookup.DefaultStaleFactor * c.CacheTTL
+	return DefaultStaleFactor * c.CacheTTL
 }
 
 // HealthAge is the age of the last good flush past which /healthz fails.
@@ -87,8 +85,8 @@ func (c *Config) HealthAge() time.Duration {
 }
 
 // NATSAuth is the NATS authentication part of c.
-func (c *Config) NATSAuth() ingest.Auth {
-	return ingest.Auth{
+func (c *Config) NATSAuth() natsauth.Auth {
+	return natsauth.Auth{
 		Creds: c.NATSCreds, NKey: c.NATSNKey, Token: c.NATSToken,
 		TLSCA: c.NATSTLSCA, TLSCert: c.NATSTLSCert, TLSKey: c.NATSTLSKey,
 	}

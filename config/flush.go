@@ -4,13 +4,13 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/hotcount/hotcount/pipeline/store"
+	"github.com/hotcount/hotcount/schema"
 )
 
 // flushFlags are the shards, the flush's timing and the bounds on what one
 // mention may carry.
 var flushFlags = []setting{
-	{name: "shards", usage: fmt.Sprintf("shards of a new topic, 1..%d (a topic keeps the count recorded when it was first written: see docs/SIZING.md)", store.MaxShards), bind: integer(func(c *Config) *int { return &c.Shards })},
+	{name: "shards", usage: fmt.Sprintf("shards of a new topic, 1..%d (a topic keeps the count recorded when it was first written: see docs/SIZING.md)", schema.MaxShards), bind: integer(func(c *Config) *int { return &c.Shards })},
 	{name: "adaptive", usage: "double a topic's shards (up to max-shards) when its writes are throttled (on by default; --adaptive=false keeps every topic at its first count)", bind: boolean(func(c *Config) *bool { return &c.Adaptive })},
 	{name: "max-shards", usage: "the most shards --adaptive raises a topic to", bind: integer(func(c *Config) *int { return &c.MaxShards })},
 	{name: "shards-cache", usage: "how long a writer trusts its copy of a topic's shard count, and the least time between two raises of a topic by one sidecar", bind: dur(func(c *Config) *time.Duration { return &c.ShardsCache })},
@@ -28,8 +28,8 @@ var flushFlags = []setting{
 // checkFlush checks the shards, the flush's timing and the bounds on what
 // one mention may carry.
 func (c *Config) checkFlush(p *problems) {
-	p.intIn("shards", int64(c.Shards), 1, store.MaxShards)
-	p.intIn("max-shards", int64(c.MaxShards), 1, store.MaxShards)
+	p.intIn("shards", int64(c.Shards), 1, schema.MaxShards)
+	p.intIn("max-shards", int64(c.MaxShards), 1, schema.MaxShards)
 	p.durIn("shards-cache", c.ShardsCache, 10*time.Millisecond, time.Hour)
 	p.durIn("flush-interval", c.FlushInterval, 10*time.Millisecond, time.Hour)
 	p.durIn("flush-timeout", c.FlushTimeout, time.Millisecond, time.Hour)

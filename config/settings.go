@@ -9,7 +9,7 @@ import (
 
 	"github.com/spf13/pflag"
 
-	"github.com/hotcount/hotcount/pipeline/ingest"
+	"github.com/hotcount/hotcount/internal/natsauth"
 )
 
 // setting describes one setting. Its flag name is also its YAML key.
@@ -104,9 +104,9 @@ func Print(w io.Writer, fs *pflag.FlagSet) error {
 		v := f.Value.String()
 		switch {
 		case secret[f.Name] && v != "":
-			v = ingest.Redacted
+			v = natsauth.Redacted
 		case f.Name == "nats-url":
-			v = ingest.RedactURLs(v)
+			v = natsauth.RedactURLs(v)
 		}
 		_, err = fmt.Fprintf(w, "%s: %q\n", f.Name, v)
 	})

@@ -3,7 +3,7 @@ package config
 import (
 	"regexp"
 
-	"github.com/hotcount/hotcount/pipeline/store"
+	"github.com/hotcount/hotcount/schema"
 )
 
 // storeFlags say which store the counts are written to, and where.
@@ -27,12 +27,12 @@ func (c *Config) checkStore(p *problems) {
 			p.bad("table", "%q is not a DynamoDB table name (3..255 of a-z A-Z 0-9 _ . -)", c.Table)
 		}
 		for _, r := range c.RegionList() {
-			if err := store.ValidateRegion(r); err != nil {
+			if err := schema.ValidateRegion(r); err != nil {
 				p.bad("regions", "%v", err)
 			}
 		}
 		if c.Region != "" {
-			if err := store.ValidateRegion(c.Region); err != nil {
+			if err := schema.ValidateRegion(c.Region); err != nil {
 				p.bad("region", "%v", err)
 			}
 		}

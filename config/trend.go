@@ -4,8 +4,6 @@ import (
 	"regexp"
 	"strings"
 	"time"
-
-	"github.com/hotcount/hotcount/pipeline/trend"
 )
 
 // trendFlags are the time buckets and the flush summaries behind
@@ -38,7 +36,7 @@ func (c *Config) checkWindows(p *problems, prefix string) {
 	}
 	p.durIn("minute-retention", c.MinuteRetention, time.Hour, 30*24*time.Hour)
 	p.durIn("hour-retention", c.HourRetention, 24*time.Hour, 400*24*time.Hour)
-	if c.TrendingBy != string(trend.ByMentions) && c.TrendingBy != string(trend.ByContributors) {
+	if c.TrendingBy != TrendingByMentions && c.TrendingBy != TrendingByContributors {
 		p.bad("trending-by", "%q is neither mentions nor contributors", c.TrendingBy)
 	}
 	p.intIn("trending-min-contributors", int64(c.TrendingMinContributors), 1, 1_000_000)

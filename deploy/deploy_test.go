@@ -27,6 +27,7 @@ import (
 	"github.com/hotcount/hotcount/config"
 	"github.com/hotcount/hotcount/internal/testtools/testenv"
 	"github.com/hotcount/hotcount/pipeline/store"
+	"github.com/hotcount/hotcount/schema"
 )
 
 // objects is a rendered kustomization, decoded strictly into the real
@@ -564,17 +565,17 @@ func TestTableTemplate(t *testing.T) {
 	}
 	table := tmpl.Resources["Table"]
 	p := table.Properties
-	if table.Type != "AWS::DynamoDB::Table" || len(p.KeySchema) != 1 || p.KeySchema[0].Name != store.AttrPK || p.KeySchema[0].Type != "HASH" {
-		t.Errorf("key schema %+v, want %s HASH only", p.KeySchema, store.AttrPK)
+	if table.Type != "AWS::DynamoDB::Table" || len(p.KeySchema) != 1 || p.KeySchema[0].Name != schema.AttrPK || p.KeySchema[0].Type != "HASH" {
+		t.Errorf("key schema %+v, want %s HASH only", p.KeySchema, schema.AttrPK)
 	}
-	if len(p.AttributeDefinitions) != 1 || p.AttributeDefinitions[0].Name != store.AttrPK || p.AttributeDefinitions[0].Type != "S" {
+	if len(p.AttributeDefinitions) != 1 || p.AttributeDefinitions[0].Name != schema.AttrPK || p.AttributeDefinitions[0].Type != "S" {
 		t.Errorf("attributes %+v, want pk of type S only", p.AttributeDefinitions)
 	}
 	if p.BillingMode != "PAY_PER_REQUEST" || !p.PITR.Enabled {
 		t.Errorf("billing %s, PITR %v: want on-demand with point-in-time recovery", p.BillingMode, p.PITR.Enabled)
 	}
-	if p.TTL.Name != store.AttrExpiresAt || !p.TTL.Enabled {
-		t.Errorf("TTL %+v, want enabled on %s (time buckets expire)", p.TTL, store.AttrExpiresAt)
+	if p.TTL.Name != schema.AttrExpiresAt || !p.TTL.Enabled {
+		t.Errorf("TTL %+v, want enabled on %s (time buckets expire)", p.TTL, schema.AttrExpiresAt)
 	}
 }
 

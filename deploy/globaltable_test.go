@@ -14,7 +14,7 @@ import (
 
 	yamlv3 "go.yaml.in/yaml/v3"
 
-	"github.com/hotcount/hotcount/pipeline/store"
+	"github.com/hotcount/hotcount/schema"
 )
 
 // cfnTemplate is a CloudFormation template as far as the tests read one;
@@ -510,11 +510,11 @@ func TestGlobalTableTemplate(t *testing.T) {
 			var p globalTableProperties
 			s.resource(t, "Table", &p)
 
-			if !reflect.DeepEqual(p.KeySchema, one.KeySchema) || len(p.KeySchema) != 1 || p.KeySchema[0] != (keySchemaElement{store.AttrPK, "HASH"}) {
-				t.Errorf("key schema %+v, want the single-Region table's, %+v (%s HASH only)", p.KeySchema, one.KeySchema, store.AttrPK)
+			if !reflect.DeepEqual(p.KeySchema, one.KeySchema) || len(p.KeySchema) != 1 || p.KeySchema[0] != (keySchemaElement{schema.AttrPK, "HASH"}) {
+				t.Errorf("key schema %+v, want the single-Region table's, %+v (%s HASH only)", p.KeySchema, one.KeySchema, schema.AttrPK)
 			}
-			if !reflect.DeepEqual(p.AttributeDefinitions, one.AttributeDefinitions) || len(p.AttributeDefinitions) != 1 || p.AttributeDefinitions[0] != (attributeDefinition{store.AttrPK, "S"}) {
-				t.Errorf("attributes %+v, want the single-Region table's, %+v (%s of type S only)", p.AttributeDefinitions, one.AttributeDefinitions, store.AttrPK)
+			if !reflect.DeepEqual(p.AttributeDefinitions, one.AttributeDefinitions) || len(p.AttributeDefinitions) != 1 || p.AttributeDefinitions[0] != (attributeDefinition{schema.AttrPK, "S"}) {
+				t.Errorf("attributes %+v, want the single-Region table's, %+v (%s of type S only)", p.AttributeDefinitions, one.AttributeDefinitions, schema.AttrPK)
 			}
 			if p.TableName != one.TableName || p.TableName != "hotcount" {
 				t.Errorf("table name %q, want the single-Region table's default %q", p.TableName, one.TableName)
@@ -522,8 +522,8 @@ func TestGlobalTableTemplate(t *testing.T) {
 			if p.BillingMode != "PAY_PER_REQUEST" || p.BillingMode != one.BillingMode {
 				t.Errorf("billing %q, want PAY_PER_REQUEST (on-demand), as the single-Region table (%q)", p.BillingMode, one.BillingMode)
 			}
-			if p.TimeToLiveSpecification == nil || *p.TimeToLiveSpecification != (ttlSpecification{store.AttrExpiresAt, true}) || one.TimeToLiveSpecification == nil || *p.TimeToLiveSpecification != *one.TimeToLiveSpecification {
-				t.Errorf("TTL %+v, want enabled on %s, as the single-Region table (%+v)", p.TimeToLiveSpecification, store.AttrExpiresAt, one.TimeToLiveSpecification)
+			if p.TimeToLiveSpecification == nil || *p.TimeToLiveSpecification != (ttlSpecification{schema.AttrExpiresAt, true}) || one.TimeToLiveSpecification == nil || *p.TimeToLiveSpecification != *one.TimeToLiveSpecification {
+				t.Errorf("TTL %+v, want enabled on %s, as the single-Region table (%+v)", p.TimeToLiveSpecification, schema.AttrExpiresAt, one.TimeToLiveSpecification)
 			}
 			if p.SSESpecification == nil || one.SSESpecification == nil || p.SSESpecification.SSEEnabled != one.SSESpecification.SSEEnabled {
 				t.Errorf("encryption %+v, want the single-Region table's %+v", p.SSESpecification, one.SSESpecification)

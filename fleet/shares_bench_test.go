@@ -15,6 +15,7 @@ import (
 	"github.com/hotcount/hotcount/internal/testtools/testenv"
 	"github.com/hotcount/hotcount/pipeline/lookup"
 	"github.com/hotcount/hotcount/pipeline/store"
+	"github.com/hotcount/hotcount/schema"
 )
 
 // counted counts the topics gathered from a real store.
@@ -23,12 +24,12 @@ type counted struct {
 	gathers atomic.Int64
 }
 
-func (c *counted) Gather(ctx context.Context, topic string, n int, consistent bool) ([]store.Shard, error) {
+func (c *counted) Gather(ctx context.Context, topic string, n int, consistent bool) ([]schema.Shard, error) {
 	c.gathers.Add(1)
 	return c.Store.Gather(ctx, topic, n, consistent)
 }
 
-func (c *counted) GatherMany(ctx context.Context, topics []string, n int, consistent bool) (map[string][]store.Shard, error) {
+func (c *counted) GatherMany(ctx context.Context, topics []string, n int, consistent bool) (map[string][]schema.Shard, error) {
 	c.gathers.Add(int64(len(topics)))
 	return c.Store.GatherMany(ctx, topics, n, consistent)
 }

@@ -19,7 +19,7 @@ import (
 	"github.com/hotcount/hotcount/internal/testtools/testenv"
 	"github.com/hotcount/hotcount/internal/testtools/testenv/sidecartest"
 	"github.com/hotcount/hotcount/pipeline/ingest"
-	"github.com/hotcount/hotcount/pipeline/store"
+	"github.com/hotcount/hotcount/schema"
 	"github.com/hotcount/hotcount/sidecar"
 	"github.com/hotcount/hotcount/tools/loadgen"
 )
@@ -200,8 +200,8 @@ func TestGlobalTableRegionShardsExact(t *testing.T) {
 	if _, err := em.Client(twoRegions[0]).PutItem(context.Background(), &dynamodb.PutItemInput{
 		TableName: aws.String("hotcount"),
 		Item: map[string]types.AttributeValue{
-			store.AttrPK:    &types.AttributeValueMemberS{Value: store.InRegion(store.HistoryKey, twoRegions[0])},
-			store.AttrSince: &types.AttributeValueMemberN{Value: strconv.FormatInt(time.Now().Add(-time.Hour).Unix(), 10)},
+			schema.AttrPK:    &types.AttributeValueMemberS{Value: schema.InRegion(schema.HistoryKey, twoRegions[0])},
+			schema.AttrSince: &types.AttributeValueMemberN{Value: strconv.FormatInt(time.Now().Add(-time.Hour).Unix(), 10)},
 		},
 	}); err != nil {
 		t.Fatal(err)
@@ -299,7 +299,7 @@ func checkReads(t *testing.T, r *region, want map[string]int64) {
 		}
 	}
 	var shards struct {
-		Regions []store.RegionPart `json:"regions"`
+		Regions []schema.RegionPart `json:"regions"`
 	}
 	getURL(t, url+"/v1/topics/"+hot+"/shards", &shards)
 	var parts int64
@@ -351,7 +351,7 @@ func TestRegionsResolved(t *testing.T) {
 	cfg := config.Default()
 	cfg.Table = "hotcount"
 	cfg.DynamoDBEndpoint = em.Endpoint(twoRegions[1])
-	resolve := func(cfg config.Config) (store.Regions, error) {
+	resolve := func(cfg config.Config) (schema.Regions, error) {
 		return sidecar.Regions(context.Background(), cfg, em.Client(twoRegions[1]), zaptest.NewLogger(t))
 	}
 	if r, err := resolve(cfg); err == nil {

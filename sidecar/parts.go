@@ -26,6 +26,7 @@ import (
 	"github.com/hotcount/hotcount/pipeline/spill"
 	"github.com/hotcount/hotcount/pipeline/store"
 	"github.com/hotcount/hotcount/pipeline/trend"
+	"github.com/hotcount/hotcount/schema"
 	"github.com/hotcount/hotcount/tools/console"
 )
 
@@ -184,7 +185,7 @@ func (s *Sidecar) readers(ctx context.Context, p *parts) error {
 	p.tr = trend.New(trend.Config{
 		Minutes:   minutes,
 		Hours:     hours,
-		Retention: store.Retention{Minute: cfg.MinuteRetention, Hour: cfg.HourRetention},
+		Retention: schema.Retention{Minute: cfg.MinuteRetention, Hour: cfg.HourRetention},
 		CacheTTL:  cfg.CacheTTL,
 		CacheSize: cfg.CacheSize,
 
@@ -277,7 +278,7 @@ func (s *Sidecar) engine(p *parts, observers []flusher.Observer) error {
 		Interval: cfg.FlushInterval, WriteTimeout: cfg.WriteTimeout, Concurrency: cfg.FlushWrites(),
 		MaxCounters: cfg.MaxTopics, Minutes: minutes, Hours: hours,
 		Limits: mention.Limits{MaxCount: cfg.MaxCount, MaxTopicBytes: cfg.MaxTopicBytes, MaxLateness: cfg.Lateness()},
-		Table:  cfg.Table, Retention: store.Retention{Minute: cfg.MinuteRetention, Hour: cfg.HourRetention},
+		Table:  cfg.Table, Retention: schema.Retention{Minute: cfg.MinuteRetention, Hour: cfg.HourRetention},
 		DeadLetter:      cfg.DeadLetterSubject,
 		QuarantineAfter: cfg.QuarantineAfter,
 		Contributors:    p.who,

@@ -17,6 +17,7 @@ import (
 	"github.com/hotcount/hotcount/internal/testtools/ddbfault"
 	"github.com/hotcount/hotcount/internal/testtools/testenv"
 	"github.com/hotcount/hotcount/pipeline/store"
+	"github.com/hotcount/hotcount/schema"
 	"github.com/hotcount/hotcount/tools/loadgen"
 )
 
@@ -87,7 +88,7 @@ func readYourWrites(t *testing.T, mode string) {
 			return
 		}
 		st := store.NewDynamoDB(e.dyn.Client(), e.cfg.Table, store.NewMetrics(prometheus.NewRegistry()))
-		if err := st.SetMeta(context.Background(), "topic-0", store.Meta{}, store.Meta{}.With(4)); err != nil {
+		if err := st.SetMeta(context.Background(), "topic-0", schema.Meta{}, schema.Meta{}.With(4)); err != nil {
 			t.Errorf("raise: %v", err)
 		}
 	})

@@ -13,6 +13,7 @@ import (
 	"github.com/hotcount/hotcount/internal/testtools/testenv"
 	"github.com/hotcount/hotcount/pipeline/flusher"
 	"github.com/hotcount/hotcount/pipeline/store"
+	"github.com/hotcount/hotcount/schema"
 	"github.com/hotcount/hotcount/tools/loadgen"
 )
 
@@ -51,7 +52,7 @@ func exactBuckets(t testing.TB, e *env, want map[string]int64) {
 		return
 	}
 	buckets, _ := e.dyn.Buckets(t, e.cfg.Table)
-	for g, on := range map[store.Granularity]bool{store.Minute: minutes, store.Hour: hours} {
+	for g, on := range map[schema.Granularity]bool{schema.Minute: minutes, schema.Hour: hours} {
 		per := make(map[string]int64)
 		for b, n := range buckets {
 			if b.G == g {
@@ -215,7 +216,7 @@ func TestReliabilityThrottling(t *testing.T) {
 	}
 	written := 0
 	for key := range st.Writes {
-		if strings.HasPrefix(key, store.KeyPrefix+"topic-0#") {
+		if strings.HasPrefix(key, schema.KeyPrefix+"topic-0#") {
 			written++
 		}
 	}

@@ -13,10 +13,11 @@ import (
 	"github.com/hotcount/hotcount/internal/testtools/ddbfault"
 	"github.com/hotcount/hotcount/internal/testtools/testenv"
 	"github.com/hotcount/hotcount/pipeline/store"
+	"github.com/hotcount/hotcount/schema"
 	"github.com/hotcount/hotcount/tools/loadgen"
 )
 
-func metas(t *testing.T, e *env, topics []string) map[string]store.Meta {
+func metas(t *testing.T, e *env, topics []string) map[string]schema.Meta {
 	t.Helper()
 	st := store.NewDynamoDB(e.dyn.Client(), e.cfg.Table, store.NewMetrics(prometheus.NewRegistry()))
 	m, err := st.Metas(context.Background(), topics)

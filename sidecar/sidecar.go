@@ -29,6 +29,7 @@ import (
 	"github.com/hotcount/hotcount/pipeline/shardcount"
 	"github.com/hotcount/hotcount/pipeline/store"
 	"github.com/hotcount/hotcount/pipeline/trend"
+	"github.com/hotcount/hotcount/schema"
 )
 
 // Store is a store as the sidecar uses it: both implementations satisfy it.
@@ -97,7 +98,7 @@ func OpenStore(ctx context.Context, cfg config.Config, m *store.Metrics, log *za
 		return nil, err
 	}
 	d := store.NewDynamoDB(client, cfg.Table, m)
-	d.Retention = store.Retention{Minute: cfg.MinuteRetention, Hour: cfg.HourRetention}
+	d.Retention = schema.Retention{Minute: cfg.MinuteRetention, Hour: cfg.HourRetention}
 	if d.Regions, err = Regions(ctx, cfg, client, log); err != nil {
 		return nil, err
 	}
@@ -105,7 +106,7 @@ func OpenStore(ctx context.Context, cfg config.Config, m *store.Metrics, log *za
 }
 
 // Regions resolves where a DynamoDB store writes and what it reads
-// (store.Regions): the Regions of --regions and of the table's replicas,
+// (schema.Regions): the Regions of --regions and of the table's replicas,
 // and this sidecar's own, --region or else the SDK's. At AWS's own
 // endpoint the table is asked until it answers, unless --region and
 // --regions both say it all: guessing "one Region" on a global table
@@ -114,8 +115,8 @@ func OpenStore(ctx context.Context, cfg config.Config, m *store.Metrics, log *za
 // endpoint (dynalite, DynamoDB Local: no global tables, but an emulator
 // of one may list replicas) one answer is asked for, and none means no
 // replicas.
-func Regions(ctx context.Context, cfg config.Config, client *dynamodb.Client, log *zap.Logger) (store.Regions, error) {
-	r := store.Regions{Own: cfg.Region, All: cfg.RegionList()}
+func Regions(ctx context.Context, cfg config.Config, client *dynamodb.Client, log *zap.Logger) (schema.Regions, error) {
+	r := schema.Regions{Own: cfg.Region, All: cfg.RegionList()}
 	told := r.Own != "" && len(r.All) > 0
 	replicas, err := tableRegions(ctx, cfg, client, told, log)
 	var missing *types.ResourceNotFoundException
@@ -136,7 +137,7 @@ func Regions(ctx context.Context, cfg config.Config, client *dynamodb.Client, lo
 		return r, errors.New("sidecar: the table has several Regions: set --region, the Region of the replica at --dynamodb-endpoint")
 	case r.Own == "" && len(r.All) > 0:
 		r.Own = sdk
-		if err := store.ValidateRegion(r.Own); err != nil {
+		if err := schema.ValidateRegion(r.Own); err != nil {
 			return r, fmt.Errorf("sidecar: the table is global, and the SDK's Region is not valid for --region: %w", err)
 		}
 	case r.Own != "" && cfg.DynamoDBEndpoint == "" && sdk != r.Own:

@@ -19,7 +19,7 @@ import (
 	"github.com/hotcount/hotcount/internal/testtools/testenv/sidecartest"
 	"github.com/hotcount/hotcount/mention"
 	"github.com/hotcount/hotcount/pipeline/ingest"
-	"github.com/hotcount/hotcount/pipeline/store"
+	"github.com/hotcount/hotcount/schema"
 	"github.com/hotcount/hotcount/sidecar"
 	"github.com/hotcount/hotcount/tools/loadgen"
 )
@@ -192,7 +192,7 @@ func TestConservation(t *testing.T) {
 	// Each mention is in its topic's minute and hour buckets too (the
 	// default --windows), once.
 	buckets, bucketItems := e.dyn.Buckets(t, e.cfg.Table)
-	for _, g := range []store.Granularity{store.Minute, store.Hour} {
+	for _, g := range []schema.Granularity{schema.Minute, schema.Hour} {
 		per := make(map[string]int64)
 		for b, n := range buckets {
 			if b.G == g {

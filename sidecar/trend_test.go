@@ -11,8 +11,8 @@ import (
 
 	"github.com/hotcount/hotcount/config"
 	"github.com/hotcount/hotcount/internal/testtools/testenv"
-	"github.com/hotcount/hotcount/pipeline/store"
 	"github.com/hotcount/hotcount/pipeline/trend"
+	"github.com/hotcount/hotcount/schema"
 	"github.com/hotcount/hotcount/sidecar"
 	"github.com/hotcount/hotcount/tools/loadgen"
 )
@@ -172,7 +172,7 @@ func TestTrendingAcrossTheFleet(t *testing.T) {
 		if m > 0 {
 			clk.Add(time.Minute)
 		}
-		minute := store.Minute.Index(clk.Now())
+		minute := schema.Minute.Index(clk.Now())
 		for range 1000 {
 			topic := loadgen.Topic(int(z.Uint64()))
 			if err := nc.Publish("mentions."+topic, nil); err != nil {
@@ -210,7 +210,7 @@ func TestTrendingAcrossTheFleet(t *testing.T) {
 			unheard[2] = summaries(t, fleet, summariesBefore) // it listened before it was ready
 		}
 	}
-	last := store.Minute.Index(clk.Now())
+	last := schema.Minute.Index(clk.Now())
 	sumOf := func(topic string, from, to int64) (n int64) {
 		for i := from; i <= to; i++ {
 			n += truth[topic][i]
@@ -259,8 +259,8 @@ func TestTrendingAcrossTheFleet(t *testing.T) {
 		for _, topic := range []string{"surge", loadgen.Topic(0), loadgen.Topic(7), loadgen.Topic(150)} {
 			var c trend.Count
 			getJSON(t, e, "/v1/topics/"+topic+"?window=15m", &c)
-			if want := sumOf(topic, last-15, last); c.Count != want || c.Resolution != "1m" || !c.From.Equal(store.Minute.Start(last-15)) {
-				t.Errorf("%s over 15m: %+v; the script has %d from %v", topic, c, want, store.Minute.Start(last-15))
+			if want := sumOf(topic, last-15, last); c.Count != want || c.Resolution != "1m" || !c.From.Equal(schema.Minute.Start(last-15)) {
+				t.Errorf("%s over 15m: %+v; the script has %d from %v", topic, c, want, schema.Minute.Start(last-15))
 			}
 			getJSON(t, e, "/v1/topics/"+topic+"?window=24h", &c)
 			if want := sumOf(topic, last-minutes, last); c.Count != want || c.Resolution != "1h" {
@@ -268,17 +268,17 @@ func TestTrendingAcrossTheFleet(t *testing.T) {
 			}
 			var sr trend.Series
 			getJSON(t, e, "/v1/topics/"+topic+"/series?window=30m&step=1m", &sr)
-			if len(sr.Points) != 31 || !sr.From.Equal(store.Minute.Start(last-30)) {
-				t.Fatalf("%s series: %d points from %v, want 31 from %v (the minute now − 30m falls in)", topic, len(sr.Points), sr.From, store.Minute.Start(last-30))
+			if len(sr.Points) != 31 || !sr.From.Equal(schema.Minute.Start(last-30)) {
+				t.Fatalf("%s series: %d points from %v, want 31 from %v (the minute now − 30m falls in)", topic, len(sr.Points), sr.From, schema.Minute.Start(last-30))
 			}
 			for _, p := range sr.Points {
-				if want := truth[topic][store.Minute.Index(p.From)]; p.Count != want {
+				if want := truth[topic][schema.Minute.Index(p.From)]; p.Count != want {
 					t.Errorf("%s at %v: %d, the script has %d", topic, p.From, p.Count, want)
 				}
 			}
 			getJSON(t, e, "/v1/topics/"+topic+"/series?window=2h&step=1h", &sr)
 			for _, p := range sr.Points {
-				h := store.Hour.Index(p.From)
+				h := schema.Hour.Index(p.From)
 				want := sumOf(topic, h*60, h*60+59)
 				if p.Count != want {
 					t.Errorf("%s in the hour from %v: %d, the script has %d", topic, p.From, p.Count, want)
@@ -307,8 +307,8 @@ func TestBucketsSplitAcrossBoundaries(t *testing.T) {
 			if err := nc.Publish("mentions."+topic, nil); err != nil {
 				t.Fatal(err)
 			}
-			want[testenv.Bucket{Topic: topic, G: store.Minute, Index: store.Minute.Index(clk.Now())}]++
-			want[testenv.Bucket{Topic: topic, G: store.Hour, Index: store.Hour.Index(clk.Now())}]++
+			want[testenv.Bucket{Topic: topic, G: schema.Minute, Index: schema.Minute.Index(clk.Now())}]++
+			want[testenv.Bucket{Topic: topic, G: schema.Hour, Index: schema.Hour.Index(clk.Now())}]++
 		}
 		sent += int64(n)
 		// Counted (in the window) before the clock moves on.

@@ -19,6 +19,7 @@ import (
 	"github.com/hotcount/hotcount/durability/durable"
 	"github.com/hotcount/hotcount/mention"
 	"github.com/hotcount/hotcount/pipeline/store"
+	"github.com/hotcount/hotcount/schema"
 	"github.com/hotcount/hotcount/sidecar"
 	"github.com/hotcount/hotcount/tools/audit"
 )
@@ -183,7 +184,7 @@ func auditConfig(cfg config.Config, f auditFlags, now time.Time) (audit.Config, 
 		Limits:      mention.Limits{MaxCount: cfg.MaxCount, MaxTopicBytes: cfg.MaxTopicBytes, MaxLateness: cfg.Lateness()},
 		Minutes:     minutes,
 		Hours:       hours,
-		Retention:   store.Retention{Minute: cfg.MinuteRetention, Hour: cfg.HourRetention},
+		Retention:   schema.Retention{Minute: cfg.MinuteRetention, Hour: cfg.HourRetention},
 		Shards:      cfg.ReadGuess(),
 		MaxCounters: f.maxCounters,
 		MaxListed:   f.maxListed,

@@ -19,6 +19,7 @@ import (
 	"github.com/hotcount/hotcount/internal/testtools/testenv"
 	"github.com/hotcount/hotcount/pipeline/ingest"
 	"github.com/hotcount/hotcount/pipeline/store"
+	"github.com/hotcount/hotcount/schema"
 )
 
 // TestAuditCommand runs `hotcount audit` against a stream and a table
@@ -50,7 +51,7 @@ func TestAuditCommand(t *testing.T) {
 		}
 	}
 	st := store.NewDynamoDB(d.Client(), table, store.NewMetrics(prometheus.NewRegistry()))
-	if err := st.SetMeta(ctx, "golang", store.Meta{}, store.Meta{Shards: 2, ReadShards: 2}); err != nil {
+	if err := st.SetMeta(ctx, "golang", schema.Meta{}, schema.Meta{Shards: 2, ReadShards: 2}); err != nil {
 		t.Fatal(err)
 	}
 	for _, w := range []struct {
@@ -87,9 +88,9 @@ func TestAuditCommand(t *testing.T) {
 	// Shard 1 of golang's total loses its 3.
 	_, err = d.Client().UpdateItem(ctx, &dynamodb.UpdateItemInput{
 		TableName:                 &table,
-		Key:                       map[string]types.AttributeValue{store.AttrPK: &types.AttributeValueMemberS{Value: store.ShardKey("golang", 1)}},
+		Key:                       map[string]types.AttributeValue{schema.AttrPK: &types.AttributeValueMemberS{Value: schema.ShardKey("golang", 1)}},
 		UpdateExpression:          aws.String("SET #c = :c"),
-		ExpressionAttributeNames:  map[string]string{"#c": store.AttrCount},
+		ExpressionAttributeNames:  map[string]string{"#c": schema.AttrCount},
 		ExpressionAttributeValues: map[string]types.AttributeValue{":c": &types.AttributeValueMemberN{Value: "0"}},
 	})
 	if err != nil {

@@ -19,6 +19,7 @@ import (
 	"github.com/hotcount/hotcount/internal/testtools/ddbfault"
 	"github.com/hotcount/hotcount/internal/testtools/testenv"
 	"github.com/hotcount/hotcount/pipeline/store"
+	"github.com/hotcount/hotcount/schema"
 	"github.com/hotcount/hotcount/tools/loadgen"
 )
 
@@ -361,14 +362,14 @@ func items(t *testing.T, d *testenv.Dynalite, table string, want map[string]int6
 			return fmt.Sprintf("(scan: %v)", err)
 		}
 		for _, it := range page.Items {
-			av, _ := it[store.AttrPK].(*types.AttributeValueMemberS)
+			av, _ := it[schema.AttrPK].(*types.AttributeValueMemberS)
 			if av == nil {
 				continue
 			}
 			pk, topic, kind := av.Value, "", ""
-			if tp, g, _, _, err := store.ParseBucketKey(pk); err == nil {
+			if tp, g, _, _, err := schema.ParseBucketKey(pk); err == nil {
 				topic, kind = tp, g.String()
-			} else if tp, _, err := store.ParseShardKey(pk); err == nil {
+			} else if tp, _, err := schema.ParseShardKey(pk); err == nil {
 				topic, kind = tp, "total"
 			} else {
 				continue
@@ -376,7 +377,7 @@ func items(t *testing.T, d *testenv.Dynalite, table string, want map[string]int6
 			add(topic, kind, testenv.CountOf(t, it))
 			var rest []string
 			for name, v := range it {
-				if n, ok := v.(*types.AttributeValueMemberN); ok && (name == store.AttrCount || strings.HasPrefix(name, store.PositionPrefix)) {
+				if n, ok := v.(*types.AttributeValueMemberN); ok && (name == schema.AttrCount || strings.HasPrefix(name, store.PositionPrefix)) {
 					rest = append(rest, name+"="+n.Value)
 				}
 			}
@@ -387,7 +388,7 @@ func items(t *testing.T, d *testenv.Dynalite, table string, want map[string]int6
 	var b strings.Builder
 	for _, topic := range slices.Sorted(maps.Keys(want)) {
 		c := per[topic]
-		if c["total"] == want[topic] && c[store.Minute.String()] == want[topic] && c[store.Hour.String()] == want[topic] {
+		if c["total"] == want[topic] && c[schema.Minute.String()] == want[topic] && c[schema.Hour.String()] == want[topic] {
 			continue
 		}
 		fmt.Fprintf(&b, "%s: want %d, totals %v\n", topic, want[topic], c)

@@ -18,6 +18,7 @@ import (
 
 	"github.com/hotcount/hotcount/internal/datadir"
 	"github.com/hotcount/hotcount/pipeline/store"
+	"github.com/hotcount/hotcount/schema"
 )
 
 // commands lists every command and subcommand a user can type.
@@ -69,7 +70,7 @@ func TestShardsShowFindsDevStore(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := st.Add(context.Background(), store.Write{Counter: store.TotalOf("golang"), Shard: 0, Delta: 7, Writer: store.NewWriterID(), Seq: store.NewSequencer(time.Now).Next()}, time.Now()); err != nil {
+	if err := st.Add(context.Background(), store.Write{Counter: schema.TotalOf("golang"), Shard: 0, Delta: 7, Writer: store.NewWriterID(), Seq: store.NewSequencer(time.Now).Next()}, time.Now()); err != nil {
 		t.Fatal(err)
 	}
 	st.Close()

@@ -15,7 +15,7 @@ import (
 	"time"
 
 	"github.com/hotcount/hotcount/internal/testtools/testenv"
-	"github.com/hotcount/hotcount/pipeline/store"
+	"github.com/hotcount/hotcount/schema"
 )
 
 // runMainEnv makes the test binary act as the hotcount binary, so that a
@@ -158,9 +158,9 @@ func (c *child) metric(t testing.TB, name string) float64 {
 
 // bucketSums adds up table's time buckets by granularity (minute, hour)
 // and topic.
-func bucketSums(t testing.TB, d *testenv.Dynalite, table string) map[store.Granularity]map[string]int64 {
+func bucketSums(t testing.TB, d *testenv.Dynalite, table string) map[schema.Granularity]map[string]int64 {
 	buckets, _ := d.Buckets(t, table)
-	out := map[store.Granularity]map[string]int64{store.Minute: {}, store.Hour: {}}
+	out := map[schema.Granularity]map[string]int64{schema.Minute: {}, schema.Hour: {}}
 	for b, n := range buckets {
 		if per, ok := out[b.G]; ok {
 			per[b.Topic] += n

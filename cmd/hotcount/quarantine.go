@@ -17,6 +17,7 @@ import (
 	"github.com/hotcount/hotcount/durability/durable"
 	"github.com/hotcount/hotcount/pipeline/quarantine"
 	"github.com/hotcount/hotcount/pipeline/store"
+	"github.com/hotcount/hotcount/schema"
 	"github.com/hotcount/hotcount/sidecar"
 )
 
@@ -96,7 +97,7 @@ func cmdQuarantineList(ctx context.Context, args, environ []string, stdout, stde
 	for _, e := range es {
 		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\t%s\t%s\n", e.Topic, counterKind(e.Counter), e.Shard, e.Delta,
 			e.Since.UTC().Format(time.RFC3339), e.At.UTC().Format(time.RFC3339), e.Reason)
-		if c, ok := store.ParseName(e.Counter); ok && c.CountsMentions() {
+		if c, ok := schema.ParseName(e.Counter); ok && c.CountsMentions() {
 			mentions += e.Delta
 		}
 	}
@@ -145,7 +146,7 @@ func heldCounters(ctx context.Context, cfg config.Config, nc *nats.Conn) ([]dura
 // counterKind names a counter for people: total, or the bucket and its
 // start.
 func counterKind(name string) string {
-	c, ok := store.ParseName(name)
+	c, ok := schema.ParseName(name)
 	if !ok {
 		return name
 	}

@@ -19,7 +19,7 @@ import (
 	"github.com/hotcount/hotcount/internal/testtools/ddbfault"
 	"github.com/hotcount/hotcount/internal/testtools/testenv"
 	"github.com/hotcount/hotcount/pipeline/ingest"
-	"github.com/hotcount/hotcount/pipeline/store"
+	"github.com/hotcount/hotcount/schema"
 	"github.com/hotcount/hotcount/tools/loadgen"
 )
 
@@ -81,7 +81,7 @@ func TestQuarantinePositionEngine(t *testing.T) {
 	buckets, _ := d.Buckets(t, table)
 	var minutes int64
 	for b, n := range buckets {
-		if b.G == store.Minute && b.Topic == "poison" {
+		if b.G == schema.Minute && b.Topic == "poison" {
 			minutes += n
 		}
 	}
@@ -107,9 +107,9 @@ func TestQuarantinePositionEngine(t *testing.T) {
 	}
 	if _, err := d.Client().UpdateItem(ctx, &dynamodb.UpdateItemInput{
 		TableName:                 &table,
-		Key:                       map[string]types.AttributeValue{store.AttrPK: &types.AttributeValueMemberS{Value: store.ShardKey("poison", 0)}},
+		Key:                       map[string]types.AttributeValue{schema.AttrPK: &types.AttributeValueMemberS{Value: schema.ShardKey("poison", 0)}},
 		UpdateExpression:          aws.String("ADD #c :d"),
-		ExpressionAttributeNames:  map[string]string{"#c": store.AttrCount},
+		ExpressionAttributeNames:  map[string]string{"#c": schema.AttrCount},
 		ExpressionAttributeValues: map[string]types.AttributeValue{":d": &types.AttributeValueMemberN{Value: "5"}},
 	}); err != nil {
 		t.Fatal(err)

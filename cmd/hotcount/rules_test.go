@@ -22,7 +22,7 @@ import (
 	"github.com/hotcount/hotcount/durability/streams"
 	"github.com/hotcount/hotcount/internal/testtools/testenv"
 	"github.com/hotcount/hotcount/pipeline/ingest"
-	"github.com/hotcount/hotcount/pipeline/store"
+	"github.com/hotcount/hotcount/schema"
 	"github.com/hotcount/hotcount/tools/loadgen"
 )
 
@@ -143,7 +143,7 @@ func TestMixedFleetCountsByTheStreamsRules(t *testing.T) {
 		t.Fatal(err)
 	}
 	sums := bucketSums(t, d, table)
-	for g, per := range map[store.Granularity]map[string]int64{store.Minute: want.minutes, store.Hour: want.hours} {
+	for g, per := range map[schema.Granularity]map[string]int64{schema.Minute: want.minutes, schema.Hour: want.hours} {
 		for topic, n := range per {
 			if sums[g][topic] != n {
 				t.Errorf("topic %s: its %s buckets hold %d, the rules give %d", topic, g, sums[g][topic], n)
@@ -237,11 +237,11 @@ func countByTheRules(t *testing.T, js jetstream.JetStream, names []string, messa
 			out.totals[topic] += p.Count
 			out.minutes[topic] += p.Count
 			out.minuteSum += p.Count
-			out.buckets[testenv.Bucket{Topic: topic, G: store.Minute, Index: store.Minute.Index(md.Timestamp)}] += p.Count
+			out.buckets[testenv.Bucket{Topic: topic, G: schema.Minute, Index: schema.Minute.Index(md.Timestamp)}] += p.Count
 			if changed {
 				out.hours[topic] += p.Count
 				out.hourSum += p.Count
-				out.buckets[testenv.Bucket{Topic: topic, G: store.Hour, Index: store.Hour.Index(md.Timestamp)}] += p.Count
+				out.buckets[testenv.Bucket{Topic: topic, G: schema.Hour, Index: schema.Hour.Index(md.Timestamp)}] += p.Count
 			}
 		}
 		if !changed {

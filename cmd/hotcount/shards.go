@@ -15,6 +15,7 @@ import (
 	"github.com/hotcount/hotcount/config"
 	"github.com/hotcount/hotcount/pipeline/shardcount"
 	"github.com/hotcount/hotcount/pipeline/store"
+	"github.com/hotcount/hotcount/schema"
 	"github.com/hotcount/hotcount/sidecar"
 )
 
@@ -105,7 +106,7 @@ func shardsShow(ctx context.Context, st sidecar.Store, topics []string, stdout i
 		if err != nil {
 			return err
 		}
-		sum, _ := store.Sum(got)
+		sum, _ := schema.Sum(got)
 		recorded := "recorded"
 		if !m.Exists() {
 			recorded = "no metadata: one shard"

@@ -20,6 +20,7 @@ import (
 	"github.com/hotcount/hotcount/durability/durable"
 	"github.com/hotcount/hotcount/durability/rules"
 	"github.com/hotcount/hotcount/durability/streams"
+	"github.com/hotcount/hotcount/internal/natsauth"
 	"github.com/hotcount/hotcount/mention"
 	"github.com/hotcount/hotcount/pipeline/ingest"
 )
@@ -42,7 +43,7 @@ func connect(cfg config.Config, name string, extra ...nats.Option) (*nats.Conn, 
 	}
 	nc, err := nats.Connect(cfg.NATSURL, append(append(opts, nats.Name(name)), extra...)...)
 	if err != nil {
-		return nil, ingest.RedactErr(fmt.Errorf("connect %s: %w", cfg.NATSURL, err), cfg.NATSURL)
+		return nil, natsauth.RedactErr(fmt.Errorf("connect %s: %w", cfg.NATSURL, err), cfg.NATSURL)
 	}
 	return nc, nil
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/hotcount/hotcount/config"
 	"github.com/hotcount/hotcount/pipeline/store"
+	"github.com/hotcount/hotcount/schema"
 )
 
 // cmdTableCreate creates the table (pk string HASH, on-demand) if absent,
@@ -33,7 +34,7 @@ func cmdTableCreate(ctx context.Context, args, environ []string, stdout, stderr 
 		return err
 	}
 	if created {
-		fmt.Fprintf(stdout, "table %s created (key %s, on-demand)\n", cfg.Table, store.AttrPK)
+		fmt.Fprintf(stdout, "table %s created (key %s, on-demand)\n", cfg.Table, schema.AttrPK)
 	} else {
 		fmt.Fprintf(stdout, "table %s exists; left as it is\n", cfg.Table)
 	}
@@ -43,11 +44,11 @@ func cmdTableCreate(ctx context.Context, args, environ []string, stdout, stderr 
 	status, err := store.EnableTTL(ctx, client, cfg.Table)
 	switch {
 	case errors.Is(err, store.ErrNoTTL):
-		fmt.Fprintf(stdout, "TTL on %s: not supported by this endpoint (%v); time buckets will not expire here, and reads ignore them once past their retention\n", store.AttrExpiresAt, err)
+		fmt.Fprintf(stdout, "TTL on %s: not supported by this endpoint (%v); time buckets will not expire here, and reads ignore them once past their retention\n", schema.AttrExpiresAt, err)
 	case err != nil:
 		return err
 	default:
-		fmt.Fprintf(stdout, "TTL on %s: %s (time buckets expire after --minute-retention and --hour-retention)\n", store.AttrExpiresAt, strings.ToLower(status))
+		fmt.Fprintf(stdout, "TTL on %s: %s (time buckets expire after --minute-retention and --hour-retention)\n", schema.AttrExpiresAt, strings.ToLower(status))
 	}
 	return nil
 }

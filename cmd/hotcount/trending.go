@@ -13,7 +13,7 @@ import (
 
 	"github.com/hotcount/hotcount/config"
 	"github.com/hotcount/hotcount/pipeline/moderation"
-	"github.com/hotcount/hotcount/pipeline/store"
+	"github.com/hotcount/hotcount/schema"
 	"github.com/hotcount/hotcount/sidecar"
 )
 
@@ -106,7 +106,7 @@ func parseTrending(args, environ []string, stderr io.Writer) (config.Config, tre
 		return cfg, c, usageError{fmt.Errorf("trending %s takes one TOPIC (got %d arguments; quote a topic with spaces)", c.verb, len(rest))}
 	default:
 		c.topic = rest[0]
-		if err := store.ValidateTopic(c.topic, cfg.MaxTopicBytes); err != nil {
+		if err := schema.ValidateTopic(c.topic, cfg.MaxTopicBytes); err != nil {
 			return cfg, c, usageError{fmt.Errorf("trending %s %q: %w", c.verb, c.topic, err)}
 		}
 		if c.by == "" {

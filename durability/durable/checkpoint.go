@@ -15,6 +15,7 @@ import (
 
 	"github.com/hotcount/hotcount/durability/rules"
 	"github.com/hotcount/hotcount/pipeline/store"
+	"github.com/hotcount/hotcount/schema"
 )
 
 // DefaultCheckpointBucket is the JetStream key-value bucket of the
@@ -66,18 +67,18 @@ type meta struct {
 // (store.Denied) for Config.QuarantineAfter: all of them at sequences
 // First..Last of the record's stream, kept until a write takes them.
 type heldEntry struct {
-	Topic  string     `json:"topic"`
-	Kind   store.Kind `json:"kind"`
-	Index  int64      `json:"index,omitempty"`
-	Delta  int64      `json:"delta"`
-	First  uint64     `json:"first"`
-	Last   uint64     `json:"last"`
-	Reason string     `json:"reason"`
-	Since  time.Time  `json:"since"`
+	Topic  string      `json:"topic"`
+	Kind   schema.Kind `json:"kind"`
+	Index  int64       `json:"index,omitempty"`
+	Delta  int64       `json:"delta"`
+	First  uint64      `json:"first"`
+	Last   uint64      `json:"last"`
+	Reason string      `json:"reason"`
+	Since  time.Time   `json:"since"`
 }
 
-func (h heldEntry) counter() store.Counter {
-	return store.Counter{Topic: h.Topic, Kind: h.Kind, Index: h.Index}
+func (h heldEntry) counter() schema.Counter {
+	return schema.Counter{Topic: h.Topic, Kind: h.Kind, Index: h.Index}
 }
 
 func (h heldEntry) entry() entry { return entry{delta: h.Delta, first: h.First, last: h.Last} }

@@ -23,6 +23,7 @@ import (
 	"github.com/hotcount/hotcount/mention"
 	"github.com/hotcount/hotcount/pipeline/ingest"
 	"github.com/hotcount/hotcount/pipeline/store"
+	"github.com/hotcount/hotcount/schema"
 )
 
 // env is one test's NATS (one stream, MENTIONS on mentions.>) and table.
@@ -227,7 +228,7 @@ func TestOverlapIsRecounted(t *testing.T) {
 	epoch := info.CachedInfo().Created.UnixMicro()
 	st := e.store(e.db.Endpoint)
 	// Another reader wrote sequences 1..4.
-	if err := st.Add(context.Background(), store.Write{Counter: store.TotalOf("topic-0"), Delta: 4,
+	if err := st.Add(context.Background(), store.Write{Counter: schema.TotalOf("topic-0"), Delta: 4,
 		Span: &store.Span{Stream: "MENTIONS", Epoch: epoch, First: 1, Last: 4}}, time.Now()); err != nil {
 		t.Fatal(err)
 	}
@@ -599,7 +600,7 @@ func TestRegionLayoutChangesAtItsSequence(t *testing.T) {
 	after := map[string]int64{}
 	e.publish(t, 500, 5, after)
 	regional := e.store(e.db.Endpoint)
-	regional.Regions = store.Regions{Own: "us-east-1", All: []string{"us-east-1"}}
+	regional.Regions = schema.Regions{Own: "us-east-1", All: []string{"us-east-1"}}
 	e.run(t, ctx, regional, func(c *durable.Config) { c.Table, c.Region = e.table, "us-east-1" })
 	before := maps.Clone(want)
 	for topic, n := range after {
@@ -608,8 +609,8 @@ func TestRegionLayoutChangesAtItsSequence(t *testing.T) {
 	e.exact(t, want)
 	layouts := map[string]map[string]int64{"": {}, "us-east-1": {}}
 	e.db.EachItem(t, e.table, func(pk string, count int64) {
-		base, region := store.SplitRegion(pk)
-		if topic, _, err := store.ParseShardKey(base); err == nil {
+		base, region := schema.SplitRegion(pk)
+		if topic, _, err := schema.ParseShardKey(base); err == nil {
 			layouts[region][topic] += count
 		}
 	})

@@ -40,6 +40,7 @@ import (
 	"github.com/hotcount/hotcount/pipeline/ingest"
 	"github.com/hotcount/hotcount/pipeline/ownwrites"
 	"github.com/hotcount/hotcount/pipeline/store"
+	"github.com/hotcount/hotcount/schema"
 )
 
 // Config is the engine's part of the configuration.
@@ -73,7 +74,7 @@ type Config struct {
 	Limits    mention.Limits
 	Table     string
 	Region    string
-	Retention store.Retention
+	Retention schema.Retention
 	// DeadLetter is where rejected messages go.
 	DeadLetter string
 	// Contributors is told who each mention that names one came from
@@ -102,7 +103,7 @@ type Owner interface {
 // Observer is told what each flush applied (the trend sketch, the hot
 // topics).
 type Observer interface {
-	Observe(written map[store.Counter]int64)
+	Observe(written map[schema.Counter]int64)
 }
 
 // Engine reads partition streams into its window and flushes it. Run owns
@@ -269,7 +270,7 @@ func (e *Engine) Own() rules.Rules {
 	r := rules.Rules{Mode: rules.ModeJetStream, Subject: e.cfg.Subject, Table: e.cfg.Table, Region: e.cfg.Region,
 		MaxCount: e.cfg.Limits.MaxCount, MaxTopicBytes: e.cfg.Limits.MaxTopicBytes, MaxLateness: rules.Duration(e.cfg.Limits.MaxLateness),
 		Minutes: e.cfg.Minutes, Hours: e.cfg.Hours,
-		MinuteRetention: rules.Duration(e.cfg.Retention.Of(store.Minute)), HourRetention: rules.Duration(e.cfg.Retention.Of(store.Hour))}
+		MinuteRetention: rules.Duration(e.cfg.Retention.Of(schema.Minute)), HourRetention: rules.Duration(e.cfg.Retention.Of(schema.Hour))}
 	if e.cfg.Partitions > 0 {
 		r.Mode, r.Partitions = rules.ModePartitioned, e.cfg.Partitions
 	}
@@ -499,7 +500,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 // Call it before Run.
 func (e *Engine) ShowWrites(v *ownwrites.View) {
 	e.view = v
-	v.Attach(func(topic string) int64 { return e.win.pending(topic, store.Minute.Index(e.now())) })
+	v.Attach(func(topic string) int64 { return e.win.pending(topic, schema.Minute.Index(e.now())) })
 }
 
 // Ready says whether the engine reads its partitions.

@@ -12,6 +12,7 @@ import (
 	"github.com/hotcount/hotcount/durability/rules"
 	"github.com/hotcount/hotcount/pipeline/ownwrites"
 	"github.com/hotcount/hotcount/pipeline/store"
+	"github.com/hotcount/hotcount/schema"
 )
 
 // outcome is what became of one counter's write.
@@ -76,7 +77,7 @@ func (e *Engine) Flush(ctx context.Context) error {
 type round struct {
 	back             map[key]*entry
 	changes          map[stream]*changes
-	observed         map[store.Counter]int64
+	observed         map[schema.Counter]int64
 	first            error // the first failure
 	wrote, attempted int
 	// denied and failed count the writes refused for good
@@ -86,13 +87,13 @@ type round struct {
 }
 
 func newRound() *round {
-	return &round{back: make(map[key]*entry), changes: make(map[stream]*changes), observed: make(map[store.Counter]int64)}
+	return &round{back: make(map[key]*entry), changes: make(map[stream]*changes), observed: make(map[schema.Counter]int64)}
 }
 
 // of is the changes to s's record.
 func (rd *round) of(s stream) *changes {
 	if rd.changes[s] == nil {
-		rd.changes[s] = &changes{hold: make(map[key]*entry), reasons: make(map[key]string), released: make(map[store.Counter]heldEntry)}
+		rd.changes[s] = &changes{hold: make(map[key]*entry), reasons: make(map[key]string), released: make(map[schema.Counter]heldEntry)}
 	}
 	return rd.changes[s]
 }
@@ -174,7 +175,7 @@ func (e *Engine) tally(rd *round, results []result) {
 			if rd.first == nil {
 				rd.first = r.err
 			}
-			if r.k.c.Kind == store.Total {
+			if r.k.c.Kind == schema.Total {
 				e.metrics.requeued.Add(float64(r.e.delta))
 			}
 		}
@@ -236,8 +237,8 @@ func (e *Engine) sendAll(ctx context.Context, jobs []job) []result {
 func heldTotals(counters map[key]*entry) func(string) int64 {
 	totals := make(map[string]int64)
 	for k, ent := range counters {
-		if k.c.Kind == store.Total || k.c.Kind == store.Fresh {
-			totals[k.c.Topic], _ = store.SatAdd(totals[k.c.Topic], ent.delta)
+		if k.c.Kind == schema.Total || k.c.Kind == schema.Fresh {
+			totals[k.c.Topic], _ = schema.SatAdd(totals[k.c.Topic], ent.delta)
 		}
 	}
 	return func(topic string) int64 { return totals[topic] }
@@ -246,7 +247,7 @@ func heldTotals(counters map[key]*entry) func(string) int64 {
 // shown is what readers of totals see of a job's write: a write of a
 // total, not a replay of a held entry (whose mentions they do not see
 // pending).
-func shown(j job) bool { return j.k.c.Kind == store.Total && j.replay == nil }
+func shown(j job) bool { return j.k.c.Kind == schema.Total && j.replay == nil }
 
 // answer tells the readers, through answers, of j's write's outcome.
 func answer(answers chan<- ownwrites.Answer, j job, out outcome, sent time.Time) {
@@ -506,7 +507,7 @@ func (e *Engine) settled(s stream, c *changes, kept map[key]*entry, back map[key
 			continue
 		}
 		e.held.set(k, true)
-		if k.c.Kind == store.Total {
+		if k.c.Kind == schema.Total {
 			e.metrics.quarantinedMentions.Add(float64(ent.delta))
 		}
 		reason, refused := c.reasons[k]
@@ -567,7 +568,7 @@ func (e *Engine) unwrittenAge() float64 {
 }
 
 // observe tells the observers what was applied.
-func (e *Engine) observe(written map[store.Counter]int64) {
+func (e *Engine) observe(written map[schema.Counter]int64) {
 	if len(written) == 0 {
 		return
 	}
@@ -575,7 +576,7 @@ func (e *Engine) observe(written map[store.Counter]int64) {
 		o.Observe(written)
 	}
 	for c, d := range written {
-		if c.Kind == store.Total {
+		if c.Kind == schema.Total {
 			e.metrics.flushed.Add(float64(d))
 		}
 	}

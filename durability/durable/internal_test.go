@@ -15,6 +15,7 @@ import (
 	"github.com/hotcount/hotcount/mention"
 	"github.com/hotcount/hotcount/pipeline/ingest"
 	"github.com/hotcount/hotcount/pipeline/store"
+	"github.com/hotcount/hotcount/schema"
 )
 
 // TestRecountReadsThroughItsSpan: a recount of a span ending at to reads
@@ -39,7 +40,7 @@ func TestRecountReadsThroughItsSpan(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	k := key{s: stream{name: "MENTIONS", epoch: epochOf(st.CachedInfo())}, c: store.TotalOf("a")}
+	k := key{s: stream{name: "MENTIONS", epoch: epochOf(st.CachedInfo())}, c: schema.TotalOf("a")}
 	type answer struct {
 		rest entry
 		err  error
@@ -122,7 +123,7 @@ func TestRefusedSpanMergesWithTheNewer(t *testing.T) {
 		t.Fatal(err)
 	}
 	s := stream{name: "MENTIONS", epoch: 1}
-	k := key{s: s, c: store.TotalOf("a")}
+	k := key{s: s, c: schema.TotalOf("a")}
 	e.doubt[k] = job{k: k, e: entry{delta: 10, first: 1, last: 10}, retry: true} // sent, answer lost
 	e.denied[k] = time.Now().Add(-time.Hour)                                     // refused for good since long
 	for seq := uint64(11); seq <= 20; seq++ {

@@ -15,6 +15,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/hotcount/hotcount/pipeline/store"
+	"github.com/hotcount/hotcount/schema"
 )
 
 // The quarantine of the position engine. A counter whose writes the store
@@ -170,9 +171,9 @@ func (e *Engine) refused(k key, err error) bool {
 
 // changes is what one flush changes in one stream's record.
 type changes struct {
-	hold     map[key]*entry              // entries to hold, with their refusal
-	reasons  map[key]string              // why each was refused
-	released map[store.Counter]heldEntry // held entries the store now has, as they were sent
+	hold     map[key]*entry               // entries to hold, with their refusal
+	reasons  map[key]string               // why each was refused
+	released map[schema.Counter]heldEntry // held entries the store now has, as they were sent
 }
 
 // apply changes r: the held entries the store took go (unless another
@@ -226,7 +227,7 @@ func (e *Engine) join(ctx context.Context, k key, cur heldEntry, ent entry) (hel
 		cur.Delta, cur.First, cur.Last = ent.delta, ent.first, ent.last
 		return cur, nil
 	case ent.first > cur.Last || ent.last < cur.First: // apart
-		sum, saturated := store.SatAdd(cur.Delta, ent.delta)
+		sum, saturated := schema.SatAdd(cur.Delta, ent.delta)
 		if saturated {
 			return cur, store.ErrOverflow
 		}
@@ -242,7 +243,7 @@ func (e *Engine) join(ctx context.Context, k key, cur heldEntry, ent entry) (hel
 	if err != nil {
 		return cur, err
 	}
-	sum, saturated := store.SatAdd(base, rest.delta)
+	sum, saturated := schema.SatAdd(base, rest.delta)
 	if saturated {
 		return cur, store.ErrOverflow
 	}
@@ -254,7 +255,7 @@ func (e *Engine) join(ctx context.Context, k key, cur heldEntry, ent entry) (hel
 // `hotcount quarantine list`.
 type Held struct {
 	Stream  string    `json:"stream"`
-	Counter string    `json:"counter"` // store.Counter.Name
+	Counter string    `json:"counter"` // schema.Counter.Name
 	Topic   string    `json:"topic"`
 	Delta   int64     `json:"delta"`
 	First   uint64    `json:"first"`
@@ -336,7 +337,7 @@ func NewCheckpoints(js jetstream.JetStream, bucket string) *Checkpoints {
 // every mention is in the items or held, and the counters held, if its
 // record is of the stream created at created; a record of an earlier
 // stream of the same name says nothing of this one: 0.
-func (c *Checkpoints) Checkpoint(ctx context.Context, stream string, created time.Time) (seq uint64, held []store.Counter, err error) {
+func (c *Checkpoints) Checkpoint(ctx context.Context, stream string, created time.Time) (seq uint64, held []schema.Counter, err error) {
 	err = records(ctx, c.js, c.bucket, []string{stream}, func(_ string, r record) {
 		if r.Epoch != created.UnixMicro() { // as epochOf
 			return

@@ -15,6 +15,7 @@ import (
 	"github.com/hotcount/hotcount/internal/waits"
 	"github.com/hotcount/hotcount/pipeline/ingest"
 	"github.com/hotcount/hotcount/pipeline/store"
+	"github.com/hotcount/hotcount/schema"
 )
 
 // pullBatch is how many messages a reader's pull asks for, and
@@ -468,30 +469,30 @@ func (e *Engine) take(s stream, seq uint64, msg jetstream.Msg, published time.Ti
 	case j.minutes && j.hours:
 		// One Fresh counter, which the flush splits: one map operation
 		// per mention in the usual case.
-		e.win.add(s, seq, delta, published, freshOf(topic, store.Minute.Index(at)))
+		e.win.add(s, seq, delta, published, freshOf(topic, schema.Minute.Index(at)))
 	case j.minutes:
-		e.win.add(s, seq, delta, published, store.TotalOf(topic), store.BucketOf(topic, store.Minute, store.Minute.Index(at)))
+		e.win.add(s, seq, delta, published, schema.TotalOf(topic), schema.BucketOf(topic, schema.Minute, schema.Minute.Index(at)))
 	case j.hours:
-		e.win.add(s, seq, delta, published, store.TotalOf(topic), store.BucketOf(topic, store.Hour, store.Hour.Index(at)))
+		e.win.add(s, seq, delta, published, schema.TotalOf(topic), schema.BucketOf(topic, schema.Hour, schema.Hour.Index(at)))
 	default:
-		e.win.add(s, seq, delta, published, store.TotalOf(topic))
+		e.win.add(s, seq, delta, published, schema.TotalOf(topic))
 	}
 	e.check.Accepted(delta)
 }
 
 // countsIn says whether a mention of topic at at counts in c under j:
 // its total, its minute's bucket or its hour's, as they are on.
-func countsIn(j judgement, c store.Counter, topic string, at time.Time) bool {
+func countsIn(j judgement, c schema.Counter, topic string, at time.Time) bool {
 	if c.Topic != topic {
 		return false
 	}
 	switch c.Kind {
-	case store.Total:
+	case schema.Total:
 		return true
-	case store.MinuteBucket:
-		return j.minutes && c.Index == store.Minute.Index(at)
-	case store.HourBucket:
-		return j.hours && c.Index == store.Hour.Index(at)
+	case schema.MinuteBucket:
+		return j.minutes && c.Index == schema.Minute.Index(at)
+	case schema.HourBucket:
+		return j.hours && c.Index == schema.Hour.Index(at)
 	}
 	return false
 }

@@ -12,7 +12,7 @@ import (
 
 	"github.com/hotcount/hotcount/durability/streams"
 	"github.com/hotcount/hotcount/pipeline/ingest"
-	"github.com/hotcount/hotcount/pipeline/store"
+	"github.com/hotcount/hotcount/schema"
 )
 
 // maxRecounts is how many recounts run at once (Engine.recounting).
@@ -102,7 +102,7 @@ func (e *Engine) recount(ctx context.Context, k key, from, to uint64) (entry, er
 
 // counts is what msg adds to counter c: the reader's judgement (take),
 // made again.
-func (e *Engine) counts(j judgement, c store.Counter, msg jetstream.Msg, published time.Time) int64 {
+func (e *Engine) counts(j judgement, c schema.Counter, msg jetstream.Msg, published time.Time) int64 {
 	subject := msg.Subject()
 	if e.cfg.Partitions > 0 {
 		subject = streams.Unstored(subject)

@@ -18,7 +18,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/hotcount/hotcount/internal/embeddednats"
-
 	"github.com/hotcount/hotcount/internal/testtools/testenv"
 )
 

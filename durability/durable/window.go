@@ -5,7 +5,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/hotcount/hotcount/pipeline/store"
+	"github.com/hotcount/hotcount/schema"
 )
 
 // stream names one incarnation of a partition stream: its partition, its
@@ -26,7 +26,7 @@ type stream struct {
 // positions do not compare.
 type key struct {
 	s stream
-	c store.Counter
+	c schema.Counter
 }
 
 // entry is a counter's unwritten delta: the sum of the counter's mentions
@@ -42,7 +42,7 @@ type entry struct {
 
 // merge adds o, which covers other sequences of the same counter, to e.
 func (e *entry) merge(o entry) {
-	e.delta, _ = store.SatAdd(e.delta, o.delta)
+	e.delta, _ = schema.SatAdd(e.delta, o.delta)
 	e.first, e.last = min(e.first, o.first), max(e.last, o.last)
 	if e.since == 0 || o.since != 0 && o.since < e.since {
 		e.since = o.since // 0 is unknown (a recount's), not oldest
@@ -69,7 +69,7 @@ type window struct {
 // streamWindow is one stream's share of the window.
 type streamWindow struct {
 	read     uint64 // the last sequence handed in: kept across drains
-	counters map[store.Counter]*entry
+	counters map[schema.Counter]*entry
 	// mark is the last sequence counted and its publication: no write
 	// of the stream's spans reaches past it (the high-water mark).
 	mark mark
@@ -92,7 +92,7 @@ func newWindow() *window {
 func (w *window) of(s stream) *streamWindow {
 	sw, ok := w.streams[s]
 	if !ok {
-		sw = &streamWindow{counters: make(map[store.Counter]*entry)}
+		sw = &streamWindow{counters: make(map[schema.Counter]*entry)}
 		w.streams[s] = sw
 	}
 	return sw
@@ -103,7 +103,7 @@ func (w *window) of(s stream) *streamWindow {
 // flush splits: one map operation per mention). A sequence at or below
 // what the window has already been handed of s is ignored: the engine
 // reads each sequence once.
-func (w *window) add(s stream, seq uint64, delta int64, published time.Time, cs ...store.Counter) {
+func (w *window) add(s stream, seq uint64, delta int64, published time.Time, cs ...schema.Counter) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	sw := w.of(s)
@@ -141,7 +141,7 @@ func (w *window) resume(s stream) uint64 {
 // put merges e into c's entry of sw; mu must be held. Only a new
 // counter's entry goes to the heap: taking e's address would move every
 // mention's e there.
-func (w *window) put(sw *streamWindow, c store.Counter, e entry) {
+func (w *window) put(sw *streamWindow, c schema.Counter, e entry) {
 	if e.since != 0 && (sw.oldest == 0 || e.since < sw.oldest) {
 		sw.oldest = e.since
 	}
@@ -179,7 +179,7 @@ func (w *window) drain() drained {
 		for c, e := range sw.counters {
 			d.counters[key{s, c}] = e
 		}
-		sw.counters = make(map[store.Counter]*entry, len(sw.counters))
+		sw.counters = make(map[schema.Counter]*entry, len(sw.counters))
 	}
 	w.entries.Store(0)
 	return d
@@ -205,7 +205,7 @@ func (w *window) pending(topic string, minute int64) int64 {
 	defer w.mu.Unlock()
 	var n int64
 	for _, sw := range w.streams {
-		for _, c := range []store.Counter{store.TotalOf(topic), freshOf(topic, minute), freshOf(topic, minute-1)} {
+		for _, c := range []schema.Counter{schema.TotalOf(topic), freshOf(topic, minute), freshOf(topic, minute-1)} {
 			if e, ok := sw.counters[c]; ok {
 				n += e.delta
 			}
@@ -214,12 +214,12 @@ func (w *window) pending(topic string, minute int64) int64 {
 	return n
 }
 
-func freshOf(topic string, minute int64) store.Counter {
-	return store.Counter{Topic: topic, Kind: store.Fresh, Index: minute}
+func freshOf(topic string, minute int64) schema.Counter {
+	return schema.Counter{Topic: topic, Kind: schema.Fresh, Index: minute}
 }
 
 // split turns the Fresh counters of a drained window into the counters
-// they count in (store.Counter.Split): the topic's total, and its minute
+// they count in (schema.Counter.Split): the topic's total, and its minute
 // and hour buckets as they are on. Each takes the Fresh counter's span;
 // one counter fed by several merges their spans, which stay a run of
 // the counter's mentions without a gap since the window holds all of them.
@@ -233,7 +233,7 @@ func split(counters map[key]*entry) map[key]*entry {
 		out[k] = &e
 	}
 	for k, e := range counters {
-		if k.c.Kind != store.Fresh {
+		if k.c.Kind != schema.Fresh {
 			put(k, *e)
 			continue
 		}

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/hotcount/hotcount/pipeline/store"
+	"github.com/hotcount/hotcount/schema"
 )
 
 // BenchmarkWindowAdd is a reader's add of one mention: 1,000 Zipf
@@ -18,7 +18,7 @@ func BenchmarkWindowAdd(b *testing.B) {
 		topics[i] = "topic-" + strconv.Itoa(i)
 	}
 	z := rand.NewZipf(rand.New(rand.NewPCG(1, 2)), 1.1, 1, uint64(len(topics)-1))
-	seq := make([]store.Counter, 1<<16)
+	seq := make([]schema.Counter, 1<<16)
 	for i := range seq {
 		seq[i] = freshOf(topics[z.Uint64()], 29_000_000)
 	}

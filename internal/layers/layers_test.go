@@ -62,6 +62,24 @@ func TestWirePackagesAreStandardOnly(t *testing.T) {
 	}
 }
 
+// TestSchemaAndConfigNeedNoServer: the key schema (schema) and the
+// settings (config) name counters and read settings without compiling the
+// AWS SDK, bbolt, otter, Prometheus or zap: the adapters and the stages
+// that need them import them, not the packages every tool reads.
+func TestSchemaAndConfigNeedNoServer(t *testing.T) {
+	heavy := []string{"github.com/aws/", "go.etcd.io/bbolt", "github.com/maypok86/otter", "github.com/prometheus/", "go.uber.org/zap"}
+	for _, pkg := range []string{"./schema", "./config"} {
+		for _, p := range nonStandard(t, pkg) {
+			if slices.ContainsFunc(heavy, func(h string) bool { return strings.HasPrefix(p, h) }) {
+				t.Errorf("%s compiles %s", pkg, p)
+			}
+			if strings.HasPrefix(p, module+"pipeline/") || strings.HasPrefix(p, module+"durability/") {
+				t.Errorf("%s compiles the stage %s", pkg, p)
+			}
+		}
+	}
+}
+
 // TestPipelineNeverImportsDurability: the stages under pipeline/ are what
 // every mode runs; the durable modes build on them, never the other way.
 // Nothing a stage compiles reaches durability/, however indirectly; its

@@ -9,10 +9,10 @@
 // topics in it.
 //
 // With time buckets on (WithBuckets), a mention counts in its topic's
-// minute counter (a store.Counter of kind store.Fresh) instead of the
+// minute counter (a schema.Counter of kind schema.Fresh) instead of the
 // topic's: one counter per topic per minute, which the flusher splits into
 // the topic's total and its minute and hour buckets. A window keys its
-// counters by name (store.Counter.AppendName: a total's is its topic),
+// counters by name (schema.Counter.AppendName: a total's is its topic),
 // the compact form, which spilling and merging back keep as it is; a
 // window's topic and mention counts leave out the minute and hour bucket
 // counters a failed flush hands back.
@@ -32,7 +32,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/hotcount/hotcount/pipeline/spill"
-	"github.com/hotcount/hotcount/pipeline/store"
+	"github.com/hotcount/hotcount/schema"
 )
 
 // DefaultMaxTopics is the default bound on distinct topics in one window.
@@ -123,7 +123,7 @@ func (w Window) Len() int { return w.Deltas.Len() }
 func (w Window) Mentions() int64 { return mentionsOf(w.Deltas) }
 
 // mentionCounters counts d's counters of mentions
-// (store.Counter.CountsMentions).
+// (schema.Counter.CountsMentions).
 func mentionCounters(d *Deltas) int {
 	n := 0
 	for name := range d.All() {
@@ -147,7 +147,7 @@ func mentionsOf(d *Deltas) int64 {
 // countsMentions says whether the counter named name counts mentions (a
 // topic's total or its Fresh minute), not a bucket's repeat of them.
 func countsMentions(name string) bool {
-	c, _ := store.ParseName(name)
+	c, _ := schema.ParseName(name)
 	return c.CountsMentions()
 }
 
@@ -327,7 +327,7 @@ func (a *Aggregator) add(topic string, delta int64, at time.Time) (grew bool) {
 	}
 	// The minute as named (a name keeps its index within range): Pending
 	// looks the counter up by that name.
-	c := freshOf(topic, store.Minute.Index(at)).Named()
+	c := freshOf(topic, schema.Minute.Index(at)).Named()
 	added, isNew := a.addCounter(a.scratch(c), delta, true)
 	more := a.fresh.add(topic, c.Index, added)
 	a.bytes += more
@@ -335,13 +335,13 @@ func (a *Aggregator) add(topic string, delta int64, at time.Time) (grew bool) {
 }
 
 // freshOf is topic's Fresh counter of minute m.
-func freshOf(topic string, m int64) store.Counter {
-	return store.Counter{Topic: topic, Kind: store.Fresh, Index: m}
+func freshOf(topic string, m int64) schema.Counter {
+	return schema.Counter{Topic: topic, Kind: schema.Fresh, Index: m}
 }
 
 // scratch names c in a.name: a string valid until the next call
 // (Deltas.Ref copies what it keeps). mu must be held.
-func (a *Aggregator) scratch(c store.Counter) string {
+func (a *Aggregator) scratch(c schema.Counter) string {
 	a.name = c.AppendName(a.name[:0])
 	if len(a.name) > maxShort {
 		return string(a.name) // Deltas keeps a long name as given
@@ -355,7 +355,7 @@ func (a *Aggregator) scratch(c store.Counter) string {
 // saturates); mu must be held.
 func (a *Aggregator) addCounter(name string, delta int64, mentions bool) (added int64, isNew bool) {
 	v, isNew := a.cur.Deltas.Ref(name)
-	if sum, capped := store.SatAdd(*v, delta); capped {
+	if sum, capped := schema.SatAdd(*v, delta); capped {
 		a.saturated.Inc() // an atomic add: cheap enough under the lock
 		delta = sum - *v
 	}
@@ -388,10 +388,10 @@ func (a *Aggregator) signal(full bool) {
 	}
 }
 
-// satAdd is store.SatAdd without its flag, for totals that say nothing
+// satAdd is schema.SatAdd without its flag, for totals that say nothing
 // of a cap.
 func satAdd(x, y int64) int64 {
-	sum, _ := store.SatAdd(x, y)
+	sum, _ := schema.SatAdd(x, y)
 	return sum
 }
 
@@ -710,7 +710,7 @@ func indexFresh(d *Deltas, perMinute map[int64]int) (f freshIndex, bytes int64) 
 		return f, 0
 	}
 	for name, v := range d.All() {
-		if c, _ := store.ParseName(name); c.Kind == store.Fresh {
+		if c, _ := schema.ParseName(name); c.Kind == schema.Fresh {
 			bytes += f.add(c.Topic, c.Index, v)
 		}
 	}
@@ -733,14 +733,14 @@ func statsOf(d *Deltas) windowStats {
 	var perMinute map[int64]int // Fresh counters in each minute
 	for name, v := range d.All() {
 		ws.bytes += int64(len(name)) + TopicOverhead
-		c, _ := store.ParseName(name)
+		c, _ := schema.ParseName(name)
 		if !c.CountsMentions() {
 			ws.buckets++
 			continue
 		}
 		ws.counters++
 		ws.total = satAdd(ws.total, v)
-		if c.Kind == store.Fresh {
+		if c.Kind == schema.Fresh {
 			if perMinute == nil {
 				perMinute = make(map[int64]int, 1)
 			}
@@ -757,9 +757,9 @@ func statsOf(d *Deltas) windowStats {
 // taken back from disk, reading what it counts from the name, and notes
 // a Fresh counter for Pending; mu must be held.
 func (a *Aggregator) addNamed(name string, delta int64) {
-	c, _ := store.ParseName(name)
+	c, _ := schema.ParseName(name)
 	added, _ := a.addCounter(name, delta, c.CountsMentions())
-	if c.Kind == store.Fresh {
+	if c.Kind == schema.Fresh {
 		a.bytes += a.fresh.add(c.Topic, c.Index, added)
 	}
 }

@@ -13,7 +13,7 @@ import (
 
 	"github.com/hotcount/hotcount/internal/testtools/testenv"
 	"github.com/hotcount/hotcount/pipeline/aggregator"
-	"github.com/hotcount/hotcount/pipeline/store"
+	"github.com/hotcount/hotcount/schema"
 )
 
 func TestAddDrainMerge(t *testing.T) {
@@ -145,7 +145,7 @@ func TestMinuteCounters(t *testing.T) {
 	}
 	w := a.Drain()
 	fresh := func(topic string, at time.Time) string {
-		return store.Counter{Topic: topic, Kind: store.Fresh, Index: store.Minute.Index(at)}.Name()
+		return schema.Counter{Topic: topic, Kind: schema.Fresh, Index: schema.Minute.Index(at)}.Name()
 	}
 	want := map[string]int64{
 		fresh("golang", clk.Now().Add(-time.Minute)):   2,

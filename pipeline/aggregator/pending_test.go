@@ -14,7 +14,7 @@ import (
 	"github.com/hotcount/hotcount/internal/testtools/testenv"
 	"github.com/hotcount/hotcount/pipeline/aggregator"
 	"github.com/hotcount/hotcount/pipeline/spill"
-	"github.com/hotcount/hotcount/pipeline/store"
+	"github.com/hotcount/hotcount/schema"
 )
 
 // keeper is a spill folder that keeps what it is given, fails on demand,
@@ -33,7 +33,7 @@ func (s *keeper) keep(d spill.Deltas) error {
 		return errors.New("disk full")
 	}
 	for name, v := range d.All() {
-		if c, _ := store.ParseName(name); c.CountsMentions() {
+		if c, _ := schema.ParseName(name); c.CountsMentions() {
 			s.kept[c.Topic] += v
 		}
 	}
@@ -49,7 +49,7 @@ func (s *keeper) Stats() (int64, int)             { return 0, 0 }
 func mentionsByTopic(d *aggregator.Deltas) map[string]int64 {
 	out := map[string]int64{}
 	for name, v := range d.All() {
-		if c, _ := store.ParseName(name); c.CountsMentions() {
+		if c, _ := schema.ParseName(name); c.CountsMentions() {
 			out[c.Topic] += v
 		}
 	}
@@ -60,13 +60,13 @@ func mentionsByTopic(d *aggregator.Deltas) map[string]int64 {
 // counter split into its topic's total and its minute and hour buckets.
 func splitBack(w aggregator.Window) aggregator.Window {
 	out := aggregator.NewDeltas(0)
-	add := func(c store.Counter, v int64) {
+	add := func(c schema.Counter, v int64) {
 		p, _ := out.Ref(c.Name())
 		*p += v
 	}
 	for name, v := range w.Deltas.All() {
-		c, _ := store.ParseName(name)
-		if c.Kind != store.Fresh {
+		c, _ := schema.ParseName(name)
+		if c.Kind != schema.Fresh {
 			add(c, v)
 			continue
 		}

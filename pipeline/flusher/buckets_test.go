@@ -12,6 +12,7 @@ import (
 	"github.com/hotcount/hotcount/pipeline/aggregator"
 	"github.com/hotcount/hotcount/pipeline/flusher"
 	"github.com/hotcount/hotcount/pipeline/store"
+	"github.com/hotcount/hotcount/schema"
 )
 
 // TestOutageKeepsMinutesWhole: while the store refuses everything, a flush
@@ -26,7 +27,7 @@ func TestOutageKeepsMinutesWhole(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer b.Close()
-	st := &faulty{Bolt: b, tried: map[store.Counter][]int{}, down: true}
+	st := &faulty{Bolt: b, tried: map[schema.Counter][]int{}, down: true}
 	agg := aggregator.New(100_000, reg, aggregator.WithBuckets(func() time.Time { return now }))
 	c := cfg
 	c.Minutes, c.Hours = true, true
@@ -52,7 +53,7 @@ func TestOutageKeepsMinutesWhole(t *testing.T) {
 	for _, topic := range []string{"first", "t0", "t999"} {
 		var minute, hour int64
 		for shard := range c.Shards {
-			keys := []string{store.BucketKey(topic, store.Minute, store.Minute.Index(now), shard), store.BucketKey(topic, store.Hour, store.Hour.Index(now), shard)}
+			keys := []string{schema.BucketKey(topic, schema.Minute, schema.Minute.Index(now), shard), schema.BucketKey(topic, schema.Hour, schema.Hour.Index(now), shard)}
 			got, err := b.Counts(ctx, keys, false)
 			if err != nil {
 				t.Fatal(err)
@@ -63,7 +64,7 @@ func TestOutageKeepsMinutesWhole(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if sum, _ := store.Sum(total); minute != 1 || hour != 1 || sum != 1 {
+		if sum, _ := schema.Sum(total); minute != 1 || hour != 1 || sum != 1 {
 			t.Errorf("%s: minute %d, hour %d, total %d; want 1 each", topic, minute, hour, sum)
 		}
 	}

@@ -9,6 +9,7 @@ import (
 	"github.com/hotcount/hotcount/pipeline/aggregator"
 	"github.com/hotcount/hotcount/pipeline/ownwrites"
 	"github.com/hotcount/hotcount/pipeline/store"
+	"github.com/hotcount/hotcount/schema"
 )
 
 // Flush drains the window once and writes every delta to a random shard,
@@ -106,7 +107,7 @@ func held(d *aggregator.Deltas) func(topic string) int64 {
 		return nil
 	}
 	return func(topic string) int64 {
-		q, _ := d.Get(store.TotalOf(topic).Name()) // 0 when not there
+		q, _ := d.Get(schema.TotalOf(topic).Name()) // 0 when not there
 		return q
 	}
 }
@@ -114,22 +115,22 @@ func held(d *aggregator.Deltas) func(topic string) int64 {
 // round is one flush's tally of its writes' answers. The flush's goroutine
 // owns it: the batch hands it every answer (take).
 type round struct {
-	counters  int                           // counters the flush had to write
-	wrote     []counterDelta                // new writes applied
-	settled   map[store.Counter]int64       // writes in doubt now in the store
-	doubt     map[store.Counter]store.Write // new writes in doubt
-	denied    map[store.Counter]error       // new writes refused for good (store.Denied)
-	denials   int                           // answers, new or resent, refusing for good
-	failures  int                           // answers, new or resent, neither applied nor refusing for good
-	written   int64                         // deltas applied, of both kinds
-	refused   int                           // new writes refused with an answer, throttles aside
-	throttled int                           // new writes throttled on every shard tried
-	err       error                         // the first failure
+	counters  int                            // counters the flush had to write
+	wrote     []counterDelta                 // new writes applied
+	settled   map[schema.Counter]int64       // writes in doubt now in the store
+	doubt     map[schema.Counter]store.Write // new writes in doubt
+	denied    map[schema.Counter]error       // new writes refused for good (store.Denied)
+	denials   int                            // answers, new or resent, refusing for good
+	failures  int                            // answers, new or resent, neither applied nor refusing for good
+	written   int64                          // deltas applied, of both kinds
+	refused   int                            // new writes refused with an answer, throttles aside
+	throttled int                            // new writes throttled on every shard tried
+	err       error                          // the first failure
 }
 
 // counterDelta is a counter's delta.
 type counterDelta struct {
-	counter store.Counter
+	counter schema.Counter
 	delta   int64
 }
 
@@ -178,7 +179,7 @@ func (r *round) down(limit int) bool { return r.refused >= limit && r.written ==
 // context and the store allow, and tallies their answers. A write not
 // started is no ambiguity: its delta waits for the next flush.
 func (f *Flusher) send(ctx context.Context, w aggregator.Window, shards shardTable, deadline time.Time) *round {
-	r := &round{counters: w.Len(), settled: make(map[store.Counter]int64), doubt: make(map[store.Counter]store.Write), denied: make(map[store.Counter]error)}
+	r := &round{counters: w.Len(), settled: make(map[schema.Counter]int64), doubt: make(map[schema.Counter]store.Write), denied: make(map[schema.Counter]error)}
 	b := f.writer.batch(func(as []answer) {
 		f.view.Answered(viewed(as))
 		for _, a := range as {
@@ -193,7 +194,7 @@ func (f *Flusher) send(ctx context.Context, w aggregator.Window, shards shardTab
 		if !b.acquire(inTime) {
 			break
 		}
-		if c.Kind == store.Total {
+		if c.Kind == schema.Total {
 			f.view.Resent(c.Topic)
 		}
 		b.run(func() answer {
@@ -208,7 +209,7 @@ func (f *Flusher) send(ctx context.Context, w aggregator.Window, shards shardTab
 			continue
 		}
 		x, n, sentAt := shards.newWrite(c, delta, f.cfg.Writer), shards.of(c), f.now()
-		if c.Kind == store.Total {
+		if c.Kind == schema.Total {
 			sentAt = f.view.Sent(c.Topic)
 		}
 		b.run(func() answer {
@@ -229,7 +230,7 @@ func viewed(as []answer) []ownwrites.Answer {
 	out := make([]ownwrites.Answer, 0, len(as))
 	for _, a := range as {
 		c := a.write.Counter
-		if c.Kind != store.Total {
+		if c.Kind != schema.Total {
 			continue
 		}
 		o := ownwrites.Refused
@@ -302,7 +303,7 @@ func (f *Flusher) observe(r *round) {
 	if f.observer == nil || r.written == 0 {
 		return
 	}
-	observed := make(map[store.Counter]int64, len(r.settled)+len(r.wrote))
+	observed := make(map[schema.Counter]int64, len(r.settled)+len(r.wrote))
 	for _, x := range r.wrote {
 		observed[x.counter] = x.delta
 	}

@@ -17,31 +17,7 @@ import (
 	"github.com/hotcount/hotcount/pipeline/aggregator"
 	"github.com/hotcount/hotcount/pipeline/ownwrites"
 	"github.com/hotcount/hotcount/pipeline/store"
-)
-
-// Defaults, used by the config package.
-const (
-	// DefaultInterval is how often the window is flushed (before jitter).
-	DefaultInterval = time.Second
-	// DefaultTimeout is how long a flush may go on starting writes; writes
-	// not started by then wait for the next flush.
-	DefaultTimeout = 5 * time.Second
-	// DefaultConcurrency bounds the writes in flight at once. A flush runs
-	// as many as it has topics, up to this: a long tail of new topics is
-	// written at the store's pace, not at 16 round trips at a time. It
-	// matches the HTTP client's idle connections per host.
-	DefaultConcurrency = 256
-	// EmbeddedConcurrency is the default against the embedded store,
-	// where a write in flight is only a goroutine waiting for its group's
-	// commit: the more there are, the more each fsync carries. At 256 a
-	// long tail of 20,000 new topics a second fell behind as the file grew
-	// (0.95× keep-up, 141,000 topics unwritten when the load stopped);
-	// at 1,024 it kept pace with about a second of backlog
-	// (BenchmarkLongTail).
-	EmbeddedConcurrency = 1024
-	// DefaultShards is the number of shards a new topic starts with: one
-	// (no metadata item, one row), raised when its writes are throttled.
-	DefaultShards = 1
+	"github.com/hotcount/hotcount/schema"
 )
 
 // DefaultWriteTimeout bounds one write once started (--write-timeout). A
@@ -95,7 +71,7 @@ type Store interface {
 // topic's total, or one of its time buckets), the delta. It must not keep
 // the map.
 type Observer interface {
-	Observe(written map[store.Counter]int64)
+	Observe(written map[schema.Counter]int64)
 }
 
 // Shards gives each topic's shard count (per-topic metadata) and is told
@@ -122,7 +98,7 @@ func WithObserver(os ...Observer) Option {
 
 type observers []Observer
 
-func (os observers) Observe(written map[store.Counter]int64) {
+func (os observers) Observe(written map[schema.Counter]int64) {
 	for _, o := range os {
 		o.Observe(written)
 	}
@@ -145,7 +121,7 @@ type Config struct {
 	// one), the identity of its writes' marks.
 	Writer string
 	// Minutes and Hours say which time buckets a topic's minute counter
-	// (store.Fresh, added by the aggregator) is written to besides its
+	// (schema.Fresh, added by the aggregator) is written to besides its
 	// total (--windows).
 	Minutes, Hours bool
 	// QuarantineAfter is how long a counter's writes may be refused for
@@ -173,7 +149,7 @@ type Flusher struct {
 	// tried forever); denied follows the runs of such refusals, by
 	// counter (the flush's goroutine's, under flushMu).
 	quarantine Quarantine
-	denied     map[store.Counter]denial
+	denied     map[schema.Counter]denial
 	poisoned   map[string]bool // topics quarantined, none of whose writes has landed since
 	seq        *store.Sequencer
 	planning   planning
@@ -205,7 +181,7 @@ func New(cfg Config, buf Buffer, st Store, log *zap.Logger, m *Metrics, now func
 		cfg.QuarantineAfter = DefaultQuarantineAfter
 	}
 	f := &Flusher{cfg: cfg, buf: buf, log: log.Named("flusher"), metrics: m, now: now, seq: store.NewSequencer(now),
-		denied: make(map[store.Counter]denial), poisoned: make(map[string]bool)}
+		denied: make(map[schema.Counter]denial), poisoned: make(map[string]bool)}
 	for _, o := range opts {
 		o(f)
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/hotcount/hotcount/pipeline/aggregator"
 	"github.com/hotcount/hotcount/pipeline/flusher"
 	"github.com/hotcount/hotcount/pipeline/store"
+	"github.com/hotcount/hotcount/schema"
 )
 
 // faulty wraps the real embedded store with injected faults: down fails
@@ -25,11 +26,11 @@ type faulty struct {
 	mu            sync.Mutex
 	down          bool
 	throttleFirst bool
-	poison        store.Counter            // a counter every write of which is refused (zero: none)
-	denied        func(store.Counter) bool // counters refused for good (store.ErrDenied); nil: none
-	loseFirst     bool                     // each topic's first write is applied and its answer lost
+	poison        schema.Counter            // a counter every write of which is refused (zero: none)
+	denied        func(schema.Counter) bool // counters refused for good (store.ErrDenied); nil: none
+	loseFirst     bool                      // each topic's first write is applied and its answer lost
 	latency       time.Duration
-	tried         map[store.Counter][]int
+	tried         map[schema.Counter][]int
 	started       []time.Time // when each write began
 }
 
@@ -40,7 +41,7 @@ func (f *faulty) Add(ctx context.Context, w store.Write, now time.Time) error {
 	f.tried[w.Counter] = append(f.tried[w.Counter], w.Shard)
 	f.started = append(f.started, time.Now())
 	first := len(f.tried[w.Counter]) == 1
-	down, throttle, latency := f.down || (f.poison != store.Counter{} && w.Counter == f.poison), f.throttleFirst && first, f.latency
+	down, throttle, latency := f.down || (f.poison != schema.Counter{} && w.Counter == f.poison), f.throttleFirst && first, f.latency
 	lose := f.loseFirst && first
 	denied := f.denied != nil && f.denied(w.Counter)
 	f.mu.Unlock()
@@ -86,7 +87,7 @@ func newFixture(t *testing.T, cfg flusher.Config, now func() time.Time, opts ...
 	if now == nil {
 		now = time.Now
 	}
-	fx := &fixture{agg: aggregator.New(1000, reg), st: &faulty{Bolt: b, tried: map[store.Counter][]int{}}, reg: reg}
+	fx := &fixture{agg: aggregator.New(1000, reg), st: &faulty{Bolt: b, tried: map[schema.Counter][]int{}}, reg: reg}
 	fx.fl = flusher.New(cfg, fx.agg, fx.st, zaptest.NewLogger(t), flusher.NewMetrics(reg), now, opts...)
 	return fx
 }
@@ -97,7 +98,7 @@ func (fx *fixture) total(t *testing.T, topic string, shards int) int64 {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sum, _ := store.Sum(got)
+	sum, _ := schema.Sum(got)
 	return sum
 }
 
@@ -276,8 +277,8 @@ func TestFinalGivesUpAtDeadline(t *testing.T) {
 	if n := testenv.Metric(t, fx.reg, "hotcount_flusher_unflushed_total"); n != 10 {
 		t.Errorf("unflushed = %v, want 10", n)
 	}
-	if len(fx.st.tried[store.TotalOf("x")]) < 2 {
-		t.Errorf("Final tried %d times, want retries while there is time for them", len(fx.st.tried[store.TotalOf("x")]))
+	if len(fx.st.tried[schema.TotalOf("x")]) < 2 {
+		t.Errorf("Final tried %d times, want retries while there is time for them", len(fx.st.tried[schema.TotalOf("x")]))
 	}
 }
 
@@ -353,9 +354,9 @@ func TestDeadlinePassesMidFlush(t *testing.T) {
 	}
 }
 
-type recorder struct{ seen map[store.Counter]int64 }
+type recorder struct{ seen map[schema.Counter]int64 }
 
-func (r *recorder) Observe(w map[store.Counter]int64) {
+func (r *recorder) Observe(w map[schema.Counter]int64) {
 	for c, d := range w {
 		r.seen[c] += d
 	}
@@ -370,9 +371,9 @@ func TestObserverSeesWhatWasWritten(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer b.Close()
-	st := &faulty{Bolt: b, tried: map[store.Counter][]int{}}
+	st := &faulty{Bolt: b, tried: map[schema.Counter][]int{}}
 	agg := aggregator.New(100, reg)
-	rec := &recorder{seen: map[store.Counter]int64{}}
+	rec := &recorder{seen: map[schema.Counter]int64{}}
 	fl := flusher.New(cfg, agg, st, zaptest.NewLogger(t), flusher.NewMetrics(reg), time.Now, flusher.WithObserver(rec))
 	agg.Add("a", 3)
 	st.set(true)
@@ -387,7 +388,7 @@ func TestObserverSeesWhatWasWritten(t *testing.T) {
 	if err := fl.Flush(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	if rec.seen[store.TotalOf("a")] != 3 || rec.seen[store.TotalOf("b")] != 2 || len(rec.seen) != 2 {
+	if rec.seen[schema.TotalOf("a")] != 3 || rec.seen[schema.TotalOf("b")] != 2 || len(rec.seen) != 2 {
 		t.Errorf("observed %v, want a:3 b:2", rec.seen)
 	}
 }
@@ -399,7 +400,7 @@ func TestObserverSeesWhatWasWritten(t *testing.T) {
 func TestPoisonTopicDoesNotStopTheFlusher(t *testing.T) {
 	clk := testenv.NewClock(time.Unix(1_800_000_000, 0))
 	fx := newFixture(t, cfg, clk.Now)
-	fx.st.poison = store.TotalOf("poison")
+	fx.st.poison = schema.TotalOf("poison")
 	for round := range 3 {
 		clk.Add(time.Minute)
 		fx.agg.Add("poison", 1)

@@ -4,6 +4,7 @@ import (
 	"iter"
 
 	"github.com/hotcount/hotcount/pipeline/store"
+	"github.com/hotcount/hotcount/schema"
 )
 
 // ledger is what this writer still owes: its writes in doubt, each sent
@@ -14,11 +15,11 @@ import (
 // goroutine holding Flusher.flushMu uses it.
 type ledger struct {
 	metrics *Metrics
-	pending map[store.Counter]store.Write // writes in doubt
+	pending map[schema.Counter]store.Write // writes in doubt
 }
 
 func newLedger(m *Metrics) *ledger {
-	return &ledger{metrics: m, pending: make(map[store.Counter]store.Write)}
+	return &ledger{metrics: m, pending: make(map[schema.Counter]store.Write)}
 }
 
 // waiting returns the topics with a write in doubt, of their total or of
@@ -33,8 +34,8 @@ func (l *ledger) waiting() map[string]bool {
 
 // resendable yields, by counter, the writes in doubt to send again, while
 // more says so.
-func (l *ledger) resendable(more func() bool) iter.Seq2[store.Counter, store.Write] {
-	return func(yield func(store.Counter, store.Write) bool) {
+func (l *ledger) resendable(more func() bool) iter.Seq2[schema.Counter, store.Write] {
+	return func(yield func(schema.Counter, store.Write) bool) {
 		for c, w := range l.pending {
 			if !more() || !yield(c, w) {
 				return
@@ -47,7 +48,7 @@ func (l *ledger) resendable(more func() bool) iter.Seq2[store.Counter, store.Wri
 func (l *ledger) writes() int { return len(l.pending) }
 
 // settle drops the writes now in the store (by counter).
-func (l *ledger) settle(settled map[store.Counter]int64) {
+func (l *ledger) settle(settled map[schema.Counter]int64) {
 	for c := range settled {
 		delete(l.pending, c)
 	}
@@ -55,7 +56,7 @@ func (l *ledger) settle(settled map[store.Counter]int64) {
 
 // doubted makes each new write in doubt c's pending write, sent again
 // as a retry, unless c has one.
-func (l *ledger) doubted(doubt map[store.Counter]store.Write) {
+func (l *ledger) doubted(doubt map[schema.Counter]store.Write) {
 	for c, w := range doubt {
 		if _, ok := l.pending[c]; !ok {
 			w.Retry = true

@@ -6,6 +6,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/hotcount/hotcount/pipeline/store"
+	"github.com/hotcount/hotcount/schema"
 )
 
 func testLedger() *ledger { return newLedger(NewMetrics(prometheus.NewRegistry())) }
@@ -16,16 +17,16 @@ func testLedger() *ledger { return newLedger(NewMetrics(prometheus.NewRegistry()
 // has one, and is clear once the store settles them all.
 func TestDoubtWaitsUntilSettled(t *testing.T) {
 	l := testLedger()
-	total, hour := store.Write{Counter: store.TotalOf("foo"), Delta: 5, Seq: 7}, store.Write{Counter: hourOf("foo"), Delta: 5, Seq: 8}
-	l.doubted(map[store.Counter]store.Write{total.Counter: total, hour.Counter: hour})
-	l.doubted(map[store.Counter]store.Write{total.Counter: {Counter: total.Counter, Delta: 9, Seq: 12}})
+	total, hour := store.Write{Counter: schema.TotalOf("foo"), Delta: 5, Seq: 7}, store.Write{Counter: hourOf("foo"), Delta: 5, Seq: 8}
+	l.doubted(map[schema.Counter]store.Write{total.Counter: total, hour.Counter: hour})
+	l.doubted(map[schema.Counter]store.Write{total.Counter: {Counter: total.Counter, Delta: 9, Seq: 12}})
 	if w := l.pending[total.Counter]; !w.Retry || w.Seq != 7 || w.Delta != 5 {
 		t.Errorf("foo's total pending as %+v, want the first write in doubt, as a retry", w)
 	}
 	if w := l.waiting(); !w["foo"] || len(w) != 1 {
 		t.Errorf("waiting %v, want foo", w)
 	}
-	sent := map[store.Counter]bool{}
+	sent := map[schema.Counter]bool{}
 	for c, w := range l.resendable(func() bool { return true }) {
 		if !w.Retry {
 			t.Errorf("%+v resent as a new write", w)
@@ -38,11 +39,11 @@ func TestDoubtWaitsUntilSettled(t *testing.T) {
 	for c := range l.resendable(func() bool { return false }) {
 		t.Errorf("%+v yielded past the deadline", c)
 	}
-	l.settle(map[store.Counter]int64{total.Counter: 5})
+	l.settle(map[schema.Counter]int64{total.Counter: 5})
 	if w := l.waiting(); !w["foo"] || l.writes() != 1 {
 		t.Errorf("foo's hour still in doubt: waiting %v, %d pending; want foo, 1", w, l.writes())
 	}
-	l.settle(map[store.Counter]int64{hour.Counter: 5})
+	l.settle(map[schema.Counter]int64{hour.Counter: 5})
 	if w := l.waiting(); len(w) != 0 || l.writes() != 0 {
 		t.Errorf("all settled: waiting %v, %d pending; want none", w, l.writes())
 	}
@@ -52,10 +53,10 @@ func TestDoubtWaitsUntilSettled(t *testing.T) {
 // reported once (a bucket's mentions are its total's).
 func TestAtExit(t *testing.T) {
 	l := testLedger()
-	l.doubted(map[store.Counter]store.Write{
-		store.TotalOf("foo"): {Counter: store.TotalOf("foo"), Delta: 5},
-		hourOf("foo"):        {Counter: hourOf("foo"), Delta: 5},
-		store.TotalOf("bar"): {Counter: store.TotalOf("bar"), Delta: 3},
+	l.doubted(map[schema.Counter]store.Write{
+		schema.TotalOf("foo"): {Counter: schema.TotalOf("foo"), Delta: 5},
+		hourOf("foo"):         {Counter: hourOf("foo"), Delta: 5},
+		schema.TotalOf("bar"): {Counter: schema.TotalOf("bar"), Delta: 3},
 	})
 	if doubt := l.atExit(); doubt != 8 {
 		t.Errorf("doubt %d, want 8", doubt)

@@ -4,7 +4,7 @@ import (
 	"iter"
 
 	"github.com/hotcount/hotcount/pipeline/aggregator"
-	"github.com/hotcount/hotcount/pipeline/store"
+	"github.com/hotcount/hotcount/schema"
 )
 
 // planning is the part of Config a plan follows: a value, set by New and
@@ -24,7 +24,7 @@ type planning struct {
 // they are the buffer's, the ingest changes them, so past drain only their
 // sizes are read.
 //
-// The plan is where a counter's name becomes a store.Counter: the window
+// The plan is where a counter's name becomes a schema.Counter: the window
 // keeps its counters by name, in its compact table (33 B a topic, which
 // goes back to the buffer as it is, a million topics during an outage),
 // and the flush reads each name as it hands the counter on (counters: no
@@ -87,16 +87,16 @@ func probe(w *aggregator.Window, n int) (rest *aggregator.Deltas) {
 	return rest
 }
 
-// counterOf reads a counter's name. A damaged one (store.ParseName) reads
+// counterOf reads a counter's name. A damaged one (schema.ParseName) reads
 // as a total: written, not lost.
-func counterOf(name string) store.Counter {
-	c, _ := store.ParseName(name)
+func counterOf(name string) schema.Counter {
+	c, _ := schema.ParseName(name)
 	return c
 }
 
 // counters yields the counters of d and their deltas.
-func counters(d *aggregator.Deltas) iter.Seq2[store.Counter, int64] {
-	return func(yield func(store.Counter, int64) bool) {
+func counters(d *aggregator.Deltas) iter.Seq2[schema.Counter, int64] {
+	return func(yield func(schema.Counter, int64) bool) {
 		for name, delta := range d.All() {
 			if !yield(counterOf(name), delta) {
 				return
@@ -107,7 +107,7 @@ func counters(d *aggregator.Deltas) iter.Seq2[store.Counter, int64] {
 
 // sortInto sorts the counters of src into write, or held for the waiting
 // topics, in one walk that reads each name once and changes nothing of
-// src: each minute counter (store.Fresh) becomes the counters it is
+// src: each minute counter (schema.Fresh) becomes the counters it is
 // written to, its topic's total and as --windows asks its minute and hour
 // buckets. What a flush cannot write goes back split, never as Fresh, so
 // a mention reaches each counter once.
@@ -118,9 +118,9 @@ func sortInto(src, write, held *aggregator.Deltas, waiting map[string]bool, c pl
 		if waiting[x.Topic] {
 			into = held
 		}
-		if x.Kind != store.Fresh {
+		if x.Kind != schema.Fresh {
 			v, _ := into.Ref(name)
-			*v, _ = store.SatAdd(*v, delta)
+			*v, _ = schema.SatAdd(*v, delta)
 			continue
 		}
 		total, minute, hour := x.Split()
@@ -135,7 +135,7 @@ func sortInto(src, write, held *aggregator.Deltas, waiting map[string]bool, c pl
 }
 
 // addTo adds delta to c's delta in d, saturating like the aggregator.
-func addTo(d *aggregator.Deltas, c store.Counter, delta int64) {
+func addTo(d *aggregator.Deltas, c schema.Counter, delta int64) {
 	v, _ := d.Ref(c.Name())
-	*v, _ = store.SatAdd(*v, delta)
+	*v, _ = schema.SatAdd(*v, delta)
 }

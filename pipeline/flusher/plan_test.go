@@ -7,22 +7,22 @@ import (
 	"time"
 
 	"github.com/hotcount/hotcount/pipeline/aggregator"
-	"github.com/hotcount/hotcount/pipeline/store"
+	"github.com/hotcount/hotcount/schema"
 )
 
 var noon = time.Date(2026, 12, 3, 12, 0, 10, 0, time.UTC)
 
 // fresh is topic's minute counter at noon, as the aggregator makes it.
-func fresh(topic string) store.Counter {
-	return store.Counter{Topic: topic, Kind: store.Fresh, Index: store.Minute.Index(noon)}
+func fresh(topic string) schema.Counter {
+	return schema.Counter{Topic: topic, Kind: schema.Fresh, Index: schema.Minute.Index(noon)}
 }
 
-func minuteOf(topic string) store.Counter {
-	return store.BucketOf(topic, store.Minute, store.Minute.Index(noon))
+func minuteOf(topic string) schema.Counter {
+	return schema.BucketOf(topic, schema.Minute, schema.Minute.Index(noon))
 }
 
-func hourOf(topic string) store.Counter {
-	return store.BucketOf(topic, store.Hour, store.Hour.Index(noon))
+func hourOf(topic string) schema.Counter {
+	return schema.BucketOf(topic, schema.Hour, schema.Hour.Index(noon))
 }
 
 // TestPlanSplitsMinuteCounters: a minute counter becomes its topic's
@@ -78,7 +78,7 @@ func TestPlanProbesWhileDown(t *testing.T) {
 		t.Fatalf("untried %d counters (%d counted), want 7", p.untried.Len(), p.untriedCounters)
 	}
 	for name := range p.untried.All() {
-		if c, ok := store.ParseName(name); !ok || c.Kind != store.Fresh {
+		if c, ok := schema.ParseName(name); !ok || c.Kind != schema.Fresh {
 			t.Errorf("untried counter %q was split", name)
 		}
 	}
@@ -119,8 +119,8 @@ func TestPlanWrites(t *testing.T) {
 	w := aggregator.Window{Deltas: aggregator.DeltasOf(map[string]int64{fresh("a").Name(): 1, fresh("b").Name(): 1, "c": 1})}
 	p := newPlan(w, false, nil, planning{probe: 4, minutes: true, hours: true})
 	shards := shardTable{looked: map[string]int{"a": 8}, def: 2}
-	if shards.of(hourOf("a")) != 8 || shards.of(store.TotalOf("b")) != 2 {
-		t.Errorf("shards of a's hour %d (want 8), of b %d (want the default 2)", shards.of(hourOf("a")), shards.of(store.TotalOf("b")))
+	if shards.of(hourOf("a")) != 8 || shards.of(schema.TotalOf("b")) != 2 {
+		t.Errorf("shards of a's hour %d (want 8), of b %d (want the default 2)", shards.of(hourOf("a")), shards.of(schema.TotalOf("b")))
 	}
 	n := 0
 	for c, delta := range counters(p.write.Deltas) {

@@ -9,6 +9,7 @@ import (
 	"github.com/hotcount/hotcount/pipeline/aggregator"
 	"github.com/hotcount/hotcount/pipeline/quarantine"
 	"github.com/hotcount/hotcount/pipeline/store"
+	"github.com/hotcount/hotcount/schema"
 )
 
 // DefaultQuarantineAfter is how long a counter's writes may be refused for
@@ -87,7 +88,7 @@ func (f *Flusher) quarantineRipe(ctx context.Context, r *round, u *aggregator.Wi
 		d.answered(err, now)
 		f.denied[c] = d
 	}
-	var out []store.Counter
+	var out []schema.Counter
 	for c, d := range f.denied {
 		name := c.Name()
 		// Not in u: held back or untried this flush, still in the buffer;

@@ -9,6 +9,7 @@ import (
 	"github.com/hotcount/hotcount/pipeline/flusher"
 	"github.com/hotcount/hotcount/pipeline/quarantine"
 	"github.com/hotcount/hotcount/pipeline/store"
+	"github.com/hotcount/hotcount/schema"
 )
 
 // deny makes the store refuse for good every write of the topics named
@@ -16,7 +17,7 @@ import (
 func (f *faulty) deny(topics ...string) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.denied = func(c store.Counter) bool {
+	f.denied = func(c schema.Counter) bool {
 		for _, t := range topics {
 			if c.Topic == t {
 				return true
@@ -84,7 +85,7 @@ func TestQuarantineMovesAPoisonTopicAside(t *testing.T) {
 		t.Fatalf("the flush that quarantines poison = %v, want nil: nothing is left to write", err)
 	}
 	es := held()
-	if len(es) != 1 || es[0].Topic != "poison" || es[0].Delta != 7 || es[0].Counter != store.TotalOf("poison").Name() {
+	if len(es) != 1 || es[0].Topic != "poison" || es[0].Delta != 7 || es[0].Counter != schema.TotalOf("poison").Name() {
 		t.Fatalf("quarantine holds %+v, want poison's total with 7", es)
 	}
 	if es[0].Reason == "" || !es[0].Since.Equal(time.Date(2026, 12, 4, 12, 0, 0, 0, time.UTC)) {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/hotcount/hotcount/pipeline/aggregator"
 	"github.com/hotcount/hotcount/pipeline/store"
+	"github.com/hotcount/hotcount/schema"
 )
 
 // The shard of each write: the shard counts of a flush's busy topics are
@@ -68,7 +69,7 @@ type shardTable struct {
 }
 
 // of is the shard count of c's topic.
-func (t shardTable) of(c store.Counter) int {
+func (t shardTable) of(c schema.Counter) int {
 	if n := t.looked[c.Topic]; n > 0 {
 		return n
 	}
@@ -77,7 +78,7 @@ func (t shardTable) of(c store.Counter) int {
 
 // newWrite is a new write of delta to a random shard of c's topic, its seq
 // not yet given.
-func (t shardTable) newWrite(c store.Counter, delta int64, writer string) store.Write {
+func (t shardTable) newWrite(c schema.Counter, delta int64, writer string) store.Write {
 	return store.Write{Counter: c, Shard: rand.IntN(t.of(c)), Delta: delta, Writer: writer}
 }
 

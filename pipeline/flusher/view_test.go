@@ -12,6 +12,7 @@ import (
 	"github.com/hotcount/hotcount/pipeline/flusher"
 	"github.com/hotcount/hotcount/pipeline/ownwrites"
 	"github.com/hotcount/hotcount/pipeline/store"
+	"github.com/hotcount/hotcount/schema"
 )
 
 // gated is a store whose writes, once they reach it, wait until the test
@@ -70,7 +71,7 @@ func TestReadSeesEveryMentionOnce(t *testing.T) {
 	t.Cleanup(func() { finish() })
 	select {
 	case w := <-st.arrived:
-		if w.Counter != store.TotalOf("golang") {
+		if w.Counter != schema.TotalOf("golang") {
 			t.Fatalf("the store got a write of %v, want golang's total", w.Counter)
 		}
 	case <-flushed:

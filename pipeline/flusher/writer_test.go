@@ -14,6 +14,7 @@ import (
 
 	"github.com/hotcount/hotcount/internal/testtools/testenv"
 	"github.com/hotcount/hotcount/pipeline/store"
+	"github.com/hotcount/hotcount/schema"
 )
 
 // scripted is a store that answers each Add with the next of its errors
@@ -74,7 +75,7 @@ func TestOutcomeOf(t *testing.T) {
 func TestSendReroutesThrottled(t *testing.T) {
 	st := &scripted{errs: []error{errThrottle, errThrottle}}
 	wr, rerouted := testWriter(t, st, raising{n: 4})
-	a := wr.send(context.Background(), store.Write{Counter: store.TotalOf("hot"), Delta: 3, Writer: "w"}, 1)
+	a := wr.send(context.Background(), store.Write{Counter: schema.TotalOf("hot"), Delta: 3, Writer: "w"}, 1)
 	if a.outcome != applied || a.err != nil || len(st.sent) != 3 {
 		t.Fatalf("answer %+v after %d attempts, want applied on the third", a, len(st.sent))
 	}
@@ -92,7 +93,7 @@ func TestSendReroutesThrottled(t *testing.T) {
 
 	st = &scripted{errs: []error{errThrottle}}
 	wr, _ = testWriter(t, st, raising{n: 1})
-	if a := wr.send(context.Background(), store.Write{Counter: store.TotalOf("hot"), Delta: 3}, 1); a.outcome != throttled || len(st.sent) != 1 {
+	if a := wr.send(context.Background(), store.Write{Counter: schema.TotalOf("hot"), Delta: 3}, 1); a.outcome != throttled || len(st.sent) != 1 {
 		t.Errorf("one shard: %+v after %d attempts, want throttled after one", a, len(st.sent))
 	}
 }
@@ -109,7 +110,7 @@ func TestSendBehindTheFloor(t *testing.T) {
 	floor := time.Now().Add(time.Hour).UnixMicro()
 	st := &scripted{errs: []error{&store.FloorError{Key: "k", Floor: floor}}}
 	wr, _ := testWriter(t, st, nil)
-	a := wr.send(context.Background(), store.Write{Counter: store.TotalOf("t"), Delta: 1}, 1)
+	a := wr.send(context.Background(), store.Write{Counter: schema.TotalOf("t"), Delta: 1}, 1)
 	if a.outcome != refused {
 		t.Errorf("answer %+v, want refused (nothing applied)", a)
 	}
@@ -123,7 +124,7 @@ func TestSendBehindTheFloor(t *testing.T) {
 func TestResendSendsUnchanged(t *testing.T) {
 	st := &scripted{errs: []error{fmt.Errorf("lost: %w", store.ErrAmbiguous), store.ErrUnresolvable}}
 	wr, _ := testWriter(t, st, nil)
-	w := store.Write{Counter: store.TotalOf("t"), Shard: 2, Delta: 5, Writer: "w", Seq: 42, Retry: true}
+	w := store.Write{Counter: schema.TotalOf("t"), Shard: 2, Delta: 5, Writer: "w", Seq: 42, Retry: true}
 	if a := wr.resend(context.Background(), w); a.outcome != inDoubt || !a.resend {
 		t.Errorf("first resend: %+v, want in doubt", a)
 	}
@@ -168,7 +169,7 @@ func TestBatchBoundsWritesInFlight(t *testing.T) {
 			mu.Lock()
 			inFlight--
 			mu.Unlock()
-			return answer{write: store.Write{Counter: store.TotalOf(fmt.Sprint("t", i))}}
+			return answer{write: store.Write{Counter: schema.TotalOf(fmt.Sprint("t", i))}}
 		})
 		if i == 2 {
 			close(release) // the first three fill the batch; the rest go as room frees up

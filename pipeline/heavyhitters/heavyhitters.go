@@ -12,7 +12,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/hotcount/hotcount/pipeline/store"
+	"github.com/hotcount/hotcount/schema"
 )
 
 // Defaults, used by the config package.
@@ -118,9 +118,9 @@ func (t *Tracker) rotate(now time.Time) {
 }
 
 // Observe counts a flushed window: each topic's delta, once. Time bucket
-// counters (store.Counter.IsBucket) are left out: they repeat the topics'
+// counters (schema.Counter.IsBucket) are left out: they repeat the topics'
 // deltas.
-func (t *Tracker) Observe(deltas map[store.Counter]int64) {
+func (t *Tracker) Observe(deltas map[schema.Counter]int64) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.rotate(t.now())

@@ -8,7 +8,7 @@ import (
 
 	"github.com/hotcount/hotcount/internal/testtools/testenv"
 	"github.com/hotcount/hotcount/pipeline/heavyhitters"
-	"github.com/hotcount/hotcount/pipeline/store"
+	"github.com/hotcount/hotcount/schema"
 )
 
 // TestFindsHeavyHitters: among 10,000 topics with a Zipf tail, the sketch of
@@ -21,14 +21,14 @@ func TestFindsHeavyHitters(t *testing.T) {
 	r := rand.New(rand.NewPCG(1, 2))
 	z := rand.NewZipf(r, 1.3, 1, 9999)
 	for flush := range 100 {
-		w := map[store.Counter]int64{}
+		w := map[schema.Counter]int64{}
 		for range 1000 {
 			topic := fmt.Sprintf("t%d", z.Uint64())
-			w[store.TotalOf(topic)]++
+			w[schema.TotalOf(topic)]++
 			truth[topic]++
 		}
 		if flush == 0 {
-			w[store.TotalOf("burst")] = 1 // a one-off topic must not end on top
+			w[schema.TotalOf("burst")] = 1 // a one-off topic must not end on top
 			truth["burst"]++
 		}
 		tr.Observe(w)
@@ -54,9 +54,9 @@ func TestFindsHeavyHitters(t *testing.T) {
 func TestRatesRotate(t *testing.T) {
 	clk := testenv.NewClock(time.Unix(1_800_000_000, 0))
 	tr := heavyhitters.New(8, 10*time.Second, clk.Now)
-	tr.Observe(map[store.Counter]int64{store.TotalOf("old"): 500, store.BucketOf("old", store.Minute, 30_000_000): 500})
+	tr.Observe(map[schema.Counter]int64{schema.TotalOf("old"): 500, schema.BucketOf("old", schema.Minute, 30_000_000): 500})
 	clk.Add(10 * time.Second)
-	tr.Observe(map[store.Counter]int64{store.TotalOf("new"): 30})
+	tr.Observe(map[schema.Counter]int64{schema.TotalOf("new"): 30})
 	top := tr.Top(10)
 	if len(top) != 1 || top[0].Topic != "old" || top[0].Rate != 50 {
 		t.Fatalf("Top after one period = %+v, want old at 50/s", top)
@@ -71,9 +71,9 @@ func TestRatesRotate(t *testing.T) {
 // BenchmarkObserveEvictions: a flush of 100,000 distinct topics into a full
 // sketch, every one an eviction: O(log k) each, not a scan of the sketch.
 func BenchmarkObserveEvictions(b *testing.B) {
-	w := make(map[store.Counter]int64, 100_000)
+	w := make(map[schema.Counter]int64, 100_000)
 	for i := range 100_000 {
-		w[store.TotalOf(fmt.Sprintf("topic-%d", i))] = int64(i%7 + 1)
+		w[schema.TotalOf(fmt.Sprintf("topic-%d", i))] = int64(i%7 + 1)
 	}
 	tr := heavyhitters.New(heavyhitters.DefaultCapacity, time.Hour, time.Now)
 	b.ResetTimer()

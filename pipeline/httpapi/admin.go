@@ -10,10 +10,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
-// DefaultAdminAddr is the admin listener's default address: all
-// interfaces, so that the kubelet and Prometheus reach it.
-const DefaultAdminAddr = ":9091"
-
 // checkTimeout bounds one health or readiness check.
 const checkTimeout = 2 * time.Second
 

@@ -17,8 +17,8 @@ import (
 	"github.com/hotcount/hotcount/internal/testtools/testenv"
 	"github.com/hotcount/hotcount/pipeline/httpapi"
 	"github.com/hotcount/hotcount/pipeline/lookup"
-	"github.com/hotcount/hotcount/pipeline/store"
 	"github.com/hotcount/hotcount/pipeline/trend"
+	"github.com/hotcount/hotcount/schema"
 )
 
 // BenchmarkLookupHTTP is the read storm: 16 concurrent keep-alive clients
@@ -114,7 +114,7 @@ func BenchmarkWindowLookup(b *testing.B) {
 	st := newStore(b)
 	now := time.Now()
 	for i := range int64(60) {
-		c := store.BucketOf("golang", store.Minute, store.Minute.Index(now)-i)
+		c := schema.BucketOf("golang", schema.Minute, schema.Minute.Index(now)-i)
 		if err := st.Add(context.Background(), testenv.Inc(c, 0, 25), now); err != nil {
 			b.Fatal(err)
 		}

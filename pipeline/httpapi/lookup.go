@@ -15,13 +15,9 @@ import (
 
 	"github.com/hotcount/hotcount/pipeline/heavyhitters"
 	"github.com/hotcount/hotcount/pipeline/lookup"
-	"github.com/hotcount/hotcount/pipeline/store"
 	"github.com/hotcount/hotcount/pipeline/trend"
+	"github.com/hotcount/hotcount/schema"
 )
-
-// DefaultLookupAddr is the lookup API's listen address: localhost, for
-// the app in the same pod.
-const DefaultLookupAddr = "127.0.0.1:8080"
 
 // Lookups is what the lookup API reads the totals from: lookup.Service's
 // cached read path. The handler calls nothing else of it.
@@ -32,7 +28,7 @@ type Lookups interface {
 	// the order asked.
 	LookupMany(ctx context.Context, topics []string, c lookup.Consistency) ([]lookup.Total, error)
 	// Shards gathers topic's shards now, bypassing the cache.
-	Shards(ctx context.Context, topic string, consistent bool) (lookup.Total, []store.Shard, error)
+	Shards(ctx context.Context, topic string, consistent bool) (lookup.Total, []schema.Shard, error)
 	// WithPending adds this sidecar's mentions not yet in t to t
 	// (include=pending).
 	WithPending(ctx context.Context, t *lookup.Total)
@@ -212,7 +208,7 @@ func (h *handler) parse(r *http.Request) (options, error) {
 }
 
 func (h *handler) topic(topic string) error {
-	return store.ValidateTopic(topic, h.cfg.MaxTopicBytes)
+	return schema.ValidateTopic(topic, h.cfg.MaxTopicBytes)
 }
 
 func (h *handler) one(w http.ResponseWriter, r *http.Request) {
@@ -442,14 +438,14 @@ func (h *handler) shards(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("Cache-Control", "no-store")
 	body, err := json.Marshal(struct {
-		Topic     string        `json:"topic"`
-		Count     int64         `json:"count"`
-		Saturated bool          `json:"saturated,omitempty"`
-		Shards    []store.Shard `json:"shards"`
+		Topic     string         `json:"topic"`
+		Count     int64          `json:"count"`
+		Saturated bool           `json:"saturated,omitempty"`
+		Shards    []schema.Shard `json:"shards"`
 		// Regions, on a global table: each Region's part of the count
 		// as this Region's replica holds it, and its latest write.
-		Regions []store.RegionPart `json:"regions,omitempty"`
-	}{t.Topic, t.Count, t.Saturated, shards, store.ByRegion(shards)})
+		Regions []schema.RegionPart `json:"regions,omitempty"`
+	}{t.Topic, t.Count, t.Saturated, shards, schema.ByRegion(shards)})
 	if err != nil {
 		writeError(w, http.StatusInternalServerError, err.Error())
 		return

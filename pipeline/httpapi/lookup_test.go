@@ -22,6 +22,7 @@ import (
 	"github.com/hotcount/hotcount/pipeline/lookup"
 	"github.com/hotcount/hotcount/pipeline/ownwrites"
 	"github.com/hotcount/hotcount/pipeline/store"
+	"github.com/hotcount/hotcount/schema"
 )
 
 // failing is the embedded store, counting the topics gathered, that fails
@@ -32,7 +33,7 @@ type failing struct {
 	gathers atomic.Int64
 }
 
-func (f *failing) Gather(ctx context.Context, topic string, n int, consistent bool) ([]store.Shard, error) {
+func (f *failing) Gather(ctx context.Context, topic string, n int, consistent bool) ([]schema.Shard, error) {
 	f.gathers.Add(1)
 	if f.fail.Load() {
 		return nil, errors.New("injected: store down")
@@ -40,7 +41,7 @@ func (f *failing) Gather(ctx context.Context, topic string, n int, consistent bo
 	return f.Bolt.Gather(ctx, topic, n, consistent)
 }
 
-func (f *failing) GatherMany(ctx context.Context, topics []string, n int, consistent bool) (map[string][]store.Shard, error) {
+func (f *failing) GatherMany(ctx context.Context, topics []string, n int, consistent bool) (map[string][]schema.Shard, error) {
 	f.gathers.Add(int64(len(topics)))
 	if f.fail.Load() {
 		return nil, errors.New("injected: store down")
@@ -92,7 +93,7 @@ func TestHTTP(t *testing.T) {
 	svc := newService(t, st, time.Minute, time.Hour)
 	pending := map[string]int64{"eu.west.k8s": 8}
 	tracker := heavyhitters.New(16, time.Hour, time.Now)
-	tracker.Observe(map[store.Counter]int64{store.TotalOf("eu.west.k8s"): 40, store.TotalOf("a/b"): 3, store.TotalOf("quiet"): 1})
+	tracker.Observe(map[schema.Counter]int64{schema.TotalOf("eu.west.k8s"): 40, schema.TotalOf("a/b"): 3, schema.TotalOf("quiet"): 1})
 	v := ownwrites.New(ownwrites.Config{Keep: time.Hour, Topics: 100}, time.Now)
 	v.Attach(func(topic string) int64 { return pending[topic] })
 	svc.SeeWrites(v)

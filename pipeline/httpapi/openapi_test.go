@@ -19,7 +19,7 @@ import (
 	"github.com/hotcount/hotcount/pipeline/heavyhitters"
 	"github.com/hotcount/hotcount/pipeline/httpapi"
 	"github.com/hotcount/hotcount/pipeline/lookup"
-	"github.com/hotcount/hotcount/pipeline/store"
+	"github.com/hotcount/hotcount/schema"
 )
 
 // TestOpenAPIDocument: pipeline/httpapi/openapi.yaml loads with kin-openapi as an
@@ -215,7 +215,7 @@ func TestOpenAPILookupHandler(t *testing.T) {
 	add(t, st, "a/b", 0, 3)
 	svc := newService(t, st, time.Minute, time.Hour)
 	tracker := heavyhitters.New(16, time.Hour, time.Now)
-	tracker.Observe(map[store.Counter]int64{store.TotalOf("eu.west.k8s"): 40, store.TotalOf("a/b"): 3})
+	tracker.Observe(map[schema.Counter]int64{schema.TotalOf("eu.west.k8s"): 40, schema.TotalOf("a/b"): 3})
 	log := zaptest.NewLogger(t)
 	bare := httptest.NewServer(httpapi.Lookup(svc, log, httpapi.Extras{}))
 	defer bare.Close()

@@ -13,7 +13,7 @@ import (
 	"github.com/hotcount/hotcount/mention"
 	"github.com/hotcount/hotcount/pipeline/aggregator"
 	"github.com/hotcount/hotcount/pipeline/ingest"
-	"github.com/hotcount/hotcount/pipeline/store"
+	"github.com/hotcount/hotcount/schema"
 )
 
 // timedSink records what the subscriber accepted, with the time of those
@@ -110,7 +110,7 @@ func TestAtIsJudgedByTheSinksClock(t *testing.T) {
 		return nil
 	})
 	minute := func(topic string, t time.Time) string {
-		return store.Counter{Topic: topic, Kind: store.Fresh, Index: store.Minute.Index(t)}.Name()
+		return schema.Counter{Topic: topic, Kind: schema.Fresh, Index: schema.Minute.Index(t)}.Name()
 	}
 	want := map[string]int64{minute("timed", at): 2, minute("untimed", clk.Now()): 1}
 	if got := agg.Drain().Deltas.Map(); !maps.Equal(got, want) {

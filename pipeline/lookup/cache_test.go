@@ -11,7 +11,7 @@ import (
 
 	"github.com/hotcount/hotcount/internal/testtools/testenv"
 	"github.com/hotcount/hotcount/pipeline/lookup"
-	"github.com/hotcount/hotcount/pipeline/store"
+	"github.com/hotcount/hotcount/schema"
 )
 
 // TestUnknownTopicsKeepHotOnesCached: lookups of 1,000 random names (a
@@ -93,17 +93,17 @@ func TestBatchesShareGathers(t *testing.T) {
 type lagging struct {
 	lookup.Store
 	mu     sync.Mutex
-	frozen map[string][]store.Shard
+	frozen map[string][]schema.Shard
 }
 
 func (l *lagging) freeze(topic string) {
 	shards, _ := l.Store.Gather(context.Background(), topic, 4, true)
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.frozen = map[string][]store.Shard{topic: shards}
+	l.frozen = map[string][]schema.Shard{topic: shards}
 }
 
-func (l *lagging) GatherMany(ctx context.Context, topics []string, n int, consistent bool) (map[string][]store.Shard, error) {
+func (l *lagging) GatherMany(ctx context.Context, topics []string, n int, consistent bool) (map[string][]schema.Shard, error) {
 	m, err := l.Store.GatherMany(ctx, topics, n, consistent)
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -142,7 +142,7 @@ func TestTotalsNeverGoBackwards(t *testing.T) {
 		t.Fatalf("cached Lookup = %+v, %v", got, err)
 	}
 	lag.mu.Lock()
-	lag.frozen = map[string][]store.Shard{"hot": {{Count: 5}, {}, {}, {}}}
+	lag.frozen = map[string][]schema.Shard{"hot": {{Count: 5}, {}, {}, {}}}
 	lag.mu.Unlock()
 	clk.Add(2 * time.Second)
 	for range 50 {
@@ -215,7 +215,7 @@ type concurrency struct {
 	now, max atomic.Int64
 }
 
-func (c *concurrency) GatherMany(ctx context.Context, topics []string, n int, consistent bool) (map[string][]store.Shard, error) {
+func (c *concurrency) GatherMany(ctx context.Context, topics []string, n int, consistent bool) (map[string][]schema.Shard, error) {
 	if !c.open.Load() && c.gate != nil {
 		cur := c.now.Add(1)
 		defer c.now.Add(-1)

@@ -8,7 +8,7 @@ import (
 	"github.com/hotcount/hotcount/internal/testtools/testenv"
 	"github.com/hotcount/hotcount/pipeline/lookup"
 	"github.com/hotcount/hotcount/pipeline/ownwrites"
-	"github.com/hotcount/hotcount/pipeline/store"
+	"github.com/hotcount/hotcount/schema"
 )
 
 // guard bounds a test's wait for an event that should come at once.
@@ -200,7 +200,7 @@ type racedStore struct {
 	n    int // reads so far; one gather at a time in the test
 }
 
-func (r *racedStore) GatherMany(ctx context.Context, topics []string, n int, consistent bool) (map[string][]store.Shard, error) {
+func (r *racedStore) GatherMany(ctx context.Context, topics []string, n int, consistent bool) (map[string][]schema.Shard, error) {
 	r.n++
 	land := r.race(r.n)
 	m, err := r.Store.GatherMany(ctx, topics, n, consistent)

@@ -29,19 +29,7 @@ import (
 	"github.com/hotcount/hotcount/api"
 	"github.com/hotcount/hotcount/internal/clockcache"
 	"github.com/hotcount/hotcount/pipeline/ownwrites"
-	"github.com/hotcount/hotcount/pipeline/store"
-)
-
-// Defaults, used by the config package.
-const (
-	// DefaultCacheTTL is how long a gathered total is served as fresh.
-	DefaultCacheTTL = time.Second
-	// DefaultStaleFactor sets the default --cache-stale: 10 × the TTL.
-	DefaultStaleFactor = 10
-	// DefaultCacheSize is how many topics' totals the cache holds.
-	DefaultCacheSize = 10_000
-	// MaxBatch is the most topics one batch lookup may name.
-	MaxBatch = api.MaxBatch
+	"github.com/hotcount/hotcount/schema"
 )
 
 // gatherTimeout bounds one gather. A gather is shared by every reader
@@ -57,8 +45,8 @@ const refreshers = 16
 // several topics in as few round trips as the store allows. Both must be
 // safe for concurrent use; the caller owns what they return.
 type Store interface {
-	Gather(ctx context.Context, topic string, n int, consistent bool) ([]store.Shard, error)
-	GatherMany(ctx context.Context, topics []string, n int, consistent bool) (map[string][]store.Shard, error)
+	Gather(ctx context.Context, topic string, n int, consistent bool) ([]schema.Shard, error)
+	GatherMany(ctx context.Context, topics []string, n int, consistent bool) (map[string][]schema.Shard, error)
 }
 
 // Consistency is how fresh a lookup must be.
@@ -101,6 +89,9 @@ type Config struct {
 	// Share jitters refreshes, for a fleet that shares totals (ShareWith).
 	Share bool
 }
+
+// MaxBatch is the most topics one batch lookup may name (api.MaxBatch).
+const MaxBatch = api.MaxBatch
 
 // Total is a topic's total as served.
 type Total struct {
@@ -152,8 +143,8 @@ func (e entry) total(topic, source string, now time.Time) Total {
 	return Total{Topic: topic, Count: e.count, base: e.count, Source: source, Shards: e.shards, Saturated: e.saturated, AgeMs: now.Sub(e.at).Milliseconds(), gather: e.gather()}
 }
 
-func newEntry(shards []store.Shard, now time.Time) entry {
-	sum, saturated := store.Sum(shards)
+func newEntry(shards []schema.Shard, now time.Time) entry {
+	sum, saturated := schema.Sum(shards)
 	return entry{count: sum, shards: len(shards), saturated: saturated, at: now}
 }
 
@@ -507,7 +498,7 @@ func (s *Service) raised(c *otter.Cache[string, entry], topic string, e entry) (
 	}
 	was := e.mark
 	var sat bool
-	e.count, sat = store.SatAdd(e.count, add)
+	e.count, sat = schema.SatAdd(e.count, add)
 	e.saturated = e.saturated || sat
 	e.mark = mark
 	replaceIn(c, topic, was, e.at, &e)
@@ -764,7 +755,7 @@ func (s *Service) marks(topics []string) []ownwrites.Mark {
 // read is a gather's shards of one topic: its mark in the view, taken
 // before the read, and when the read began and ended.
 type read struct {
-	shards      []store.Shard
+	shards      []schema.Shard
 	mark        ownwrites.Mark
 	started, at time.Time
 }
@@ -883,18 +874,18 @@ func (s *Service) WithPending(ctx context.Context, t *Total) {
 		*t = again
 		landed, pending, ok = s.view.Read(t.Topic, t.gather)
 	}
-	count, sat := store.SatAdd(t.base, landed)
+	count, sat := schema.SatAdd(t.base, landed)
 	t.Saturated = t.Saturated || sat
 	t.Pending = pending
 	t.PendingIncluded = true
-	count, sat = store.SatAdd(count, pending)
+	count, sat = schema.SatAdd(count, pending)
 	t.Saturated = t.Saturated || sat
 	t.Count = s.view.Floor(t.Topic, count, true)
 }
 
 // Shards gathers topic's shards now, bypassing the cache: the scatter and
 // the gather side by side.
-func (s *Service) Shards(ctx context.Context, topic string, consistent bool) (Total, []store.Shard, error) {
+func (s *Service) Shards(ctx context.Context, topic string, consistent bool) (Total, []schema.Shard, error) {
 	shards, err := s.store.Gather(ctx, topic, s.cfg.Shards, consistent)
 	if err != nil {
 		return Total{}, nil, fmt.Errorf("lookup: %w", err)

@@ -14,6 +14,7 @@ import (
 	"github.com/hotcount/hotcount/internal/testtools/testenv"
 	"github.com/hotcount/hotcount/pipeline/lookup"
 	"github.com/hotcount/hotcount/pipeline/store"
+	"github.com/hotcount/hotcount/schema"
 )
 
 // counting wraps a real store, counting gathers and store calls, and can
@@ -44,14 +45,14 @@ func (c *counting) before(n int, consistent bool) error {
 	return nil
 }
 
-func (c *counting) Gather(ctx context.Context, topic string, n int, consistent bool) ([]store.Shard, error) {
+func (c *counting) Gather(ctx context.Context, topic string, n int, consistent bool) ([]schema.Shard, error) {
 	if err := c.before(1, consistent); err != nil {
 		return nil, err
 	}
 	return c.Store.Gather(ctx, topic, n, consistent)
 }
 
-func (c *counting) GatherMany(ctx context.Context, topics []string, n int, consistent bool) (map[string][]store.Shard, error) {
+func (c *counting) GatherMany(ctx context.Context, topics []string, n int, consistent bool) (map[string][]schema.Shard, error) {
 	if err := c.before(len(topics), consistent); err != nil {
 		return nil, err
 	}

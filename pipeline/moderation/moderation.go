@@ -30,7 +30,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/hotcount/hotcount/pipeline/store"
+	"github.com/hotcount/hotcount/schema"
 )
 
 // Defaults.
@@ -127,7 +127,7 @@ var (
 	// ErrUnavailable says the NATS server cannot keep the moderation: it
 	// has no JetStream, or one without per-message TTLs (before 2.11).
 	ErrUnavailable = errors.New("moderation: the NATS server has no JetStream with per-message TTLs (nats-server 2.11 or later with JetStream on): trending moderation keeps its state in a JetStream key-value bucket")
-	// ErrBadTopic is a topic that cannot be moderated (store.ValidateTopic).
+	// ErrBadTopic is a topic that cannot be moderated (schema.ValidateTopic).
 	ErrBadTopic = errors.New("moderation: bad topic")
 )
 
@@ -212,7 +212,7 @@ func parseKey(key string) (kind, topic string, ok bool) {
 
 // CheckTopic says whether topic can be moderated.
 func CheckTopic(topic string) error {
-	if err := store.ValidateTopic(topic, MaxTopicBytes); err != nil {
+	if err := schema.ValidateTopic(topic, MaxTopicBytes); err != nil {
 		return fmt.Errorf("%w: %w", ErrBadTopic, err)
 	}
 	return nil

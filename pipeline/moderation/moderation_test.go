@@ -20,6 +20,7 @@ import (
 	"github.com/hotcount/hotcount/internal/testtools/testenv"
 	"github.com/hotcount/hotcount/pipeline/store"
 	"github.com/hotcount/hotcount/pipeline/trend"
+	"github.com/hotcount/hotcount/schema"
 )
 
 // js is a JetStream context on a connection of its own to url.
@@ -418,14 +419,14 @@ func TestScreensTheTrendingList(t *testing.T) {
 	sk := trend.NewSketch(nil, "", "test", prometheus.NewRegistry(), zap.NewNop(), clock)
 	s.UseSketch(sk)
 	s.UseModeration(w)
-	last := store.Minute.Index(now)
+	last := schema.Minute.Index(now)
 	for m := last - 2; m <= last; m++ {
-		if err := st.Add(ctx, testenv.Inc(store.BucketOf("surge", store.Minute, m), 0, 400), now); err != nil {
+		if err := st.Add(ctx, testenv.Inc(schema.BucketOf("surge", schema.Minute, m), 0, 400), now); err != nil {
 			t.Fatal(err)
 		}
 		sk.Merge(trend.Summary{Minutes: map[int64]map[string]int64{m: {"surge": 400}}})
 	}
-	if err := st.MarkHistory(ctx, store.Minute.Start(last-30)); err != nil {
+	if err := st.MarkHistory(ctx, schema.Minute.Start(last-30)); err != nil {
 		t.Fatal(err)
 	}
 	list := func() (trend.Trending, error) { return s.Trending(ctx, "5m", 10) }

@@ -19,7 +19,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/hotcount/hotcount/pipeline/store"
+	"github.com/hotcount/hotcount/schema"
 )
 
 // Config bounds what the View keeps for readers.
@@ -321,7 +321,7 @@ func (v *View) landedSince(g Gather) (add int64, now Mark, ok bool) {
 		case l.landed.Before(g.Started):
 			// Landed before the gather began: it holds it.
 		case l.sent.After(g.At):
-			add, _ = store.SatAdd(add, l.delta) // sent after it ended: it cannot
+			add, _ = schema.SatAdd(add, l.delta) // sent after it ended: it cannot
 		case g.Peer:
 			// Another sidecar's total may or may not hold it: gathering
 			// again would undo the sharing, so the total stands (the
@@ -370,7 +370,7 @@ func (v *View) Read(topic string, g Gather) (landed, pending int64, ok bool) {
 	if d, ok := v.doubt[topic]; ok && g.At.Before(d.at) {
 		q += d.delta // first sent after the gather ended: it cannot be in it
 	}
-	pending, _ = store.SatAdd(p, q)
+	pending, _ = schema.SatAdd(p, q)
 	return landed, pending, ok
 }
 

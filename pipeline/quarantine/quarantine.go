@@ -24,11 +24,12 @@ import (
 	"time"
 
 	"github.com/hotcount/hotcount/pipeline/store"
+	"github.com/hotcount/hotcount/schema"
 )
 
 // Entry is one quarantined write.
 type Entry struct {
-	// Counter is the write's counter's name (store.Counter.Name): a
+	// Counter is the write's counter's name (schema.Counter.Name): a
 	// topic's total or one of its time buckets.
 	Counter string `json:"counter"`
 	// Topic is the counter's topic, for people.
@@ -100,7 +101,7 @@ type Failed struct {
 func (r Result) Mentions() int64 {
 	var n int64
 	for _, e := range r.Written {
-		if c, ok := store.ParseName(e.Counter); ok && c.CountsMentions() {
+		if c, ok := schema.ParseName(e.Counter); ok && c.CountsMentions() {
 			n += e.Delta
 		}
 	}
@@ -130,7 +131,7 @@ func Replay(ctx context.Context, q Store, w Writer, seq *store.Sequencer, ids fu
 		if err := ctx.Err(); err != nil {
 			return r, err
 		}
-		c, ok := store.ParseName(e.Counter)
+		c, ok := schema.ParseName(e.Counter)
 		if !ok {
 			r.Left = append(r.Left, Failed{e, fmt.Sprintf("counter %q is not a counter name", e.Counter)})
 			continue

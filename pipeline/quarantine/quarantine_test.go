@@ -12,6 +12,7 @@ import (
 	"github.com/hotcount/hotcount/internal/testtools/testenv"
 	"github.com/hotcount/hotcount/pipeline/quarantine"
 	"github.com/hotcount/hotcount/pipeline/store"
+	"github.com/hotcount/hotcount/schema"
 )
 
 // losing is the embedded store whose next write of topic lose is applied
@@ -52,12 +53,12 @@ func total(t *testing.T, st *losing, topic string) int64 {
 	if err != nil {
 		t.Fatal(err)
 	}
-	n, _ := store.Sum(got)
+	n, _ := schema.Sum(got)
 	return n
 }
 
 func held(topic string, delta int64) quarantine.Entry {
-	w := store.Write{Counter: store.TotalOf(topic), Delta: delta, Writer: store.NewWriterID(), Seq: time.Now().UnixMicro()}
+	w := store.Write{Counter: schema.TotalOf(topic), Delta: delta, Writer: store.NewWriterID(), Seq: time.Now().UnixMicro()}
 	return quarantine.Of(w, "AccessDeniedException", time.Now().Add(-time.Hour), time.Now())
 }
 
@@ -153,7 +154,7 @@ func TestRefusedReplayTakesAFreshIdentity(t *testing.T) {
 		t.Fatal(err)
 	}
 	st := newStore(t)
-	w := store.Write{Counter: store.TotalOf("t"), Delta: 5, Writer: store.NewWriterID(), Seq: clock.Now().UnixMicro()}
+	w := store.Write{Counter: schema.TotalOf("t"), Delta: 5, Writer: store.NewWriterID(), Seq: clock.Now().UnixMicro()}
 	if err := q.Put(ctx, quarantine.Of(w, "AccessDeniedException", clock.Now(), clock.Now())); err != nil {
 		t.Fatal(err)
 	}
@@ -167,7 +168,7 @@ func TestRefusedReplayTakesAFreshIdentity(t *testing.T) {
 	}
 	clock.Add(time.Hour)
 	for i := range 30 {
-		x := store.Write{Counter: store.TotalOf("t"), Delta: 1, Writer: fmt.Sprintf("w%02d", i), Seq: clock.Now().Add(-30*time.Minute).UnixMicro() + int64(i)}
+		x := store.Write{Counter: schema.TotalOf("t"), Delta: 1, Writer: fmt.Sprintf("w%02d", i), Seq: clock.Now().Add(-30*time.Minute).UnixMicro() + int64(i)}
 		if err := st.Add(ctx, x, clock.Now()); err != nil {
 			t.Fatal(err)
 		}

@@ -1,5 +1,5 @@
 // Package shardcount decides how many shards each topic's count is spread
-// over, and records it in the topic's metadata item (store.Meta), so that
+// over, and records it in the topic's metadata item (schema.Meta), so that
 // every writer and reader agrees: quiet topics keep one row, hot topics grow
 // their own shards, and changing the default never moves a topic's read
 // set. Writers cache the metadata briefly: a stale cache can only delay a
@@ -23,6 +23,7 @@ import (
 
 	"github.com/hotcount/hotcount/internal/clockcache"
 	"github.com/hotcount/hotcount/pipeline/store"
+	"github.com/hotcount/hotcount/schema"
 )
 
 // Defaults, used by the config package.
@@ -39,8 +40,8 @@ const (
 
 // Store is the metadata part of the store. Both stores satisfy it.
 type Store interface {
-	Metas(ctx context.Context, topics []string) (map[string]store.Meta, error)
-	SetMeta(ctx context.Context, topic string, old, m store.Meta) error
+	Metas(ctx context.Context, topics []string) (map[string]schema.Meta, error)
+	SetMeta(ctx context.Context, topic string, old, m schema.Meta) error
 }
 
 // Config says how topics are sharded.
@@ -70,7 +71,7 @@ type Book struct {
 	st        Store
 	log       *zap.Logger
 	now       func() time.Time
-	cache     *otter.Cache[string, store.Meta]
+	cache     *otter.Cache[string, schema.Meta]
 	raised    *otter.Cache[string, struct{}] // topics raised lately: one raise per cache period
 	history   *otter.Cache[string, []Raise]  // raises this sidecar made or saw, by topic (the console shows them)
 	raises    prometheus.Counter
@@ -88,7 +89,7 @@ func New(cfg Config, st Store, log *zap.Logger, reg prometheus.Registerer, now f
 		st:     st,
 		log:    log.Named("shards"),
 		now:    now,
-		cache:  clockcache.New[string, store.Meta](cacheSize, every, now),
+		cache:  clockcache.New[string, schema.Meta](cacheSize, every, now),
 		raised: clockcache.New[string, struct{}](cacheSize, every, now),
 		// An hour of raises per topic, for people to look at: raises are
 		// rare, the map small.
@@ -159,7 +160,7 @@ func (b *Book) fromCache(topics []string) (out map[string]int, missing []string)
 // (metas), and caches it. A new topic whose initial count is above one is
 // recorded first; one that cannot be, in time, gets one shard, and the
 // error says how many did.
-func (b *Book) settle(ctx context.Context, topics []string, metas map[string]store.Meta, out map[string]int) error {
+func (b *Book) settle(ctx context.Context, topics []string, metas map[string]schema.Meta, out map[string]int) error {
 	// Record new topics in parallel: a first flush can hold thousands.
 	var (
 		mu     sync.Mutex
@@ -212,7 +213,7 @@ func (b *Book) settle(ctx context.Context, topics []string, metas map[string]sto
 // record writes a new topic's initial count to its metadata (m: none
 // yet), caches the value the store then holds (another sidecar's record
 // wins) and returns its write count.
-func (b *Book) record(ctx context.Context, topic string, m store.Meta) (int, error) {
+func (b *Book) record(ctx context.Context, topic string, m schema.Meta) (int, error) {
 	m, recorded, err := b.change(ctx, topic, m, m.With(b.initial()))
 	if err != nil {
 		return 0, err
@@ -226,17 +227,17 @@ func (b *Book) record(ctx context.Context, topic string, m store.Meta) (int, err
 
 // change sets topic's metadata from old to m; if another writer changed it
 // first, its value is read back and kept: racing writers agree.
-func (b *Book) change(ctx context.Context, topic string, old, m store.Meta) (store.Meta, bool, error) {
+func (b *Book) change(ctx context.Context, topic string, old, m schema.Meta) (schema.Meta, bool, error) {
 	err := b.st.SetMeta(ctx, topic, old, m)
 	if errors.Is(err, store.ErrConflict) {
 		metas, rerr := b.st.Metas(ctx, []string{topic})
 		if rerr != nil {
-			return store.Meta{}, false, fmt.Errorf("shards: %w", rerr)
+			return schema.Meta{}, false, fmt.Errorf("shards: %w", rerr)
 		}
 		return metas[topic], false, nil
 	}
 	if err != nil {
-		return store.Meta{}, false, fmt.Errorf("shards: %w", err)
+		return schema.Meta{}, false, fmt.Errorf("shards: %w", err)
 	}
 	return m, true, nil
 }
@@ -323,9 +324,9 @@ func (b *Book) Cached(topic string) int {
 
 // Set sets topic's shard count to n for writers (an operator's decision);
 // the read set never shrinks. It returns the metadata before and after.
-func Set(ctx context.Context, st Store, topic string, n int) (before, after store.Meta, err error) {
-	if n < 1 || n > store.MaxShards {
-		return before, after, fmt.Errorf("shards: %d is outside 1..%d", n, store.MaxShards)
+func Set(ctx context.Context, st Store, topic string, n int) (before, after schema.Meta, err error) {
+	if n < 1 || n > schema.MaxShards {
+		return before, after, fmt.Errorf("shards: %d is outside 1..%d", n, schema.MaxShards)
 	}
 	for range 5 {
 		metas, err := st.Metas(ctx, []string{topic})

@@ -12,6 +12,7 @@ import (
 	"github.com/hotcount/hotcount/internal/testtools/testenv"
 	"github.com/hotcount/hotcount/pipeline/shardcount"
 	"github.com/hotcount/hotcount/pipeline/store"
+	"github.com/hotcount/hotcount/schema"
 )
 
 func dynamo(t *testing.T) *store.DynamoDB {
@@ -175,7 +176,7 @@ func TestSetNeverShrinksTheReadSet(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if sum, _ := store.Sum(got); sum != 3 {
+	if sum, _ := schema.Sum(got); sum != 3 {
 		t.Errorf("sum %d after lowering, want 3: the count in shard 7 is still read", sum)
 	}
 	if _, _, err := shardcount.Set(ctx, st, "t", 0); err == nil {

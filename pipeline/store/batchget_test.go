@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/hotcount/hotcount/pipeline/store"
+	"github.com/hotcount/hotcount/schema"
 )
 
 // partialGets is a DynamoDB whose BatchGetItem answers one key of each call
@@ -35,8 +36,8 @@ func (p *partialGets) BatchGetItem(_ context.Context, in *dynamodb.BatchGetItemI
 		keys := req.Keys
 		if !p.stuck {
 			item := map[string]types.AttributeValue{
-				store.AttrPK:    keys[0][store.AttrPK],
-				store.AttrCount: &types.AttributeValueMemberN{Value: "7"},
+				schema.AttrPK:    keys[0][schema.AttrPK],
+				schema.AttrCount: &types.AttributeValueMemberN{Value: "7"},
 			}
 			out.Responses[table] = append(out.Responses[table], item)
 			keys = keys[1:]

@@ -13,6 +13,8 @@ import (
 
 	bolt "go.etcd.io/bbolt"
 	berrors "go.etcd.io/bbolt/errors"
+
+	"github.com/hotcount/hotcount/schema"
 )
 
 // ErrLocked is OpenBolt's error when another process holds the store.
@@ -235,7 +237,7 @@ func (b *Bolt) Add(ctx context.Context, w Write, now time.Time) error {
 			resolved = ResolvedNotApplied
 		}
 		s.count += w.Delta
-		s.updatedAt = UnixMilli(now)
+		s.updatedAt = schema.UnixMilli(now)
 		if i >= 0 {
 			s.marks[i].seq = w.Seq
 		} else {
@@ -282,7 +284,7 @@ func (b *Bolt) addSpan(w Write, now time.Time) error {
 			return nil
 		}
 		s.count += w.Delta
-		s.updatedAt = UnixMilli(now)
+		s.updatedAt = schema.UnixMilli(now)
 		s.setPosition(slot(w.Span.Stream, w.Span.Epoch), Position{Epoch: w.Span.Epoch, Seq: w.Span.Last})
 		return bk.Put([]byte(key), s.encode())
 	})
@@ -321,7 +323,7 @@ func (b *Bolt) Position(ctx context.Context, key, stream string, epoch int64) (p
 // Gather reads shards 0..n-1 of topic in one read transaction, which (unlike
 // DynamoDB) is a consistent snapshot; consistent is accepted for the shared
 // interface and changes nothing.
-func (b *Bolt) Gather(ctx context.Context, topic string, n int, consistent bool) ([]Shard, error) {
+func (b *Bolt) Gather(ctx context.Context, topic string, n int, consistent bool) ([]schema.Shard, error) {
 	m, err := b.GatherMany(ctx, []string{topic}, n, consistent)
 	if err != nil {
 		return nil, err
@@ -331,9 +333,9 @@ func (b *Bolt) Gather(ctx context.Context, topic string, n int, consistent bool)
 
 // GatherMany is Gather for several topics, in one read transaction. Like
 // DynamoDB's, it reads at least n shards and all that the metadata says.
-func (b *Bolt) GatherMany(ctx context.Context, topics []string, n int, consistent bool) (map[string][]Shard, error) {
+func (b *Bolt) GatherMany(ctx context.Context, topics []string, n int, consistent bool) (map[string][]schema.Shard, error) {
 	b.metrics.gathers.Add(float64(len(topics)))
-	out := make(map[string][]Shard, len(topics))
+	out := make(map[string][]schema.Shard, len(topics))
 	err := b.db.View(func(tx *bolt.Tx) error {
 		bk := tx.Bucket(boltBucket)
 		for _, topic := range topics {
@@ -341,11 +343,11 @@ func (b *Bolt) GatherMany(ctx context.Context, topics []string, n int, consisten
 			if err != nil {
 				return err
 			}
-			shards := make([]Shard, max(n, m.Read()))
+			shards := make([]schema.Shard, max(n, m.Read()))
 			b.metrics.reads.Add(float64(len(shards) + 1))
 			for i := range shards {
 				shards[i].Shard = i
-				sh, err := decodeShard(bk.Get([]byte(ShardKey(topic, i))))
+				sh, err := decodeShard(bk.Get([]byte(schema.ShardKey(topic, i))))
 				if err != nil {
 					return err
 				}
@@ -356,7 +358,7 @@ func (b *Bolt) GatherMany(ctx context.Context, topics []string, n int, consisten
 		return nil
 	})
 	if err != nil {
-		err = fmt.Errorf("store: gather %s: %w", Named(topics), err)
+		err = fmt.Errorf("store: gather %s: %w", schema.Named(topics), err)
 		b.metrics.failed("read", err)
 		return nil, err
 	}
@@ -365,12 +367,12 @@ func (b *Bolt) GatherMany(ctx context.Context, topics []string, n int, consisten
 
 // boltMeta reads topic's metadata: two big-endian int64s, shards and
 // readShards, under MetaKey.
-func boltMeta(bk *bolt.Bucket, topic string) (Meta, error) {
-	s, r, err := decodeItem(bk.Get([]byte(MetaKey(topic))))
+func boltMeta(bk *bolt.Bucket, topic string) (schema.Meta, error) {
+	s, r, err := decodeItem(bk.Get([]byte(schema.MetaKey(topic))))
 	if err != nil || s == 0 {
-		return Meta{}, err
+		return schema.Meta{}, err
 	}
-	return Meta{Shards: int(s), ReadShards: int(r)}, nil
+	return schema.Meta{Shards: int(s), ReadShards: int(r)}, nil
 }
 
 // Counts reads the count of each item in keys (see DynamoDB.Counts); a
@@ -405,10 +407,10 @@ func (b *Bolt) Counts(ctx context.Context, keys []string, consistent bool) (map[
 func (b *Bolt) MarkHistory(ctx context.Context, t time.Time) error {
 	return b.group.do(func(tx *bolt.Tx) error {
 		bk := tx.Bucket(boltBucket)
-		if v := bk.Get([]byte(HistoryKey)); len(v) == 8 && int64(binary.BigEndian.Uint64(v)) <= t.Unix() {
+		if v := bk.Get([]byte(schema.HistoryKey)); len(v) == 8 && int64(binary.BigEndian.Uint64(v)) <= t.Unix() {
 			return nil
 		}
-		return bk.Put([]byte(HistoryKey), binary.BigEndian.AppendUint64(nil, uint64(t.Unix())))
+		return bk.Put([]byte(schema.HistoryKey), binary.BigEndian.AppendUint64(nil, uint64(t.Unix())))
 	})
 }
 
@@ -416,7 +418,7 @@ func (b *Bolt) MarkHistory(ctx context.Context, t time.Time) error {
 func (b *Bolt) HistoryStart(ctx context.Context) (time.Time, error) {
 	var since int64
 	err := b.db.View(func(tx *bolt.Tx) error {
-		if v := tx.Bucket(boltBucket).Get([]byte(HistoryKey)); len(v) == 8 {
+		if v := tx.Bucket(boltBucket).Get([]byte(schema.HistoryKey)); len(v) == 8 {
 			since = int64(binary.BigEndian.Uint64(v))
 		}
 		return nil
@@ -428,8 +430,8 @@ func (b *Bolt) HistoryStart(ctx context.Context) (time.Time, error) {
 }
 
 // Metas reads the metadata of topics (zero Meta for those without).
-func (b *Bolt) Metas(ctx context.Context, topics []string) (map[string]Meta, error) {
-	out := make(map[string]Meta, len(topics))
+func (b *Bolt) Metas(ctx context.Context, topics []string) (map[string]schema.Meta, error) {
+	out := make(map[string]schema.Meta, len(topics))
 	err := b.db.View(func(tx *bolt.Tx) error {
 		for _, t := range topics {
 			m, err := boltMeta(tx.Bucket(boltBucket), t)
@@ -447,7 +449,7 @@ func (b *Bolt) Metas(ctx context.Context, topics []string) (map[string]Meta, err
 
 // SetMeta changes topic's metadata from old to m if it is still old, in one
 // transaction; else ErrConflict.
-func (b *Bolt) SetMeta(ctx context.Context, topic string, old, m Meta) error {
+func (b *Bolt) SetMeta(ctx context.Context, topic string, old, m schema.Meta) error {
 	b.metrics.metaWrites.Inc()
 	// Grouped, as counts are: a first flush records many new topics at
 	// once, and one fsync per topic would stall it. The function is safe to
@@ -465,7 +467,7 @@ func (b *Bolt) SetMeta(ctx context.Context, topic string, old, m Meta) error {
 		var v [boltItemLen]byte
 		binary.BigEndian.PutUint64(v[:], uint64(m.Shards))
 		binary.BigEndian.PutUint64(v[8:], uint64(m.ReadShards))
-		return bk.Put([]byte(MetaKey(topic)), v[:])
+		return bk.Put([]byte(schema.MetaKey(topic)), v[:])
 	})
 	if err == nil && conflict {
 		err = fmt.Errorf("store: set shards of %q: %w", topic, ErrConflict)

@@ -9,39 +9,40 @@ import (
 
 	"github.com/hotcount/hotcount/internal/testtools/testenv"
 	"github.com/hotcount/hotcount/pipeline/store"
+	"github.com/hotcount/hotcount/schema"
 )
 
 // TestBucketKeys: bucket keys round-trip for topics with '#', digits and
 // the other kinds' prefixes in them, and never meet a total's key.
 func TestBucketKeys(t *testing.T) {
 	at := time.Date(2026, 12, 3, 8, 59, 30, 0, time.UTC)
-	m, h := store.Minute.Index(at), store.Hour.Index(at)
-	if got := store.Minute.Start(m); !got.Equal(at.Truncate(time.Minute)) {
+	m, h := schema.Minute.Index(at), schema.Hour.Index(at)
+	if got := schema.Minute.Start(m); !got.Equal(at.Truncate(time.Minute)) {
 		t.Errorf("minute %d starts %v, want %v", m, got, at.Truncate(time.Minute))
 	}
-	if got := store.Hour.Start(h); !got.Equal(at.Truncate(time.Hour)) {
+	if got := schema.Hour.Start(h); !got.Equal(at.Truncate(time.Hour)) {
 		t.Errorf("hour %d starts %v, want %v", h, got, at.Truncate(time.Hour))
 	}
 	for _, topic := range []string{"golang", "a#1", "x#m5#0", "MINUTE#y", "3", "TREND#z#meta"} {
-		for _, g := range []store.Granularity{store.Minute, store.Hour} {
-			pk := store.BucketKey(topic, g, 29_000_123, 7)
-			gotTopic, gotG, i, shard, err := store.ParseBucketKey(pk)
+		for _, g := range []schema.Granularity{schema.Minute, schema.Hour} {
+			pk := schema.BucketKey(topic, g, 29_000_123, 7)
+			gotTopic, gotG, i, shard, err := schema.ParseBucketKey(pk)
 			if err != nil || gotTopic != topic || gotG != g || i != 29_000_123 || shard != 7 {
 				t.Errorf("ParseBucketKey(%q) = %q %c %d %d %v", pk, gotTopic, gotG, i, shard, err)
 			}
-			if _, _, err := store.ParseShardKey(pk); err == nil {
+			if _, _, err := schema.ParseShardKey(pk); err == nil {
 				t.Errorf("bucket key %q parses as a total's shard key", pk)
 			}
-			if got := store.BucketOf(topic, g, 29_000_123).Key(7); got != pk {
+			if got := schema.BucketOf(topic, g, 29_000_123).Key(7); got != pk {
 				t.Errorf("BucketOf(%q, %v).Key = %q, want %q", topic, g, got, pk)
 			}
 		}
-		if got := store.TotalOf(topic).Key(3); got != store.ShardKey(topic, 3) {
+		if got := schema.TotalOf(topic).Key(3); got != schema.ShardKey(topic, 3) {
 			t.Errorf("TotalOf(%q).Key = %q, want its shard key", topic, got)
 		}
 	}
-	fresh := store.Counter{Topic: "golang", Kind: store.Fresh, Index: m}
-	if got, want := fresh.Key(0), store.BucketKey("golang", store.Minute, m, 0); got != want {
+	fresh := schema.Counter{Topic: "golang", Kind: schema.Fresh, Index: m}
+	if got, want := fresh.Key(0), schema.BucketKey("golang", schema.Minute, m, 0); got != want {
 		t.Errorf("a Fresh counter's key %q, want its minute's %q", got, want)
 	}
 }
@@ -49,19 +50,19 @@ func TestBucketKeys(t *testing.T) {
 // TestCounters: what a counter is, and how a Fresh one splits.
 func TestCounters(t *testing.T) {
 	at := time.Date(2026, 12, 3, 8, 59, 30, 0, time.UTC)
-	m, h := store.Minute.Index(at), store.Hour.Index(at)
-	total, minute, hour := store.TotalOf("golang"), store.BucketOf("golang", store.Minute, m), store.BucketOf("golang", store.Hour, h)
-	fresh := store.Counter{Topic: "golang", Kind: store.Fresh, Index: m}
+	m, h := schema.Minute.Index(at), schema.Hour.Index(at)
+	total, minute, hour := schema.TotalOf("golang"), schema.BucketOf("golang", schema.Minute, m), schema.BucketOf("golang", schema.Hour, h)
+	fresh := schema.Counter{Topic: "golang", Kind: schema.Fresh, Index: m}
 	for _, c := range []struct {
-		c                store.Counter
+		c                schema.Counter
 		bucket, mentions bool
-		g                store.Granularity
+		g                schema.Granularity
 		hasG             bool
 	}{
 		{total, false, true, 0, false},
 		{fresh, true, true, 0, false},
-		{minute, true, false, store.Minute, true},
-		{hour, true, false, store.Hour, true},
+		{minute, true, false, schema.Minute, true},
+		{hour, true, false, schema.Hour, true},
 	} {
 		g, ok := c.c.Granularity()
 		if c.c.IsBucket() != c.bucket || c.c.CountsMentions() != c.mentions || g != c.g || ok != c.hasG {
@@ -71,20 +72,20 @@ func TestCounters(t *testing.T) {
 	if gotT, gotM, gotH := fresh.Split(); gotT != total || gotM != minute || gotH != hour {
 		t.Errorf("Split = %+v, %+v, %+v", gotT, gotM, gotH)
 	}
-	if gotT, gotM, gotH := minute.Split(); gotT != (store.Counter{}) || gotM != (store.Counter{}) || gotH != (store.Counter{}) {
+	if gotT, gotM, gotH := minute.Split(); gotT != (schema.Counter{}) || gotM != (schema.Counter{}) || gotH != (schema.Counter{}) {
 		t.Errorf("a minute counter splits again: %+v, %+v, %+v", gotT, gotM, gotH)
 	}
-	r := store.Retention{Minute: time.Hour}
-	if got, want := store.Expiry(r, minute), at.Truncate(time.Minute).Add(time.Minute+time.Hour).Unix(); got != want {
+	r := schema.Retention{Minute: time.Hour}
+	if got, want := r.Expiry(minute), at.Truncate(time.Minute).Add(time.Minute+time.Hour).Unix(); got != want {
 		t.Errorf("minute expires at %d, want %d", got, want)
 	}
-	if got, want := store.Expiry(r, fresh), store.Expiry(r, minute); got != want {
+	if got, want := r.Expiry(fresh), r.Expiry(minute); got != want {
 		t.Errorf("a Fresh counter expires at %d, want its minute's %d", got, want)
 	}
-	if got, want := store.Expiry(r, hour), at.Truncate(time.Hour).Add(time.Hour+store.DefaultHourRetention).Unix(); got != want {
+	if got, want := r.Expiry(hour), at.Truncate(time.Hour).Add(time.Hour+schema.DefaultHourRetention).Unix(); got != want {
 		t.Errorf("hour expires at %d, want %d", got, want)
 	}
-	if got := store.Expiry(r, total); got != 0 {
+	if got := r.Expiry(total); got != 0 {
 		t.Errorf("a total expires at %d, want never (0)", got)
 	}
 }
@@ -95,14 +96,14 @@ func TestCounters(t *testing.T) {
 // versions hold them: a change of the encoding fails here.
 func TestCounterNames(t *testing.T) {
 	for _, c := range []struct {
-		c    store.Counter
+		c    schema.Counter
 		name string
 	}{
-		{store.TotalOf("golang"), "golang"},
-		{store.Counter{Topic: "golang", Kind: store.Fresh, Index: 29_000_123}, "\x01M1ke6xgolang"},
-		{store.BucketOf("golang", store.Minute, 4097), "\x01m00101golang"},
-		{store.BucketOf("a.b#c", store.Hour, 63), "\x01h0000_a.b#c"},
-		{store.BucketOf("t", store.Minute, 1<<30-1), "\x01m_____t"},
+		{schema.TotalOf("golang"), "golang"},
+		{schema.Counter{Topic: "golang", Kind: schema.Fresh, Index: 29_000_123}, "\x01M1ke6xgolang"},
+		{schema.BucketOf("golang", schema.Minute, 4097), "\x01m00101golang"},
+		{schema.BucketOf("a.b#c", schema.Hour, 63), "\x01h0000_a.b#c"},
+		{schema.BucketOf("t", schema.Minute, 1<<30-1), "\x01m_____t"},
 	} {
 		if got := c.c.Name(); got != c.name {
 			t.Errorf("%+v named %q, want %q", c.c, got, c.name)
@@ -110,48 +111,48 @@ func TestCounterNames(t *testing.T) {
 		if got := string(c.c.AppendName([]byte("x"))); got != "x"+c.name {
 			t.Errorf("%+v appended as %q, want %q", c.c, got, "x"+c.name)
 		}
-		if got, ok := store.ParseName(c.name); !ok || got != c.c {
+		if got, ok := schema.ParseName(c.name); !ok || got != c.c {
 			t.Errorf("ParseName(%q) = %+v, %v; want %+v", c.name, got, ok, c.c)
 		}
 	}
-	kinds := []store.Kind{store.Total, store.Fresh, store.MinuteBucket, store.HourBucket}
+	kinds := []schema.Kind{schema.Total, schema.Fresh, schema.MinuteBucket, schema.HourBucket}
 	for _, topic := range []string{"golang", "a#1", "x#m5#0", "a.b.c", "MINUTE#y", "TREND#z#meta", "3", "héllo wörld", "日本語", "🔥#1.2"} {
 		for _, k := range kinds {
 			for _, i := range []int64{0, 1, 63, 64, 29_000_123, 1<<30 - 1} {
-				c := store.Counter{Topic: topic, Kind: k, Index: i}
-				if k == store.Total {
+				c := schema.Counter{Topic: topic, Kind: k, Index: i}
+				if k == schema.Total {
 					c.Index = 0
 				}
 				name := c.Name()
-				if got, ok := store.ParseName(name); !ok || got != c {
+				if got, ok := schema.ParseName(name); !ok || got != c {
 					t.Errorf("ParseName(%q) = %+v, %v; want %+v", name, got, ok, c)
 				}
 				if !utf8.ValidString(name) {
 					t.Errorf("%+v: name %q is not valid UTF-8 (journal entries are JSON)", c, name)
 				}
-				if err := store.ValidateTopic(name, 1024); k != store.Total && err == nil {
+				if err := schema.ValidateTopic(name, 1024); k != schema.Total && err == nil {
 					t.Errorf("a bucket's name %q passes as a topic: it could meet one", name)
 				}
 			}
 		}
 	}
 	// An index out of range is kept within it.
-	if got, _ := store.ParseName(store.BucketOf("t", store.Minute, -5).Name()); got.Index != 0 {
+	if got, _ := schema.ParseName(schema.BucketOf("t", schema.Minute, -5).Name()); got.Index != 0 {
 		t.Errorf("index -5 reads back as %d, want 0", got.Index)
 	}
-	if got, _ := store.ParseName(store.BucketOf("t", store.Minute, 1<<40).Name()); got.Index != 1<<30-1 {
+	if got, _ := schema.ParseName(schema.BucketOf("t", schema.Minute, 1<<40).Name()); got.Index != 1<<30-1 {
 		t.Errorf("index 2^40 reads back as %d, want 2^30-1", got.Index)
 	}
 	// Named is the counter its name reads back as, in range or not.
 	for _, i := range []int64{-5, 0, 4097, 1<<30 - 1, 1 << 40} {
-		c := store.Counter{Topic: "t", Kind: store.Fresh, Index: i}
-		if got, _ := store.ParseName(c.Name()); got != c.Named() {
+		c := schema.Counter{Topic: "t", Kind: schema.Fresh, Index: i}
+		if got, _ := schema.ParseName(c.Name()); got != c.Named() {
 			t.Errorf("index %d: name reads back as %+v, Named is %+v", i, got, c.Named())
 		}
 	}
 	// A damaged name is a total spelt like it, as it was read before.
 	for _, name := range []string{"\x01", "\x01M0000", "\x01x00000t", "\x01m00!00t"} {
-		if got, ok := store.ParseName(name); ok || got != store.TotalOf(name) {
+		if got, ok := schema.ParseName(name); ok || got != schema.TotalOf(name) {
 			t.Errorf("ParseName(%q) = %+v, %v; want not ok, the total of %q", name, got, ok, name)
 		}
 	}
@@ -170,7 +171,7 @@ func TestBucketWritesExactlyOnce(t *testing.T) {
 				Counts(ctx context.Context, keys []string, consistent bool) (map[string]int64, error)
 			})
 			now := time.Now()
-			counter := store.BucketOf("golang", store.Minute, store.Minute.Index(now))
+			counter := schema.BucketOf("golang", schema.Minute, schema.Minute.Index(now))
 			w := store.Write{Counter: counter, Shard: 0, Delta: 5, Writer: "w1", Seq: 10}
 			if err := st.Add(ctx, w, now); err != nil {
 				t.Fatal(err)
@@ -179,11 +180,11 @@ func TestBucketWritesExactlyOnce(t *testing.T) {
 			if err := st.Add(ctx, w, now); err != nil {
 				t.Fatalf("retry of an applied bucket write: %v", err)
 			}
-			if err := st.Add(ctx, store.Write{Counter: store.TotalOf("golang"), Shard: 0, Delta: 2, Writer: "w1", Seq: 11}, now); err != nil {
+			if err := st.Add(ctx, store.Write{Counter: schema.TotalOf("golang"), Shard: 0, Delta: 2, Writer: "w1", Seq: 11}, now); err != nil {
 				t.Fatal(err)
 			}
-			key := store.BucketKey("golang", store.Minute, store.Minute.Index(now), 0)
-			got, err := st.Counts(ctx, []string{key, store.BucketKey("golang", store.Minute, store.Minute.Index(now)-1, 0)}, false)
+			key := schema.BucketKey("golang", schema.Minute, schema.Minute.Index(now), 0)
+			got, err := st.Counts(ctx, []string{key, schema.BucketKey("golang", schema.Minute, schema.Minute.Index(now)-1, 0)}, false)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -28,6 +28,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/hotcount/hotcount/internal/waits"
+	"github.com/hotcount/hotcount/schema"
 )
 
 // maxBatchGetKeys is DynamoDB's limit of keys in one BatchGetItem call.
@@ -57,11 +58,11 @@ type DynamoDB struct {
 	metrics *Metrics
 	// Retention sets the expiry (AttrExpiresAt) of bucket writes; set it
 	// before the first write.
-	Retention Retention
+	Retention schema.Retention
 	// Regions makes the store write only its Region's items and read
 	// every Region's (region.go); set it before the first call. The zero
 	// value is the single-Region layout.
-	Regions Regions
+	Regions schema.Regions
 	lastOK  atomic.Int64 // Unix nanoseconds of the last call DynamoDB answered without error
 	lastErr atomic.Int64 // ... and of the last that failed
 }
@@ -127,28 +128,28 @@ func (d *DynamoDB) Add(ctx context.Context, w Write, now time.Time) error {
 }
 
 // key is w's item: in this store's own Region when it has one.
-func (d *DynamoDB) key(w Write) string { return InRegion(w.Key(), d.Regions.Own) }
+func (d *DynamoDB) key(w Write) string { return schema.InRegion(w.Key(), d.Regions.Own) }
 
 // addInput is Add's UpdateItem call: the increment, applied only if the
 // writer's mark (or, absent, the floor) is below the write's seq.
 func (d *DynamoDB) addInput(w Write, now time.Time) *dynamodb.UpdateItemInput {
 	update := "ADD #count :delta SET #updatedAt = :now, #mark = :seq"
 	names := map[string]string{
-		"#count":     AttrCount,
-		"#updatedAt": AttrUpdatedAt,
+		"#count":     schema.AttrCount,
+		"#updatedAt": schema.AttrUpdatedAt,
 		"#mark":      MarkPrefix + w.Writer,
 		"#floor":     AttrFloor,
 	}
 	values := map[string]types.AttributeValue{
 		":delta": &types.AttributeValueMemberN{Value: strconv.FormatInt(w.Delta, 10)},
-		":now":   &types.AttributeValueMemberN{Value: strconv.FormatInt(UnixMilli(now), 10)},
+		":now":   &types.AttributeValueMemberN{Value: strconv.FormatInt(schema.UnixMilli(now), 10)},
 		":seq":   &types.AttributeValueMemberN{Value: strconv.FormatInt(w.Seq, 10)},
 	}
 	update = d.withExpiry(w, update, names, values)
 	return &dynamodb.UpdateItemInput{
 		TableName: &d.table,
 		Key: map[string]types.AttributeValue{
-			AttrPK: &types.AttributeValueMemberS{Value: d.key(w)},
+			schema.AttrPK: &types.AttributeValueMemberS{Value: d.key(w)},
 		},
 		UpdateExpression:          aws.String(update),
 		ConditionExpression:       aws.String("(attribute_not_exists(#mark) AND (attribute_not_exists(#floor) OR #floor < :seq)) OR #mark < :seq"),
@@ -163,9 +164,9 @@ func (d *DynamoDB) addInput(w Write, now time.Time) *dynamodb.UpdateItemInput {
 // withExpiry adds to a write's SET clause, for a bucket, its TTL: the same
 // on every write of it.
 func (d *DynamoDB) withExpiry(w Write, update string, names map[string]string, values map[string]types.AttributeValue) string {
-	if exp := d.Retention.expiry(w.Counter); exp > 0 {
+	if exp := d.Retention.Expiry(w.Counter); exp > 0 {
 		update += ", #exp = :exp"
-		names["#exp"] = AttrExpiresAt
+		names["#exp"] = schema.AttrExpiresAt
 		values[":exp"] = &types.AttributeValueMemberN{Value: strconv.FormatInt(exp, 10)}
 	}
 	return update
@@ -228,7 +229,7 @@ func (d *DynamoDB) refused(ctx context.Context, w Write, inDoubt bool) error {
 	d.metrics.reads.Inc()
 	got, err := d.client.GetItem(ctx, &dynamodb.GetItemInput{
 		TableName:      &d.table,
-		Key:            map[string]types.AttributeValue{AttrPK: &types.AttributeValueMemberS{Value: d.key(w)}},
+		Key:            map[string]types.AttributeValue{schema.AttrPK: &types.AttributeValueMemberS{Value: d.key(w)}},
 		ConsistentRead: aws.Bool(true),
 	})
 	if err != nil {
@@ -306,7 +307,7 @@ func (d *DynamoDB) trim(ctx context.Context, key string, attrs map[string]types.
 	d.metrics.trims.Inc()
 	_, err := d.client.UpdateItem(ctx, &dynamodb.UpdateItemInput{
 		TableName:                 &d.table,
-		Key:                       map[string]types.AttributeValue{AttrPK: &types.AttributeValueMemberS{Value: key}},
+		Key:                       map[string]types.AttributeValue{schema.AttrPK: &types.AttributeValueMemberS{Value: key}},
 		UpdateExpression:          aws.String("REMOVE " + strings.Join(remove, ", ") + " SET #floor = :floor"),
 		ConditionExpression:       aws.String(strings.Join(conds, " AND ") + " AND (attribute_not_exists(#floor) OR #floor <= :floor)"),
 		ExpressionAttributeNames:  names,
@@ -385,7 +386,7 @@ func ambiguous(err error) bool {
 // with backoff until ctx ends). It returns one entry per shard, in shard
 // order, zero for a shard never written. consistent asks for strongly
 // consistent reads (twice the read units).
-func (d *DynamoDB) Gather(ctx context.Context, topic string, n int, consistent bool) ([]Shard, error) {
+func (d *DynamoDB) Gather(ctx context.Context, topic string, n int, consistent bool) ([]schema.Shard, error) {
 	m, err := d.GatherMany(ctx, []string{topic}, n, consistent)
 	if err != nil {
 		return nil, err
@@ -401,13 +402,13 @@ func (d *DynamoDB) Gather(ctx context.Context, topic string, n int, consistent b
 // shards are read in the single-Region layout and in every Region, each
 // with its own metadata: a Region's shards carry its name. The caller owns
 // the map.
-func (d *DynamoDB) GatherMany(ctx context.Context, topics []string, n int, consistent bool) (map[string][]Shard, error) {
+func (d *DynamoDB) GatherMany(ctx context.Context, topics []string, n int, consistent bool) (map[string][]schema.Shard, error) {
 	d.metrics.gathers.Add(float64(len(topics)))
-	out := make(map[string][]Shard, len(topics))
-	metas := make(map[regional]Meta, len(topics))
+	out := make(map[string][]schema.Shard, len(topics))
+	metas := make(map[regional]schema.Meta, len(topics))
 	want := make(map[regional][2]int, len(topics))
 	for _, t := range topics {
-		for _, r := range d.Regions.reads() {
+		for _, r := range d.Regions.Reads() {
 			want[regional{t, r}] = [2]int{0, n}
 		}
 	}
@@ -426,7 +427,7 @@ func (d *DynamoDB) GatherMany(ctx context.Context, topics []string, n int, consi
 		}
 	}
 	for _, shards := range out {
-		slices.SortFunc(shards, func(a, b Shard) int {
+		slices.SortFunc(shards, func(a, b schema.Shard) int {
 			return cmp.Or(strings.Compare(a.Region, b.Region), cmp.Compare(a.Shard, b.Shard))
 		})
 	}
@@ -439,7 +440,7 @@ func (d *DynamoDB) GatherMany(ctx context.Context, topics []string, n int, consi
 type regional struct{ topic, region string }
 
 func (d *DynamoDB) readFailed(topics []string, err error) error {
-	err = classify(fmt.Errorf("store: gather %s: %w", Named(topics), err))
+	err = classify(fmt.Errorf("store: gather %s: %w", schema.Named(topics), err))
 	d.metrics.failed("read", err)
 	d.lastErr.Store(time.Now().UnixNano())
 	return err
@@ -448,7 +449,7 @@ func (d *DynamoDB) readFailed(topics []string, err error) error {
 // readShards reads shards [from, to) of each topic's Region in want (and,
 // with withMeta, its metadata item) into out and metas, in BatchGetItem
 // calls of up to 100 keys.
-func (d *DynamoDB) readShards(ctx context.Context, want map[regional][2]int, withMeta, consistent bool, out map[string][]Shard, metas map[regional]Meta) error {
+func (d *DynamoDB) readShards(ctx context.Context, want map[regional][2]int, withMeta, consistent bool, out map[string][]schema.Shard, metas map[regional]schema.Meta) error {
 	type slot struct {
 		at    regional
 		shard int // index in out[topic]; -1: the metadata item
@@ -457,26 +458,26 @@ func (d *DynamoDB) readShards(ctx context.Context, want map[regional][2]int, wit
 	var keys []map[string]types.AttributeValue
 	key := func(k string, s slot) {
 		index[k] = s
-		keys = append(keys, map[string]types.AttributeValue{AttrPK: &types.AttributeValueMemberS{Value: k}})
+		keys = append(keys, map[string]types.AttributeValue{schema.AttrPK: &types.AttributeValueMemberS{Value: k}})
 	}
 	for u, r := range want {
 		shards := out[u.topic]
 		for i := r[0]; i < r[1]; i++ {
-			key(InRegion(ShardKey(u.topic, i), u.region), slot{u, len(shards)})
-			shards = append(shards, Shard{Shard: i, Region: u.region})
+			key(schema.InRegion(schema.ShardKey(u.topic, i), u.region), slot{u, len(shards)})
+			shards = append(shards, schema.Shard{Shard: i, Region: u.region})
 		}
 		out[u.topic] = shards
 		if withMeta {
-			key(InRegion(MetaKey(u.topic), u.region), slot{u, -1})
+			key(schema.InRegion(schema.MetaKey(u.topic), u.region), slot{u, -1})
 		}
 	}
 	d.metrics.reads.Add(float64(len(keys)))
 	for start := 0; start < len(keys); start += maxBatchGetKeys {
 		chunk := keys[start:min(start+maxBatchGetKeys, len(keys))]
 		err := d.batchGet(ctx, chunk, consistent, func(item map[string]types.AttributeValue) error {
-			pk, ok := item[AttrPK].(*types.AttributeValueMemberS)
+			pk, ok := item[schema.AttrPK].(*types.AttributeValueMemberS)
 			if !ok {
-				return fmt.Errorf("store: item without a string %s", AttrPK)
+				return fmt.Errorf("store: item without a string %s", schema.AttrPK)
 			}
 			at, ok := index[pk.Value]
 			if !ok {
@@ -492,10 +493,10 @@ func (d *DynamoDB) readShards(ctx context.Context, want map[regional][2]int, wit
 			}
 			sh := &out[at.at.topic][at.shard]
 			var err error
-			if sh.Count, err = numberAttr(item, AttrCount); err != nil {
+			if sh.Count, err = numberAttr(item, schema.AttrCount); err != nil {
 				return fmt.Errorf("store: item %s: %w", pk.Value, err)
 			}
-			if sh.UpdatedAt, err = numberAttr(item, AttrUpdatedAt); err != nil {
+			if sh.UpdatedAt, err = numberAttr(item, schema.AttrUpdatedAt); err != nil {
 				return fmt.Errorf("store: item %s: %w", pk.Value, err)
 			}
 			return nil
@@ -516,34 +517,34 @@ func (d *DynamoDB) Counts(ctx context.Context, keys []string, consistent bool) (
 	now := time.Now().Unix()
 	out := make(map[string]int64, len(keys))
 	req := make([]map[string]types.AttributeValue, 0, len(keys))
-	regions := d.Regions.reads()
+	regions := d.Regions.Reads()
 	for _, k := range keys {
 		if _, dup := out[k]; dup {
 			continue
 		}
 		out[k] = 0
 		for _, r := range regions {
-			req = append(req, map[string]types.AttributeValue{AttrPK: &types.AttributeValueMemberS{Value: InRegion(k, r)}})
+			req = append(req, map[string]types.AttributeValue{schema.AttrPK: &types.AttributeValueMemberS{Value: schema.InRegion(k, r)}})
 		}
 	}
 	d.metrics.reads.Add(float64(len(req)))
 	for start := 0; start < len(req); start += maxBatchGetKeys {
 		err := d.batchGet(ctx, req[start:min(start+maxBatchGetKeys, len(req))], consistent, func(item map[string]types.AttributeValue) error {
-			pk, ok := item[AttrPK].(*types.AttributeValueMemberS)
+			pk, ok := item[schema.AttrPK].(*types.AttributeValueMemberS)
 			if !ok {
-				return fmt.Errorf("store: item without a string %s", AttrPK)
+				return fmt.Errorf("store: item without a string %s", schema.AttrPK)
 			}
-			n, err := numberAttr(item, AttrCount)
+			n, err := numberAttr(item, schema.AttrCount)
 			if err != nil {
 				return fmt.Errorf("store: item %s: %w", pk.Value, err)
 			}
 			// Past its TTL the item is gone, whenever DynamoDB gets to
 			// deleting it: read it as gone now.
-			if exp, err := numberAttr(item, AttrExpiresAt); err == nil && exp > 0 && exp < now {
+			if exp, err := numberAttr(item, schema.AttrExpiresAt); err == nil && exp > 0 && exp < now {
 				n = 0
 			}
-			k, _ := SplitRegion(pk.Value)
-			out[k], _ = SatAdd(out[k], n)
+			k, _ := schema.SplitRegion(pk.Value)
+			out[k], _ = schema.SatAdd(out[k], n)
 			return nil
 		})
 		if err != nil {
@@ -562,10 +563,10 @@ func (d *DynamoDB) Counts(ctx context.Context, keys []string, consistent bool) (
 func (d *DynamoDB) MarkHistory(ctx context.Context, t time.Time) error {
 	_, err := d.client.UpdateItem(ctx, &dynamodb.UpdateItemInput{
 		TableName:                &d.table,
-		Key:                      map[string]types.AttributeValue{AttrPK: &types.AttributeValueMemberS{Value: InRegion(HistoryKey, d.Regions.Own)}},
+		Key:                      map[string]types.AttributeValue{schema.AttrPK: &types.AttributeValueMemberS{Value: schema.InRegion(schema.HistoryKey, d.Regions.Own)}},
 		UpdateExpression:         aws.String("SET #since = :t"),
 		ConditionExpression:      aws.String("attribute_not_exists(#since) OR #since > :t"),
-		ExpressionAttributeNames: map[string]string{"#since": AttrSince},
+		ExpressionAttributeNames: map[string]string{"#since": schema.AttrSince},
 		ExpressionAttributeValues: map[string]types.AttributeValue{
 			":t": &types.AttributeValueMemberN{Value: strconv.FormatInt(t.Unix(), 10)},
 		},
@@ -584,12 +585,12 @@ func (d *DynamoDB) MarkHistory(ctx context.Context, t time.Time) error {
 // was ever marked): with Regions, the earliest of every Region's.
 func (d *DynamoDB) HistoryStart(ctx context.Context) (time.Time, error) {
 	var keys []map[string]types.AttributeValue
-	for _, r := range d.Regions.reads() {
-		keys = append(keys, map[string]types.AttributeValue{AttrPK: &types.AttributeValueMemberS{Value: InRegion(HistoryKey, r)}})
+	for _, r := range d.Regions.Reads() {
+		keys = append(keys, map[string]types.AttributeValue{schema.AttrPK: &types.AttributeValueMemberS{Value: schema.InRegion(schema.HistoryKey, r)}})
 	}
 	var first int64
 	err := d.batchGet(ctx, keys, false, func(item map[string]types.AttributeValue) error {
-		since, err := numberAttr(item, AttrSince)
+		since, err := numberAttr(item, schema.AttrSince)
 		if err == nil && since > 0 && (first == 0 || since < first) {
 			first = since
 		}
@@ -604,19 +605,19 @@ func (d *DynamoDB) HistoryStart(ctx context.Context) (time.Time, error) {
 	return time.Unix(first, 0).UTC(), nil
 }
 
-func decodeMeta(item map[string]types.AttributeValue) (Meta, error) {
-	s, err := numberAttr(item, AttrShards)
+func decodeMeta(item map[string]types.AttributeValue) (schema.Meta, error) {
+	s, err := numberAttr(item, schema.AttrShards)
 	if err != nil {
-		return Meta{}, err
+		return schema.Meta{}, err
 	}
-	r, err := numberAttr(item, AttrReadShards)
+	r, err := numberAttr(item, schema.AttrReadShards)
 	if err != nil {
-		return Meta{}, err
+		return schema.Meta{}, err
 	}
-	if s < 1 || s > MaxShards || r < s || r > MaxShards {
-		return Meta{}, fmt.Errorf("shard metadata %d/%d outside 1..%d", s, r, MaxShards)
+	if s < 1 || s > schema.MaxShards || r < s || r > schema.MaxShards {
+		return schema.Meta{}, fmt.Errorf("shard metadata %d/%d outside 1..%d", s, r, schema.MaxShards)
 	}
-	return Meta{Shards: int(s), ReadShards: int(r)}, nil
+	return schema.Meta{Shards: int(s), ReadShards: int(r)}, nil
 }
 
 // Metas reads the topics' shard counts, for writers and readers: a topic
@@ -624,15 +625,15 @@ func decodeMeta(item map[string]types.AttributeValue) (Meta, error) {
 // topic's Meta is its own Region's, and Elsewhere the most shards the
 // single-Region layout or any other Region ever had (readers read them
 // all; only the own Region's item is ever changed).
-func (d *DynamoDB) Metas(ctx context.Context, topics []string) (map[string]Meta, error) {
-	metas := make(map[string]Meta, len(topics))
+func (d *DynamoDB) Metas(ctx context.Context, topics []string) (map[string]schema.Meta, error) {
+	metas := make(map[string]schema.Meta, len(topics))
 	index := make(map[string]regional, len(topics))
 	keys := make([]map[string]types.AttributeValue, 0, len(topics))
 	for _, t := range topics {
-		for _, r := range d.Regions.reads() {
-			k := InRegion(MetaKey(t), r)
+		for _, r := range d.Regions.Reads() {
+			k := schema.InRegion(schema.MetaKey(t), r)
 			index[k] = regional{t, r}
-			keys = append(keys, map[string]types.AttributeValue{AttrPK: &types.AttributeValueMemberS{Value: k}})
+			keys = append(keys, map[string]types.AttributeValue{schema.AttrPK: &types.AttributeValueMemberS{Value: k}})
 		}
 	}
 	d.metrics.reads.Add(float64(len(keys)))
@@ -645,9 +646,9 @@ func (d *DynamoDB) Metas(ctx context.Context, topics []string) (map[string]Meta,
 		chunk := keys[start:min(start+maxBatchGetKeys, len(keys))]
 		g.Go(func() error {
 			return d.batchGet(gctx, chunk, true, func(item map[string]types.AttributeValue) error {
-				pk, _ := item[AttrPK].(*types.AttributeValueMemberS)
+				pk, _ := item[schema.AttrPK].(*types.AttributeValueMemberS)
 				if pk == nil {
-					return fmt.Errorf("store: item without a string %s", AttrPK)
+					return fmt.Errorf("store: item without a string %s", schema.AttrPK)
 				}
 				m, err := decodeMeta(item)
 				if err != nil {
@@ -678,26 +679,26 @@ func (d *DynamoDB) Metas(ctx context.Context, topics []string) (map[string]Meta,
 // SetMeta changes topic's metadata from old (what the caller last read;
 // zero: no item) to m, only if it is still old: writers racing to change it
 // agree on one value. Refused: ErrConflict.
-func (d *DynamoDB) SetMeta(ctx context.Context, topic string, old, m Meta) error {
+func (d *DynamoDB) SetMeta(ctx context.Context, topic string, old, m schema.Meta) error {
 	in := &dynamodb.PutItemInput{
 		TableName: &d.table,
 		Item: map[string]types.AttributeValue{
-			AttrPK:         &types.AttributeValueMemberS{Value: InRegion(MetaKey(topic), d.Regions.Own)},
-			AttrShards:     &types.AttributeValueMemberN{Value: itoa(m.Shards)},
-			AttrReadShards: &types.AttributeValueMemberN{Value: itoa(m.ReadShards)},
+			schema.AttrPK:         &types.AttributeValueMemberS{Value: schema.InRegion(schema.MetaKey(topic), d.Regions.Own)},
+			schema.AttrShards:     &types.AttributeValueMemberN{Value: strconv.Itoa(m.Shards)},
+			schema.AttrReadShards: &types.AttributeValueMemberN{Value: strconv.Itoa(m.ReadShards)},
 		},
-		ExpressionAttributeNames: map[string]string{"#pk": AttrPK},
+		ExpressionAttributeNames: map[string]string{"#pk": schema.AttrPK},
 	}
 	if !old.Exists() {
 		in.ConditionExpression = aws.String("attribute_not_exists(#pk)")
 	} else {
 		in.ConditionExpression = aws.String("#s = :s AND #r = :r")
-		in.ExpressionAttributeNames["#s"] = AttrShards
-		in.ExpressionAttributeNames["#r"] = AttrReadShards
+		in.ExpressionAttributeNames["#s"] = schema.AttrShards
+		in.ExpressionAttributeNames["#r"] = schema.AttrReadShards
 		delete(in.ExpressionAttributeNames, "#pk")
 		in.ExpressionAttributeValues = map[string]types.AttributeValue{
-			":s": &types.AttributeValueMemberN{Value: itoa(old.Shards)},
-			":r": &types.AttributeValueMemberN{Value: itoa(old.ReadShards)},
+			":s": &types.AttributeValueMemberN{Value: strconv.Itoa(old.Shards)},
+			":r": &types.AttributeValueMemberN{Value: strconv.Itoa(old.ReadShards)},
 		}
 	}
 	d.metrics.metaWrites.Inc()
@@ -799,10 +800,10 @@ func CreateTable(ctx context.Context, client DynamoAPI, table string) (created b
 	_, err = client.CreateTable(ctx, &dynamodb.CreateTableInput{
 		TableName: &table,
 		AttributeDefinitions: []types.AttributeDefinition{
-			{AttributeName: aws.String(AttrPK), AttributeType: types.ScalarAttributeTypeS},
+			{AttributeName: aws.String(schema.AttrPK), AttributeType: types.ScalarAttributeTypeS},
 		},
 		KeySchema: []types.KeySchemaElement{
-			{AttributeName: aws.String(AttrPK), KeyType: types.KeyTypeHash},
+			{AttributeName: aws.String(schema.AttrPK), KeyType: types.KeyTypeHash},
 		},
 		BillingMode: types.BillingModePayPerRequest,
 	})
@@ -846,8 +847,8 @@ func EnableTTL(ctx context.Context, client TTLAPI, table string) (string, error)
 		desc := d.TimeToLiveDescription
 		switch desc.TimeToLiveStatus {
 		case types.TimeToLiveStatusEnabled, types.TimeToLiveStatusEnabling:
-			if desc.AttributeName != nil && *desc.AttributeName != AttrExpiresAt {
-				return "", fmt.Errorf("store: table %s has TTL on %q, not %q: buckets would never expire; disable it first", table, *desc.AttributeName, AttrExpiresAt)
+			if desc.AttributeName != nil && *desc.AttributeName != schema.AttrExpiresAt {
+				return "", fmt.Errorf("store: table %s has TTL on %q, not %q: buckets would never expire; disable it first", table, *desc.AttributeName, schema.AttrExpiresAt)
 			}
 			return string(desc.TimeToLiveStatus), nil
 		}
@@ -855,7 +856,7 @@ func EnableTTL(ctx context.Context, client TTLAPI, table string) (string, error)
 	out, err := client.UpdateTimeToLive(ctx, &dynamodb.UpdateTimeToLiveInput{
 		TableName: &table,
 		TimeToLiveSpecification: &types.TimeToLiveSpecification{
-			AttributeName: aws.String(AttrExpiresAt),
+			AttributeName: aws.String(schema.AttrExpiresAt),
 			Enabled:       aws.Bool(true),
 		},
 	})

@@ -16,6 +16,7 @@ import (
 	"github.com/hotcount/hotcount/internal/testtools/ddbfault"
 	"github.com/hotcount/hotcount/internal/testtools/testenv"
 	"github.com/hotcount/hotcount/pipeline/store"
+	"github.com/hotcount/hotcount/schema"
 )
 
 // faultStore is the DynamoDB store as production builds it (the SDK's
@@ -53,7 +54,7 @@ func (f *faultStore) item(t *testing.T, key string) map[string]types.AttributeVa
 	t.Helper()
 	out, err := f.dyn.Client().GetItem(context.Background(), &dynamodb.GetItemInput{
 		TableName:      &f.table,
-		Key:            map[string]types.AttributeValue{store.AttrPK: &types.AttributeValueMemberS{Value: key}},
+		Key:            map[string]types.AttributeValue{schema.AttrPK: &types.AttributeValueMemberS{Value: key}},
 		ConsistentRead: aws.Bool(true),
 	})
 	if err != nil {
@@ -64,7 +65,7 @@ func (f *faultStore) item(t *testing.T, key string) map[string]types.AttributeVa
 
 func (f *faultStore) count(t *testing.T, key string) int64 {
 	t.Helper()
-	n, _ := f.item(t, key)[store.AttrCount].(*types.AttributeValueMemberN)
+	n, _ := f.item(t, key)[schema.AttrCount].(*types.AttributeValueMemberN)
 	if n == nil {
 		return 0
 	}
@@ -234,7 +235,7 @@ func TestMarksStayBounded(t *testing.T) {
 	write := func(t *testing.T, add func(store.Write, time.Time) error) {
 		for range restarts {
 			id, seq := store.NewWriterID(), store.NewSequencer(now)
-			if err := add(store.Write{Counter: store.TotalOf("hot"), Shard: 0, Delta: 1, Writer: id, Seq: seq.Next()}, clock); err != nil {
+			if err := add(store.Write{Counter: schema.TotalOf("hot"), Shard: 0, Delta: 1, Writer: id, Seq: seq.Next()}, clock); err != nil {
 				t.Fatal(err)
 			}
 			clock = clock.Add(5 * time.Second)
@@ -243,7 +244,7 @@ func TestMarksStayBounded(t *testing.T) {
 	t.Run("dynamodb", func(t *testing.T) {
 		f := newFaultStore(t, ddbfault.Config{})
 		write(t, func(w store.Write, at time.Time) error { return f.st.Add(context.Background(), w, at) })
-		item := f.item(t, store.ShardKey("hot", 0))
+		item := f.item(t, schema.ShardKey("hot", 0))
 		size, marks := store.ItemSize(item), 0
 		for name := range item {
 			if strings.HasPrefix(name, store.MarkPrefix) {
@@ -254,7 +255,7 @@ func TestMarksStayBounded(t *testing.T) {
 		if size >= 1024 {
 			t.Errorf("item is %d bytes, over one write unit", size)
 		}
-		if got := f.count(t, store.ShardKey("hot", 0)); got != restarts {
+		if got := f.count(t, schema.ShardKey("hot", 0)); got != restarts {
 			t.Errorf("count %d, want %d", got, restarts)
 		}
 	})
@@ -266,7 +267,7 @@ func TestMarksStayBounded(t *testing.T) {
 		}
 		defer b.Close()
 		write(t, func(w store.Write, at time.Time) error { return b.Add(context.Background(), w, at) })
-		size, err := store.BoltItemSize(b, store.ShardKey("hot", 0))
+		size, err := store.BoltItemSize(b, schema.ShardKey("hot", 0))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -10,9 +10,6 @@ import (
 // Test access to unexported parts.
 var Classify = classify
 
-// Expiry is r's expiresAt of a write of c.
-func Expiry(r Retention, c Counter) int64 { return r.expiry(c) }
-
 func (m *Metrics) Writes() prometheus.Counter { return m.writes }
 func (m *Metrics) Reads() prometheus.Counter  { return m.reads }
 

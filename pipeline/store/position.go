@@ -12,6 +12,8 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+
+	"github.com/hotcount/hotcount/schema"
 )
 
 // Exactly-once by stream position, beside the writer marks (write.go). A
@@ -239,7 +241,7 @@ func (d *DynamoDB) addSpan(ctx context.Context, w Write, now time.Time) error {
 	d.metrics.writes.Inc()
 	firstTry := !w.Retry && !w.Replay
 	var doubt bool // an attempt of this call may have been applied
-	err := d.sendSpan(ctx, w, d.spanInput(w, now), UnixMilli(now), &doubt)
+	err := d.sendSpan(ctx, w, d.spanInput(w, now), schema.UnixMilli(now), &doubt)
 	ambiguous := errors.Is(err, ErrAmbiguous)
 	if firstTry && (doubt || ambiguous) {
 		d.metrics.ambiguous.Inc() // the doubt begins: counted once per write
@@ -314,13 +316,13 @@ func (d *DynamoDB) spanInput(w Write, now time.Time) *dynamodb.UpdateItemInput {
 	update := "ADD #count :delta SET #updatedAt = :now, #p = :last"
 	cond := "(attribute_not_exists(#p) OR #p < :first)"
 	names := map[string]string{
-		"#count":     AttrCount,
-		"#updatedAt": AttrUpdatedAt,
+		"#count":     schema.AttrCount,
+		"#updatedAt": schema.AttrUpdatedAt,
 		"#p":         PositionAttr(s.Stream, s.Epoch),
 	}
 	values := map[string]types.AttributeValue{
 		":delta": number(w.Delta),
-		":now":   number(UnixMilli(now)),
+		":now":   number(schema.UnixMilli(now)),
 		":first": &types.AttributeValueMemberN{Value: encodePosition(Position{Epoch: s.Epoch, Seq: s.First})},
 		":last":  &types.AttributeValueMemberN{Value: encodePosition(Position{Epoch: s.Epoch, Seq: s.Last})},
 	}
@@ -337,7 +339,7 @@ func (d *DynamoDB) spanInput(w Write, now time.Time) *dynamodb.UpdateItemInput {
 	update = d.withExpiry(w, update, names, values)
 	return &dynamodb.UpdateItemInput{
 		TableName:                 &d.table,
-		Key:                       map[string]types.AttributeValue{AttrPK: &types.AttributeValueMemberS{Value: d.key(w)}},
+		Key:                       map[string]types.AttributeValue{schema.AttrPK: &types.AttributeValueMemberS{Value: d.key(w)}},
 		UpdateExpression:          aws.String(update),
 		ConditionExpression:       aws.String(cond),
 		ExpressionAttributeNames:  names,
@@ -389,10 +391,10 @@ func refusalRecord(cond *types.ConditionalCheckFailedException, attr string) (r 
 func recordedIn(item map[string]types.AttributeValue, attr string) (recorded, error) {
 	var r recorded
 	var err error
-	if r.count, err = numberAttr(item, AttrCount); err != nil {
+	if r.count, err = numberAttr(item, schema.AttrCount); err != nil {
 		return r, err
 	}
-	if r.updated, err = numberAttr(item, AttrUpdatedAt); err != nil {
+	if r.updated, err = numberAttr(item, schema.AttrUpdatedAt); err != nil {
 		return r, err
 	}
 	r.pos, r.has, err = positionAttr(item, attr)
@@ -422,10 +424,10 @@ func (d *DynamoDB) readPosition(ctx context.Context, key, attr string, consisten
 	d.metrics.reads.Inc()
 	out, err := d.client.GetItem(ctx, &dynamodb.GetItemInput{
 		TableName:                &d.table,
-		Key:                      map[string]types.AttributeValue{AttrPK: &types.AttributeValueMemberS{Value: key}},
+		Key:                      map[string]types.AttributeValue{schema.AttrPK: &types.AttributeValueMemberS{Value: key}},
 		ConsistentRead:           aws.Bool(consistent),
 		ProjectionExpression:     aws.String("#p, #count, #updatedAt"),
-		ExpressionAttributeNames: map[string]string{"#p": attr, "#count": AttrCount, "#updatedAt": AttrUpdatedAt},
+		ExpressionAttributeNames: map[string]string{"#p": attr, "#count": schema.AttrCount, "#updatedAt": schema.AttrUpdatedAt},
 	})
 	if err != nil {
 		err = classify(err)
@@ -445,7 +447,7 @@ func (d *DynamoDB) Position(ctx context.Context, key, stream string, epoch int64
 	if err := checkStream(stream); err != nil {
 		return Position{}, false, fmt.Errorf("store: position of %s: %w", key, err)
 	}
-	key = InRegion(key, d.Regions.Own)
+	key = schema.InRegion(key, d.Regions.Own)
 	attr := PositionAttr(stream, epoch)
 	item, err := d.readPosition(ctx, key, attr, true)
 	if err != nil {

@@ -22,6 +22,7 @@ import (
 
 	"github.com/hotcount/hotcount/internal/testtools/testenv"
 	"github.com/hotcount/hotcount/pipeline/store"
+	"github.com/hotcount/hotcount/schema"
 )
 
 // epoch1 and epoch2 are two creations of one stream, in Unix microseconds.
@@ -94,8 +95,8 @@ func TestPositionDecodingForms(t *testing.T) {
 func TestRefusalPosition(t *testing.T) {
 	pos := store.Position{Epoch: epoch1, Seq: 12}
 	item := map[string]types.AttributeValue{
-		store.AttrPK:                               &types.AttributeValueMemberS{Value: "TREND#golang#0"},
-		store.AttrCount:                            &types.AttributeValueMemberN{Value: "41"},
+		schema.AttrPK:                              &types.AttributeValueMemberS{Value: "TREND#golang#0"},
+		schema.AttrCount:                           &types.AttributeValueMemberN{Value: "41"},
 		store.PositionAttr("MENTIONS-3", epoch1):   &types.AttributeValueMemberN{Value: store.EncodePosition(pos)},
 		store.PositionAttr("MENTIONS-30", epoch2):  &types.AttributeValueMemberN{Value: store.EncodePosition(store.Position{Epoch: epoch2, Seq: 1})},
 		store.MarkPrefix + "abcdefgh":              &types.AttributeValueMemberN{Value: "1796198815543000"},
@@ -124,7 +125,7 @@ func TestRefusalPosition(t *testing.T) {
 // spanStore is what the span tests exercise in a store.
 type spanStore interface {
 	Add(ctx context.Context, w store.Write, now time.Time) error
-	Gather(ctx context.Context, topic string, n int, consistent bool) ([]store.Shard, error)
+	Gather(ctx context.Context, topic string, n int, consistent bool) ([]schema.Shard, error)
 	Position(ctx context.Context, key, stream string, epoch int64) (store.Position, bool, error)
 	Records(ctx context.Context, keys []string) (map[string][]store.Record, error)
 }
@@ -151,7 +152,7 @@ func spanStores() map[string]func(t *testing.T) spanHarness {
 		size := func(t *testing.T, key string) int {
 			out, err := d.Client().GetItem(context.Background(), &dynamodb.GetItemInput{
 				TableName:      &table,
-				Key:            map[string]types.AttributeValue{store.AttrPK: &types.AttributeValueMemberS{Value: key}},
+				Key:            map[string]types.AttributeValue{schema.AttrPK: &types.AttributeValueMemberS{Value: key}},
 				ConsistentRead: aws.Bool(true),
 			})
 			if err != nil {
@@ -214,7 +215,7 @@ func (r *refusalItems) GetItem(ctx context.Context, in *dynamodb.GetItemInput, o
 
 // spanWrite is a write of delta to shard 0 of topic's total covering span.
 func spanWrite(topic string, delta int64, stream string, epoch int64, first, last uint64) store.Write {
-	return store.Write{Counter: store.TotalOf(topic), Delta: delta, Span: &store.Span{Stream: stream, Epoch: epoch, First: first, Last: last}}
+	return store.Write{Counter: schema.TotalOf(topic), Delta: delta, Span: &store.Span{Stream: stream, Epoch: epoch, First: first, Last: last}}
 }
 
 // TestSpanWrites: both stores apply a span write once, past the recorded
@@ -224,7 +225,7 @@ func TestSpanWrites(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			h := open(t)
 			ctx := context.Background()
-			key := store.ShardKey("spans", 0)
+			key := schema.ShardKey("spans", 0)
 			var refusalReads int64 // reads of the item inside Add
 			add := func(w store.Write) error {
 				if h.reads == nil {
@@ -327,7 +328,7 @@ func TestSpanWrites(t *testing.T) {
 				t.Errorf("count %d, want 26", got)
 			}
 			// The audit reads the count and every position in one read.
-			recs, err := h.st.Records(ctx, []string{key, store.ShardKey("spans", 1)})
+			recs, err := h.st.Records(ctx, []string{key, schema.ShardKey("spans", 1)})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -337,7 +338,7 @@ func TestSpanWrites(t *testing.T) {
 			if got := recs[key]; len(got) != 1 || !reflect.DeepEqual(got[0], wantRec) {
 				t.Errorf("Records(%s) = %+v, want [%+v]", key, got, wantRec)
 			}
-			if got, ok := recs[store.ShardKey("spans", 1)]; !ok || len(got) != 0 {
+			if got, ok := recs[schema.ShardKey("spans", 1)]; !ok || len(got) != 0 {
 				t.Errorf("Records of an item never written = %+v, %v; want an empty entry", got, ok)
 			}
 
@@ -392,7 +393,7 @@ func TestSpanRefusedForGood(t *testing.T) {
 			if !errors.Is(err, store.ErrOverflow) {
 				t.Fatalf("increment past int64 = %v, want ErrOverflow", err)
 			}
-			if p, _, err := h.st.Position(ctx, store.ShardKey("full", 0), "MENTIONS-1", epoch1); err != nil || p.Seq != 1 {
+			if p, _, err := h.st.Position(ctx, schema.ShardKey("full", 0), "MENTIONS-1", epoch1); err != nil || p.Seq != 1 {
 				t.Errorf("position %+v (%v) after the overflow, want seq 1", p, err)
 			}
 			if err := h.st.Add(ctx, spanWrite("full", math.MaxInt64-2, "MENTIONS-1", epoch1, 2, 2), time.Now()); err != nil {
@@ -420,7 +421,7 @@ func TestSpanItemSize(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			h := open(t)
 			ctx := context.Background()
-			key := store.ShardKey("sized", 0)
+			key := schema.ShardKey("sized", 0)
 			one := 0
 			for i, stream := range []string{"MENTIONS-3", "MENTIONS-17", "MENTIONS-123"} {
 				if err := h.st.Add(ctx, spanWrite("sized", 1, stream, epoch2, 1, math.MaxUint64), time.Now()); err != nil {
@@ -466,7 +467,7 @@ func TestSpanBesideMarks(t *testing.T) {
 			if err != nil || got[0].Count != 9 {
 				t.Errorf("count %v (%v), want 9", got, err)
 			}
-			if p, has, err := h.st.Position(ctx, store.ShardKey("both", 0), "MENTIONS-1", epoch1); err != nil || !has || p.Seq != 5 {
+			if p, has, err := h.st.Position(ctx, schema.ShardKey("both", 0), "MENTIONS-1", epoch1); err != nil || !has || p.Seq != 5 {
 				t.Errorf("position %+v, %v, %v after a marked write; want seq 5", p, has, err)
 			}
 		})
@@ -500,7 +501,7 @@ func (f *fakeRefusals) GetItem(ctx context.Context, in *dynamodb.GetItemInput, o
 // changed in between: deleted by its TTL) applied nothing, so the store
 // sends the write again, a bounded number of times.
 func TestSpanRefusedThenAllowed(t *testing.T) {
-	allowing := map[string]types.AttributeValue{store.AttrCount: &types.AttributeValueMemberN{Value: "3"}}
+	allowing := map[string]types.AttributeValue{schema.AttrCount: &types.AttributeValueMemberN{Value: "3"}}
 	w := spanWrite("changing", 1, "MENTIONS-1", epoch1, 1, 1)
 	for _, tc := range []struct {
 		name   string
@@ -552,7 +553,7 @@ func TestBoltSpanOnOlderItems(t *testing.T) {
 	marked := be.AppendUint64(slices.Clone(plain), 0)               // floor 0
 	marked = be.AppendUint64(append(marked, "\x08abcdefgh"...), 42) // writer abcdefgh's mark at seq 42
 	for topic, v := range map[string][]byte{"plain": plain, "marked": marked} {
-		if err := store.BoltPut(b, store.ShardKey(topic, 0), v); err != nil {
+		if err := store.BoltPut(b, schema.ShardKey(topic, 0), v); err != nil {
 			t.Fatal(err)
 		}
 		if err := b.Add(ctx, spanWrite(topic, 2, "MENTIONS-1", epoch1, 1, 3), time.Now()); err != nil {
@@ -562,12 +563,12 @@ func TestBoltSpanOnOlderItems(t *testing.T) {
 		if err != nil || got[0].Count != 9 {
 			t.Errorf("%s: count %v (%v), want 9", topic, got, err)
 		}
-		if p, has, err := b.Position(ctx, store.ShardKey(topic, 0), "MENTIONS-1", epoch1); err != nil || !has || p.Seq != 3 {
+		if p, has, err := b.Position(ctx, schema.ShardKey(topic, 0), "MENTIONS-1", epoch1); err != nil || !has || p.Seq != 3 {
 			t.Errorf("%s: position %+v, %v, %v; want seq 3", topic, p, has, err)
 		}
 	}
 	// The mark survived the span write: its write, replayed, is refused.
-	replay := store.Write{Counter: store.TotalOf("marked"), Delta: 5, Writer: "abcdefgh", Seq: 42, Replay: true}
+	replay := store.Write{Counter: schema.TotalOf("marked"), Delta: 5, Writer: "abcdefgh", Seq: 42, Replay: true}
 	if err := b.Add(ctx, replay, time.Now()); err != nil {
 		t.Fatalf("replay of the marked write: %v", err)
 	}

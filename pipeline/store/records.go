@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+
+	"github.com/hotcount/hotcount/schema"
 )
 
 // Records are what `hotcount audit` reads of the items (package audit):
@@ -55,7 +57,7 @@ func parseSlot(name string) (s Slot, ok bool) {
 func recordOf(item map[string]types.AttributeValue) (Record, error) {
 	var r Record
 	var err error
-	if r.Count, err = numberAttr(item, AttrCount); err != nil {
+	if r.Count, err = numberAttr(item, schema.AttrCount); err != nil {
 		return r, err
 	}
 	for name := range item {
@@ -89,25 +91,25 @@ func (d *DynamoDB) Records(ctx context.Context, keys []string) (map[string][]Rec
 			continue
 		}
 		out[k] = nil
-		for _, r := range d.Regions.reads() {
-			req = append(req, map[string]types.AttributeValue{AttrPK: &types.AttributeValueMemberS{Value: InRegion(k, r)}})
+		for _, r := range d.Regions.Reads() {
+			req = append(req, map[string]types.AttributeValue{schema.AttrPK: &types.AttributeValueMemberS{Value: schema.InRegion(k, r)}})
 		}
 	}
 	d.metrics.reads.Add(float64(len(req)))
 	for start := 0; start < len(req); start += maxBatchGetKeys {
 		err := d.batchGet(ctx, req[start:min(start+maxBatchGetKeys, len(req))], true, func(item map[string]types.AttributeValue) error {
-			pk, ok := item[AttrPK].(*types.AttributeValueMemberS)
+			pk, ok := item[schema.AttrPK].(*types.AttributeValueMemberS)
 			if !ok {
-				return fmt.Errorf("store: item without a string %s", AttrPK)
+				return fmt.Errorf("store: item without a string %s", schema.AttrPK)
 			}
-			if exp, err := numberAttr(item, AttrExpiresAt); err == nil && exp > 0 && exp < now {
+			if exp, err := numberAttr(item, schema.AttrExpiresAt); err == nil && exp > 0 && exp < now {
 				return nil // gone, whenever DynamoDB gets to deleting it
 			}
 			r, err := recordOf(item)
 			if err != nil {
 				return fmt.Errorf("store: item %s: %w", pk.Value, err)
 			}
-			k, region := SplitRegion(pk.Value)
+			k, region := schema.SplitRegion(pk.Value)
 			r.Region = region
 			out[k] = append(out[k], r)
 			return nil

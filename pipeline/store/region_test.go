@@ -12,33 +12,34 @@ import (
 
 	"github.com/hotcount/hotcount/internal/testtools/testenv"
 	"github.com/hotcount/hotcount/pipeline/store"
+	"github.com/hotcount/hotcount/schema"
 )
 
 func TestInRegionRoundTrips(t *testing.T) {
 	for _, key := range []string{
-		store.ShardKey("a#b.c", 3),
-		store.BucketKey("x.y", store.Minute, 29000000, 0),
-		store.MetaKey("t"),
-		store.HistoryKey,
+		schema.ShardKey("a#b.c", 3),
+		schema.BucketKey("x.y", schema.Minute, 29000000, 0),
+		schema.MetaKey("t"),
+		schema.HistoryKey,
 	} {
-		in := store.InRegion(key, "eu-west-1")
-		base, region := store.SplitRegion(in)
+		in := schema.InRegion(key, "eu-west-1")
+		base, region := schema.SplitRegion(in)
 		if base != key || region != "eu-west-1" {
 			t.Errorf("SplitRegion(InRegion(%q)) = %q, %q", key, base, region)
 		}
-		if base, region := store.SplitRegion(key); base != key || region != "" {
+		if base, region := schema.SplitRegion(key); base != key || region != "" {
 			t.Errorf("SplitRegion(%q) = %q, %q: a single-Region key has no Region", key, base, region)
 		}
 	}
-	if got := store.InRegion(store.ShardKey("golang", 2), "us-east-1"); got != "TREND#golang#us-east-1.2" {
+	if got := schema.InRegion(schema.ShardKey("golang", 2), "us-east-1"); got != "TREND#golang#us-east-1.2" {
 		t.Errorf("a Region's shard key is %q", got)
 	}
-	topic, shard, err := store.ParseShardKey("TREND#a.b#us-east-1.7")
+	topic, shard, err := schema.ParseShardKey("TREND#a.b#us-east-1.7")
 	if err != nil || topic != "a.b" || shard != 7 {
 		t.Errorf("ParseShardKey of a Region's key: %q %d %v", topic, shard, err)
 	}
 	for _, bad := range []string{"", "US-EAST-1", "us.east", "us#east", "a b"} {
-		if store.ValidateRegion(bad) == nil {
+		if schema.ValidateRegion(bad) == nil {
 			t.Errorf("ValidateRegion(%q) accepted it", bad)
 		}
 	}
@@ -53,16 +54,16 @@ func TestRegionsWriteOwnReadAll(t *testing.T) {
 	ctx := context.Background()
 	d := testenv.StartDynalite(t)
 	table := d.Table(t, "hotcount")
-	open := func(r store.Regions) *store.DynamoDB {
+	open := func(r schema.Regions) *store.DynamoDB {
 		s := store.NewDynamoDB(d.Client(), table, store.NewMetrics(prometheus.NewRegistry()))
 		s.Regions = r
 		return s
 	}
-	old := open(store.Regions{})
-	east := open(store.Regions{Own: "us-east-1", All: []string{"us-east-1", "eu-west-1"}})
-	west := open(store.Regions{Own: "eu-west-1", All: []string{"us-east-1"}}) // its own is read unlisted
+	old := open(schema.Regions{})
+	east := open(schema.Regions{Own: "us-east-1", All: []string{"us-east-1", "eu-west-1"}})
+	west := open(schema.Regions{Own: "eu-west-1", All: []string{"us-east-1"}}) // its own is read unlisted
 	now := time.Now()
-	minute := store.BucketOf("t", store.Minute, store.Minute.Index(now))
+	minute := schema.BucketOf("t", schema.Minute, schema.Minute.Index(now))
 
 	must := func(err error) {
 		t.Helper()
@@ -76,7 +77,7 @@ func TestRegionsWriteOwnReadAll(t *testing.T) {
 	must(west.Add(ctx, testenv.W("t", 0, 100), now))
 	must(west.Add(ctx, testenv.W("t", 1, 100), now))
 	must(west.Add(ctx, testenv.Inc(minute, 1, 100), now))
-	must(west.SetMeta(ctx, "t", store.Meta{}, store.Meta{Shards: 2, ReadShards: 2}))
+	must(west.SetMeta(ctx, "t", schema.Meta{}, schema.Meta{Shards: 2, ReadShards: 2}))
 	must(east.MarkHistory(ctx, now))
 	must(west.MarkHistory(ctx, now.Add(-time.Hour)))
 
@@ -86,7 +87,7 @@ func TestRegionsWriteOwnReadAll(t *testing.T) {
 		t.Fatalf("the table's items of t sum to %d, want 211", counts["t"])
 	}
 	for _, pk := range []string{"TREND#t#0", "TREND#t#us-east-1.0", "TREND#t#eu-west-1.0", "TREND#t#eu-west-1.1", "TREND#t#eu-west-1.meta", "FLEET#us-east-1.history", "FLEET#eu-west-1.history"} {
-		out, err := d.Client().GetItem(ctx, &dynamodb.GetItemInput{TableName: aws.String(table), Key: map[string]types.AttributeValue{store.AttrPK: &types.AttributeValueMemberS{Value: pk}}})
+		out, err := d.Client().GetItem(ctx, &dynamodb.GetItemInput{TableName: aws.String(table), Key: map[string]types.AttributeValue{schema.AttrPK: &types.AttributeValueMemberS{Value: pk}}})
 		must(err)
 		if out.Item == nil {
 			t.Errorf("item %s missing", pk)
@@ -96,10 +97,10 @@ func TestRegionsWriteOwnReadAll(t *testing.T) {
 	for name, s := range map[string]*store.DynamoDB{"us-east-1": east, "eu-west-1": west} {
 		shards, err := s.Gather(ctx, "t", 1, true)
 		must(err)
-		if sum, _ := store.Sum(shards); sum != 211 {
+		if sum, _ := schema.Sum(shards); sum != 211 {
 			t.Errorf("%s: total %d, want 211 (shards %+v)", name, sum, shards)
 		}
-		parts := store.ByRegion(shards)
+		parts := schema.ByRegion(shards)
 		want := map[string]int64{"": 1, "us-east-1": 10, "eu-west-1": 200}
 		if len(parts) != len(want) {
 			t.Errorf("%s: parts %+v", name, parts)

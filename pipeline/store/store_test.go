@@ -23,12 +23,13 @@ import (
 
 	"github.com/hotcount/hotcount/internal/testtools/testenv"
 	"github.com/hotcount/hotcount/pipeline/store"
+	"github.com/hotcount/hotcount/schema"
 )
 
 // counter is the part of a store the conformance tests exercise.
 type counter interface {
 	Add(ctx context.Context, w store.Write, now time.Time) error
-	Gather(ctx context.Context, topic string, n int, consistent bool) ([]store.Shard, error)
+	Gather(ctx context.Context, topic string, n int, consistent bool) ([]schema.Shard, error)
 	Ping(ctx context.Context) error
 }
 
@@ -90,7 +91,7 @@ func TestConformance(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			want := []store.Shard{
+			want := []schema.Shard{
 				{Shard: 0},
 				{Shard: 1, Count: 600, UpdatedAt: now.UnixMilli()},
 				{Shard: 2},
@@ -99,7 +100,7 @@ func TestConformance(t *testing.T) {
 			if fmt.Sprint(got) != fmt.Sprint(want) {
 				t.Errorf("Gather(golang) = %v, want %v", got, want)
 			}
-			if sum, sat := store.Sum(got); sum != 607 || sat {
+			if sum, sat := schema.Sum(got); sum != 607 || sat {
 				t.Errorf("Sum = %d, %v; want 607, false", sum, sat)
 			}
 
@@ -107,7 +108,7 @@ func TestConformance(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if sum, _ := store.Sum(unknown); sum != 0 || len(unknown) != 4 {
+			if sum, _ := schema.Sum(unknown); sum != 0 || len(unknown) != 4 {
 				t.Errorf("unknown topic: %v, want 4 zero shards", unknown)
 			}
 
@@ -205,7 +206,7 @@ func TestGatherManyShards(t *testing.T) {
 	if len(got) != n {
 		t.Fatalf("got %d shards, want %d", len(got), n)
 	}
-	if sum, _ := store.Sum(got); sum != 1+100+101+150 {
+	if sum, _ := schema.Sum(got); sum != 1+100+101+150 {
 		t.Errorf("sum = %d, want %d", sum, 1+100+101+150)
 	}
 }
@@ -220,7 +221,7 @@ func TestCountBeyondInt64(t *testing.T) {
 	_, err := d.Client().PutItem(ctx, &dynamodb.PutItemInput{
 		TableName: aws.String(table),
 		Item: map[string]types.AttributeValue{
-			"pk":    &types.AttributeValueMemberS{Value: store.ShardKey("huge", 0)},
+			"pk":    &types.AttributeValueMemberS{Value: schema.ShardKey("huge", 0)},
 			"count": &types.AttributeValueMemberN{Value: "99999999999999999999"},
 		},
 	})
@@ -263,7 +264,7 @@ func TestBoltOverflowAndPersistence(t *testing.T) {
 	if got[0].Count != math.MaxInt64-1 || got[1].Count != 5 {
 		t.Errorf("after reopen: %v, want shard 0 = MaxInt64-1, shard 1 = 5", got)
 	}
-	if sum, sat := store.Sum(got); sum != math.MaxInt64 || !sat {
+	if sum, sat := schema.Sum(got); sum != math.MaxInt64 || !sat {
 		t.Errorf("Sum = %d, %v; want MaxInt64, saturated", sum, sat)
 	}
 }
@@ -279,16 +280,16 @@ func TestShardKey(t *testing.T) {
 		{"a#1", 2, "TREND#a#1#2"},
 	}
 	for _, tt := range tests {
-		if got := store.ShardKey(tt.topic, tt.shard); got != tt.want {
+		if got := schema.ShardKey(tt.topic, tt.shard); got != tt.want {
 			t.Errorf("ShardKey(%q, %d) = %q, want %q", tt.topic, tt.shard, got, tt.want)
 		}
-		topic, shard, err := store.ParseShardKey(tt.want)
+		topic, shard, err := schema.ParseShardKey(tt.want)
 		if err != nil || topic != tt.topic || shard != tt.shard {
 			t.Errorf("ParseShardKey(%q) = %q, %d, %v; want %q, %d", tt.want, topic, shard, err, tt.topic, tt.shard)
 		}
 	}
 	for _, bad := range []string{"golang#1", "TREND#golang", "TREND#golang#x", "TREND#golang#-1"} {
-		if _, _, err := store.ParseShardKey(bad); err == nil {
+		if _, _, err := schema.ParseShardKey(bad); err == nil {
 			t.Errorf("ParseShardKey(%q) accepted", bad)
 		}
 	}
@@ -314,7 +315,7 @@ func TestValidateTopic(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			err := store.ValidateTopic(tt.topic, 12)
+			err := schema.ValidateTopic(tt.topic, 12)
 			if (err == nil) != tt.ok {
 				t.Errorf("ValidateTopic(%q) = %v, want ok=%v", tt.topic, err, tt.ok)
 			}
@@ -351,7 +352,7 @@ func FuzzValidateTopic(f *testing.F) {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, topic string) {
-		if store.ValidateTopic(topic, 256) != nil {
+		if schema.ValidateTopic(topic, 256) != nil {
 			return
 		}
 		if topic == "" || len(topic) > 256 || !utf8.ValidString(topic) {
@@ -412,20 +413,20 @@ func TestShardMetadata(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			st, _ := open(t)
 			ms := st.(interface {
-				Metas(ctx context.Context, topics []string) (map[string]store.Meta, error)
-				SetMeta(ctx context.Context, topic string, old, m store.Meta) error
+				Metas(ctx context.Context, topics []string) (map[string]schema.Meta, error)
+				SetMeta(ctx context.Context, topic string, old, m schema.Meta) error
 			})
 			ctx := context.Background()
 			got, err := ms.Metas(ctx, []string{"hot"})
 			if err != nil || got["hot"].Exists() || got["hot"].Read() != 1 {
 				t.Fatalf("Metas of a new topic = %v, %v; want none (one shard)", got, err)
 			}
-			two := store.Meta{}.With(2)
-			if err := ms.SetMeta(ctx, "hot", store.Meta{}, two); err != nil {
+			two := schema.Meta{}.With(2)
+			if err := ms.SetMeta(ctx, "hot", schema.Meta{}, two); err != nil {
 				t.Fatal(err)
 			}
 			// A second writer that also read "no metadata" loses the race.
-			if err := ms.SetMeta(ctx, "hot", store.Meta{}, store.Meta{}.With(4)); !errors.Is(err, store.ErrConflict) {
+			if err := ms.SetMeta(ctx, "hot", schema.Meta{}, schema.Meta{}.With(4)); !errors.Is(err, store.ErrConflict) {
 				t.Fatalf("racing SetMeta = %v, want ErrConflict", err)
 			}
 			eight := two.With(8)
@@ -449,7 +450,7 @@ func TestShardMetadata(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if sum, _ := store.Sum(shards); sum != 7 || len(shards) != 8 {
+			if sum, _ := schema.Sum(shards); sum != 7 || len(shards) != 8 {
 				t.Errorf("gather = %v: want 8 shards summing to 7", shards)
 			}
 			got, err = ms.Metas(ctx, []string{"hot"})
@@ -470,7 +471,7 @@ func TestNamedIsShort(t *testing.T) {
 		{[]string{"a", "b", "c"}, `"a", "b", "c"`},
 		{[]string{"a", "b", "c", "d", "e"}, `"a", "b", "c" and 2 more`},
 	} {
-		if got := store.Named(tt.topics); got != tt.want {
+		if got := schema.Named(tt.topics); got != tt.want {
 			t.Errorf("Named(%v) = %s, want %s", tt.topics, got, tt.want)
 		}
 	}
@@ -518,7 +519,7 @@ func TestBoltGroupsConcurrentWrites(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		sum, _ := store.Sum(shards)
+		sum, _ := schema.Sum(shards)
 		total += sum
 	}
 	if total != writers*each {

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"sync/atomic"
 	"time"
+
+	"github.com/hotcount/hotcount/schema"
 )
 
 // Exactly-once increments. ADD is not idempotent: an UpdateItem that
@@ -74,7 +76,7 @@ var ErrUnresolvable = errors.New("store: write outcome can no longer be told")
 type Write struct {
 	// Counter is what it counts in: a topic's total or one of its time
 	// buckets.
-	Counter Counter
+	Counter schema.Counter
 	Shard   int
 	Delta   int64
 	Writer  string // a writer id (NewWriterID)

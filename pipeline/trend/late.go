@@ -4,7 +4,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/hotcount/hotcount/pipeline/store"
+	"github.com/hotcount/hotcount/schema"
 )
 
 // lateBook remembers when buckets that had settled were written to again:
@@ -21,7 +21,7 @@ type lateBook struct {
 }
 
 type bucketID struct {
-	g store.Granularity
+	g schema.Granularity
 	i int64
 }
 
@@ -33,12 +33,12 @@ func newLateBook() *lateBook { return &lateBook{marks: make(map[bucketID]time.Ti
 
 // settled says whether bucket i of g had settled at now: it ended over
 // settleAfter ago, so only late mentions still change it.
-func settled(g store.Granularity, i int64, now time.Time) bool {
+func settled(g schema.Granularity, i int64, now time.Time) bool {
 	return !g.Start(i + 1).After(now.Add(-settleAfter))
 }
 
 // wrote notes that bucket i of g was written at now, if it had settled.
-func (b *lateBook) wrote(g store.Granularity, i int64, now time.Time) {
+func (b *lateBook) wrote(g schema.Granularity, i int64, now time.Time) {
 	if b == nil || !settled(g, i, now) {
 		return
 	}
@@ -57,13 +57,13 @@ func (b *lateBook) wrote(g store.Granularity, i int64, now time.Time) {
 
 // wroteMinute notes a late write to minute i, and so to its hour.
 func (b *lateBook) wroteMinute(i int64, now time.Time) {
-	b.wrote(store.Minute, i, now)
-	b.wrote(store.Hour, store.Hour.Index(store.Minute.Start(i)), now)
+	b.wrote(schema.Minute, i, now)
+	b.wrote(schema.Hour, schema.Hour.Index(schema.Minute.Start(i)), now)
 }
 
 // since returns the last late write to bucket i of g heard of (zero: none
 // in the last lateKeep).
-func (b *lateBook) since(g store.Granularity, i int64) time.Time {
+func (b *lateBook) since(g schema.Granularity, i int64) time.Time {
 	if b == nil {
 		return time.Time{}
 	}

@@ -11,7 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/hotcount/hotcount/internal/testtools/testenv"
-	"github.com/hotcount/hotcount/pipeline/store"
+	"github.com/hotcount/hotcount/schema"
 )
 
 // hiding is a Moderation that hides a set of topics (package moderation's
@@ -61,24 +61,24 @@ func TestHiddenTopicsLeaveAFullList(t *testing.T) {
 	s.UseSketch(sk)
 	mod := &hiding{hidden: make(map[string]bool)}
 	s.UseModeration(mod)
-	last := store.Minute.Index(now)
+	last := schema.Minute.Index(now)
 	for m := last - 60; m <= last; m++ {
 		sum := Summary{Minutes: map[int64]map[string]int64{m: {"steady": 100}}}
-		if err := st.Add(ctx, testenv.Inc(store.BucketOf("steady", store.Minute, m), 0, 100), now); err != nil {
+		if err := st.Add(ctx, testenv.Inc(schema.BucketOf("steady", schema.Minute, m), 0, 100), now); err != nil {
 			t.Fatal(err)
 		}
 		if m > last-5 {
 			for k := range 40 {
 				topic := "new-" + strconv.Itoa(k)
 				sum.Minutes[m][topic] = int64(10 + k)
-				if err := st.Add(ctx, testenv.Inc(store.BucketOf(topic, store.Minute, m), 0, int64(10+k)), now); err != nil {
+				if err := st.Add(ctx, testenv.Inc(schema.BucketOf(topic, schema.Minute, m), 0, int64(10+k)), now); err != nil {
 					t.Fatal(err)
 				}
 			}
 		}
 		sk.Merge(sum)
 	}
-	if err := st.MarkHistory(ctx, store.Minute.Start(last-60)); err != nil {
+	if err := st.MarkHistory(ctx, schema.Minute.Start(last-60)); err != nil {
 		t.Fatal(err)
 	}
 	list := func(wantSource string) []string {

@@ -9,7 +9,7 @@ import (
 	"github.com/axiomhq/hyperloglog"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/hotcount/hotcount/pipeline/store"
+	"github.com/hotcount/hotcount/schema"
 )
 
 // Distinct contributors: who mentioned a topic, as far as mentions say
@@ -111,7 +111,7 @@ func NewContributors(reg prometheus.Registerer) *Contributors {
 
 // Saw notes that by mentioned topic at at.
 func (c *Contributors) Saw(topic string, at time.Time, by []byte) {
-	k := minuteTopic{store.Minute.Index(at), topic}
+	k := minuteTopic{schema.Minute.Index(at), topic}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	s := c.seen[k]
@@ -323,7 +323,7 @@ func (p *people) over(recent, base Span) (rec map[string]crowd, old map[string]i
 	old = make(map[string]int64)
 	union := make(map[string]*hyperloglog.Sketch)
 	for i, m := range p.who {
-		at := store.Minute.Start(i)
+		at := schema.Minute.Start(i)
 		switch {
 		case i >= recent.First && i <= recent.Last:
 			for t, e := range m {
@@ -352,7 +352,7 @@ func (p *people) over(recent, base Span) (rec map[string]crowd, old map[string]i
 	// mentioned the topic in every minute is still one).
 	for _, maps := range []map[int64]map[string]int64{p.heads.minutes, p.heads.blocks} {
 		for i, m := range maps {
-			at := store.Minute.Start(i)
+			at := schema.Minute.Start(i)
 			switch {
 			case i >= recent.First && i <= recent.Last:
 				for t, n := range m {

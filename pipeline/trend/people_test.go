@@ -11,7 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
-	"github.com/hotcount/hotcount/pipeline/store"
+	"github.com/hotcount/hotcount/schema"
 )
 
 func TestPrecision(t *testing.T) {
@@ -30,7 +30,7 @@ func summaryOf(t *testing.T, i int64, who map[string][]string) Summary {
 	c := NewContributors(prometheus.NewRegistry())
 	for topic, ids := range who {
 		for _, id := range ids {
-			c.Saw(topic, store.Minute.Start(i), []byte(id))
+			c.Saw(topic, schema.Minute.Start(i), []byte(id))
 		}
 	}
 	sum := Summary{Contributors: map[int64]map[string][]byte{}}
@@ -64,14 +64,14 @@ func TestContributorsMergeOnce(t *testing.T) {
 	now := time.Date(2026, 12, 5, 12, 30, 30, 0, time.UTC)
 	clock := now
 	s := newSketch(func() time.Time { return clock })
-	i := store.Minute.Index(now)
+	i := schema.Minute.Index(now)
 	// Minute i-1: a and b each saw 300 of 400 contributors (200 in both).
 	s.Merge(summaryOf(t, i-1, map[string][]string{"t": ids("u", 300)}))
 	s.Merge(summaryOf(t, i-1, map[string][]string{"t": ids("u", 400)[100:]}))
 	// Minute i: the same 400 again, and 100 new.
 	s.Merge(summaryOf(t, i, map[string][]string{"t": ids("u", 500)}))
-	window := Span{G: store.Minute, First: i - 1, Last: i, From: store.Minute.Start(i - 1), To: now}
-	rec, _, _ := s.crowds(window, Span{G: store.Minute, First: i - 9, Last: i - 2, From: store.Minute.Start(i - 9), To: store.Minute.Start(i - 1)})
+	window := Span{G: schema.Minute, First: i - 1, Last: i, From: schema.Minute.Start(i - 1), To: now}
+	rec, _, _ := s.crowds(window, Span{G: schema.Minute, First: i - 9, Last: i - 2, From: schema.Minute.Start(i - 9), To: schema.Minute.Start(i - 1)})
 	if got := rec["t"]; got.distinct != 500 || got.perMinute != 900 {
 		t.Errorf("t: %+v, want 500 distinct and 900 per minute (400 + 500)", got)
 	}
@@ -95,7 +95,7 @@ func TestContributorsBounded(t *testing.T) {
 	now := time.Date(2026, 12, 5, 12, 30, 30, 0, time.UTC)
 	clock := now
 	s := newSketch(func() time.Time { return clock })
-	i := store.Minute.Index(now)
+	i := schema.Minute.Index(now)
 	who := map[string][]string{"big": ids("b", 50)}
 	more := map[string][]string{}
 	for k := range openTopics + 10 {
@@ -141,7 +141,7 @@ func TestContributorsBounded(t *testing.T) {
 	}
 
 	before := testutil.ToFloat64(s.dropped)
-	s.Merge(Summary{Contributors: map[int64]map[string][]byte{store.Minute.Index(clock): {"junk": []byte("not a sketch")}}})
+	s.Merge(Summary{Contributors: map[int64]map[string][]byte{schema.Minute.Index(clock): {"junk": []byte("not a sketch")}}})
 	if got := testutil.ToFloat64(s.dropped); got != before+1 {
 		t.Errorf("a summary with junk: dropped %v, want %v", got, before+1)
 	}
@@ -152,7 +152,7 @@ func TestContributorsBounded(t *testing.T) {
 // topics each minute names (the cut waits for the minute to close).
 func TestContributorsAnyOrder(t *testing.T) {
 	now := time.Date(2026, 12, 5, 12, 30, 5, 0, time.UTC)
-	i := store.Minute.Index(now)
+	i := schema.Minute.Index(now)
 	var sums []Summary
 	for sec := range 60 {
 		who := map[string][]string{}
@@ -173,7 +173,7 @@ func TestContributorsAnyOrder(t *testing.T) {
 		}
 		clock = now.Add(openMinutes * time.Minute)
 		s.Merge(Summary{})
-		window := Span{G: store.Minute, First: i, Last: i, From: store.Minute.Start(i), To: store.Minute.Start(i + 1)}
+		window := Span{G: schema.Minute, First: i, Last: i, From: schema.Minute.Start(i), To: schema.Minute.Start(i + 1)}
 		rec, _, _ := s.crowds(window, Span{})
 		if got := rec["surge"].distinct; got != 1200 {
 			t.Errorf("order %d: surge has %d contributors, want 1,200", n, got)
@@ -209,18 +209,18 @@ func TestOneAccountIsOneContributor(t *testing.T) {
 	start := time.Date(2026, 12, 5, 12, 0, 5, 0, time.UTC)
 	clock := start
 	s := newSketch(func() time.Time { return clock })
-	first := store.Minute.Index(start)
+	first := schema.Minute.Index(start)
 	for m := range int64(60) {
 		clock = start.Add(time.Duration(m) * time.Minute)
 		s.Merge(summaryOf(t, first+m, map[string][]string{"bot": {"the-bot"}}))
 	}
 	last := first + 59
-	window := Span{G: store.Minute, First: first, Last: last, From: store.Minute.Start(first), To: clock}
+	window := Span{G: schema.Minute, First: first, Last: last, From: schema.Minute.Start(first), To: clock}
 	rec, _, _ := s.crowds(window, Span{})
 	if got := rec["bot"]; got.distinct != 1 || got.perMinute != 60 {
 		t.Errorf("bot over an hour: %+v, want 1 distinct and 60 per minute", got)
 	}
-	if got := s.candidates(window, Span{G: store.Minute, First: first - 240, Last: first - 1, From: store.Minute.Start(first - 240), To: store.Minute.Start(first)}, 10, ByContributors, DefaultMinContributors, 0, nil); len(got) != 0 {
+	if got := s.candidates(window, Span{G: schema.Minute, First: first - 240, Last: first - 1, From: schema.Minute.Start(first - 240), To: schema.Minute.Start(first)}, 10, ByContributors, DefaultMinContributors, 0, nil); len(got) != 0 {
 		t.Errorf("one account is a candidate by contributors: %v", got)
 	}
 }
@@ -232,7 +232,7 @@ func TestSteadyContributorsScoreZero(t *testing.T) {
 	start := time.Date(2026, 12, 5, 8, 0, 5, 0, time.UTC)
 	clock := start
 	s := newSketch(func() time.Time { return clock })
-	first := store.Minute.Index(start)
+	first := schema.Minute.Index(start)
 	crowd := ids("u", 100)
 	cfg := Config{Minutes: true}
 	for m := range int64(320) {
@@ -243,7 +243,7 @@ func TestSteadyContributorsScoreZero(t *testing.T) {
 			continue
 		}
 		for _, d := range []time.Duration{5 * time.Minute, 15 * time.Minute, time.Hour} {
-			window, err := cfg.span(store.Minute, d, clock)
+			window, err := cfg.span(schema.Minute, d, clock)
 			if err != nil {
 				t.Fatal(err)
 			}

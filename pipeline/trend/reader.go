@@ -12,7 +12,7 @@ import (
 
 	"github.com/hotcount/hotcount/api"
 	"github.com/hotcount/hotcount/internal/clockcache"
-	"github.com/hotcount/hotcount/pipeline/store"
+	"github.com/hotcount/hotcount/schema"
 )
 
 // Defaults, used by the config package.
@@ -40,7 +40,7 @@ const (
 type Store interface {
 	// Metas reads the topics' shard counts: a bucket is sharded like its
 	// topic's total.
-	Metas(ctx context.Context, topics []string) (map[string]store.Meta, error)
+	Metas(ctx context.Context, topics []string) (map[string]schema.Meta, error)
 	// Counts reads items' counts by key, 0 for those missing.
 	Counts(ctx context.Context, keys []string, consistent bool) (map[string]int64, error)
 	// HistoryStart and MarkHistory read and lower the time the fleet
@@ -54,7 +54,7 @@ type Config struct {
 	// Minutes and Hours are the buckets the flushers write (--windows).
 	Minutes, Hours bool
 	// Retention is how long buckets are kept; windows stay inside it.
-	Retention store.Retention
+	Retention schema.Retention
 	// MinuteSpan is the longest window read at minute resolution (0:
 	// DefaultMinuteSpan).
 	MinuteSpan time.Duration
@@ -229,14 +229,14 @@ func (s *Service) SeriesOf(ctx context.Context, topic, window, step string) (Ser
 	asked, askedStep := window, step // answered as asked, cached as canonical (see Window)
 	window, step = FormatWindow(d), FormatWindow(st)
 	sr, err := cached(ctx, s, "series", s.series, topic+"\x00"+window+"\x00"+step, func(sr *Series) *Served { return &sr.Served }, func() (Series, error) {
-		var g store.Granularity
+		var g schema.Granularity
 		switch {
 		case s.cfg.Hours && st%time.Hour == 0 && (d > s.cfg.minuteSpan() || !s.cfg.Minutes):
-			g = store.Hour
+			g = schema.Hour
 		case s.cfg.Minutes && st%time.Minute == 0:
-			g = store.Minute
+			g = schema.Minute
 		case s.cfg.Hours && st%time.Hour == 0:
-			g = store.Hour
+			g = schema.Hour
 		case !s.cfg.Minutes && !s.cfg.Hours:
 			return Series{}, badRequest("time buckets are off here (--windows none): no series")
 		default:
@@ -320,7 +320,7 @@ func (s *Service) readManyWithin(ctx context.Context, topics []string, spans []S
 
 // withinBudget keeps topics, in order, while their buckets over spans,
 // shards counted, fit budget keys; the first is kept whatever its cost.
-func withinBudget(topics []string, metas map[string]store.Meta, spans []Span, budget int) []string {
+func withinBudget(topics []string, metas map[string]schema.Meta, spans []Span, budget int) []string {
 	per := 0
 	for _, sp := range spans {
 		per += max(0, sp.Buckets())
@@ -370,7 +370,7 @@ func (s *Service) cachedCounts(topics []string, shards map[string]int, spans []S
 			for i := sp.First; i <= sp.Last; i++ {
 				st := states[bucketID{sp.G, i}]
 				for sh := range shards[t] {
-					k := store.BucketKey(t, sp.G, i, sh)
+					k := schema.BucketKey(t, sp.G, i, sh)
 					if c, ok := s.settled.GetIfPresent(k); ok && st.settled && c.read.After(st.late) {
 						counts[k] = c.n
 						continue
@@ -413,7 +413,7 @@ func sumShards(topics []string, shards map[string]int, spans []Span, counts map[
 			sums[k] = make([]int64, max(0, sp.Buckets()))
 			for i := sp.First; i <= sp.Last; i++ {
 				for sh := range shards[t] {
-					sums[k][i-sp.First], _ = satAdd(sums[k][i-sp.First], counts[store.BucketKey(t, sp.G, i, sh)], false)
+					sums[k][i-sp.First], _ = satAdd(sums[k][i-sp.First], counts[schema.BucketKey(t, sp.G, i, sh)], false)
 				}
 			}
 		}
@@ -422,9 +422,9 @@ func sumShards(topics []string, shards map[string]int, spans []Span, counts map[
 	return out
 }
 
-// satAdd is store.SatAdd, keeping an earlier saturation.
+// satAdd is schema.SatAdd, keeping an earlier saturation.
 func satAdd(x, y int64, sat bool) (int64, bool) {
-	sum, capped := store.SatAdd(x, y)
+	sum, capped := schema.SatAdd(x, y)
 	return sum, sat || capped
 }
 
@@ -454,7 +454,7 @@ func windowsOf(c Config) string {
 // mention's "at" may be hours old). Writes to settled buckets are noted as
 // late, so that their cached counts are read again. Then the sketch
 // publishes the summary.
-func (s *Service) Observe(written map[store.Counter]int64) {
+func (s *Service) Observe(written map[schema.Counter]int64) {
 	now := s.now()
 	first := int64(math.MaxInt64)
 	for c := range written {
@@ -463,7 +463,7 @@ func (s *Service) Observe(written map[store.Counter]int64) {
 			continue
 		}
 		s.late.wrote(g, c.Index, now)
-		if g == store.Minute {
+		if g == schema.Minute {
 			first = min(first, c.Index)
 		}
 	}
@@ -471,10 +471,10 @@ func (s *Service) Observe(written map[store.Counter]int64) {
 		// Short: the final flush calls this too, inside the shutdown's
 		// budget; a mark that fails is tried again by the next flush.
 		ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
-		if s.st.MarkHistory(ctx, store.Minute.Start(first)) == nil {
+		if s.st.MarkHistory(ctx, schema.Minute.Start(first)) == nil {
 			s.marked.Store(first) // else: the next flush tries again
 			s.histMu.Lock()
-			if h := store.Minute.Start(first); s.history.IsZero() || h.Before(s.history) {
+			if h := schema.Minute.Start(first); s.history.IsZero() || h.Before(s.history) {
 				s.history = h // as the store now has it, without waiting for the next read
 			}
 			s.histMu.Unlock()

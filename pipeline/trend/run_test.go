@@ -15,6 +15,7 @@ import (
 
 	"github.com/hotcount/hotcount/internal/testtools/testenv"
 	"github.com/hotcount/hotcount/pipeline/store"
+	"github.com/hotcount/hotcount/schema"
 )
 
 // TestSketchRunKeepsTheFleetsSummaries: NewSketch starts nothing; Run
@@ -31,7 +32,7 @@ func TestSketchRunKeepsTheFleetsSummaries(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- sk.Run(ctx) }()
 
-	minute := store.Minute.Index(now)
+	minute := schema.Minute.Index(now)
 	data, err := json.Marshal(Summary{Writer: "other", Minutes: map[int64]map[string]int64{minute: {"storm": 700}}})
 	if err != nil {
 		t.Fatal(err)
@@ -80,8 +81,8 @@ func TestOwnSummaryIsMergedOnce(t *testing.T) {
 	nc := testenv.Connect(t, srv.ClientURL())
 	now := time.Date(2026, 12, 3, 12, 0, 30, 0, time.UTC)
 	sk := NewSketch(nc, "trend.test", "me", prometheus.NewRegistry(), zap.NewNop(), func() time.Time { return now })
-	minute := store.Minute.Index(now)
-	sk.Observe(map[store.Counter]int64{store.BucketOf("mine", store.Minute, minute): 9})
+	minute := schema.Minute.Index(now)
+	sk.Observe(map[schema.Counter]int64{schema.BucketOf("mine", schema.Minute, minute): 9})
 	if n := testutil.ToFloat64(sk.merged); n != 1 {
 		t.Fatalf("%v summaries merged before Run, want this sidecar's own", n)
 	}
@@ -98,7 +99,7 @@ func TestOwnSummaryIsMergedOnce(t *testing.T) {
 		// Ours again, then theirs, on one connection: the server delivers
 		// them in that order, so once theirs is in, every echo of ours
 		// before it has reached Run.
-		sk.Observe(map[store.Counter]int64{store.BucketOf("mine", store.Minute, minute): 1})
+		sk.Observe(map[schema.Counter]int64{schema.BucketOf("mine", schema.Minute, minute): 1})
 		rounds++
 		if err := nc.Publish("trend.test", data); err != nil {
 			return err
@@ -127,9 +128,9 @@ func TestAnswersExpireByTheClock(t *testing.T) {
 	now := time.Date(2026, 12, 3, 12, 0, 30, 0, time.UTC)
 	clock := func() time.Time { return now }
 	s := New(Config{Minutes: true, Hours: true, CacheTTL: 10 * time.Second, CacheSize: 10}, st, prometheus.NewRegistry(), clock)
-	minute := store.Minute.Index(now)
+	minute := schema.Minute.Index(now)
 	add := func(n int64) {
-		if err := st.Add(ctx, testenv.Inc(store.BucketOf("t", store.Minute, minute), 0, n), now); err != nil {
+		if err := st.Add(ctx, testenv.Inc(schema.BucketOf("t", schema.Minute, minute), 0, n), now); err != nil {
 			t.Fatal(err)
 		}
 	}

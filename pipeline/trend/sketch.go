@@ -14,7 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
-	"github.com/hotcount/hotcount/pipeline/store"
+	"github.com/hotcount/hotcount/schema"
 )
 
 // Sketch bounds.
@@ -169,10 +169,10 @@ func (s *Sketch) CountContributors(c *Contributors) { s.collect = c }
 // Observe is told what a flush wrote (flusher.Observer): its minute bucket
 // counters become this sidecar's summary, with the contributors collected
 // since the last flush, merged here and published to the fleet.
-func (s *Sketch) Observe(written map[store.Counter]int64) {
+func (s *Sketch) Observe(written map[schema.Counter]int64) {
 	per := make(map[int64][]topicCount)
 	for c, d := range written {
-		if c.Kind == store.MinuteBucket {
+		if c.Kind == schema.MinuteBucket {
 			per[c.Index] = append(per[c.Index], topicCount{c.Topic, d})
 		}
 	}
@@ -235,7 +235,7 @@ func (b *summaryBuilder) who(i int64, topic string, data []byte) {
 }
 
 // jsonLen is topic's length as encoding/json writes it: a topic is valid
-// UTF-8 without control characters (store.ValidateTopic), but <, > and &
+// UTF-8 without control characters (schema.ValidateTopic), but <, > and &
 // take 6 bytes each, and so do U+2028 and U+2029 (3 bytes in UTF-8).
 func jsonLen(topic string) int {
 	n := len(topic) + 2
@@ -294,7 +294,7 @@ func (s *Sketch) Merge(sum Summary) {
 	// The clock is read under the lock: a merge that waited for it must
 	// not roll the sketch back to an older minute.
 	at := s.now()
-	now := store.Minute.Index(at)
+	now := schema.Minute.Index(at)
 	for i, topics := range sum.Minutes {
 		if !inSketch(i, now) {
 			continue
@@ -367,7 +367,7 @@ func (t *tally) over(recent, base Span) (rec, old map[string]int64) {
 	rec, old = make(map[string]int64), make(map[string]int64)
 	for _, maps := range []map[int64]map[string]int64{t.minutes, t.blocks} {
 		for i, m := range maps {
-			at := store.Minute.Start(i)
+			at := schema.Minute.Start(i)
 			switch {
 			case i >= recent.First && i <= recent.Last:
 				for topic, c := range m {
@@ -486,13 +486,13 @@ func (s *Sketch) crowds(recent, base Span) (rec map[string]crowd, old map[string
 	// recentMinutes by whole blocks (a block counts where its first minute
 	// falls): the baseline starts at a whole block within them, so that
 	// its length and its sum cover the same minutes.
-	now := store.Minute.Index(s.now())
-	if f := store.Minute.Index(cut.From); f <= now-recentMinutes {
+	now := schema.Minute.Index(s.now())
+	if f := schema.Minute.Index(cut.From); f <= now-recentMinutes {
 		first := blockOf(now - sketchMinutes + blockMinutes) // the oldest block kept whole
 		if b := blockOf(f); b != f {
 			f = b + blockMinutes
 		}
-		cut.From = store.Minute.Start(max(f, first))
+		cut.From = schema.Minute.Start(max(f, first))
 	}
 	rec, old = s.people.over(recent, cut)
 	return rec, old, cut
@@ -502,7 +502,7 @@ func (s *Sketch) crowds(recent, base Span) (rec map[string]crowd, old map[string
 // cuts it at the fleet's history in the buckets. s.mu is held.
 func (s *Sketch) cut(base Span) Span {
 	if s.first != math.MaxInt64 {
-		if from := store.Minute.Start(s.first + 1); from.After(base.From) {
+		if from := schema.Minute.Start(s.first + 1); from.After(base.From) {
 			base.From = from
 		}
 	}

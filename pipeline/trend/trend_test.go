@@ -11,7 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/hotcount/hotcount/internal/testtools/testenv"
-	"github.com/hotcount/hotcount/pipeline/store"
+	"github.com/hotcount/hotcount/schema"
 )
 
 func TestParseWindow(t *testing.T) {
@@ -44,18 +44,18 @@ func TestPlan(t *testing.T) {
 	now := time.Date(2026, 12, 3, 10, 7, 30, 0, time.UTC)
 	cfg := Config{Minutes: true, Hours: true}
 	sp, err := cfg.plan(15*time.Minute, now)
-	if err != nil || sp.G != store.Minute || sp.Buckets() != 16 || !sp.From.Equal(time.Date(2026, 12, 3, 9, 52, 0, 0, time.UTC)) || !sp.To.Equal(now) {
+	if err != nil || sp.G != schema.Minute || sp.Buckets() != 16 || !sp.From.Equal(time.Date(2026, 12, 3, 9, 52, 0, 0, time.UTC)) || !sp.To.Equal(now) {
 		t.Errorf("15m: %+v, %v", sp, err)
 	}
 	sp, err = cfg.plan(24*time.Hour, now)
-	if err != nil || sp.G != store.Hour || sp.Buckets() != 25 || !sp.From.Equal(time.Date(2026, 12, 2, 10, 0, 0, 0, time.UTC)) {
+	if err != nil || sp.G != schema.Hour || sp.Buckets() != 25 || !sp.From.Equal(time.Date(2026, 12, 2, 10, 0, 0, 0, time.UTC)) {
 		t.Errorf("24h: %+v, %v", sp, err)
 	}
 	if _, err := cfg.plan(40*24*time.Hour, now); !errors.Is(err, ErrBadRequest) {
 		t.Errorf("40d, past the hours' 35 days: %v, want a bad request", err)
 	}
 	hoursOnly := Config{Hours: true}
-	if sp, err := hoursOnly.plan(15*time.Minute, now); err != nil || sp.G != store.Hour || sp.Buckets() != 2 {
+	if sp, err := hoursOnly.plan(15*time.Minute, now); err != nil || sp.G != schema.Hour || sp.Buckets() != 2 {
 		t.Errorf("15m with hours only: %+v, %v; want the hour before and the current one", sp, err)
 	}
 	// Whatever the second: from at or before now − window, at most one
@@ -67,7 +67,7 @@ func TestPlan(t *testing.T) {
 			t.Errorf("1m at second %d: %+v, %v; want from in (%s − 1m, %s]", sec, sp, err, from, from)
 		}
 	}
-	minutesOnly := Config{Minutes: true, Retention: store.Retention{Minute: 2 * time.Hour}}
+	minutesOnly := Config{Minutes: true, Retention: schema.Retention{Minute: 2 * time.Hour}}
 	if _, err := minutesOnly.plan(3*time.Hour, now); !errors.Is(err, ErrBadRequest) {
 		t.Errorf("3h with minutes kept 2h: %v, want a bad request", err)
 	}
@@ -99,20 +99,20 @@ func TestBaseline(t *testing.T) {
 	now := time.Date(2026, 12, 3, 10, 7, 30, 0, time.UTC)
 	cfg := Config{Minutes: true, Hours: true}
 	w, _ := cfg.plan(5*time.Minute, now)
-	if b := cfg.baseline(w); b.G != store.Minute || b.Buckets() != 24 || b.Last != w.First-1 {
+	if b := cfg.baseline(w); b.G != schema.Minute || b.Buckets() != 24 || b.Last != w.First-1 {
 		t.Errorf("5m: baseline %+v", b)
 	}
 	w, _ = cfg.plan(time.Hour, now)
-	if b := cfg.baseline(w); b.G != store.Hour || b.Buckets() != 5 || !b.To.Equal(time.Date(2026, 12, 3, 9, 0, 0, 0, time.UTC)) {
+	if b := cfg.baseline(w); b.G != schema.Hour || b.Buckets() != 5 || !b.To.Equal(time.Date(2026, 12, 3, 9, 0, 0, 0, time.UTC)) {
 		t.Errorf("1h: baseline %+v", b)
 	}
-	at := func(m int64) time.Time { return store.Minute.Start(m) }
-	base := Span{G: store.Minute, First: 80, Last: 99, From: at(80), To: at(100)}
-	if e := expect(40, base, Span{G: store.Minute, First: 100, Last: 104, From: at(100), To: at(105)}); e != 10 {
+	at := func(m int64) time.Time { return schema.Minute.Start(m) }
+	base := Span{G: schema.Minute, First: 80, Last: 99, From: at(80), To: at(100)}
+	if e := expect(40, base, Span{G: schema.Minute, First: 100, Last: 104, From: at(100), To: at(105)}); e != 10 {
 		t.Errorf("40 over 20 minutes expects %v in 5, want 10", e)
 	}
 	// The window's last minute half gone: 4.5 minutes expect 9.
-	if e := expect(40, base, Span{G: store.Minute, First: 100, Last: 104, From: at(100), To: at(104).Add(30 * time.Second)}); e != 9 {
+	if e := expect(40, base, Span{G: schema.Minute, First: 100, Last: 104, From: at(100), To: at(104).Add(30 * time.Second)}); e != 9 {
 		t.Errorf("40 over 20 minutes expects %v in 4.5, want 9", e)
 	}
 	if e := expect(40, Span{First: 100, Last: 99}, base); e != 0 {
@@ -126,7 +126,7 @@ func TestBaseline(t *testing.T) {
 func TestSketch(t *testing.T) {
 	now := time.Date(2026, 12, 3, 12, 0, 30, 0, time.UTC)
 	s := newSketch(func() time.Time { return now })
-	last := store.Minute.Index(now)
+	last := schema.Minute.Index(now)
 	for i := last - 120; i <= last; i++ {
 		m := map[string]int64{"steady": 1000, "surge": 5}
 		if i > last-5 {
@@ -219,14 +219,14 @@ func TestNewTopicsInAnOldFleet(t *testing.T) {
 	s := New(Config{Minutes: true, Hours: true, CacheTTL: time.Second, CacheSize: 10}, st, prometheus.NewRegistry(), clock)
 	sk := newSketch(clock)
 	s.UseSketch(sk)
-	last := store.Minute.Index(now)
+	last := schema.Minute.Index(now)
 	add := func(topic string, minute, n int64) {
-		for _, g := range []store.Granularity{store.Minute, store.Hour} {
+		for _, g := range []schema.Granularity{schema.Minute, schema.Hour} {
 			i := minute
-			if g == store.Hour {
-				i = store.Hour.Index(store.Minute.Start(minute))
+			if g == schema.Hour {
+				i = schema.Hour.Index(schema.Minute.Start(minute))
 			}
-			if err := st.Add(ctx, testenv.Inc(store.BucketOf(topic, g, i), 0, n), now); err != nil {
+			if err := st.Add(ctx, testenv.Inc(schema.BucketOf(topic, g, i), 0, n), now); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -243,7 +243,7 @@ func TestNewTopicsInAnOldFleet(t *testing.T) {
 		}
 		sk.Merge(sum)
 	}
-	if err := st.MarkHistory(ctx, store.Minute.Start(last-180)); err != nil {
+	if err := st.MarkHistory(ctx, schema.Minute.Start(last-180)); err != nil {
 		t.Fatal(err)
 	}
 	for _, w := range []string{"5m", "15m", "1h"} {
@@ -265,17 +265,17 @@ func TestHistoryFollowsABackfill(t *testing.T) {
 	st := openBolt(t)
 	now := time.Date(2026, 12, 3, 12, 0, 30, 0, time.UTC)
 	s := New(Config{Minutes: true, Hours: true, CacheTTL: time.Second, CacheSize: 10}, st, prometheus.NewRegistry(), func() time.Time { return now })
-	last := store.Minute.Index(now)
+	last := schema.Minute.Index(now)
 	for _, step := range []struct {
 		minute int64
 		want   int64
 	}{{last, last}, {last - 1, last - 1}, {last - 90, last - 90}, {last - 5, last - 90}} {
-		s.Observe(map[store.Counter]int64{store.BucketOf("a", store.Minute, step.minute): 1, store.TotalOf("a"): 1})
+		s.Observe(map[schema.Counter]int64{schema.BucketOf("a", schema.Minute, step.minute): 1, schema.TotalOf("a"): 1})
 		got, err := st.HistoryStart(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if want := store.Minute.Start(step.want); !got.Equal(want) {
+		if want := schema.Minute.Start(step.want); !got.Equal(want) {
 			t.Errorf("after a flush of minute %d: history starts %v, want %v", step.minute-last, got, want)
 		}
 		if h, err := s.historyStart(ctx); err != nil || !h.Equal(got) {
@@ -295,11 +295,11 @@ func TestLateWritesAreReadAgain(t *testing.T) {
 	s := New(Config{Minutes: true, Hours: true, CacheTTL: time.Second, CacheSize: 10}, st, prometheus.NewRegistry(), clk.Now)
 	sk := newSketch(clk.Now)
 	s.UseSketch(sk)
-	m := store.Minute.Index(clk.Now()) - 70 // settled, and its hour too
-	h := store.Hour.Index(store.Minute.Start(m))
-	minute, hour := Span{G: store.Minute, First: m, Last: m}, Span{G: store.Hour, First: h, Last: h}
+	m := schema.Minute.Index(clk.Now()) - 70 // settled, and its hour too
+	h := schema.Hour.Index(schema.Minute.Start(m))
+	minute, hour := Span{G: schema.Minute, First: m, Last: m}, Span{G: schema.Hour, First: h, Last: h}
 	write := func(n int64) {
-		for _, c := range []store.Counter{store.BucketOf("a", store.Minute, m), store.BucketOf("a", store.Hour, h)} {
+		for _, c := range []schema.Counter{schema.BucketOf("a", schema.Minute, m), schema.BucketOf("a", schema.Hour, h)} {
 			if err := st.Add(ctx, testenv.Inc(c, 0, n), clk.Now()); err != nil {
 				t.Fatal(err)
 			}
@@ -335,7 +335,7 @@ func TestLateWritesAreReadAgain(t *testing.T) {
 	check("cached again", 12, 12)
 
 	clk.Add(time.Second)
-	s.Observe(map[store.Counter]int64{store.BucketOf("a", store.Minute, m): 1, store.BucketOf("a", store.Hour, h): 1})
+	s.Observe(map[schema.Counter]int64{schema.BucketOf("a", schema.Minute, m): 1, schema.BucketOf("a", schema.Hour, h): 1})
 	clk.Add(time.Second)
 	check("after this sidecar's flush", 13, 13)
 }

@@ -9,7 +9,7 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/hotcount/hotcount/pipeline/store"
+	"github.com/hotcount/hotcount/schema"
 )
 
 // Ranking is what trending ranks topics by.
@@ -117,7 +117,7 @@ func (s *Service) Trending(ctx context.Context, window string, limit int) (Trend
 // over the window and the baseline, then their ranking.
 func (s *Service) trending(ctx context.Context, d time.Duration, limit int) (Trending, error) {
 	now := s.now()
-	window, err := s.cfg.span(store.Minute, d, now)
+	window, err := s.cfg.span(schema.Minute, d, now)
 	if err != nil {
 		return Trending{}, err
 	}
@@ -273,10 +273,10 @@ func (c Config) ranking() (Ranking, int64) {
 // windows take), which costs a few keys instead of hundreds.
 func (c Config) baseline(window Span) Span {
 	k := int64(window.Buckets())
-	b := Span{G: store.Minute, First: window.First - Baselines*k, Last: window.First - 1}
+	b := Span{G: schema.Minute, First: window.First - Baselines*k, Last: window.First - 1}
 	if c.Hours && k >= 30 {
-		h := store.Hour.Index(window.From)
-		b = Span{G: store.Hour, First: h - (Baselines*k+59)/60, Last: h - 1}
+		h := schema.Hour.Index(window.From)
+		b = Span{G: schema.Hour, First: h - (Baselines*k+59)/60, Last: h - 1}
 	}
 	b.From, b.To = b.G.Start(b.First), b.G.Start(b.Last+1)
 	return b

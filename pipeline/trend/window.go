@@ -4,7 +4,7 @@
 // (/v1/trending).
 //
 // Counts come from the minute and hour buckets the flusher writes (see
-// store.BucketKey): a window is read as the buckets that cover it, at
+// schema.BucketKey): a window is read as the buckets that cover it, at
 // minute resolution up to Config.MinuteSpan and hour resolution beyond, each
 // bucket summed over the topic's shards, in BatchGetItem calls of 100 keys.
 // Results are cached like totals, for the cache TTL.
@@ -22,7 +22,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/hotcount/hotcount/pipeline/store"
+	"github.com/hotcount/hotcount/schema"
 )
 
 // ErrBadRequest marks an error in what the caller asked (a 400).
@@ -78,7 +78,7 @@ func FormatWindow(d time.Duration) string {
 // interval covered is From (the first bucket's start) to To (now): the
 // whole window, and at most one bucket more before it.
 type Span struct {
-	G           store.Granularity
+	G           schema.Granularity
 	First, Last int64
 	From, To    time.Time
 }
@@ -88,14 +88,14 @@ func (s Span) Buckets() int { return int(s.Last - s.First + 1) }
 
 // granularity picks the resolution a window of length d is read at: minutes
 // up to MinuteSpan (or whenever hours are off), hours beyond.
-func (c Config) granularity(d time.Duration) (store.Granularity, error) {
+func (c Config) granularity(d time.Duration) (schema.Granularity, error) {
 	switch {
 	case !c.Minutes && !c.Hours:
 		return 0, badRequest("time buckets are off here (--windows none): no windowed counts")
-	case c.Minutes && (d <= min(c.minuteSpan(), c.Retention.Of(store.Minute)) || !c.Hours):
-		return store.Minute, nil
+	case c.Minutes && (d <= min(c.minuteSpan(), c.Retention.Of(schema.Minute)) || !c.Hours):
+		return schema.Minute, nil
 	}
-	return store.Hour, nil
+	return schema.Hour, nil
 }
 
 func (c Config) minuteSpan() time.Duration {
@@ -107,7 +107,7 @@ func (c Config) minuteSpan() time.Duration {
 
 // span returns the buckets of g covering the window of length d up to now,
 // checked against g's retention.
-func (c Config) span(g store.Granularity, d time.Duration, now time.Time) (Span, error) {
+func (c Config) span(g schema.Granularity, d time.Duration, now time.Time) (Span, error) {
 	s := Span{G: g, First: g.Index(now.Add(-d)), Last: g.Index(now), To: now}
 	s.From = g.Start(s.First)
 	if keep := c.Retention.Of(g); !kept(g, s.First, keep, now) {
@@ -121,7 +121,7 @@ func (c Config) span(g store.Granularity, d time.Duration, now time.Time) (Span,
 
 // kept says whether bucket i of g, kept for keep after its end (its
 // expiresAt), is still stored at now.
-func kept(g store.Granularity, i int64, keep time.Duration, now time.Time) bool {
+func kept(g schema.Granularity, i int64, keep time.Duration, now time.Time) bool {
 	return g.Start(i + 1).Add(keep).After(now)
 }
 

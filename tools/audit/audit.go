@@ -39,6 +39,7 @@ import (
 	"github.com/hotcount/hotcount/durability/rules"
 	"github.com/hotcount/hotcount/mention"
 	"github.com/hotcount/hotcount/pipeline/store"
+	"github.com/hotcount/hotcount/schema"
 )
 
 // Defaults of Config.
@@ -69,10 +70,10 @@ const idle = 2 * time.Second
 // audit calls one method at a time and owns the maps returned.
 type Table interface {
 	// GatherMany reads shards 0..n-1 of each topic's total, and more
-	// where its metadata says it has more (store.Meta.Read): one entry
+	// where its metadata says it has more (schema.Meta.Read): one entry
 	// per shard, zeros for shards never written.
-	GatherMany(ctx context.Context, topics []string, n int, consistent bool) (map[string][]store.Shard, error)
-	// Counts reads the count of each item in keys (store.BucketKey's); a
+	GatherMany(ctx context.Context, topics []string, n int, consistent bool) (map[string][]schema.Shard, error)
+	// Counts reads the count of each item in keys (schema.BucketKey's); a
 	// missing item, or one past its expiry, counts 0.
 	Counts(ctx context.Context, keys []string, consistent bool) (map[string]int64, error)
 	// Records reads the items keys name (in every Region), strongly
@@ -109,7 +110,7 @@ type Stream struct {
 // below it. A stream created again after its record was written has no
 // checkpoint yet: 0.
 type Checkpoints interface {
-	Checkpoint(ctx context.Context, stream string, created time.Time) (seq uint64, held []store.Counter, err error)
+	Checkpoint(ctx context.Context, stream string, created time.Time) (seq uint64, held []schema.Counter, err error)
 }
 
 // Config is what an audit reads and how.
@@ -132,7 +133,7 @@ type Config struct {
 	Minutes, Hours bool
 	// Retention is the buckets' (--minute-retention, --hour-retention): a
 	// bucket past its expiry is not compared.
-	Retention store.Retention
+	Retention schema.Retention
 	// Shards is the shards read of a topic without metadata (--shards),
 	// as the lookup API reads them.
 	Shards int
@@ -448,7 +449,7 @@ func (a *auditor) summarize() {
 	}
 	if r.Buckets.Expired > 0 {
 		a.note("%d buckets not checked: past their retention (--minute-retention %s, --hour-retention %s), or within a minute of it",
-			r.Buckets.Expired, a.cfg.Retention.Of(store.Minute), a.cfg.Retention.Of(store.Hour))
+			r.Buckets.Expired, a.cfg.Retention.Of(schema.Minute), a.cfg.Retention.Of(schema.Hour))
 	}
 	if r.InFlight > 0 {
 		a.note("%d counters not checked: mentions of them were in flight where no item records a position (core mode: published during the audit, or written while it read them; or one stream's position recorded in two items); run the audit again once the sidecars have caught up", r.InFlight)

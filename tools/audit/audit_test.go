@@ -23,6 +23,7 @@ import (
 	"github.com/hotcount/hotcount/mention"
 	"github.com/hotcount/hotcount/pipeline/ingest"
 	"github.com/hotcount/hotcount/pipeline/store"
+	"github.com/hotcount/hotcount/schema"
 	"github.com/hotcount/hotcount/tools/audit"
 )
 
@@ -100,9 +101,9 @@ func (e *env) publish(t *testing.T, msgs []msg) []published {
 // own reckoning, written out here rather than by ingest.Judge): a valid
 // payload's count in its topic's total, minute and hour, at its "at" or
 // else its publication.
-func counts(t *testing.T, msgs []published) map[store.Counter]int64 {
+func counts(t *testing.T, msgs []published) map[schema.Counter]int64 {
 	t.Helper()
-	out := make(map[store.Counter]int64)
+	out := make(map[schema.Counter]int64)
 	for _, m := range msgs {
 		if m.probe {
 			continue
@@ -114,9 +115,9 @@ func counts(t *testing.T, msgs []published) map[store.Counter]int64 {
 		if at.IsZero() {
 			at = m.at
 		}
-		out[store.TotalOf(m.topic)] += n
-		out[store.BucketOf(m.topic, store.Minute, store.Minute.Index(at))] += n
-		out[store.BucketOf(m.topic, store.Hour, store.Hour.Index(at))] += n
+		out[schema.TotalOf(m.topic)] += n
+		out[schema.BucketOf(m.topic, schema.Minute, schema.Minute.Index(at))] += n
+		out[schema.BucketOf(m.topic, schema.Hour, schema.Hour.Index(at))] += n
 	}
 	return out
 }
@@ -156,7 +157,7 @@ func parse(t *testing.T, p string) (n int64, at time.Time, ok bool) {
 // write puts want into the table as the flusher would: each topic on
 // shards[topic] shards (metadata recorded when more than one), each
 // counter spread over them.
-func (e *env) write(t *testing.T, want map[store.Counter]int64, shards map[string]int) {
+func (e *env) write(t *testing.T, want map[schema.Counter]int64, shards map[string]int) {
 	t.Helper()
 	ctx := ctxOf(t)
 	metas := map[string]bool{}
@@ -164,7 +165,7 @@ func (e *env) write(t *testing.T, want map[store.Counter]int64, shards map[strin
 		n := max(shards[c.Topic], 1)
 		if n > 1 && !metas[c.Topic] {
 			metas[c.Topic] = true
-			if err := e.st.SetMeta(ctx, c.Topic, store.Meta{}, store.Meta{Shards: n, ReadShards: n}); err != nil {
+			if err := e.st.SetMeta(ctx, c.Topic, schema.Meta{}, schema.Meta{Shards: n, ReadShards: n}); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -188,9 +189,9 @@ func (e *env) set(t *testing.T, key string, count int64) {
 	t.Helper()
 	_, err := e.d.Client().UpdateItem(ctxOf(t), &dynamodb.UpdateItemInput{
 		TableName:                 &e.table,
-		Key:                       map[string]types.AttributeValue{store.AttrPK: &types.AttributeValueMemberS{Value: key}},
+		Key:                       map[string]types.AttributeValue{schema.AttrPK: &types.AttributeValueMemberS{Value: key}},
 		UpdateExpression:          aws.String("SET #c = :c"),
-		ExpressionAttributeNames:  map[string]string{"#c": store.AttrCount},
+		ExpressionAttributeNames:  map[string]string{"#c": schema.AttrCount},
 		ExpressionAttributeValues: map[string]types.AttributeValue{":c": &types.AttributeValueMemberN{Value: strconv.FormatInt(count, 10)}},
 	})
 	if err != nil {
@@ -226,7 +227,7 @@ func wire(ms []msg) []msg {
 }
 
 // publishMix publishes mix and returns the counters they make.
-func (e *env) publishMix(t *testing.T, now time.Time) map[store.Counter]int64 {
+func (e *env) publishMix(t *testing.T, now time.Time) map[schema.Counter]int64 {
 	t.Helper()
 	ms := mix(now)
 	got := e.publish(t, wire(ms))
@@ -258,7 +259,7 @@ func run(t *testing.T, e *env, cfg audit.Config) audit.Report {
 	return r
 }
 
-func buckets(want map[store.Counter]int64) (n int64) {
+func buckets(want map[schema.Counter]int64) (n int64) {
 	for c := range want {
 		if c.IsBucket() {
 			n++
@@ -296,13 +297,13 @@ func TestAuditFindsExactlyWhatDiffers(t *testing.T) {
 
 	// A shard of golang's total (8) gains 7; one of rust's minute
 	// buckets, with "at" (4, 2 on each shard), loses a shard's 2.
-	e.set(t, store.ShardKey("golang", 1), 3+7)
+	e.set(t, schema.ShardKey("golang", 1), 3+7)
 	late := time.UnixMilli(mustAt(t, mix(now)[5].payload))
-	minute := store.BucketOf("rust", store.Minute, store.Minute.Index(late))
+	minute := schema.BucketOf("rust", schema.Minute, schema.Minute.Index(late))
 	e.set(t, minute.Key(1), 0)
 
 	r = run(t, e, cfg)
-	start := store.Minute.Start(minute.Index)
+	start := schema.Minute.Start(minute.Index)
 	wantDiffs := []audit.Difference{
 		{Topic: "golang", Counter: "total", Stream: 8, Table: 15, Difference: 7},
 		{Topic: "rust", Counter: "minute", Bucket: &start, Stream: 4, Table: 2, Difference: -2},
@@ -348,7 +349,7 @@ func TestAuditBoundedMemory(t *testing.T) {
 		want[c] += n
 	}
 	e.write(t, want, mixShards)
-	e.set(t, store.ShardKey("topic-7", 0), 1)
+	e.set(t, schema.ShardKey("topic-7", 0), 1)
 
 	cfg := config(audit.Stream{Name: "MENTIONS"})
 	whole := run(t, e, cfg)
@@ -401,7 +402,7 @@ func TestAuditPartitioned(t *testing.T) {
 		t.Errorf("%d differ (%s), %d totals and %d buckets compared, %d mentions; want 0, 13, %d, 37",
 			r.Differ(), show(r.Differences), r.Totals.Compared, r.Buckets.Compared, buckets(want), r.Mentions)
 	}
-	e.set(t, store.ShardKey("topic-3", 0), 5)
+	e.set(t, schema.ShardKey("topic-3", 0), 5)
 	r = run(t, e, cfg)
 	if want := []audit.Difference{{Topic: "topic-3", Counter: "total", Stream: 2, Table: 5, Difference: 3}}; !reflect.DeepEqual(r.Differences, want) {
 		t.Errorf("differences %s, want %s", show(r.Differences), show(want))
@@ -426,7 +427,7 @@ func TestAuditUpToPosition(t *testing.T) {
 	cfg := config(audit.Stream{Name: "MENTIONS", Durable: true})
 	cfg.Minutes, cfg.Hours = false, false
 	cfg.Checkpoints = durable.NewCheckpoints(e.js, "")
-	a, b := store.TotalOf("a"), store.TotalOf("b")
+	a, b := schema.TotalOf("a"), schema.TotalOf("b")
 	// No checkpoint; a's item includes sequence 1, b's nothing yet.
 	e.spanWrite(t, a, 1, 1, 1)
 	r := run(t, e, cfg)
@@ -466,7 +467,7 @@ func TestAuditUpToPosition(t *testing.T) {
 
 // spanWrite writes delta into c's item as the durable sidecars do:
 // conditional on, and recording, stream MENTIONS's positions first..last.
-func (e *env) spanWrite(t *testing.T, c store.Counter, delta int64, first, last uint64) {
+func (e *env) spanWrite(t *testing.T, c schema.Counter, delta int64, first, last uint64) {
 	t.Helper()
 	ctx := ctxOf(t)
 	st, err := e.js.Stream(ctx, "MENTIONS")
@@ -592,7 +593,7 @@ type racing struct {
 	done          bool
 }
 
-func (r *racing) GatherMany(ctx context.Context, topics []string, n int, consistent bool) (map[string][]store.Shard, error) {
+func (r *racing) GatherMany(ctx context.Context, topics []string, n int, consistent bool) (map[string][]schema.Shard, error) {
 	first := !r.done
 	r.done = true
 	if first && r.before != nil {
@@ -643,11 +644,11 @@ func TestAuditWriteLandingWhileRead(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.publish(t, []msg{{topic: "golang", payload: `{"count":3}`}, {topic: "rust", payload: `{"count":2}`}})
-	e.write(t, map[store.Counter]int64{store.TotalOf("golang"): 2, store.TotalOf("rust"): 1}, nil)
+	e.write(t, map[schema.Counter]int64{schema.TotalOf("golang"): 2, schema.TotalOf("rust"): 1}, nil)
 	cfg := config(audit.Stream{Name: "MENTIONS"})
 	cfg.Minutes, cfg.Hours = false, false
 	table := &racing{DynamoDB: e.st, after: func() {
-		e.write(t, map[store.Counter]int64{store.TotalOf("golang"): 1}, nil) // golang's last mention lands
+		e.write(t, map[schema.Counter]int64{schema.TotalOf("golang"): 1}, nil) // golang's last mention lands
 	}}
 	r, err := audit.Run(ctxOf(t), e.js, table, cfg)
 	if err != nil {
@@ -691,7 +692,7 @@ func TestAuditWriteAfterTheGrowthScan(t *testing.T) {
 	cfg := config(audit.Stream{Name: "MENTIONS", Durable: true})
 	cfg.Minutes, cfg.Hours = false, false
 	cfg.Checkpoints = durable.NewCheckpoints(e.js, "")
-	a := store.TotalOf("a")
+	a := schema.TotalOf("a")
 	e.spanWrite(t, a, 1, 1, 1) // the sidecar has written 1; 2 is in its window
 	table := &recordsRace{DynamoDB: e.st, before: func() {
 		e.publish(t, []msg{{topic: "a"}}) // 3
@@ -718,7 +719,7 @@ func TestAuditItemsOfAnotherCreation(t *testing.T) {
 	if _, err := ingest.EnsureStream(ctx, e.nc, "MENTIONS", "mentions.>", time.Minute); err != nil {
 		t.Fatal(err)
 	}
-	a := store.TotalOf("a")
+	a := schema.TotalOf("a")
 	e.publish(t, []msg{{topic: "a"}, {topic: "a"}})
 	e.spanWrite(t, a, 2, 1, 2) // the old creation, written whole
 	e.checkpointAll(t, "MENTIONS")
@@ -730,7 +731,7 @@ func TestAuditItemsOfAnotherCreation(t *testing.T) {
 	}
 	e.publish(t, []msg{{topic: "a"}, {topic: "b"}})
 	e.spanWrite(t, a, 1, 1, 1) // the new creation, written whole
-	e.spanWrite(t, store.TotalOf("b"), 1, 2, 2)
+	e.spanWrite(t, schema.TotalOf("b"), 1, 2, 2)
 	e.checkpointAll(t, "MENTIONS")
 	cfg := config(audit.Stream{Name: "MENTIONS", Durable: true})
 	cfg.Minutes, cfg.Hours = false, false
@@ -739,7 +740,7 @@ func TestAuditItemsOfAnotherCreation(t *testing.T) {
 	if r.Differ() != 0 || r.Foreign != 1 || r.Totals.Compared != 1 {
 		t.Errorf("%d differ (%s), %d foreign, %d compared; want 0, a's total foreign, b's compared", r.Differ(), show(r.Differences), r.Foreign, r.Totals.Compared)
 	}
-	e.set(t, store.ShardKey("b", 0), 4)
+	e.set(t, schema.ShardKey("b", 0), 4)
 	if r = run(t, e, cfg); r.Totals.Differ != 1 || r.Differences[0].Topic != "b" {
 		t.Errorf("b changed by hand: differences %s, want b's", show(r.Differences))
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/hotcount/hotcount/mention"
 	"github.com/hotcount/hotcount/pipeline/ingest"
 	"github.com/hotcount/hotcount/pipeline/store"
+	"github.com/hotcount/hotcount/schema"
 )
 
 // maxBatch is DynamoDB's most keys in one BatchGetItem call.
@@ -69,8 +70,8 @@ func (a *auditor) compare(ctx context.Context, p *pass) error {
 	if err != nil {
 		return err
 	}
-	want := make(map[store.Counter]int64, len(cs))
-	var differ []store.Counter
+	want := make(map[schema.Counter]int64, len(cs))
+	var differ []schema.Counter
 	for _, c := range cs {
 		want[c] = p.counts[c].all()
 		if got[c] != want[c] {
@@ -108,13 +109,13 @@ func (a *auditor) takeStats(p *pass) {
 // when the pass read the whole history, buckets the pass read whole and
 // not expired, and none the sidecars hold. What it leaves out is counted
 // in the report.
-func (a *auditor) comparable(p *pass, held map[store.Counter]bool) []store.Counter {
+func (a *auditor) comparable(p *pass, held map[schema.Counter]bool) []schema.Counter {
 	r := &a.report
 	totals := p.totals && len(p.unread) == 0
 	now := a.cfg.Now()
-	var want []store.Counter
+	var want []schema.Counter
 	for c := range p.counts {
-		if c.Kind == store.Total && !totals {
+		if c.Kind == schema.Total && !totals {
 			continue
 		}
 		if g, ok := c.Granularity(); ok {
@@ -146,8 +147,8 @@ func (a *auditor) comparable(p *pass, held map[store.Counter]bool) []store.Count
 // counter the new mentions touch, or whose count moved since got, is in
 // flight (flown), not judged; so is one whose items record the same
 // stream twice (a layout the audit cannot cut at one position).
-func (a *auditor) settle(ctx context.Context, p *pass, differ []store.Counter, want, got map[store.Counter]int64, shards map[string]int) (kept []store.Counter, flown map[store.Counter]bool, err error) {
-	flown = make(map[store.Counter]bool)
+func (a *auditor) settle(ctx context.Context, p *pass, differ []schema.Counter, want, got map[schema.Counter]int64, shards map[string]int) (kept []schema.Counter, flown map[schema.Counter]bool, err error) {
+	flown = make(map[schema.Counter]bool)
 	if len(differ) == 0 {
 		return nil, flown, nil
 	}
@@ -193,13 +194,13 @@ func (a *auditor) settle(ctx context.Context, p *pass, differ []store.Counter, w
 }
 
 // record counts what was compared and lists what differs.
-func (a *auditor) record(cs, differ []store.Counter, flown map[store.Counter]bool, want, got map[store.Counter]int64) {
+func (a *auditor) record(cs, differ []schema.Counter, flown map[schema.Counter]bool, want, got map[schema.Counter]int64) {
 	r := &a.report
 	for _, c := range cs {
 		if flown[c] {
 			continue
 		}
-		if c.Kind == store.Total {
+		if c.Kind == schema.Total {
 			r.Totals.Compared++
 		} else {
 			r.Buckets.Compared++
@@ -207,14 +208,14 @@ func (a *auditor) record(cs, differ []store.Counter, flown map[store.Counter]boo
 	}
 	for _, c := range differ {
 		d := Difference{Topic: c.Topic, Counter: "total", Stream: want[c], Table: got[c], Difference: got[c] - want[c]}
-		if c.Kind == store.Total {
+		if c.Kind == schema.Total {
 			r.Totals.Differ++
 		} else {
 			r.Buckets.Differ++
 			g, _ := c.Granularity()
 			start := g.Start(c.Index)
 			d.Counter, d.Bucket = "minute", &start
-			if g == store.Hour {
+			if g == schema.Hour {
 				d.Counter = "hour"
 			}
 		}
@@ -229,7 +230,7 @@ func (a *auditor) record(cs, differ []store.Counter, flown map[store.Counter]boo
 // partial says whether bucket i of g may hold mentions the pass did not
 // read: a mention stored at t is counted at its "at", from t −
 // max-lateness to t + MaxAhead.
-func (p *pass) partial(a *auditor, g store.Granularity, i int64) bool {
+func (p *pass) partial(a *auditor, g schema.Granularity, i int64) bool {
 	start, end := g.Start(i), g.Start(i+1)
 	for _, s := range p.unread {
 		if s.from.Add(-a.cfg.Limits.MaxLateness).Before(end) && !s.to.Add(mention.MaxAhead).Before(start) {
@@ -242,9 +243,9 @@ func (p *pass) partial(a *auditor, g store.Granularity, i int64) bool {
 // floors are, per stream, the last sequence up to which every mention is
 // in the table (all of them where nothing tells: core mode), and the
 // counters the sidecars hold out of it.
-func (a *auditor) floors(ctx context.Context) ([]uint64, map[store.Counter]bool, error) {
+func (a *auditor) floors(ctx context.Context) ([]uint64, map[schema.Counter]bool, error) {
 	out := make([]uint64, len(a.streams))
-	held := make(map[store.Counter]bool)
+	held := make(map[schema.Counter]bool)
 	for i, s := range a.streams {
 		out[i] = math.MaxUint64
 		if !s.Durable {
@@ -268,8 +269,8 @@ func (a *auditor) floors(ctx context.Context) ([]uint64, map[store.Counter]bool,
 // shards, when given, are each topic's shards as read before (else the
 // totals' gather reads them, for the topics of the buckets too). It
 // returns each counter's count and the shards of each topic.
-func (a *auditor) readTable(ctx context.Context, cs []store.Counter, shards map[string]int) (map[store.Counter]int64, map[string]int, error) {
-	out := make(map[store.Counter]int64, len(cs))
+func (a *auditor) readTable(ctx context.Context, cs []schema.Counter, shards map[string]int) (map[schema.Counter]int64, map[string]int, error) {
+	out := make(map[schema.Counter]int64, len(cs))
 	if shards == nil {
 		shards = make(map[string]int)
 	}
@@ -277,7 +278,7 @@ func (a *auditor) readTable(ctx context.Context, cs []store.Counter, shards map[
 	seen := make(map[string]bool)
 	for _, c := range cs {
 		_, known := shards[c.Topic]
-		if !seen[c.Topic] && (c.Kind == store.Total || !known) {
+		if !seen[c.Topic] && (c.Kind == schema.Total || !known) {
 			seen[c.Topic] = true
 			gather = append(gather, c.Topic)
 		}
@@ -298,7 +299,7 @@ func (a *auditor) readTable(ctx context.Context, cs []store.Counter, shards map[
 		for t, sh := range m {
 			shards[t] = len(sh)
 			extra += max(0, len(sh)-a.cfg.Shards)
-			out[store.TotalOf(t)], _ = store.Sum(sh)
+			out[schema.TotalOf(t)], _ = schema.Sum(sh)
 		}
 		if err := a.limiter.wait(ctx, extra); err != nil {
 			return nil, nil, err
@@ -306,7 +307,7 @@ func (a *auditor) readTable(ctx context.Context, cs []store.Counter, shards map[
 	}
 	var keys []string
 	for _, c := range cs {
-		if c.Kind == store.Total {
+		if c.Kind == schema.Total {
 			continue
 		}
 		for s := range max(shards[c.Topic], 1) {
@@ -328,12 +329,12 @@ func (a *auditor) readTable(ctx context.Context, cs []store.Counter, shards map[
 		}
 	}
 	for _, c := range cs {
-		if c.Kind == store.Total {
+		if c.Kind == schema.Total {
 			continue
 		}
 		var sum int64
 		for s := range max(shards[c.Topic], 1) {
-			sum, _ = store.SatAdd(sum, counts[c.Key(s)])
+			sum, _ = schema.SatAdd(sum, counts[c.Key(s)])
 		}
 		out[c] = sum
 	}
@@ -357,8 +358,8 @@ type held struct {
 
 // readRecords reads the items of each counter of cs (its shards, as
 // shards says, in every Region), strongly consistent, paced.
-func (a *auditor) readRecords(ctx context.Context, cs []store.Counter, shards map[string]int) (map[store.Counter]held, error) {
-	keysOf := func(c store.Counter) []string {
+func (a *auditor) readRecords(ctx context.Context, cs []schema.Counter, shards map[string]int) (map[schema.Counter]held, error) {
+	keysOf := func(c schema.Counter) []string {
 		out := make([]string, max(shards[c.Topic], 1))
 		for s := range out {
 			out[s] = c.Key(s)
@@ -385,13 +386,13 @@ func (a *auditor) readRecords(ctx context.Context, cs []store.Counter, shards ma
 	for i, s := range a.streams {
 		slots[i] = store.Slot{Stream: s.Name, Epoch: store.EpochOf(s.info.Created)}
 	}
-	out := make(map[store.Counter]held, len(cs))
+	out := make(map[schema.Counter]held, len(cs))
 	for _, c := range cs {
 		h := held{seq: make([]uint64, len(slots))}
 		found := make([]bool, len(slots))
 		for _, k := range keysOf(c) {
 			for _, r := range recs[k] {
-				h.count, _ = store.SatAdd(h.count, r.Count)
+				h.count, _ = schema.SatAdd(h.count, r.Count)
 				for sl, seq := range r.Positions {
 					i := slices.Index(slots, sl)
 					if i < 0 {
@@ -411,12 +412,12 @@ func (a *auditor) readRecords(ctx context.Context, cs []store.Counter, shards ma
 // growth reads what the streams took since the audit began, for the
 // counters of cs (of share sh): the mentions of durable streams one by
 // one (grown), and which counters a core stream's mentions touch (moved).
-func (a *auditor) growth(ctx context.Context, sh share, cs []store.Counter, ends []uint64) (grown map[store.Counter][]pastMention, moved map[store.Counter]bool, err error) {
-	want := make(map[store.Counter]bool, len(cs))
+func (a *auditor) growth(ctx context.Context, sh share, cs []schema.Counter, ends []uint64) (grown map[schema.Counter][]pastMention, moved map[schema.Counter]bool, err error) {
+	want := make(map[schema.Counter]bool, len(cs))
 	for _, c := range cs {
 		want[c] = true
 	}
-	grown, moved = make(map[store.Counter][]pastMention), make(map[store.Counter]bool)
+	grown, moved = make(map[schema.Counter][]pastMention), make(map[schema.Counter]bool)
 	for i, s := range a.streams {
 		st, err := a.js.Stream(ctx, s.Name)
 		if err != nil {
@@ -443,7 +444,7 @@ func (a *auditor) growth(ctx context.Context, sh share, cs []store.Counter, ends
 			}
 			// Every counter the sidecars write for it, whatever the
 			// audit compares.
-			for _, c := range []store.Counter{store.TotalOf(topic), store.BucketOf(topic, store.Minute, store.Minute.Index(at)), store.BucketOf(topic, store.Hour, store.Hour.Index(at))} {
+			for _, c := range []schema.Counter{schema.TotalOf(topic), schema.BucketOf(topic, schema.Minute, schema.Minute.Index(at)), schema.BucketOf(topic, schema.Hour, schema.Hour.Index(at))} {
 				switch {
 				case !want[c]:
 				case s.Durable:

@@ -14,6 +14,7 @@ import (
 	"github.com/hotcount/hotcount/mention"
 	"github.com/hotcount/hotcount/pipeline/ingest"
 	"github.com/hotcount/hotcount/pipeline/store"
+	"github.com/hotcount/hotcount/schema"
 )
 
 // readBatch is how many messages one pull of a stream read asks for.
@@ -66,7 +67,7 @@ func (cl *cell) upTo(seq []uint64) int64 {
 	n := cl.n
 	for _, m := range cl.tail {
 		if m.seq <= seq[m.stream] {
-			n, _ = store.SatAdd(n, m.delta)
+			n, _ = schema.SatAdd(n, m.delta)
 		}
 	}
 	return n
@@ -76,7 +77,7 @@ func (cl *cell) upTo(seq []uint64) int64 {
 func (cl *cell) all() int64 {
 	n := cl.n
 	for _, m := range cl.tail {
-		n, _ = store.SatAdd(n, m.delta)
+		n, _ = schema.SatAdd(n, m.delta)
 	}
 	return n
 }
@@ -90,7 +91,7 @@ type figures struct {
 // pass is one read of the streams, counting one share of the topics.
 type pass struct {
 	share  share
-	counts map[store.Counter]*cell
+	counts map[schema.Counter]*cell
 	topics map[string]struct{}
 	// unread are the stretches of time in which mentions may exist that
 	// were not read; empty: every mention the streams ever held was read.
@@ -107,7 +108,7 @@ type pass struct {
 	// held the counters the sidecars held then; tails the mentions past
 	// the floors the pass keeps one by one.
 	floors []uint64
-	held   map[store.Counter]bool
+	held   map[schema.Counter]bool
 	tails  int
 	// overflow, when not 0, says the counters outgrew MaxCounters: the
 	// pass stopped, and its share is to be split this many ways.
@@ -120,7 +121,7 @@ type pass struct {
 // the progress.
 func (a *auditor) read(ctx context.Context, sh share, shares int) (*pass, error) {
 	a.passes++
-	p := &pass{share: sh, counts: make(map[store.Counter]*cell), topics: make(map[string]struct{}),
+	p := &pass{share: sh, counts: make(map[schema.Counter]*cell), topics: make(map[string]struct{}),
 		figures: figures{rejected: make(map[string]int64)}}
 	var stopAfter time.Time
 	if !a.cfg.Until.IsZero() {
@@ -293,13 +294,13 @@ func (p *pass) take(a *auditor, i int, st Stream, m message) {
 		}
 		switch {
 		case !st.Durable:
-			cl.n, _ = store.SatAdd(cl.n, delta)
+			cl.n, _ = schema.SatAdd(cl.n, delta)
 			cl.core = true
 		case m.seq > p.floors[i]:
 			cl.tail = append(cl.tail, pastMention{stream: i, seq: m.seq, delta: delta})
 			p.tails++
 		default:
-			cl.n, _ = store.SatAdd(cl.n, delta)
+			cl.n, _ = schema.SatAdd(cl.n, delta)
 		}
 		added = true
 	}
@@ -311,16 +312,16 @@ func (p *pass) take(a *auditor, i int, st Stream, m message) {
 // countersOf are the counters a mention of topic at at is counted in
 // that the audit may compare: its total (with totals), and its minute
 // and hour as --windows has them (those that end by --until, with it).
-func (a *auditor) countersOf(j judgement, topic string, at time.Time, totals bool) []store.Counter {
-	var out []store.Counter
+func (a *auditor) countersOf(j judgement, topic string, at time.Time, totals bool) []schema.Counter {
+	var out []schema.Counter
 	until := a.cfg.Until
 	if totals {
-		out = append(out, store.TotalOf(topic))
+		out = append(out, schema.TotalOf(topic))
 	}
 	for _, g := range j.windows() {
 		i := g.Index(at)
 		if until.IsZero() || !g.Start(i+1).After(until) {
-			out = append(out, store.BucketOf(topic, g, i))
+			out = append(out, schema.BucketOf(topic, g, i))
 		}
 	}
 	return out
@@ -342,13 +343,13 @@ func (a *auditor) judgement(i int, st Stream, seq uint64) judgement {
 }
 
 // windows are the buckets the sidecars write under j.
-func (j judgement) windows() []store.Granularity {
-	var gs []store.Granularity
+func (j judgement) windows() []schema.Granularity {
+	var gs []schema.Granularity
 	if j.minutes {
-		gs = append(gs, store.Minute)
+		gs = append(gs, schema.Minute)
 	}
 	if j.hours {
-		gs = append(gs, store.Hour)
+		gs = append(gs, schema.Hour)
 	}
 	return gs
 }

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/hotcount/hotcount/pipeline/store"
+	"github.com/hotcount/hotcount/schema"
 	"github.com/hotcount/hotcount/tools/ceiling"
 )
 
@@ -71,7 +72,7 @@ func TestStore(t *testing.T) {
 	now := time.Now()
 	var throttled int
 	for range 5 {
-		err := s.Add(context.Background(), store.Write{Counter: store.TotalOf("golang"), Delta: 2}, now)
+		err := s.Add(context.Background(), store.Write{Counter: schema.TotalOf("golang"), Delta: 2}, now)
 		if errors.Is(err, store.ErrThrottled) {
 			throttled++
 		} else if err != nil {

@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/hotcount/hotcount/pipeline/store"
+	"github.com/hotcount/hotcount/schema"
 	"github.com/hotcount/hotcount/tools/ceiling"
 	"github.com/hotcount/hotcount/tools/racer"
 )
@@ -114,7 +115,7 @@ func race(ctx context.Context, cfg Config, n int, coalesced bool) (Result, error
 		if err != nil {
 			return Result{}, err
 		}
-		sum, _ := store.Sum(got)
+		sum, _ := schema.Sum(got)
 		mentions.Store(sum)
 	}
 	elapsed := time.Since(start).Seconds()

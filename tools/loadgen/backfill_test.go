@@ -16,7 +16,7 @@ import (
 	"github.com/hotcount/hotcount/internal/testtools/testenv/sidecartest"
 	"github.com/hotcount/hotcount/mention"
 	"github.com/hotcount/hotcount/pipeline/ingest"
-	"github.com/hotcount/hotcount/pipeline/store"
+	"github.com/hotcount/hotcount/schema"
 	"github.com/hotcount/hotcount/sidecar"
 	"github.com/hotcount/hotcount/tools/loadgen"
 )
@@ -61,8 +61,8 @@ func flushed(t *testing.T, sc *sidecar.Sidecar, n int64) {
 type buckets map[testenv.Bucket]int64
 
 func (b buckets) add(topic string, at time.Time, n int64) {
-	b[testenv.Bucket{Topic: topic, G: store.Minute, Index: store.Minute.Index(at)}] += n
-	b[testenv.Bucket{Topic: topic, G: store.Hour, Index: store.Hour.Index(at)}] += n
+	b[testenv.Bucket{Topic: topic, G: schema.Minute, Index: schema.Minute.Index(at)}] += n
+	b[testenv.Bucket{Topic: topic, G: schema.Hour, Index: schema.Hour.Index(at)}] += n
 }
 
 // TestMentionsAtLandInTheirBuckets: mentions published with an "at" (Unix
@@ -221,7 +221,7 @@ func TestBackfillStampsTheRun(t *testing.T) {
 	surgeWant := map[int64]int64{}
 	var sent, surged int64
 	for e := 10 * time.Millisecond; e <= cfg.Duration; e += 10 * time.Millisecond {
-		m := store.Minute.Index(rep.From.Add(e))
+		m := schema.Minute.Index(rep.From.Add(e))
 		if e > cfg.SurgeAfter {
 			n := int64(float64(cfg.SurgeRate)*(e-cfg.SurgeAfter).Seconds()) - surged
 			surged += n
@@ -237,7 +237,7 @@ func TestBackfillStampsTheRun(t *testing.T) {
 	buckets, _ := d.Buckets(t, table)
 	for b, n := range buckets {
 		switch {
-		case b.G == store.Hour:
+		case b.G == schema.Hour:
 			continue
 		case b.Topic == "surge":
 			gotSurge[b.Index] += n

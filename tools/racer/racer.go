@@ -19,6 +19,7 @@ import (
 	"github.com/hotcount/hotcount/pipeline/aggregator"
 	"github.com/hotcount/hotcount/pipeline/flusher"
 	"github.com/hotcount/hotcount/pipeline/store"
+	"github.com/hotcount/hotcount/schema"
 )
 
 // Config is one side of a race.
@@ -47,7 +48,7 @@ func Direct(ctx context.Context, c Config, st flusher.Store, done func(err error
 			// Each direct writer is a writer of its own, as an app is.
 			id, seq := store.NewWriterID(), store.NewSequencer(time.Now)
 			offer(ctx, c.Every, func() bool {
-				w := store.Write{Counter: store.TotalOf(c.Topic), Shard: rand.IntN(c.Shards), Delta: 1, Writer: id, Seq: seq.Next()}
+				w := store.Write{Counter: schema.TotalOf(c.Topic), Shard: rand.IntN(c.Shards), Delta: 1, Writer: id, Seq: seq.Next()}
 				return done(st.Add(ctx, w, time.Now()))
 			})
 		})

@@ -53,7 +53,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/hotcount/hotcount/pipeline/store"
+	"github.com/hotcount/hotcount/schema"
 	"github.com/hotcount/hotcount/tools/ceiling"
 )
 
@@ -261,15 +261,15 @@ func (p *Proxy) Allow() { p.mu.Lock(); p.denial = nil; p.mu.Unlock() }
 // and its metadata item (TREND#<topic>#meta); no other topic's, though
 // topics may hold '#'.
 func TopicKeys(topic string) func(pk string) bool {
-	meta := store.MetaKey(topic)
+	meta := schema.MetaKey(topic)
 	return func(pk string) bool {
 		if pk == meta {
 			return true
 		}
-		if t, _, err := store.ParseShardKey(pk); err == nil {
+		if t, _, err := schema.ParseShardKey(pk); err == nil {
 			return t == topic
 		}
-		t, _, _, _, err := store.ParseBucketKey(pk)
+		t, _, _, _, err := schema.ParseBucketKey(pk)
 		return err == nil && t == topic
 	}
 }

@@ -20,7 +20,7 @@ import (
 
 	"github.com/hotcount/hotcount/internal/testtools/ddbfault"
 	"github.com/hotcount/hotcount/internal/testtools/testenv"
-	"github.com/hotcount/hotcount/pipeline/store"
+	"github.com/hotcount/hotcount/schema"
 )
 
 // fixture is dynalite with a table, and a proxy in front of it.
@@ -52,9 +52,9 @@ func (f *fixture) client() *dynamodb.Client { return testenv.Client(f.url) }
 func add(ctx context.Context, c *dynamodb.Client, table, pk string, delta int64, opts ...func(*dynamodb.Options)) error {
 	_, err := c.UpdateItem(ctx, &dynamodb.UpdateItemInput{
 		TableName:                 aws.String(table),
-		Key:                       map[string]types.AttributeValue{store.AttrPK: &types.AttributeValueMemberS{Value: pk}},
+		Key:                       map[string]types.AttributeValue{schema.AttrPK: &types.AttributeValueMemberS{Value: pk}},
 		UpdateExpression:          aws.String("ADD #count :delta"),
-		ExpressionAttributeNames:  map[string]string{"#count": store.AttrCount},
+		ExpressionAttributeNames:  map[string]string{"#count": schema.AttrCount},
 		ExpressionAttributeValues: map[string]types.AttributeValue{":delta": &types.AttributeValueMemberN{Value: strconv.FormatInt(delta, 10)}},
 	}, opts...)
 	return err
@@ -67,7 +67,7 @@ func count(t *testing.T, c *dynamodb.Client, table, pk string) int64 {
 	defer cancel()
 	out, err := c.GetItem(ctx, &dynamodb.GetItemInput{
 		TableName:      aws.String(table),
-		Key:            map[string]types.AttributeValue{store.AttrPK: &types.AttributeValueMemberS{Value: pk}},
+		Key:            map[string]types.AttributeValue{schema.AttrPK: &types.AttributeValueMemberS{Value: pk}},
 		ConsistentRead: aws.Bool(true),
 	})
 	if err != nil {
@@ -255,7 +255,7 @@ func retrying(o *dynamodb.Options) {
 func batchGet(ctx context.Context, c *dynamodb.Client, table string, pks ...string) (map[string]int64, error) {
 	keys := make([]map[string]types.AttributeValue, len(pks))
 	for i, pk := range pks {
-		keys[i] = map[string]types.AttributeValue{store.AttrPK: &types.AttributeValueMemberS{Value: pk}}
+		keys[i] = map[string]types.AttributeValue{schema.AttrPK: &types.AttributeValueMemberS{Value: pk}}
 	}
 	out, err := c.BatchGetItem(ctx, &dynamodb.BatchGetItemInput{
 		RequestItems: map[string]types.KeysAndAttributes{table: {Keys: keys, ConsistentRead: aws.Bool(true)}},
@@ -268,10 +268,10 @@ func batchGet(ctx context.Context, c *dynamodb.Client, table string, pks ...stri
 	}
 	got := map[string]int64{}
 	for _, item := range out.Responses[table] {
-		pk, _ := item[store.AttrPK].(*types.AttributeValueMemberS)
-		n, _ := item[store.AttrCount].(*types.AttributeValueMemberN)
+		pk, _ := item[schema.AttrPK].(*types.AttributeValueMemberS)
+		n, _ := item[schema.AttrCount].(*types.AttributeValueMemberN)
 		if pk == nil || n == nil {
-			return nil, fmt.Errorf("item without %s or %s: %v", store.AttrPK, store.AttrCount, item)
+			return nil, fmt.Errorf("item without %s or %s: %v", schema.AttrPK, schema.AttrCount, item)
 		}
 		v, err := strconv.ParseInt(n.Value, 10, 64)
 		if err != nil {
@@ -309,10 +309,10 @@ func TestDeny(t *testing.T) {
 	table := d.Table(t, "deny")
 	direct := d.Client()
 	var (
-		shard  = store.ShardKey("news", 0)
-		minute = store.BucketKey("news", store.Minute, store.Minute.Index(time.Now()), 1)
-		meta   = store.MetaKey("news")
-		other  = store.ShardKey("sports", 0)
+		shard  = schema.ShardKey("news", 0)
+		minute = schema.BucketKey("news", schema.Minute, schema.Minute.Index(time.Now()), 1)
+		meta   = schema.MetaKey("news")
+		other  = schema.ShardKey("sports", 0)
 	)
 
 	t.Run("writes", func(t *testing.T) {
@@ -347,14 +347,14 @@ func TestDeny(t *testing.T) {
 		_, err = c.PutItem(ctx, &dynamodb.PutItemInput{
 			TableName: aws.String(table),
 			Item: map[string]types.AttributeValue{
-				store.AttrPK:    &types.AttributeValueMemberS{Value: meta},
-				store.AttrCount: &types.AttributeValueMemberN{Value: "8"},
+				schema.AttrPK:    &types.AttributeValueMemberS{Value: meta},
+				schema.AttrCount: &types.AttributeValueMemberN{Value: "8"},
 			},
 		})
 		wantDenied(t, "PutItem of the denied topic's metadata", err, http.StatusForbidden, "AccessDeniedException")
 		_, err = c.DeleteItem(ctx, &dynamodb.DeleteItemInput{
 			TableName: aws.String(table),
-			Key:       map[string]types.AttributeValue{store.AttrPK: &types.AttributeValueMemberS{Value: shard}},
+			Key:       map[string]types.AttributeValue{schema.AttrPK: &types.AttributeValueMemberS{Value: shard}},
 		})
 		wantDenied(t, "DeleteItem of the denied topic's shard", err, http.StatusForbidden, "AccessDeniedException")
 
@@ -414,7 +414,7 @@ func TestDeny(t *testing.T) {
 		f.proxy.Deny(ddbfault.Denial{Keys: ddbfault.TopicKeys("news"), Reads: true})
 		_, err := c.GetItem(ctx, &dynamodb.GetItemInput{
 			TableName: aws.String(table),
-			Key:       map[string]types.AttributeValue{store.AttrPK: &types.AttributeValueMemberS{Value: shard}},
+			Key:       map[string]types.AttributeValue{schema.AttrPK: &types.AttributeValueMemberS{Value: shard}},
 		})
 		wantDenied(t, "GetItem of the denied topic", err, http.StatusBadRequest, "AccessDeniedException")
 		_, err = batchGet(ctx, c, table, other, minute)
@@ -441,7 +441,7 @@ func TestDeny(t *testing.T) {
 		ctx := context.Background()
 		f.proxy.Deny(ddbfault.Denial{Keys: func(pk string) bool { return pk == other }, Type: "ValidationException"})
 		wantDenied(t, "UpdateItem of the denied key", add(ctx, c, table, other, 1, retrying), http.StatusBadRequest, "ValidationException")
-		if err := add(ctx, c, table, store.ShardKey("sports", 1), 1); err != nil {
+		if err := add(ctx, c, table, schema.ShardKey("sports", 1), 1); err != nil {
 			t.Errorf("UpdateItem of the next shard: %v", err)
 		}
 		if n := f.proxy.Stats().Did[ddbfault.Denied]; n != 1 {

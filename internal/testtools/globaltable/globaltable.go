@@ -27,7 +27,7 @@
 // in every Region at once); attribute-level merges (DynamoDB has none
 // either); atomicity of a transaction in the other Regions (each item is
 // replicated on its own, as in MREC); the table's key is a single string
-// attribute, pk (store.AttrPK), as in hotcount's tables.
+// attribute, pk (schema.AttrPK), as in hotcount's tables.
 package globaltable
 
 import (
@@ -53,7 +53,7 @@ import (
 
 	"github.com/hotcount/hotcount/internal/testtools/ddbfault"
 	"github.com/hotcount/hotcount/internal/testtools/testenv"
-	"github.com/hotcount/hotcount/pipeline/store"
+	"github.com/hotcount/hotcount/schema"
 )
 
 // callTimeout bounds each call the emulator makes itself: a forwarded
@@ -426,7 +426,7 @@ func (r *region) replicate(k itemKey, it *item) {
 	defer cancel()
 	out, err := r.direct.GetItem(ctx, &dynamodb.GetItemInput{
 		TableName:      aws.String(k.table),
-		Key:            map[string]types.AttributeValue{store.AttrPK: &types.AttributeValueMemberS{Value: k.pk}},
+		Key:            map[string]types.AttributeValue{schema.AttrPK: &types.AttributeValueMemberS{Value: k.pk}},
 		ConsistentRead: aws.Bool(true),
 	}, func(o *dynamodb.Options) { o.RetryMaxAttempts = 5 })
 	if err != nil {
@@ -541,7 +541,7 @@ func (r *region) put(img *image) error {
 	if img.attrs == nil {
 		_, err = r.direct.DeleteItem(ctx, &dynamodb.DeleteItemInput{
 			TableName: aws.String(img.key.table),
-			Key:       map[string]types.AttributeValue{store.AttrPK: &types.AttributeValueMemberS{Value: img.key.pk}},
+			Key:       map[string]types.AttributeValue{schema.AttrPK: &types.AttributeValueMemberS{Value: img.key.pk}},
 		})
 	} else {
 		_, err = r.direct.PutItem(ctx, &dynamodb.PutItemInput{TableName: aws.String(img.key.table), Item: img.attrs})
@@ -701,7 +701,7 @@ func batchKeys(reqs map[string][]writeRequest) []itemKey {
 // keyOf appends the item key found in the first of ms that has one.
 func keyOf(keys []itemKey, table string, ms ...map[string]attr) []itemKey {
 	for _, m := range ms {
-		if pk := m[store.AttrPK].S; pk != nil {
+		if pk := m[schema.AttrPK].S; pk != nil {
 			return append(keys, itemKey{table: table, pk: *pk})
 		}
 	}

@@ -15,13 +15,13 @@ import (
 
 	"github.com/hotcount/hotcount/internal/testtools/globaltable"
 	"github.com/hotcount/hotcount/internal/testtools/testenv"
-	"github.com/hotcount/hotcount/pipeline/store"
+	"github.com/hotcount/hotcount/schema"
 )
 
 const table = "hotcount"
 
 func key(pk string) map[string]types.AttributeValue {
-	return map[string]types.AttributeValue{store.AttrPK: &types.AttributeValueMemberS{Value: pk}}
+	return map[string]types.AttributeValue{schema.AttrPK: &types.AttributeValueMemberS{Value: pk}}
 }
 
 func ctx(t *testing.T) context.Context {
@@ -36,7 +36,7 @@ func add(ctx context.Context, c *dynamodb.Client, pk string, delta int64) error 
 		TableName:                 aws.String(table),
 		Key:                       key(pk),
 		UpdateExpression:          aws.String("ADD #count :delta"),
-		ExpressionAttributeNames:  map[string]string{"#count": store.AttrCount},
+		ExpressionAttributeNames:  map[string]string{"#count": schema.AttrCount},
 		ExpressionAttributeValues: map[string]types.AttributeValue{":delta": &types.AttributeValueMemberN{Value: strconv.FormatInt(delta, 10)}},
 	})
 	return err
@@ -62,7 +62,7 @@ func items(t *testing.T, c *dynamodb.Client) map[string]map[string]types.Attribu
 			t.Fatalf("Scan: %v", err)
 		}
 		for _, it := range out.Items {
-			got[it[store.AttrPK].(*types.AttributeValueMemberS).Value] = it
+			got[it[schema.AttrPK].(*types.AttributeValueMemberS).Value] = it
 		}
 	}
 	return got

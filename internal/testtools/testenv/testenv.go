@@ -33,6 +33,7 @@ import (
 	"github.com/hotcount/hotcount/durability/streams"
 	"github.com/hotcount/hotcount/internal/embeddednats"
 	"github.com/hotcount/hotcount/pipeline/store"
+	"github.com/hotcount/hotcount/schema"
 )
 
 // unavailable fails the test under CI=true, where every service must be
@@ -391,18 +392,18 @@ func (d *Dynalite) Counts(t testing.TB, table string) (map[string]int64, int) {
 	counts := make(map[string]int64)
 	items := 0
 	d.scan(t, table, func(pk string, it map[string]types.AttributeValue) {
-		if base, _ := store.SplitRegion(pk); strings.HasSuffix(base, "#"+store.MetaSuffix) || base == store.HistoryKey {
+		if base, _ := schema.SplitRegion(pk); strings.HasSuffix(base, "#"+schema.MetaSuffix) || base == schema.HistoryKey {
 			return // a topic's shard metadata, the fleet's history (a Region's or not): not counts
 		}
-		if _, _, _, _, err := store.ParseBucketKey(pk); err == nil {
+		if _, _, _, _, err := schema.ParseBucketKey(pk); err == nil {
 			return // a time bucket: see Buckets
 		}
 		items++
-		topic, shard, err := store.ParseShardKey(pk)
-		if err != nil || shard >= store.MaxShards {
+		topic, shard, err := schema.ParseShardKey(pk)
+		if err != nil || shard >= schema.MaxShards {
 			t.Fatalf("item with a key outside the schema: %q", pk)
 		}
-		counts[topic] += number(t, it, store.AttrCount)
+		counts[topic] += number(t, it, schema.AttrCount)
 	})
 	return counts, items
 }
@@ -426,9 +427,9 @@ func (d *Dynalite) scan(t testing.TB, table string, each func(pk string, it map[
 			t.Fatal(err)
 		}
 		for _, it := range page.Items {
-			pk, _ := it[store.AttrPK].(*types.AttributeValueMemberS)
+			pk, _ := it[schema.AttrPK].(*types.AttributeValueMemberS)
 			if pk == nil {
-				t.Fatalf("item without a string %s: %v", store.AttrPK, it)
+				t.Fatalf("item without a string %s: %v", schema.AttrPK, it)
 			}
 			each(pk.Value, it)
 		}
@@ -440,8 +441,8 @@ func (d *Dynalite) scan(t testing.TB, table string, each func(pk string, it map[
 func (d *Dynalite) EachItem(t testing.TB, table string, each func(pk string, count int64)) {
 	t.Helper()
 	d.scan(t, table, func(pk string, it map[string]types.AttributeValue) {
-		if _, ok := it[store.AttrCount]; ok {
-			each(pk, number(t, it, store.AttrCount))
+		if _, ok := it[schema.AttrCount]; ok {
+			each(pk, number(t, it, schema.AttrCount))
 		}
 	})
 }
@@ -464,16 +465,16 @@ func number(t testing.TB, it map[string]types.AttributeValue, name string) int64
 // none: a missing item has counted nothing).
 func CountOf(t testing.TB, it map[string]types.AttributeValue) int64 {
 	t.Helper()
-	if _, ok := it[store.AttrCount]; !ok {
+	if _, ok := it[schema.AttrCount]; !ok {
 		return 0
 	}
-	return number(t, it, store.AttrCount)
+	return number(t, it, schema.AttrCount)
 }
 
 // Bucket names one time bucket of a topic.
 type Bucket struct {
 	Topic string
-	G     store.Granularity
+	G     schema.Granularity
 	Index int64
 }
 
@@ -484,13 +485,13 @@ func (d *Dynalite) Buckets(t testing.TB, table string) (map[Bucket]int64, int) {
 	counts := make(map[Bucket]int64)
 	items := 0
 	d.scan(t, table, func(pk string, it map[string]types.AttributeValue) {
-		topic, g, i, _, err := store.ParseBucketKey(pk)
+		topic, g, i, _, err := schema.ParseBucketKey(pk)
 		if err != nil {
 			return // a total or metadata
 		}
 		items++
-		number(t, it, store.AttrExpiresAt) // every bucket expires
-		counts[Bucket{topic, g, i}] += number(t, it, store.AttrCount)
+		number(t, it, schema.AttrExpiresAt) // every bucket expires
+		counts[Bucket{topic, g, i}] += number(t, it, schema.AttrCount)
 	})
 	return counts, items
 }
@@ -566,11 +567,11 @@ var (
 // of the tests' own writer. One writer writes an item one write at a time
 // (the flusher's rule): concurrent writers each take a Writer.
 func W(topic string, shard int, delta int64) store.Write {
-	return Inc(store.TotalOf(topic), shard, delta)
+	return Inc(schema.TotalOf(topic), shard, delta)
 }
 
 // Inc is W for any counter (a time bucket's).
-func Inc(c store.Counter, shard int, delta int64) store.Write {
+func Inc(c schema.Counter, shard int, delta int64) store.Write {
 	return store.Write{Counter: c, Shard: shard, Delta: delta, Writer: testWriter, Seq: testSeq.Next()}
 }
 
@@ -578,7 +579,7 @@ func Inc(c store.Counter, shard int, delta int64) store.Write {
 func Writer() func(topic string, shard int, delta int64) store.Write {
 	id, seq := store.NewWriterID(), store.NewSequencer(time.Now)
 	return func(topic string, shard int, delta int64) store.Write {
-		return store.Write{Counter: store.TotalOf(topic), Shard: shard, Delta: delta, Writer: id, Seq: seq.Next()}
+		return store.Write{Counter: schema.TotalOf(topic), Shard: shard, Delta: delta, Writer: id, Seq: seq.Next()}
 	}
 }
 

@@ -1,4 +1,4 @@
-package store
+package schema
 
 import (
 	"fmt"
@@ -130,9 +130,9 @@ func (r Retention) Of(g Granularity) time.Duration {
 	return DefaultMinuteRetention
 }
 
-// expiry is the expiresAt of a write of c (0 for a total): the end of its
+// Expiry is the expiresAt of a write of c (0 for a total): the end of its
 // bucket plus the retention.
-func (r Retention) expiry(c Counter) int64 {
+func (r Retention) Expiry(c Counter) int64 {
 	if c.Kind == Total {
 		return 0
 	}

@@ -1,9 +1,4 @@
-package store
-
-import (
-	"errors"
-	"strconv"
-)
+package schema
 
 // A topic's shard counts live in its metadata item, pk = TREND#<topic>#meta
 // (not a shard: never summed). A topic without one has one shard, shard 0:
@@ -18,10 +13,6 @@ const (
 	// AttrReadShards is the most shards the topic ever had, for readers.
 	AttrReadShards = "readShards"
 )
-
-// ErrConflict marks a metadata change refused because the item is no longer
-// what the caller last read: another writer changed it first. Read it again.
-var ErrConflict = errors.New("store: shard metadata changed by another writer")
 
 // MetaKey returns the partition key of topic's metadata item.
 func MetaKey(topic string) string { return KeyPrefix + topic + "#" + MetaSuffix }
@@ -51,5 +42,3 @@ func (m Meta) Read() int { return max(m.ReadShards, m.Shards, m.Elsewhere, 1) }
 func (m Meta) With(n int) Meta {
 	return Meta{Shards: n, ReadShards: max(m.ReadShards, m.Shards, 1, n), Elsewhere: m.Elsewhere}
 }
-
-func itoa(n int) string { return strconv.Itoa(n) }

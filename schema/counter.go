@@ -1,4 +1,4 @@
-package store
+package schema
 
 // Counters. A topic has an all-time count and, with time buckets on, a
 // count per minute and per hour (bucket.go). Between the flusher's plan

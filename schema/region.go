@@ -1,13 +1,9 @@
-package store
+package schema
 
 import (
-	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"strings"
-
-	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 )
 
 // Regions. A DynamoDB global table in its default mode (multi-Region
@@ -42,9 +38,9 @@ type Regions struct {
 // Active says whether r is multi-Region (Own set).
 func (r Regions) Active() bool { return r.Own != "" }
 
-// reads is what a read gathers: the single-Region layout ("") first, then
+// Reads is what a read gathers: the single-Region layout ("") first, then
 // each Region once, Own included. Outside multi-Region, only "".
-func (r Regions) reads() []string {
+func (r Regions) Reads() []string {
 	if !r.Active() {
 		return []string{""}
 	}
@@ -96,26 +92,6 @@ func ValidateRegion(region string) error {
 		}
 	}
 	return nil
-}
-
-// TableRegions returns the Regions of table's replicas, as DescribeTable
-// lists them for a global table (none for a table in one Region, and for
-// DynamoDB Local and dynalite, which have no global tables).
-func TableRegions(ctx context.Context, client DynamoAPI, table string) ([]string, error) {
-	out, err := client.DescribeTable(ctx, &dynamodb.DescribeTableInput{TableName: &table})
-	if err != nil {
-		return nil, classify(fmt.Errorf("store: describe %s: %w", table, err))
-	}
-	if out.Table == nil {
-		return nil, errors.New("store: describe " + table + ": no table in the answer")
-	}
-	var regions []string
-	for _, r := range out.Table.Replicas {
-		if r.RegionName != nil {
-			regions = append(regions, *r.RegionName)
-		}
-	}
-	return regions, nil
 }
 
 // RegionPart is what one Region's shards of a topic hold, as read from
