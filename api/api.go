@@ -78,7 +78,7 @@ type Series struct {
 
 // Entry is one trending topic: its count in the window (exact), its
 // distinct contributors in it (estimated: see the trend package's Precision), its baseline
-// (what the window would hold so far at the topic's rate over the baseline
+// (what the window's buckets, from From to now, would hold at the topic's rate over the baseline
 // span, in the ranking's unit: mentions, or contributors per minute) and
 // its score.
 type Entry struct {

@@ -3,8 +3,8 @@
 // items, the shard-count metadata and the Regions' shards, and how shards
 // add up. Every reader and writer of the table goes through these names;
 // the adapters (package store: DynamoDB, bbolt) apply them. It needs only
-// the standard library, so that config and the tools name a counter
-// without compiling the AWS SDK.
+// the standard library (and package mention's topic rule), so that config
+// and the tools name a counter without compiling the AWS SDK.
 //
 // A topic's count lives in N shard items whose partition keys differ only by
 // the shard id, TREND#<topic>#<shardId>. An increment goes to one shard; a

@@ -134,8 +134,8 @@ func mergedAll(t testing.TB, fleet []*env, before float64, unheard []float64) {
 // steady Zipf background over 200 topics, 1,000 mentions a minute, and
 // one topic, "surge", at 10 a minute that jumps to 200 (20x) for the last
 // two minutes. Every sidecar ranks the surge first in a 2-minute window
-// (the three minutes that cover it, against the 12 minutes before) with the steady heavy hitters out of the
-// top 5; the two that ran throughout give the same list, and one restarted
+// (the three minutes that cover it, against the 8 minutes before) with
+// the steady heavy hitters out of the top 5; the two that ran throughout give the same list, and one restarted
 // eight minutes before the end puts the surge first too; the windowed
 // counts and series equal the script's, minute by minute and hour by hour
 // (the script crosses an hour), on every sidecar.
@@ -167,7 +167,7 @@ func TestTrendingAcrossTheFleet(t *testing.T) {
 	var published, flushedBefore int64     // flushedBefore: by the sidecar restarted
 	var summariesBefore float64            // published by the sidecar restarted
 	unheard := make([]float64, len(fleet)) // summaries published before each listened
-	const minutes = 16                     // the window (3 buckets) and its baseline (12), and the restart's 8 before the end
+	const minutes = 16                     // the window (3 buckets) and its baseline (8), and the restart's 8 before the end
 	for m := range minutes {
 		if m > 0 {
 			clk.Add(time.Minute)

@@ -31,7 +31,7 @@ func (a Auth) Options() ([]nats.Option, error) {
 	if a.NKey != "" {
 		o, err := nats.NkeyOptionFromSeed(a.NKey)
 		if err != nil {
-			return nil, fmt.Errorf("nats: nkey seed %s: %w", a.NKey, err)
+			return nil, fmt.Errorf("natsauth: nkey seed %s: %w", a.NKey, err)
 		}
 		opts = append(opts, o)
 	}

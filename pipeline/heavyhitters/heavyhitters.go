@@ -15,7 +15,7 @@ import (
 	"github.com/hotcount/hotcount/schema"
 )
 
-// Defaults, used by the config package.
+// Defaults.
 const (
 	// DefaultCapacity is how many topics the sketch tracks.
 	DefaultCapacity = 256

@@ -10,7 +10,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// JetStream defaults, used by the config package.
+// JetStream defaults.
 const (
 	// DefaultStream is the stream of mentions.
 	DefaultStream = "MENTIONS"

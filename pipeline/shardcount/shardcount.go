@@ -26,7 +26,7 @@ import (
 	"github.com/hotcount/hotcount/schema"
 )
 
-// Defaults, used by the config package.
+// Defaults.
 const (
 	// DefaultMax is the most shards --adaptive raises a topic to.
 	DefaultMax = 64

@@ -60,7 +60,7 @@ type DynamoDB struct {
 	// before the first write.
 	Retention schema.Retention
 	// Regions makes the store write only its Region's items and read
-	// every Region's (region.go); set it before the first call. The zero
+	// every Region's (schema/region.go); set it before the first call. The zero
 	// value is the single-Region layout.
 	Regions schema.Regions
 	lastOK  atomic.Int64 // Unix nanoseconds of the last call DynamoDB answered without error

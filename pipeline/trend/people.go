@@ -39,9 +39,10 @@ const (
 	sketchBytes = 4400
 	// distinctMinutes is how many of the latest minutes keep their
 	// sketches, so that a window within them counts a contributor once
-	// however many of its minutes they mentioned the topic in. Older
-	// minutes keep each topic's estimate only.
-	distinctMinutes = 15
+	// however many of its minutes they mentioned the topic in: the
+	// default 15m window reads 16 minutes (the one now − 15m falls in).
+	// Older minutes keep each topic's estimate only.
+	distinctMinutes = 16
 	// openMinutes is how long after its end a minute still takes
 	// summaries whole: a flush interval and the lag of a healthy reader.
 	openMinutes = 3

@@ -15,16 +15,19 @@ import (
 	"github.com/hotcount/hotcount/schema"
 )
 
-// Defaults, used by the config package.
+// Limits of a read.
 const (
 	// DefaultMinuteSpan is the longest window read at minute resolution:
-	// 180 minute buckets, two BatchGetItem calls for a one-shard topic.
+	// 181 minute buckets (the window's and the one now − 3h falls in),
+	// two BatchGetItem calls for a one-shard topic.
 	DefaultMinuteSpan = 3 * time.Hour
-	// MaxSeriesPoints bounds a series' points.
-	MaxSeriesPoints = 1440
+	// MaxSeriesPoints bounds a series' points: a day of minutes, and the
+	// step now − window falls in.
+	MaxSeriesPoints = 1441
 	// maxReadBuckets bounds the buckets one windowed read sums (per
-	// shard): a 35-day window at hour resolution is 840.
-	maxReadBuckets = 2000
+	// shard): 2,000 and the one now − window falls in. A 35-day window at
+	// hour resolution is 841.
+	maxReadBuckets = 2001
 	// settleAfter is how long after its end a bucket counts as settled:
 	// its mentions have been flushed (a flush interval, the JetStream
 	// backlog of a healthy consumer).
@@ -247,16 +250,18 @@ func (s *Service) SeriesOf(ctx context.Context, topic, window, step string) (Ser
 		}
 		// The steps that cover [now − window, now]: the first holds
 		// now − window, the last now.
+		// The first step may be partial: the buckets read start at the
+		// one now − window falls in, as a windowed count's do, not at
+		// its step's start (which may be past the buckets' retention).
 		now := s.now()
 		per := int64(st / g.Duration()) // buckets per step
-		lastStep := floorDiv(g.Index(now), per)
-		firstStep := floorDiv(g.Index(now.Add(-d)), per)
+		sp := Span{G: g, First: g.Index(now.Add(-d)), Last: g.Index(now), To: now}
+		sp.From = g.Start(sp.First)
+		lastStep, firstStep := floorDiv(sp.Last, per), floorDiv(sp.First, per)
 		points := lastStep - firstStep + 1
 		if points > MaxSeriesPoints {
 			return Series{}, badRequest("window %s in steps of %s is %d points, more than %d", window, step, points, MaxSeriesPoints)
 		}
-		sp := Span{G: g, First: firstStep * per, Last: g.Index(now), To: now}
-		sp.From = g.Start(sp.First)
 		if keep := s.cfg.Retention.Of(g); !kept(g, sp.First, keep, now) {
 			return Series{}, badRequest("window %s reaches back past the %s buckets' retention (%s): choose a shorter window", window, g, keep)
 		}
@@ -271,6 +276,7 @@ func (s *Service) SeriesOf(ctx context.Context, topic, window, step string) (Ser
 		for p := range sr.Points {
 			sr.Points[p].From = g.Start((firstStep + int64(p)) * per)
 		}
+		sr.Points[0].From = sp.From // the first step from its first bucket read
 		for i, n := range sums[0] {
 			p := (sp.First + int64(i) - firstStep*per) / per
 			sr.Points[p].Count, _ = satAdd(sr.Points[p].Count, n, false)

@@ -30,9 +30,10 @@ const (
 	// recentMinutes are kept minute by minute, the longest window's
 	// (which reads the minute now − window falls in too); older ones are
 	// merged into blocks of blockMinutes: the baseline of a long window
-	// needs no finer grain, and the sketch stays within 61 + 25 maps of
-	// at most 2,000 topics (under 15 MB however many topics the fleet
-	// has).
+	// needs no finer grain, and the sketch stays within recentMinutes +
+	// maxSkewMinutes minute maps and 26 blocks of at most 2,000 topics
+	// each, however many topics the fleet has (about 178,000 entries of
+	// a topic name and a count).
 	recentMinutes = int64(MaxTrendWindow/time.Minute) + 1
 	blockMinutes  = 10
 	// MaxTrendWindow is the longest /v1/trending window.

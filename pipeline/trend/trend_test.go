@@ -99,11 +99,11 @@ func TestBaseline(t *testing.T) {
 	now := time.Date(2026, 12, 3, 10, 7, 30, 0, time.UTC)
 	cfg := Config{Minutes: true, Hours: true}
 	w, _ := cfg.plan(5*time.Minute, now)
-	if b := cfg.baseline(w); b.G != schema.Minute || b.Buckets() != 24 || b.Last != w.First-1 {
+	if b := cfg.baseline(w); b.G != schema.Minute || b.Buckets() != 20 || b.Last != w.First-1 {
 		t.Errorf("5m: baseline %+v", b)
 	}
 	w, _ = cfg.plan(time.Hour, now)
-	if b := cfg.baseline(w); b.G != schema.Hour || b.Buckets() != 5 || !b.To.Equal(time.Date(2026, 12, 3, 9, 0, 0, 0, time.UTC)) {
+	if b := cfg.baseline(w); b.G != schema.Hour || b.Buckets() != 4 || !b.To.Equal(time.Date(2026, 12, 3, 9, 0, 0, 0, time.UTC)) {
 		t.Errorf("1h: baseline %+v", b)
 	}
 	at := func(m int64) time.Time { return schema.Minute.Start(m) }
@@ -178,6 +178,14 @@ func TestBadWindows(t *testing.T) {
 	for _, w := range []string{"61m", "2h", "35d"} {
 		if _, err := s.Window(ctx, "golang", w); err != nil {
 			t.Errorf("window %q: %v", w, err)
+		}
+	}
+	// A day of minutes is 1,441 points with the minute now − 1d falls in;
+	// a series up to the retention reads from that bucket, not from its
+	// step's start, whatever the time of day.
+	for _, q := range [][2]string{{"1d", "1m"}, {"1440m", "1m"}, {"35d", "1d"}, {"35d", "12h"}} {
+		if sr, err := s.SeriesOf(ctx, "golang", q[0], q[1]); err != nil || len(sr.Points) == 0 || sr.Points[0].From.Before(sr.From) {
+			t.Errorf("series window %s step %s: %d points from %v, %v", q[0], q[1], len(sr.Points), sr.From, err)
 		}
 	}
 	if _, err := s.Trending(ctx, "2h", 10); !errors.Is(err, ErrBadRequest) {

@@ -122,7 +122,7 @@ func (s *Service) trending(ctx context.Context, d time.Duration, limit int) (Tre
 		return Trending{}, err
 	}
 	base := s.cfg.baseline(window)
-	if keep := s.cfg.Retention.Of(base.G); now.Sub(base.From) > keep {
+	if keep := s.cfg.Retention.Of(base.G); !kept(base.G, base.First, keep, now) {
 		return Trending{}, badRequest("window %s and its baseline reach back past the %s buckets' retention (%s)", FormatWindow(d), base.G, keep)
 	}
 	// Candidates whose buckets fit a budget of reads: the window's and
@@ -270,9 +270,10 @@ func (c Config) ranking() (Ranking, int64) {
 // baseline is the span a window is scored against: the Baselines windows
 // before it, in minute buckets, or for a window of half an hour or more
 // in the whole hours before the window's first hour (as many as Baselines
-// windows take), which costs a few keys instead of hundreds.
+// windows take), which costs a few keys instead of hundreds. A window of k
+// minutes reads k + 1 buckets (span): its length is one less.
 func (c Config) baseline(window Span) Span {
-	k := int64(window.Buckets())
+	k := int64(window.Buckets()) - 1
 	b := Span{G: schema.Minute, First: window.First - Baselines*k, Last: window.First - 1}
 	if c.Hours && k >= 30 {
 		h := schema.Hour.Index(window.From)
