@@ -15,36 +15,6 @@ import (
 	"github.com/hotcount/hotcount/schema"
 )
 
-func TestInRegionRoundTrips(t *testing.T) {
-	for _, key := range []string{
-		schema.ShardKey("a#b.c", 3),
-		schema.BucketKey("x.y", schema.Minute, 29000000, 0),
-		schema.MetaKey("t"),
-		schema.HistoryKey,
-	} {
-		in := schema.InRegion(key, "eu-west-1")
-		base, region := schema.SplitRegion(in)
-		if base != key || region != "eu-west-1" {
-			t.Errorf("SplitRegion(InRegion(%q)) = %q, %q", key, base, region)
-		}
-		if base, region := schema.SplitRegion(key); base != key || region != "" {
-			t.Errorf("SplitRegion(%q) = %q, %q: a single-Region key has no Region", key, base, region)
-		}
-	}
-	if got := schema.InRegion(schema.ShardKey("golang", 2), "us-east-1"); got != "TREND#golang#us-east-1.2" {
-		t.Errorf("a Region's shard key is %q", got)
-	}
-	topic, shard, err := schema.ParseShardKey("TREND#a.b#us-east-1.7")
-	if err != nil || topic != "a.b" || shard != 7 {
-		t.Errorf("ParseShardKey of a Region's key: %q %d %v", topic, shard, err)
-	}
-	for _, bad := range []string{"", "US-EAST-1", "us.east", "us#east", "a b"} {
-		if schema.ValidateRegion(bad) == nil {
-			t.Errorf("ValidateRegion(%q) accepted it", bad)
-		}
-	}
-}
-
 // TestRegionsWriteOwnReadAll: two Regions' stores on one table (what a
 // global table's replicas converge to). Each writes only its own items
 // (totals, buckets, shard counts, history); each reads, as a total, a

@@ -269,60 +269,6 @@ func TestBoltOverflowAndPersistence(t *testing.T) {
 	}
 }
 
-func TestShardKey(t *testing.T) {
-	tests := []struct {
-		topic string
-		shard int
-		want  string
-	}{
-		{"golang", 0, "TREND#golang#0"},
-		{"eu.west.k8s", 3, "TREND#eu.west.k8s#3"},
-		{"a#1", 2, "TREND#a#1#2"},
-	}
-	for _, tt := range tests {
-		if got := schema.ShardKey(tt.topic, tt.shard); got != tt.want {
-			t.Errorf("ShardKey(%q, %d) = %q, want %q", tt.topic, tt.shard, got, tt.want)
-		}
-		topic, shard, err := schema.ParseShardKey(tt.want)
-		if err != nil || topic != tt.topic || shard != tt.shard {
-			t.Errorf("ParseShardKey(%q) = %q, %d, %v; want %q, %d", tt.want, topic, shard, err, tt.topic, tt.shard)
-		}
-	}
-	for _, bad := range []string{"golang#1", "TREND#golang", "TREND#golang#x", "TREND#golang#-1"} {
-		if _, _, err := schema.ParseShardKey(bad); err == nil {
-			t.Errorf("ParseShardKey(%q) accepted", bad)
-		}
-	}
-}
-
-func TestValidateTopic(t *testing.T) {
-	tests := []struct {
-		name  string
-		topic string
-		ok    bool
-	}{
-		{"plain", "golang", true},
-		{"dots", "eu.west.k8s", true},
-		{"unicode", "café-☕", true},
-		{"at limit", "abcdefghijkl", true},
-		{"empty", "", false},
-		{"too long", "abcdefghijklm", false},
-		{"invalid utf8", "a\xffb", false},
-		{"newline", "a\nb", false},
-		{"nul", "a\x00b", false},
-		{"del", "a\x7fb", false},
-		{"c1 control", "a\u0085b", false},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			err := schema.ValidateTopic(tt.topic, 12)
-			if (err == nil) != tt.ok {
-				t.Errorf("ValidateTopic(%q) = %v, want ok=%v", tt.topic, err, tt.ok)
-			}
-		})
-	}
-}
-
 // TestThrottleClassification pins which DynamoDB errors count as throttles,
 // the branch the flusher takes to move a write to another shard.
 func TestThrottleClassification(t *testing.T) {
@@ -458,22 +404,6 @@ func TestShardMetadata(t *testing.T) {
 				t.Errorf("Metas = %v, %v; want %+v", got, err, down)
 			}
 		})
-	}
-}
-
-func TestNamedIsShort(t *testing.T) {
-	for _, tt := range []struct {
-		topics []string
-		want   string
-	}{
-		{nil, ""},
-		{[]string{"a"}, `"a"`},
-		{[]string{"a", "b", "c"}, `"a", "b", "c"`},
-		{[]string{"a", "b", "c", "d", "e"}, `"a", "b", "c" and 2 more`},
-	} {
-		if got := schema.Named(tt.topics); got != tt.want {
-			t.Errorf("Named(%v) = %s, want %s", tt.topics, got, tt.want)
-		}
 	}
 }
 
