@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"testing"
 
+	"github.com/hotcount/hotcount/client"
 	"github.com/hotcount/hotcount/config"
 	"github.com/hotcount/hotcount/fleet"
 	"github.com/hotcount/hotcount/pipeline/aggregator"
@@ -38,6 +39,8 @@ func TestDefaultsAgreeWithTheStages(t *testing.T) {
 		{"by contributors", config.TrendingByContributors, string(trend.ByContributors)},
 		{"minute retention", d.MinuteRetention, schema.DefaultMinuteRetention},
 		{"hour retention", d.HourRetention, schema.DefaultHourRetention},
+		{"the client's subject", d.Subject, client.DefaultSubjectPrefix + ">"},
+		{"the client's URL", "http://" + d.HTTPAddr, client.DefaultURL},
 	} {
 		if fmt.Sprint(c.config) != fmt.Sprint(c.want) {
 			t.Errorf("%s: config's default %v, the stage's %v", c.name, c.config, c.want)

@@ -59,9 +59,14 @@ func TestTrendingByContributorsAcrossTheFleet(t *testing.T) {
 					_, err := js.PublishAsync(subject, payload)
 					return err
 				}
+				// Every partition owned. Which sidecar owns which is a draw
+				// (rendezvous hashing of random ids): one of them owns all 8
+				// once in 128 runs, and the other then ranks from its
+				// summaries alone, which the lists' equality below checks
+				// as well.
 				testenv.Eventually(t, 20*time.Second, func() error {
-					if counts, total := owned(t, a, b); total != 8 || counts[0] == 0 || counts[1] == 0 {
-						return fmt.Errorf("partitions owned %v, want all 8 shared by the two", counts)
+					if counts, total := owned(t, a, b); total != 8 {
+						return fmt.Errorf("partitions owned %v, want all 8", counts)
 					}
 					return nil
 				})
