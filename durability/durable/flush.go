@@ -457,29 +457,14 @@ func (e *Engine) storeRecord(ctx context.Context, s stream, p store.Position, c 
 		// Rewound: what this flush would have held was read before the
 		// rewind, and is read again.
 		e.raise(s.name, fenced)
-	case foreign:
-		if c != nil { // not held: the window keeps it
-			for k, ent := range c.hold {
-				giveBackTo(back, k, ent)
-			}
-		}
+	case foreign: // not held: the window keeps it
+		c.giveBack(back)
 	case err != nil:
 		e.ckptFailing = true
 		e.sampled.Warn("checkpoint not stored; the next flush tries again", zap.String("stream", s.name), zap.Error(err))
-		if c != nil {
-			for k, ent := range c.hold {
-				giveBackTo(back, k, ent)
-			}
-		}
+		c.giveBack(back)
 	case stale: // the stream was created again: what it held went with it
-		if c != nil {
-			lost := make(map[string]heldEntry, len(c.hold))
-			for k, ent := range c.hold {
-				e.held.set(k, false)
-				lost[k.c.Name()] = heldEntry{Topic: k.c.Topic, First: ent.first, Last: ent.last, Delta: ent.delta}
-			}
-			e.lostHeld(s.name, lost)
-		}
+		e.dropHolds(s, c)
 	default:
 		e.lostHeld(s.name, dropped)
 		e.settled(s, c, kept, back)
@@ -488,6 +473,31 @@ func (e *Engine) storeRecord(ctx context.Context, s stream, p store.Position, c 
 			e.metrics.checkpoint.Set(float64(stored.Seq))
 		}
 	}
+}
+
+// giveBack returns the counters c would have held to back, the window's:
+// the record did not take them. c may be nil.
+func (c *changes) giveBack(back map[key]*entry) {
+	if c == nil {
+		return
+	}
+	for k, ent := range c.hold {
+		giveBackTo(back, k, ent)
+	}
+}
+
+// dropHolds reports the counters c would have held in s's record as lost
+// with s, which was created again. c may be nil.
+func (e *Engine) dropHolds(s stream, c *changes) {
+	if c == nil {
+		return
+	}
+	lost := make(map[string]heldEntry, len(c.hold))
+	for k, ent := range c.hold {
+		e.held.set(k, false)
+		lost[k.c.Name()] = heldEntry{Topic: k.c.Topic, First: ent.first, Last: ent.last, Delta: ent.delta}
+	}
+	e.lostHeld(s.name, lost)
 }
 
 // settled notes a stored record's changes: held counters are held here

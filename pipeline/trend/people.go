@@ -56,7 +56,7 @@ const (
 	whoTopics = 256
 	// The fleet's sketches take at most (openMinutes + maxSkewMinutes) ×
 	// openTopics + (distinctMinutes − openMinutes) × whoTopics sketches of
-	// sketchBytes, about 58 MiB, and the collector collectBytes: 74 MiB
+	// sketchBytes, about 60 MiB, and the collector collectBytes: 76 MiB
 	// however many contributors and topics, when every topic has over
 	// 1,500 contributors a minute (BenchmarkContributorsMemory measures a
 	// million a minute over 1,000 topics).
